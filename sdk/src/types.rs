@@ -1,0 +1,163 @@
+//! Wire types: the request summary a policy evaluates and the decision it returns (ABI v1).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The ABI version these types describe.
+pub const ABI_VERSION: u32 = 1;
+
+/// The kernel-reported identity of the process on the other end of a Unix socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+    /// Process id, when the kernel reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+}
+
+/// How busy the sidecar is at the moment the request is evaluated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueSnapshot {
+    /// Requests waiting for a slot.
+    pub depth: usize,
+    /// Queue capacity.
+    pub capacity: usize,
+    /// Requests holding a slot.
+    pub in_flight: usize,
+    /// Estimated wait for a request queued now, in seconds.
+    pub estimated_wait_seconds: f64,
+}
+
+/// What a policy knows about one request. Built by the sidecar after the body was read and parsed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestSummary {
+    /// HTTP method, e.g. `POST`.
+    pub method: String,
+    /// Request path, e.g. `/v1/chat/completions`.
+    pub path: String,
+    /// The body's `model` field, when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The body's `stream` field (false when absent).
+    #[serde(default)]
+    pub stream: bool,
+    /// The body's `max_tokens` (or `n_predict` / `max_completion_tokens`), when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Characters of prompt text (all message contents, or the prompt / input).
+    pub prompt_chars: u64,
+    /// Estimated prompt tokens (characters / 4, rounded up) until an exact count is available.
+    pub prompt_tokens_estimate: u64,
+    /// The client's priority hint from the body's `priority` field (lower is more urgent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_hint: Option<i64>,
+    /// Credentials of the Unix-socket peer; absent on TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<Peer>,
+    /// Allow-listed request headers, lower-cased names.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Queue state when the request arrived.
+    #[serde(default)]
+    pub queue: QueueSnapshot,
+}
+
+/// Allow or deny.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Admit the request (it may still queue).
+    #[default]
+    Allow,
+    /// Reject it with [`Decision::status`].
+    Deny,
+}
+
+/// Request changes a policy may ask for: a fixed, safe set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mutations {
+    /// Lower `max_tokens` to at most this value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_max_tokens: Option<u64>,
+    /// Force `cache_prompt: false`.
+    #[serde(default)]
+    pub disable_prompt_cache: bool,
+    /// Remove `id_slot` so a tenant cannot pick another tenant's slot cache.
+    #[serde(default)]
+    pub strip_id_slot: bool,
+    /// Extra response headers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub response_headers: BTreeMap<String, String>,
+}
+
+/// A policy's answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Allow or deny.
+    #[serde(default)]
+    pub verdict: Verdict,
+    /// HTTP status of a denial: 403 or 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Message of a denial, shown to the client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Retry-After of a denial, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u64>,
+    /// Cost of the request in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<u64>,
+    /// Scheduling priority (lower is served earlier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// Tenant key for fair scheduling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Request changes.
+    #[serde(default)]
+    pub mutations: Mutations,
+}
+
+impl Decision {
+    /// A plain allow with no changes.
+    pub fn allow() -> Self {
+        Self::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_round_trips_and_defaults_to_allow() {
+        let d: Decision = serde_json::from_str("{}").unwrap();
+        assert_eq!(d.verdict, Verdict::Allow);
+        let deny = Decision {
+            verdict: Verdict::Deny,
+            status: Some(429),
+            retry_after_seconds: Some(3),
+            ..Decision::default()
+        };
+        let text = serde_json::to_string(&deny).unwrap();
+        assert!(text.contains(r#""verdict":"deny""#), "{text}");
+        assert_eq!(serde_json::from_str::<Decision>(&text).unwrap(), deny);
+    }
+
+    #[test]
+    fn summary_omits_absent_peer() {
+        let s = RequestSummary {
+            method: "POST".into(),
+            path: "/v1/completions".into(),
+            ..RequestSummary::default()
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert!(v.get("peer").is_none());
+        assert_eq!(v["prompt_chars"], 0);
+    }
+}

@@ -1,0 +1,54 @@
+//! The admin listener: Prometheus scrape, liveness, readiness and a JSON status for operators.
+
+use std::sync::Arc;
+
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use serde_json::json;
+
+use crate::app::App;
+use crate::respond::{self, Body};
+
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return respond::json(
+            405,
+            &json!({"error": {"message": "admin endpoints are GET only", "type": "invalid_request_error", "code": "method_not_allowed"}}),
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let mut resp = Response::new(respond::full(app.prometheus.render()));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
+        }
+        "/livez" => respond::text(200, "ok\n"),
+        "/readyz" => {
+            if app.upstream.is_ready() && !app.admission.stats().closed {
+                respond::text(200, "ready\n")
+            } else {
+                respond::text(503, "not ready\n")
+            }
+        }
+        "/status" => respond::json(200, &status(&app)),
+        _ => respond::json(
+            404,
+            &json!({"error": {"message": format!("no admin endpoint {}", req.uri().path()), "type": "not_found_error", "code": "not_found"}}),
+        ),
+    }
+}
+
+pub fn status(app: &App) -> serde_json::Value {
+    let q = app.admission.stats();
+    json!({
+        "slots": { "total": q.slots, "busy": q.busy },
+        "queue": { "depth": q.depth, "capacity": q.capacity },
+        "inflight": app.upstream.inflight(),
+        "upstream": { "ready": app.upstream.is_ready(), "target": app.upstream.target().to_string() },
+        "service_time_seconds": q.service_seconds,
+        "draining": q.closed,
+    })
+}

@@ -1,0 +1,171 @@
+//! Wiring and lifecycle: bind everything, serve, and on a signal stop accepting, turn the queue away,
+//! drain in-flight responses for at most the drain timeout, and return.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{watch, Semaphore};
+
+use crate::admission::Admission;
+use crate::config::{AdminAddr, Config, ListenAddr};
+use crate::intake::Limits;
+use crate::server::{self, BindError, Listener, ServeOpts};
+use crate::upstream::Upstream;
+use crate::{admin, pipeline, shutdown};
+
+/// Connections the admin listener serves at once.
+const ADMIN_CONNECTIONS: usize = 64;
+/// How often histogram summaries are compacted.
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Shared, read-only after start (the counters inside are atomics or behind short locks).
+pub struct App {
+    pub config: Config,
+    pub admission: Admission,
+    pub upstream: Upstream,
+    pub limits: Limits,
+    pub prometheus: PrometheusHandle,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error("cannot listen for signals: {0}")]
+    Signals(std::io::Error),
+}
+
+impl App {
+    pub fn new(config: Config, prometheus: PrometheusHandle) -> Self {
+        App {
+            admission: Admission::new(config.slots, config.queue_depth),
+            upstream: Upstream::new(
+                config.upstream.clone(),
+                config.connect_timeout,
+                config.slots * 2,
+            ),
+            limits: Limits {
+                max_body: config.max_body,
+                body_timeout: config.body_timeout,
+            },
+            prometheus,
+            config,
+        }
+    }
+}
+
+/// Runs until SIGTERM/SIGINT, then shuts down gracefully.
+pub async fn run(config: Config, prometheus: PrometheusHandle) -> Result<(), StartError> {
+    let app = Arc::new(App::new(config, prometheus));
+    let cfg = &app.config;
+
+    // Bind everything first, so a bad address fails the start before anything is served.
+    let mut listeners = Vec::new();
+    for addr in &cfg.listen {
+        listeners.push(Listener::bind(addr, cfg.socket_mode).await?);
+    }
+    let admin_listener = match &cfg.admin_listen {
+        AdminAddr::Off => None,
+        AdminAddr::Tcp(a) => Some(Listener::bind(&ListenAddr::Tcp(*a), 0o660).await?),
+        AdminAddr::Unix(p) => {
+            Some(Listener::bind(&ListenAddr::Unix(p.clone()), cfg.socket_mode).await?)
+        }
+    };
+    let signal = tokio::spawn(shutdown::signal_received());
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+    let conns = Arc::new(Semaphore::new(cfg.max_connections));
+    let opts = ServeOpts {
+        conns: conns.clone(),
+        stop: stop_rx,
+        header_timeout: cfg.header_timeout,
+    };
+
+    let background = [
+        tokio::spawn(health_loop(app.clone())),
+        tokio::spawn(upkeep_loop(app.prometheus.clone())),
+    ];
+    let mut accepting = Vec::new();
+    for listener in listeners {
+        tracing::info!(listen = %listener.describe(), "accepting clients");
+        let app = app.clone();
+        let handler = move |req, peer| pipeline::handle(app.clone(), req, peer);
+        accepting.push(tokio::spawn(server::accept_loop(
+            listener,
+            handler,
+            opts.clone(),
+        )));
+    }
+    let admin_task = admin_listener.map(|listener| {
+        tracing::info!(listen = %listener.describe(), "admin endpoints up");
+        let app = app.clone();
+        let handler = move |req, _peer| admin::handle(app.clone(), req);
+        let admin_opts = ServeOpts {
+            conns: Arc::new(Semaphore::new(ADMIN_CONNECTIONS)),
+            stop: admin_stop_rx,
+            header_timeout: cfg.header_timeout,
+        };
+        tokio::spawn(server::accept_loop(listener, handler, admin_opts))
+    });
+    tracing::info!(
+        upstream = %cfg.upstream,
+        slots = cfg.slots,
+        queue_depth = cfg.queue_depth,
+        queue_timeout = ?cfg.queue_timeout,
+        "slotgate started"
+    );
+
+    let which = match signal.await {
+        Ok(Ok(which)) => which,
+        Ok(Err(e)) => return Err(StartError::Signals(e)),
+        Err(e) => return Err(StartError::Signals(std::io::Error::other(e))),
+    };
+    tracing::info!(signal = which, drain_timeout = ?cfg.drain_timeout, "shutting down: no new connections, queue turned away, draining in-flight responses");
+
+    // 1. Stop accepting; each accept loop drops (and so unlinks) its socket. Open connections finish
+    //    the request they are on, then close.
+    let _ = stop_tx.send(true);
+    for task in accepting {
+        let _ = task.await;
+    }
+    // 2. Everyone still waiting gets a 503 with Retry-After instead of a slot.
+    let retry_after = cfg.drain_timeout.as_secs().max(1);
+    app.admission.close(retry_after);
+    // 3. Wait for every client connection to finish, for at most the drain timeout.
+    let all = u32::try_from(cfg.max_connections).unwrap_or(u32::MAX);
+    match tokio::time::timeout(cfg.drain_timeout, conns.acquire_many(all)).await {
+        Ok(_) => tracing::info!("drained; exiting"),
+        Err(_) => tracing::warn!(
+            still_open = cfg.max_connections - conns.available_permits(),
+            "drain timeout reached; closing the remaining connections"
+        ),
+    }
+    let _ = admin_stop_tx.send(true);
+    if let Some(task) = admin_task {
+        let _ = task.await;
+    }
+    for task in background {
+        task.abort();
+    }
+    Ok(())
+}
+
+async fn health_loop(app: Arc<App>) {
+    let timeout = app.config.connect_timeout + Duration::from_secs(1);
+    let mut tick = tokio::time::interval(app.config.health_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        app.upstream.probe_health(timeout).await;
+    }
+}
+
+async fn upkeep_loop(handle: PrometheusHandle) {
+    let mut tick = tokio::time::interval(METRICS_UPKEEP);
+    loop {
+        tick.tick().await;
+        handle.run_upkeep();
+    }
+}

@@ -1,0 +1,592 @@
+//! Configuration: one set of keys read from flags, `SLOTGATE_*` variables and a TOML file, merged and
+//! validated once into an immutable [`Config`].
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+/// Every key, each optional so layers can be merged. Flags and env come from clap; the file from serde.
+#[derive(Debug, Clone, Default, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    /// Where clients connect: `unix:PATH` or `tcp:HOST:PORT`. Repeatable. [default: unix:/run/slotgate/slotgate.sock]
+    #[arg(
+        long,
+        env = "SLOTGATE_LISTEN",
+        value_delimiter = ',',
+        value_name = "ADDR"
+    )]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<Vec<ListenAddr>>,
+
+    /// Octal file mode of Unix listen sockets. [default: 0660]
+    #[arg(long, env = "SLOTGATE_SOCKET_MODE", value_name = "MODE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_mode: Option<SocketMode>,
+
+    /// The llama-server: `http://HOST:PORT` or `unix:/path/llama.sock`. [default: http://127.0.0.1:8080]
+    #[arg(long, env = "SLOTGATE_UPSTREAM", value_name = "URL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamAddr>,
+
+    /// Admin endpoints (/metrics, /livez, /readyz, /status): `HOST:PORT`, `tcp:HOST:PORT`, `unix:PATH` or `off`. [default: tcp:127.0.0.1:9464]
+    #[arg(long, env = "SLOTGATE_ADMIN_LISTEN", value_name = "ADDR")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<AdminAddr>,
+
+    /// Requests forwarded at once; match llama-server's `-np`. [default: 1]
+    #[arg(long, env = "SLOTGATE_SLOTS", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<usize>,
+
+    /// Requests that may wait for a slot; beyond it new requests get 429 at once. [default: 8]
+    #[arg(long, env = "SLOTGATE_QUEUE_DEPTH", value_name = "D")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<usize>,
+
+    /// Longest wait in the queue; a request that waited longer gets 504 and is never forwarded. [default: 60s]
+    #[arg(long, env = "SLOTGATE_QUEUE_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_timeout: Option<Dur>,
+
+    /// Take priority from the body's `priority` field (lower is served earlier, as in vLLM).
+    #[arg(long, env = "SLOTGATE_TRUST_CLIENT_PRIORITY", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_client_priority: Option<bool>,
+
+    /// Largest request body; larger ones get 413. Accepts `8MiB`, `512KiB`, `1048576`. [default: 8MiB]
+    #[arg(long, env = "SLOTGATE_MAX_BODY", value_name = "SIZE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body: Option<ByteSize>,
+
+    /// Time allowed to read a request's headers (slowloris guard). [default: 10s]
+    #[arg(long, env = "SLOTGATE_HEADER_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_timeout: Option<Dur>,
+
+    /// Time allowed to read a request's body; then 408. [default: 30s]
+    #[arg(long, env = "SLOTGATE_BODY_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_timeout: Option<Dur>,
+
+    /// Open client connections across all listeners; further ones wait in the kernel backlog. [default: 1024]
+    #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+
+    /// On SIGTERM/SIGINT, how long in-flight responses may keep streaming. [default: 30s]
+    #[arg(long, env = "SLOTGATE_DRAIN_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout: Option<Dur>,
+
+    /// How often the upstream's /health is probed for readiness. [default: 1s]
+    #[arg(long, env = "SLOTGATE_HEALTH_INTERVAL", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_interval: Option<Dur>,
+
+    /// Time allowed for one upstream connect attempt. [default: 2s]
+    #[arg(long, env = "SLOTGATE_CONNECT_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<Dur>,
+
+    /// Log line format on stderr: `text` or `json`. Level from SLOTGATE_LOG or RUST_LOG. [default: text]
+    #[arg(long, env = "SLOTGATE_LOG_FORMAT", value_name = "FORMAT")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+}
+
+macro_rules! layer {
+    ($hi:expr, $lo:expr, $($field:ident),+ $(,)?) => {
+        Settings { $($field: $hi.$field.or($lo.$field)),+ }
+    };
+}
+
+impl Settings {
+    /// Keys set in `self` win; the rest come from `lower`.
+    pub fn over(self, lower: Settings) -> Settings {
+        layer!(
+            self,
+            lower,
+            listen,
+            socket_mode,
+            upstream,
+            admin_listen,
+            slots,
+            queue_depth,
+            queue_timeout,
+            trust_client_priority,
+            max_body,
+            header_timeout,
+            body_timeout,
+            max_connections,
+            drain_timeout,
+            health_interval,
+            connect_timeout,
+            log_format,
+        )
+    }
+
+    /// Reads a TOML file of settings.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_owned(), e))?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse(path.to_owned(), e.to_string()))
+    }
+}
+
+/// The validated, effective configuration. Built once; never mutated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: Vec<ListenAddr>,
+    pub socket_mode: u32,
+    pub upstream: UpstreamAddr,
+    pub admin_listen: AdminAddr,
+    pub slots: usize,
+    pub queue_depth: usize,
+    pub queue_timeout: Duration,
+    pub trust_client_priority: bool,
+    pub max_body: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_connections: usize,
+    pub drain_timeout: Duration,
+    pub health_interval: Duration,
+    pub connect_timeout: Duration,
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("invalid config file {0}: {1}")]
+    Parse(PathBuf, String),
+    #[error("invalid setting `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Applies defaults and checks every value.
+    pub fn from_settings(s: Settings) -> Result<Config, ConfigError> {
+        let listen = s.listen.unwrap_or_else(|| {
+            vec![ListenAddr::Unix(PathBuf::from(
+                "/run/slotgate/slotgate.sock",
+            ))]
+        });
+        if listen.is_empty() {
+            return Err(invalid("listen", "at least one listen address is required"));
+        }
+        let slots = s.slots.unwrap_or(1);
+        if slots == 0 {
+            return Err(invalid("slots", "must be at least 1"));
+        }
+        let max_connections = s.max_connections.unwrap_or(1024);
+        if max_connections == 0 {
+            return Err(invalid("max-connections", "must be at least 1"));
+        }
+        let max_body = s.max_body.map_or(8 << 20, |b| b.0);
+        if max_body == 0 {
+            return Err(invalid("max-body", "must be at least 1 byte"));
+        }
+        let positive = |key: &'static str, d: Option<Dur>, default: Duration| match d {
+            Some(Dur(d)) if d.is_zero() => Err(invalid(key, "must be longer than zero")),
+            Some(Dur(d)) => Ok(d),
+            None => Ok(default),
+        };
+        Ok(Config {
+            listen,
+            socket_mode: s.socket_mode.map_or(0o660, |m| m.0),
+            upstream: s
+                .upstream
+                .unwrap_or_else(|| UpstreamAddr::Tcp("127.0.0.1:8080".into())),
+            admin_listen: s
+                .admin_listen
+                .unwrap_or(AdminAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9464)))),
+            slots,
+            queue_depth: s.queue_depth.unwrap_or(8),
+            queue_timeout: positive("queue-timeout", s.queue_timeout, Duration::from_secs(60))?,
+            trust_client_priority: s.trust_client_priority.unwrap_or(false),
+            max_body,
+            header_timeout: positive("header-timeout", s.header_timeout, Duration::from_secs(10))?,
+            body_timeout: positive("body-timeout", s.body_timeout, Duration::from_secs(30))?,
+            max_connections,
+            drain_timeout: s.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
+            health_interval: positive(
+                "health-interval",
+                s.health_interval,
+                Duration::from_secs(1),
+            )?,
+            connect_timeout: positive(
+                "connect-timeout",
+                s.connect_timeout,
+                Duration::from_secs(2),
+            )?,
+            log_format: s.log_format.unwrap_or(LogFormat::Text),
+        })
+    }
+
+    /// The effective settings, every key filled in, in the config file's own format.
+    pub fn effective(&self) -> Settings {
+        Settings {
+            listen: Some(self.listen.clone()),
+            socket_mode: Some(SocketMode(self.socket_mode)),
+            upstream: Some(self.upstream.clone()),
+            admin_listen: Some(self.admin_listen.clone()),
+            slots: Some(self.slots),
+            queue_depth: Some(self.queue_depth),
+            queue_timeout: Some(Dur(self.queue_timeout)),
+            trust_client_priority: Some(self.trust_client_priority),
+            max_body: Some(ByteSize(self.max_body)),
+            header_timeout: Some(Dur(self.header_timeout)),
+            body_timeout: Some(Dur(self.body_timeout)),
+            max_connections: Some(self.max_connections),
+            drain_timeout: Some(Dur(self.drain_timeout)),
+            health_interval: Some(Dur(self.health_interval)),
+            connect_timeout: Some(Dur(self.connect_timeout)),
+            log_format: Some(self.log_format),
+        }
+    }
+}
+
+/// Implements `Display` + `FromStr` based serde (as a string) for a value type.
+macro_rules! string_serde {
+    ($ty:ty) => {
+        impl Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let raw = StringOrInt::deserialize(d)?;
+                raw.0.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// Lets TOML write `max-body = 1048576` as well as `max-body = "1MiB"`.
+struct StringOrInt(String);
+
+impl<'de> Deserialize<'de> for StringOrInt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            I(i64),
+        }
+        Ok(StringOrInt(match Raw::deserialize(d)? {
+            Raw::S(s) => s,
+            Raw::I(i) => i.to_string(),
+        }))
+    }
+}
+
+/// A client listen address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("`unix:` needs a socket path".into());
+            }
+            Ok(ListenAddr::Unix(PathBuf::from(path)))
+        } else {
+            let addr = s.strip_prefix("tcp:").unwrap_or(s);
+            addr.parse().map(ListenAddr::Tcp).map_err(|_| {
+                format!("`{s}` is neither unix:PATH nor tcp:HOST:PORT (an IP address and port)")
+            })
+        }
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+string_serde!(ListenAddr);
+
+/// The admin listen address, or `off`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAddr {
+    Off,
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl FromStr for AdminAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(AdminAddr::Off);
+        }
+        Ok(match s.parse::<ListenAddr>()? {
+            ListenAddr::Unix(p) => AdminAddr::Unix(p),
+            ListenAddr::Tcp(a) => AdminAddr::Tcp(a),
+        })
+    }
+}
+
+impl fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdminAddr::Off => f.write_str("off"),
+            AdminAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            AdminAddr::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+string_serde!(AdminAddr);
+
+/// Where llama-server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamAddr {
+    /// `host:port` of an `http://` URL.
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+impl FromStr for UpstreamAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("`unix:` needs a socket path".into());
+            }
+            return Ok(UpstreamAddr::Unix(PathBuf::from(path)));
+        }
+        let Some(rest) = s.strip_prefix("http://") else {
+            return Err(format!(
+                "`{s}` must be http://HOST:PORT or unix:PATH (https is not supported)"
+            ));
+        };
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty() || authority.contains('/') {
+            return Err(format!("`{s}` must be http://HOST:PORT with no path"));
+        }
+        let (host, port) = authority
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{s}` needs an explicit port"))?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(format!("`{s}` needs a host and a numeric port"));
+        }
+        Ok(UpstreamAddr::Tcp(authority.to_owned()))
+    }
+}
+
+impl fmt::Display for UpstreamAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpstreamAddr::Tcp(a) => write!(f, "http://{a}"),
+            UpstreamAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+string_serde!(UpstreamAddr);
+
+/// A duration in human units (`500ms`, `60s`, `2m`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl FromStr for Dur {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        humantime::parse_duration(s.trim())
+            .map(Dur)
+            .map_err(|e| format!("`{s}` is not a duration ({e}); use units such as 500ms, 60s, 2m"))
+    }
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+string_serde!(Dur);
+
+/// A size in bytes (`1048576`, `512KiB`, `8MiB`, `1GiB`; `KB`/`MB` are decimal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub usize);
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let bad = || format!("`{s}` is not a size; use bytes or KiB, MiB, GiB (e.g. 8MiB)");
+        let n: usize = num.parse().map_err(|_| bad())?;
+        let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            _ => return Err(bad()),
+        };
+        n.checked_mul(mult).map(ByteSize).ok_or_else(bad)
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        match n {
+            _ if n >= 1 << 30 && n % (1 << 30) == 0 => write!(f, "{}GiB", n >> 30),
+            _ if n >= 1 << 20 && n % (1 << 20) == 0 => write!(f, "{}MiB", n >> 20),
+            _ if n >= 1 << 10 && n % (1 << 10) == 0 => write!(f, "{}KiB", n >> 10),
+            _ => write!(f, "{n}"),
+        }
+    }
+}
+string_serde!(ByteSize);
+
+/// An octal file mode such as `0660`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketMode(pub u32);
+
+impl FromStr for SocketMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let digits = s.trim().trim_start_matches("0o");
+        match u32::from_str_radix(digits, 8) {
+            Ok(m) if m <= 0o777 => Ok(SocketMode(m)),
+            _ => Err(format!("`{s}` is not an octal file mode such as 0660")),
+        }
+    }
+}
+
+impl fmt::Display for SocketMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+string_serde!(SocketMode);
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("`{s}` is not a log format; use text or json")),
+        }
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
+}
+string_serde!(LogFormat);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_human_values() {
+        assert_eq!(
+            "500ms".parse::<Dur>().unwrap().0,
+            Duration::from_millis(500)
+        );
+        assert_eq!("2m".parse::<Dur>().unwrap().0, Duration::from_secs(120));
+        assert!("soon".parse::<Dur>().is_err());
+        assert_eq!("8MiB".parse::<ByteSize>().unwrap().0, 8 << 20);
+        assert_eq!("1024".parse::<ByteSize>().unwrap().0, 1024);
+        assert!("8 parsecs".parse::<ByteSize>().is_err());
+        assert_eq!("0660".parse::<SocketMode>().unwrap().0, 0o660);
+        assert!("999".parse::<SocketMode>().is_err());
+    }
+
+    #[test]
+    fn parses_addresses() {
+        assert_eq!(
+            "unix:/tmp/a.sock".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Unix("/tmp/a.sock".into())
+        );
+        assert!(matches!(
+            "tcp:127.0.0.1:8081".parse::<ListenAddr>(),
+            Ok(ListenAddr::Tcp(_))
+        ));
+        assert!("tcp:localhost".parse::<ListenAddr>().is_err());
+        assert_eq!(
+            "http://127.0.0.1:8080/".parse::<UpstreamAddr>().unwrap(),
+            UpstreamAddr::Tcp("127.0.0.1:8080".into())
+        );
+        assert!("https://x:1".parse::<UpstreamAddr>().is_err());
+        assert!("http://x".parse::<UpstreamAddr>().is_err());
+        assert_eq!("off".parse::<AdminAddr>().unwrap(), AdminAddr::Off);
+    }
+
+    #[test]
+    fn layers_merge_and_file_rejects_unknown_keys() {
+        let file: Settings =
+            toml::from_str("slots = 2\nqueue-depth = 3\nmax-body = 4096\n").unwrap();
+        let flags = Settings {
+            slots: Some(5),
+            ..Settings::default()
+        };
+        let cfg = Config::from_settings(flags.over(file)).unwrap();
+        assert_eq!((cfg.slots, cfg.queue_depth, cfg.max_body), (5, 3, 4096));
+        assert!(toml::from_str::<Settings>("slot = 2").is_err());
+        assert!(toml::from_str::<Settings>("queue-timeout = \"forever\"").is_err());
+    }
+
+    #[test]
+    fn effective_settings_round_trip_through_toml() {
+        let cfg = Config::from_settings(Settings::default()).unwrap();
+        let text = toml::to_string(&cfg.effective()).unwrap();
+        let again = Config::from_settings(toml::from_str(&text).unwrap()).unwrap();
+        assert_eq!(toml::to_string(&again.effective()).unwrap(), text);
+        assert!(text.contains("queue-timeout = \"1m\""), "{text}");
+    }
+
+    #[test]
+    fn rejects_zero_slots() {
+        let s = Settings {
+            slots: Some(0),
+            ..Settings::default()
+        };
+        assert!(Config::from_settings(s)
+            .unwrap_err()
+            .to_string()
+            .contains("slots"));
+    }
+}

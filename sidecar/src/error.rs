@@ -1,0 +1,154 @@
+//! Why a request did not get a normal upstream answer. Each variant knows its HTTP status, its
+//! OpenAI error type and code, and the `outcome` label it is counted under.
+
+use std::time::Duration;
+
+/// The request-path error. `respond::error` is the one place that turns it into a response.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("no such endpoint: {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("request body is larger than the {limit}-byte limit")]
+    BodyTooLarge { limit: usize },
+    #[error("request body was not received within {0:?}")]
+    BodyTimeout(Duration),
+    #[error("could not read the request body: {0}")]
+    BodyRead(String),
+    #[error("request body is not a valid JSON object: {0}")]
+    InvalidJson(String),
+    #[error("the queue is full ({depth} waiting); retry after {retry_after}s")]
+    QueueFull { depth: usize, retry_after: u64 },
+    #[error(
+        "a more urgent request took this request's place in the queue; retry after {retry_after}s"
+    )]
+    Displaced { retry_after: u64 },
+    #[error("waited {0:?} in the queue without getting a slot")]
+    QueueTimeout(Duration),
+    #[error("the upstream did not become available before the request's deadline: {reason}")]
+    UpstreamUnavailable { reason: String, retry_after: u64 },
+    #[error("upstream request failed: {0}")]
+    Upstream(String),
+    #[error("slotgate is shutting down")]
+    ShuttingDown { retry_after: u64 },
+}
+
+/// The `outcome` label of `slotgate_requests_total` and of the access log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    BadRequest,
+    QueueFull,
+    Displaced,
+    QueueTimeout,
+    ClientGone,
+    UpstreamError,
+    ShuttingDown,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Ok,
+        Outcome::BadRequest,
+        Outcome::QueueFull,
+        Outcome::Displaced,
+        Outcome::QueueTimeout,
+        Outcome::ClientGone,
+        Outcome::UpstreamError,
+        Outcome::ShuttingDown,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::BadRequest => "bad_request",
+            Outcome::QueueFull => "queue_full",
+            Outcome::Displaced => "displaced",
+            Outcome::QueueTimeout => "queue_timeout",
+            Outcome::ClientGone => "client_gone",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+impl GateError {
+    pub fn status(&self) -> u16 {
+        match self {
+            GateError::NotFound { .. } => 404,
+            GateError::MethodNotAllowed { .. } => 405,
+            GateError::BodyTooLarge { .. } => 413,
+            GateError::BodyTimeout(_) => 408,
+            GateError::BodyRead(_) | GateError::InvalidJson(_) => 400,
+            GateError::QueueFull { .. } | GateError::Displaced { .. } => 429,
+            GateError::QueueTimeout(_) => 504,
+            GateError::Upstream(_) => 502,
+            GateError::UpstreamUnavailable { .. } | GateError::ShuttingDown { .. } => 503,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            GateError::NotFound { .. } => "not_found_error",
+            GateError::MethodNotAllowed { .. }
+            | GateError::BodyTooLarge { .. }
+            | GateError::BodyTimeout(_)
+            | GateError::BodyRead(_)
+            | GateError::InvalidJson(_) => "invalid_request_error",
+            GateError::QueueFull { .. } | GateError::Displaced { .. } => "rate_limit_error",
+            GateError::QueueTimeout(_) => "timeout_error",
+            GateError::Upstream(_)
+            | GateError::UpstreamUnavailable { .. }
+            | GateError::ShuttingDown { .. } => "server_error",
+        }
+    }
+
+    /// OpenAI's `error.code`: a stable string clients can switch on.
+    pub fn code(&self) -> &'static str {
+        match self {
+            GateError::NotFound { .. } => "not_found",
+            GateError::MethodNotAllowed { .. } => "method_not_allowed",
+            GateError::BodyTooLarge { .. } => "body_too_large",
+            GateError::BodyTimeout(_) => "body_timeout",
+            GateError::BodyRead(_) => "body_read_error",
+            GateError::InvalidJson(_) => "invalid_json",
+            GateError::QueueFull { .. } => "queue_full",
+            GateError::Displaced { .. } => "displaced",
+            GateError::QueueTimeout(_) => "queue_timeout",
+            GateError::UpstreamUnavailable { .. } => "upstream_unavailable",
+            GateError::Upstream(_) => "upstream_error",
+            GateError::ShuttingDown { .. } => "shutting_down",
+        }
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            GateError::NotFound { .. }
+            | GateError::MethodNotAllowed { .. }
+            | GateError::BodyTooLarge { .. }
+            | GateError::BodyTimeout(_)
+            | GateError::BodyRead(_)
+            | GateError::InvalidJson(_) => Outcome::BadRequest,
+            GateError::QueueFull { .. } => Outcome::QueueFull,
+            GateError::Displaced { .. } => Outcome::Displaced,
+            GateError::QueueTimeout(_) => Outcome::QueueTimeout,
+            GateError::Upstream(_) | GateError::UpstreamUnavailable { .. } => {
+                Outcome::UpstreamError
+            }
+            GateError::ShuttingDown { .. } => Outcome::ShuttingDown,
+        }
+    }
+
+    /// Whole seconds for `Retry-After`, where retrying can help.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            GateError::QueueFull { retry_after, .. }
+            | GateError::Displaced { retry_after }
+            | GateError::UpstreamUnavailable { retry_after, .. }
+            | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! slotgate: an admission-control sidecar for one llama-server process.
+//!
+//! ```text
+//!  client ──unix/tcp──▶ server::listener ─▶ server::conn (HTTP/1.1, peer uid/gid/pid)
+//!                                              │
+//!                                              ▼
+//!                                    pipeline::handle
+//!          intake (route, bounded body, JSON) ─▶ admission (slot | priority queue | 429/504)
+//!              ─▶ upstream (keep-alive pool, retry only unsent) ─▶ body::GuardedBody
+//!                                              │        (streams, then frees slot + records)
+//!                                              ▼
+//!                                        llama-server
+//!
+//!  admin listener: /metrics /livez /readyz /status        app: wiring, signal, drain
+//! ```
+//!
+//! Leaves (`error`, `metrics`, `respond`, `usage`, `config`, and the `slotgate-sdk` wire types)
+//! import nothing above them.
+
+pub mod access;
+pub mod admin;
+pub mod admission;
+pub mod app;
+pub mod body;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod intake;
+pub mod metrics;
+pub mod pipeline;
+pub mod respond;
+pub mod server;
+pub mod shutdown;
+pub mod upstream;
+pub mod usage;
+
+pub use config::Config;
+pub use error::{GateError, Outcome};

@@ -1,0 +1,80 @@
+//! The `slotgate` binary: parse the command line, load and validate the configuration once, set up
+//! logging and metrics, and run until a signal.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use slotgate::cli::{Cli, Command, ConfigArgs};
+use slotgate::config::{Config, LogFormat, Settings};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (check, args) = match cli.command {
+        Some(Command::Check(args)) => (true, args),
+        Some(Command::Run(args)) => (false, args),
+        None => (false, cli.run),
+    };
+    let config = match load(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("slotgate: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if check {
+        return match toml::to_string(&config.effective()) {
+            Ok(text) => {
+                println!("# slotgate: configuration is valid; effective settings:\n{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("slotgate: cannot print the settings: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    init_logging(config.log_format);
+    match serve(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("slotgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(args: ConfigArgs) -> anyhow::Result<Config> {
+    let file = match &args.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
+    };
+    Ok(Config::from_settings(args.settings.over(file))?)
+}
+
+fn serve(config: Config) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let prometheus = slotgate::metrics::install().context("installing the metrics recorder")?;
+        slotgate::app::run(config, prometheus).await?;
+        Ok(())
+    })
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("SLOTGATE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}

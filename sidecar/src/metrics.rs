@@ -1,0 +1,88 @@
+//! Metric names, their descriptions and histogram buckets: the one list an SRE reads.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::error::Outcome;
+
+pub const REQUESTS_TOTAL: &str = "slotgate_requests_total";
+pub const QUEUE_DEPTH: &str = "slotgate_queue_depth";
+pub const INFLIGHT: &str = "slotgate_inflight";
+pub const SLOTS_BUSY: &str = "slotgate_slots_busy";
+pub const QUEUE_WAIT_SECONDS: &str = "slotgate_queue_wait_seconds";
+pub const UPSTREAM_SECONDS: &str = "slotgate_upstream_seconds";
+pub const TTFB_SECONDS: &str = "slotgate_time_to_first_byte_seconds";
+pub const TOKENS_TOTAL: &str = "slotgate_tokens_total";
+pub const UPSTREAM_READY: &str = "slotgate_upstream_ready";
+pub const UPSTREAM_RETRIES_TOTAL: &str = "slotgate_upstream_retries_total";
+
+/// Seconds, from a fast 429 to a long generation.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// Installs the global Prometheus recorder and describes every metric, so each name is scrapeable
+/// (with HELP and TYPE) from the first scrape on.
+pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    let mut builder = PrometheusBuilder::new();
+    for name in [QUEUE_WAIT_SECONDS, UPSTREAM_SECONDS, TTFB_SECONDS] {
+        builder =
+            builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), LATENCY_BUCKETS)?;
+    }
+    let handle = builder.install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, queue_full, displaced, queue_timeout, client_gone, upstream_error, bad_request, shutting_down).");
+    describe_gauge!(QUEUE_DEPTH, "Requests waiting for a slot.");
+    describe_gauge!(
+        INFLIGHT,
+        "Requests currently forwarded to the upstream (slot and passthrough)."
+    );
+    describe_gauge!(
+        SLOTS_BUSY,
+        "Slots held by a request whose response has not finished streaming."
+    );
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time a request waited for a slot."
+    );
+    describe_histogram!(
+        UPSTREAM_SECONDS,
+        Unit::Seconds,
+        "Time from forwarding a request to the end of its response body."
+    );
+    describe_histogram!(
+        TTFB_SECONDS,
+        Unit::Seconds,
+        "Time from forwarding a request to the first byte of its response body."
+    );
+    describe_counter!(
+        TOKENS_TOTAL,
+        "Tokens reported by the upstream's `usage`, by kind (prompt, completion)."
+    );
+    describe_gauge!(
+        UPSTREAM_READY,
+        "1 while the upstream's /health answers 200, else 0."
+    );
+    describe_counter!(
+        UPSTREAM_RETRIES_TOTAL,
+        "Upstream attempts retried because the upstream was down or loading."
+    );
+
+    // Zero-initialise so dashboards and alerts see every series before the first event.
+    for outcome in Outcome::ALL {
+        metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome.label()).absolute(0);
+    }
+    for kind in ["prompt", "completion"] {
+        metrics::counter!(TOKENS_TOTAL, "kind" => kind).absolute(0);
+    }
+    metrics::counter!(UPSTREAM_RETRIES_TOTAL).absolute(0);
+    metrics::gauge!(QUEUE_DEPTH).set(0.0);
+    metrics::gauge!(INFLIGHT).set(0.0);
+    metrics::gauge!(SLOTS_BUSY).set(0.0);
+    metrics::gauge!(UPSTREAM_READY).set(0.0);
+}

@@ -1,0 +1,179 @@
+//! THE request path, top to bottom:
+//!
+//! ```text
+//! route -> intake (bounded body, JSON) -> priority -> admission (slot or queue)
+//!       -> upstream (retry only while nothing was sent) -> GuardedBody (stream, then release)
+//! ```
+//!
+//! Each stage either hands the request on or ends it with a `GateError`, which `respond::error`
+//! turns into the client's one response. No stage calls back into an earlier one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{header, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use slotgate_sdk::Peer;
+use tokio::time::Instant;
+
+use crate::access::Exchange;
+use crate::app::App;
+use crate::body::GuardedBody;
+use crate::error::{GateError, Outcome};
+use crate::intake::{self, Intake, Kind};
+use crate::metrics as m;
+use crate::respond::{self, Body};
+use crate::upstream::{copy_end_to_end, SendError};
+
+/// Response header with the time the request waited for a slot.
+pub const QUEUE_WAIT_HEADER: &str = "x-slotgate-queue-wait-ms";
+
+/// First and largest pause between upstream attempts while it is down or loading.
+const RETRY_BASE: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Retry-After when the upstream stayed unavailable for a whole queue deadline.
+const UNAVAILABLE_RETRY_AFTER: u64 = 5;
+
+pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -> Response<Body> {
+    let arrived = Instant::now();
+    let mut ex = Exchange::new(req.method().clone(), req.uri().path(), peer);
+
+    let kind = match intake::route(req.method(), req.uri().path()) {
+        Ok(kind) => kind,
+        Err(e) => return reject(ex, &e),
+    };
+    let intake = match intake::read(req, &app.limits, peer).await {
+        Ok(i) => i,
+        Err(e) => return reject(ex, &e),
+    };
+    let priority = match app.config.trust_client_priority {
+        true => intake.summary.priority_hint.unwrap_or(0),
+        false => 0,
+    };
+    ex.set_priority(priority);
+
+    // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
+    // share the one budget the client was promised.
+    let deadline = arrived + app.config.queue_timeout;
+    let (slot, queue_wait) = match kind {
+        Kind::Slot => match app.admission.acquire(priority, deadline).await {
+            Ok((slot, wait)) => (Some(slot), wait),
+            Err(e) => return reject(ex, &e),
+        },
+        Kind::Passthrough => (None, Duration::ZERO),
+    };
+    ex.set_queue_wait(queue_wait);
+
+    let inflight = app.upstream.inflight_guard();
+    let forwarded_at = Instant::now();
+    let resp = match forward(&app, &intake, deadline).await {
+        Ok(resp) => resp,
+        Err(e) => return reject(ex, &e),
+    };
+
+    let (upstream_parts, body) = resp.into_parts();
+    ex.set_status(upstream_parts.status.as_u16());
+    let content_type = upstream_parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut out = Response::new(());
+    *out.status_mut() = upstream_parts.status;
+    copy_end_to_end(&upstream_parts.headers, out.headers_mut());
+    out.headers_mut().insert(
+        QUEUE_WAIT_HEADER,
+        HeaderValue::from(queue_wait.as_millis() as u64),
+    );
+    let guarded = GuardedBody::new(
+        body,
+        slot,
+        inflight,
+        ex,
+        forwarded_at,
+        content_type.as_deref(),
+    );
+    out.map(|()| guarded.boxed_unsync())
+}
+
+/// Sends the request, retrying with exponential backoff and jitter only while the upstream is
+/// unreachable or loading (nothing was processed), until the request's deadline.
+async fn forward(
+    app: &App,
+    intake: &Intake,
+    deadline: Instant,
+) -> Result<Response<Body>, GateError> {
+    let path_and_query = intake
+        .parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str());
+    let mut attempt: u32 = 0;
+    loop {
+        let sent = app
+            .upstream
+            .send(
+                &intake.parts.method,
+                path_and_query,
+                &intake.parts.headers,
+                intake.body.clone(),
+            )
+            .await;
+        let err = match sent {
+            Ok(resp) => return Ok(resp),
+            Err(e @ SendError::Failed(_)) => return Err(GateError::Upstream(e.to_string())),
+            Err(e) => e,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(GateError::UpstreamUnavailable {
+                reason: err.to_string(),
+                retry_after: UNAVAILABLE_RETRY_AFTER,
+            });
+        }
+        let pause = backoff(attempt).min(deadline - now);
+        tracing::debug!(attempt, error = %err, pause_ms = pause.as_millis() as u64, "upstream unavailable; retrying");
+        metrics::counter!(m::UPSTREAM_RETRIES_TOTAL).increment(1);
+        tokio::time::sleep(pause).await;
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+/// `min(50ms * 2^n, 2s)`, then "equal jitter": a uniform pick from the upper half.
+fn backoff(attempt: u32) -> Duration {
+    let exp = RETRY_BASE
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(RETRY_MAX);
+    exp / 2 + exp.mul_f64(fastrand::f64() / 2.0)
+}
+
+fn reject(mut ex: Exchange, e: &GateError) -> Response<Body> {
+    ex.set_status(e.status());
+    ex.finish(e.outcome());
+    if e.outcome() == Outcome::UpstreamError {
+        tracing::warn!(error = %e, "upstream failure");
+    }
+    respond::error(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped_with_jitter() {
+        for _ in 0..100 {
+            let first = backoff(0);
+            assert!(
+                first >= Duration::from_millis(25) && first <= Duration::from_millis(50),
+                "{first:?}"
+            );
+            let late = backoff(30);
+            assert!(
+                late >= Duration::from_secs(1) && late <= RETRY_MAX,
+                "{late:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Listen sockets: a Unix socket bound without ever clobbering a live one (probe-connect first, only a
+//! refused connection marks a stale socket), given its file mode, and unlinked when dropped; or TCP.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use slotgate_sdk::Peer;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::config::ListenAddr;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{0} is in use: another process is listening on it")]
+    InUse(PathBuf),
+    #[error("{0} exists and is not a socket; refusing to remove it")]
+    NotASocket(PathBuf),
+    #[error("cannot bind {addr}: {source}")]
+    Io { addr: String, source: io::Error },
+}
+
+pub enum Listener {
+    Unix(UnixSocket),
+    Tcp(TcpListener),
+}
+
+/// A bound Unix socket; its path is removed on drop if it is still the file we created.
+pub struct UnixSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    identity: (u64, u64),
+}
+
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Listener {
+    pub async fn bind(addr: &ListenAddr, mode: u32) -> Result<Listener, BindError> {
+        let io_err = |source| BindError::Io {
+            addr: addr.to_string(),
+            source,
+        };
+        match addr {
+            ListenAddr::Tcp(a) => TcpListener::bind(a)
+                .await
+                .map(Listener::Tcp)
+                .map_err(io_err),
+            ListenAddr::Unix(path) => {
+                clear_stale(path).await?;
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(io_err)?;
+                }
+                let listener = UnixListener::bind(path).map_err(io_err)?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                    .map_err(io_err)?;
+                let meta = std::fs::metadata(path).map_err(io_err)?;
+                Ok(Listener::Unix(UnixSocket {
+                    listener,
+                    path: path.clone(),
+                    identity: (meta.dev(), meta.ino()),
+                }))
+            }
+        }
+    }
+
+    /// The next connection, with the peer's kernel-reported credentials on Unix sockets.
+    pub async fn accept(&self) -> io::Result<(Stream, Option<Peer>)> {
+        match self {
+            Listener::Unix(u) => {
+                let (stream, _) = u.listener.accept().await?;
+                let peer = stream.peer_cred().ok().map(|c| Peer {
+                    uid: c.uid(),
+                    gid: c.gid(),
+                    pid: c.pid(),
+                });
+                Ok((Stream::Unix(stream), peer))
+            }
+            Listener::Tcp(t) => {
+                let (stream, _) = t.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok((Stream::Tcp(stream), None))
+            }
+        }
+    }
+
+    /// The bound address, for logs (TCP shows the real port).
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Unix(u) => format!("unix:{}", u.path.display()),
+            Listener::Tcp(t) => t
+                .local_addr()
+                .map_or_else(|_| "tcp:?".into(), |a| format!("tcp:{a}")),
+        }
+    }
+}
+
+/// Removes `path` only if it is a socket that nobody answers on.
+async fn clear_stale(path: &Path) -> Result<(), BindError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(BindError::Io {
+                addr: path.display().to_string(),
+                source,
+            })
+        }
+    };
+    if !meta.file_type().is_socket() {
+        return Err(BindError::NotASocket(path.to_owned()));
+    }
+    match UnixStream::connect(path).await {
+        Ok(_) => Err(BindError::InUse(path.to_owned())),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            tracing::info!(path = %path.display(), "removing stale socket");
+            std::fs::remove_file(path).map_err(|source| BindError::Io {
+                addr: path.display().to_string(),
+                source,
+            })
+        }
+        Err(source) => Err(BindError::Io {
+            addr: path.display().to_string(),
+            source,
+        }),
+    }
+}
+
+impl Drop for UnixSocket {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| (m.dev(), m.ino()) == self.identity);
+        if ours {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!(path = %self.path.display(), error = %e, "could not remove socket");
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Servers: accept loops that cap open connections, back off when the process runs out of file
+//! descriptors, and stop accepting (dropping, and so unlinking, their sockets) on shutdown.
+
+pub mod conn;
+pub mod listener;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use slotgate_sdk::Peer;
+use tokio::sync::{watch, Semaphore};
+
+use crate::respond::Body;
+pub use listener::{BindError, Listener};
+
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What every connection of one server shares.
+#[derive(Clone)]
+pub struct ServeOpts {
+    /// One permit per open connection; when none is left, new connections wait in the kernel backlog.
+    pub conns: Arc<Semaphore>,
+    /// Flips to `true` once: stop accepting, finish the request in progress, close.
+    pub stop: watch::Receiver<bool>,
+    pub header_timeout: Duration,
+}
+
+pub async fn accept_loop<H, F>(listener: Listener, handler: H, opts: ServeOpts)
+where
+    H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let name = listener.describe();
+    let mut stop = opts.stop.clone();
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    loop {
+        let permit = tokio::select! {
+            p = opts.conns.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stopped(&mut stop) => break,
+        };
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stopped(&mut stop) => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                tokio::spawn(conn::serve(
+                    stream,
+                    peer,
+                    handler.clone(),
+                    permit,
+                    opts.clone(),
+                ));
+            }
+            Err(e) if is_resource_exhaustion(&e) => {
+                tracing::warn!(listener = %name, error = %e, backoff_ms = backoff.as_millis() as u64, "accept failed; backing off");
+                drop(permit);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+            }
+            Err(e) => tracing::debug!(listener = %name, error = %e, "accept failed"),
+        }
+    }
+    tracing::info!(listener = %name, "stopped accepting");
+}
+
+/// Resolves once the stop flag is set (or its sender is gone).
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The borrow guard returned by `wait_for` is not `Send`; drop it here, not across an await.
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}
+
+/// EMFILE / ENFILE / ENOBUFS / ENOMEM: retrying at once would spin.
+fn is_resource_exhaustion(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(23 | 24 | 105 | 12))
+}

@@ -1,0 +1,283 @@
+//! The client side: one keep-alive pool to llama-server over TCP or a Unix socket, fresh upstream
+//! requests built from an allow-list of headers, and the retry rule that never resends a request whose
+//! bytes may have reached the upstream.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use hyperlocal::UnixConnector;
+
+use crate::config::UpstreamAddr;
+use crate::metrics as m;
+use crate::respond::{self, Body, BodyError};
+
+/// Headers that describe one hop, not the message, and are never copied across (RFC 9110 §7.6.1),
+/// plus the framing and routing headers that hyper sets for the new hop itself.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "expect",
+];
+
+/// Largest 503 body read to tell "Loading model" from other failures.
+const PROBE_BODY_LIMIT: usize = 64 * 1024;
+
+#[derive(Clone)]
+pub struct Upstream {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    target: UpstreamAddr,
+    client: Pool,
+    ready: AtomicBool,
+    inflight: AtomicUsize,
+}
+
+enum Pool {
+    Tcp(Client<HttpConnector, Full<Bytes>>),
+    Unix(Client<UnixConnector, Full<Bytes>>),
+}
+
+/// Why an attempt failed, and whether it may be retried.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The request never left slotgate (connect refused or reset, pooled connection closed first).
+    #[error("upstream not reachable: {0}")]
+    NotSent(String),
+    /// llama-server answered 503 "Loading model": it did not start the work.
+    #[error("upstream is loading the model")]
+    Loading,
+    /// The request may have reached the upstream; resending could run it twice.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl SendError {
+    pub fn retryable(&self) -> bool {
+        !matches!(self, SendError::Failed(_))
+    }
+}
+
+impl Upstream {
+    pub fn new(target: UpstreamAddr, connect_timeout: Duration, pool_size: usize) -> Self {
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(pool_size);
+        let client = match &target {
+            UpstreamAddr::Tcp(_) => {
+                let mut http = HttpConnector::new();
+                http.set_connect_timeout(Some(connect_timeout));
+                http.set_nodelay(true);
+                Pool::Tcp(builder.build(http))
+            }
+            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(UnixConnector)),
+        };
+        Upstream {
+            inner: Arc::new(Inner {
+                target,
+                client,
+                ready: AtomicBool::new(false),
+                inflight: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    pub fn target(&self) -> &UpstreamAddr {
+        &self.inner.target
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::Relaxed)
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.inner.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Counts one request as forwarded until the guard (carried by the response body) drops.
+    pub fn inflight_guard(&self) -> InflightGuard {
+        let n = self.inner.inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics::gauge!(m::INFLIGHT).set(n as f64);
+        InflightGuard {
+            upstream: self.clone(),
+        }
+    }
+
+    fn uri(&self, path_and_query: &str) -> Uri {
+        match &self.inner.target {
+            UpstreamAddr::Tcp(authority) => format!("http://{authority}{path_and_query}")
+                .parse()
+                .unwrap_or_else(|_| Uri::from_static("http://invalid/")),
+            UpstreamAddr::Unix(path) => hyperlocal::Uri::new(path, path_and_query).into(),
+        }
+    }
+
+    /// One attempt. A fresh request is built every time from the parts the client sent.
+    pub async fn send(
+        &self,
+        method: &Method,
+        path_and_query: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Body>, SendError> {
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(self.uri(path_and_query))
+            .body(Full::new(body))
+            .map_err(|e| SendError::Failed(e.to_string()))?;
+        copy_end_to_end(client_headers, req.headers_mut());
+        let result = match &self.inner.client {
+            Pool::Tcp(c) => c.request(req).await,
+            Pool::Unix(c) => c.request(req).await,
+        };
+        let resp = result.map_err(classify)?;
+        if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+            return self.check_loading(resp).await;
+        }
+        Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BodyError).boxed_unsync()))
+    }
+
+    /// llama-server answers 503 `{"error":{"message":"Loading model","type":"unavailable_error"}}`
+    /// before it can work; that answer is safe to retry. Any other 503 goes back to the client as is.
+    async fn check_loading(&self, resp: Response<Incoming>) -> Result<Response<Body>, SendError> {
+        let (parts, body) = resp.into_parts();
+        let bytes = Limited::new(body, PROBE_BODY_LIMIT)
+            .collect()
+            .await
+            .map_err(|e| SendError::Failed(format!("reading a 503 body: {e}")))?
+            .to_bytes();
+        let text = String::from_utf8_lossy(&bytes);
+        if text.contains("Loading model") || text.contains("unavailable_error") {
+            return Err(SendError::Loading);
+        }
+        Ok(Response::from_parts(parts, respond::full(bytes)))
+    }
+
+    /// Probes `GET /health` once and records readiness.
+    pub async fn probe_health(&self, timeout: Duration) -> bool {
+        let attempt = async {
+            let req = Request::get(self.uri("/health"))
+                .body(Full::new(Bytes::new()))
+                .ok()?;
+            let resp = match &self.inner.client {
+                Pool::Tcp(c) => c.request(req).await,
+                Pool::Unix(c) => c.request(req).await,
+            }
+            .ok()?;
+            let ok = resp.status() == http::StatusCode::OK;
+            // Drain so the connection goes back to the pool.
+            let _ = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
+                .collect()
+                .await;
+            Some(ok)
+        };
+        let ready = matches!(tokio::time::timeout(timeout, attempt).await, Ok(Some(true)));
+        let was = self.inner.ready.swap(ready, Ordering::Relaxed);
+        metrics::gauge!(m::UPSTREAM_READY).set(if ready { 1.0 } else { 0.0 });
+        if was != ready {
+            if ready {
+                tracing::info!(upstream = %self.inner.target, "upstream is ready");
+            } else {
+                tracing::warn!(upstream = %self.inner.target, "upstream is not ready");
+            }
+        }
+        ready
+    }
+}
+
+fn classify(e: hyper_util::client::legacy::Error) -> SendError {
+    let never_started = e.is_connect()
+        || std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<hyper::Error>())
+            .is_some_and(hyper::Error::is_canceled);
+    let text = error_chain(&e);
+    if never_started {
+        SendError::NotSent(text)
+    } else {
+        SendError::Failed(text)
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        cur = s.source();
+    }
+    text
+}
+
+/// Copies every end-to-end header: not hop-by-hop, and not named in `Connection`.
+pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    let named_in_connection: Vec<HeaderName> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for (name, value) in from {
+        if HOP_BY_HOP.contains(&name.as_str()) || named_in_connection.contains(name) {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+}
+
+/// Decrements the in-flight count when the response (or the attempt) is over.
+pub struct InflightGuard {
+    upstream: Upstream,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        let n = self.upstream.inner.inflight.fetch_sub(1, Ordering::Relaxed) - 1;
+        metrics::gauge!(m::INFLIGHT).set(n as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_dropped() {
+        let mut from = HeaderMap::new();
+        from.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        from.insert("x-secret-hop", HeaderValue::from_static("1"));
+        from.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        from.insert("content-length", HeaderValue::from_static("12"));
+        from.insert("authorization", HeaderValue::from_static("Bearer k"));
+        from.insert("content-type", HeaderValue::from_static("application/json"));
+        let mut to = HeaderMap::new();
+        copy_end_to_end(&from, &mut to);
+        let mut names: Vec<_> = to.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["authorization", "content-type"]);
+    }
+}
