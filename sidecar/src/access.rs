@@ -1,7 +1,6 @@
 //! One record per request: its outcome, status, timings and peer. Counted and logged exactly once, when
 //! the record drops, so a request whose future is cancelled (client gone) is still accounted for.
 
-use std::fmt;
 use std::time::Duration;
 
 use slotgate_sdk::Peer;
@@ -68,33 +67,23 @@ impl Drop for Exchange {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::ClientGone);
         metrics::counter!(m::REQUESTS_TOTAL, "outcome" => outcome.label()).increment(1);
-        let ms = |d: Option<Duration>| OrDash(d.map(|d| d.as_millis()));
+        // Absent values (no status yet, no peer on TCP) are left out of the line rather than faked,
+        // and numbers stay numbers in JSON logs.
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
         tracing::info!(
             target: "slotgate::access",
             outcome = %outcome.label(),
-            status = %OrDash(self.status),
+            status = self.status,
             method = %self.method,
             path = %self.path,
             priority = self.priority,
-            queue_wait_ms = %ms(self.queue_wait),
-            upstream_ms = %ms(self.upstream),
+            queue_wait_ms = ms(self.queue_wait),
+            upstream_ms = ms(self.upstream),
             total_ms = self.started.elapsed().as_millis() as u64,
-            peer_uid = %OrDash(self.peer.map(|p| p.uid)),
-            peer_gid = %OrDash(self.peer.map(|p| p.gid)),
-            peer_pid = %OrDash(self.peer.and_then(|p| p.pid)),
+            peer_uid = self.peer.map(|p| p.uid),
+            peer_gid = self.peer.map(|p| p.gid),
+            peer_pid = self.peer.and_then(|p| p.pid),
             "request"
         );
-    }
-}
-
-/// Shows an absent value as `-`, so every access line has every field.
-struct OrDash<T>(Option<T>);
-
-impl<T: fmt::Display> fmt::Display for OrDash<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            Some(v) => v.fmt(f),
-            None => f.write_str("-"),
-        }
     }
 }

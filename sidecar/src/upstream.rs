@@ -36,6 +36,8 @@ const HOP_BY_HOP: &[&str] = &[
     "expect",
 ];
 
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Largest 503 body read to tell "Loading model" from other failures.
 const PROBE_BODY_LIMIT: usize = 64 * 1024;
 
@@ -80,7 +82,9 @@ impl Upstream {
     pub fn new(target: UpstreamAddr, connect_timeout: Duration, pool_size: usize) -> Self {
         let mut builder = Client::builder(TokioExecutor::new());
         builder
-            .pool_idle_timeout(Duration::from_secs(60))
+            // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s),
+            // so a reused connection is rarely one the server is closing at that moment.
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(pool_size);
         let client = match &target {
             UpstreamAddr::Tcp(_) => {
@@ -204,13 +208,31 @@ impl Upstream {
     }
 }
 
+/// Sorts a failed attempt into "never reached llama-server" (safe to resend) or "may have".
+///
+/// Safe: the connect failed; hyper dropped the request before writing it; or the peer reset the
+/// connection (EPIPE / ECONNRESET). A reset means the peer closed its socket with our bytes still
+/// unread, so it never received the whole request, and llama-server acts only on a whole request.
+/// That is the race of a pooled keep-alive connection the server closed as we reused it.
+/// Not safe: anything else, notably a clean close after the request was written
+/// ("connection closed before message completed"): the server may have read it all.
 fn classify(e: hyper_util::client::legacy::Error) -> SendError {
-    let never_started = e.is_connect()
-        || std::error::Error::source(&e)
-            .and_then(|s| s.downcast_ref::<hyper::Error>())
-            .is_some_and(hyper::Error::is_canceled);
+    let mut never_reached = e.is_connect();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            never_reached |= h.is_canceled();
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            never_reached |= matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            );
+        }
+        cur = err.source();
+    }
     let text = error_chain(&e);
-    if never_started {
+    if never_reached {
         SendError::NotSent(text)
     } else {
         SendError::Failed(text)

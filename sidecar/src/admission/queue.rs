@@ -98,6 +98,12 @@ impl Admission {
         };
         ticket.resolved = true;
         match grant {
+            // Granted in the same instant as the deadline passed: the promise was "never forwarded
+            // after the timeout", so the slot goes straight on to the next waiter.
+            Grant::Slot if Instant::now() > deadline => {
+                drop(self.guard());
+                Err(GateError::QueueTimeout(arrived.elapsed()))
+            }
             Grant::Slot => Ok((self.guard(), arrived.elapsed())),
             Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
             Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The one test command: formatting, lints, every unit, integration and end-to-end test.
+# On a fresh machine it first builds llama-server and the tiny model (cached in ~/.cache/slotgate).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "toolchain"
+cargo --version
+for component in rustfmt clippy; do
+  if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+    rustup component add "$component"
+  fi
+done
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "real llama-server and tiny model (cached after the first run)"
+eval "$(bash scripts/setup-llama.sh)"
+export LLAMA_SERVER LLAMA_MODEL
+echo "llama-server: $LLAMA_SERVER"
+echo "model:        $LLAMA_MODEL"
+
+step "build the slotgate binary the tests drive"
+cargo build --workspace --bins
+
+step "cargo test --workspace"
+cargo test --workspace "$@"
