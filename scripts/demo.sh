@@ -24,17 +24,30 @@ done
 work="$(mktemp -d "${TMPDIR:-/tmp}/slotgate-demo.XXXXXX")"
 llama_pid=""
 gate_pid=""
+pids=()
 
-# Runs on every exit path: stop what is still running, then remove the temp dir (sockets, logs).
+# SIGTERM, then SIGKILL if it is still there after $2 seconds.
+stop() {
+  local pid="$1" secs="$2"
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq $((secs * 10))); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+# Runs on every exit path. Clients first: background jobs ignore the terminal's Ctrl-C, and slotgate would
+# otherwise keep draining their answers. Then slotgate, then llama-server, then the temp dir.
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  for pid in "$gate_pid" "$llama_pid"; do
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null || true
-      wait "$pid" 2>/dev/null || true
-    fi
-  done
+  local pid
+  for pid in ${pids[@]+"${pids[@]}"}; do kill -TERM "$pid" 2>/dev/null || true; done
+  stop "$gate_pid" 10
+  stop "$llama_pid" 5
   if [ "$rc" -ne 0 ] && [ -d "$work" ]; then
     for log in "$work"/*.log; do
       [ -s "$log" ] || continue
@@ -105,7 +118,6 @@ say "5/6 a burst of $requests concurrent chat requests, 30 ms apart, max_tokens 
 body="$(printf '{"messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":%d,"ignore_eos":true}' \
   "$max_tokens")"
 start_ns="$(date +%s%N)"
-pids=()
 for i in $(seq 1 "$requests"); do
   curl -s --unix-socket "$gate_sock" -o "$work/body.$i" -D "$work/head.$i" \
     -w '%{http_code} %{time_total}\n' -H 'content-type: application/json' -d "$body" \
@@ -141,7 +153,8 @@ printf '%-4s %-7s %-12s %-14s %-9s %s\n' '#' status retry-after queue-wait-ms to
 header() { tr -d '\r' <"$1" | sed -n "s/^$2: *//Ip" | head -n1; }
 served=0 rejected=0
 for i in $(seq 1 "$requests"); do
-  read -r code total <"$work/code.$i"
+  code=000 total=?
+  read -r code total <"$work/code.$i" || true
   result="$(python3 -c '
 import json, sys
 try:
@@ -178,7 +191,7 @@ wait "$gate_pid" || gate_rc=$?
 gate_pid=""
 echo "slotgate exited with status $gate_rc"
 [ -S "$gate_sock" ] && die "slotgate left its socket $gate_sock behind"
-kill -TERM "$llama_pid" && wait "$llama_pid" 2>/dev/null || true
+stop "$llama_pid" 5
 llama_pid=""
 [ "$gate_rc" -eq 0 ] || die "slotgate should exit 0 after SIGTERM"
 echo "done."

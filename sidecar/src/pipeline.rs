@@ -118,6 +118,7 @@ async fn forward(
                 path_and_query,
                 &intake.parts.headers,
                 intake.body.clone(),
+                intake.summary.stream,
             )
             .await;
         let err = match sent {

@@ -136,12 +136,18 @@ impl Upstream {
     }
 
     /// One attempt. A fresh request is built every time from the parts the client sent.
+    ///
+    /// `streamed` requests go out with `Connection: close`: llama-server closes the connection after
+    /// every streamed answer anyway (while announcing keep-alive), and a pooled connection that is
+    /// being closed as the next queued request is written on it would turn into a 502 for a request
+    /// llama-server never saw. Non-streamed requests reuse keep-alive connections.
     pub async fn send(
         &self,
         method: &Method,
         path_and_query: &str,
         client_headers: &HeaderMap,
         body: Bytes,
+        streamed: bool,
     ) -> Result<Response<Body>, SendError> {
         let mut req = Request::builder()
             .method(method.clone())
@@ -149,6 +155,10 @@ impl Upstream {
             .body(Full::new(body))
             .map_err(|e| SendError::Failed(e.to_string()))?;
         copy_end_to_end(client_headers, req.headers_mut());
+        if streamed {
+            req.headers_mut()
+                .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
         let result = match &self.inner.client {
             Pool::Tcp(c) => c.request(req).await,
             Pool::Unix(c) => c.request(req).await,

@@ -1,0 +1,444 @@
+//! HTTP/1.1 client over a Unix or TCP socket: whole responses, streamed responses, and raw sockets.
+//!
+//! Every helper on [`Client`] opens its own connection. The connection's driver task is aborted when the
+//! request future, [`Conn`] or [`Streaming`] is dropped, so dropping one really closes the socket: that is
+//! how tests model a client that goes away.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::task::JoinHandle;
+
+/// Where a [`Client`] connects.
+#[derive(Clone, Debug)]
+pub enum Target {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+/// Opens one connection per call to `target`.
+#[derive(Clone, Debug)]
+pub struct Client {
+    target: Target,
+}
+
+/// A whole response: status, headers and the body read to the end as text.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("response body is not JSON ({e}): {:?}", self.body))
+    }
+
+    /// The `fake_tag` the fake upstream echoed back, if any.
+    pub fn tag(&self) -> Option<String> {
+        self.json()
+            .get("fake_tag")
+            .and_then(|t| t.as_str())
+            .map(str::to_owned)
+    }
+}
+
+/// Aborts the connection driver when dropped, closing the socket.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One persistent (keep-alive) HTTP/1.1 connection. Dropping it closes the socket.
+pub struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    _driver: AbortOnDrop,
+}
+
+/// A response whose body is read frame by frame as it arrives. Dropping it closes the connection.
+pub struct Streaming {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    body: Incoming,
+    /// Text already consumed by [`Streaming::first_event`], replayed by [`Streaming::read_sse`].
+    consumed: String,
+    _conn: Conn,
+}
+
+/// What a whole SSE body contained.
+#[derive(Debug, Clone, Default)]
+pub struct SseRead {
+    /// The payload of every `data:` line except `[DONE]`, in order.
+    pub data: Vec<String>,
+    /// Whether `data: [DONE]` arrived.
+    pub done: bool,
+    /// The body read error, if the stream ended with one.
+    pub error: Option<String>,
+    /// All bytes received, as text.
+    pub raw: String,
+}
+
+impl SseRead {
+    /// True only for a stream that ended cleanly with `[DONE]`.
+    pub fn complete(&self) -> bool {
+        self.done && self.error.is_none()
+    }
+}
+
+/// Parses `data:` payloads out of SSE text; returns (payloads without `[DONE]`, saw `[DONE]`).
+pub fn parse_sse(text: &str) -> (Vec<String>, bool) {
+    let mut data = Vec::new();
+    let mut done = false;
+    for line in text.lines() {
+        if let Some(payload) = line.strip_prefix("data:") {
+            let payload = payload.trim();
+            if payload == "[DONE]" {
+                done = true;
+            } else {
+                data.push(payload.to_owned());
+            }
+        }
+    }
+    (data, done)
+}
+
+fn json_request(method: Method, path: &str, body: Bytes) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .expect("valid request")
+}
+
+fn post(path: &str, body: &serde_json::Value) -> Request<Full<Bytes>> {
+    json_request(Method::POST, path, Bytes::from(body.to_string()))
+}
+
+/// The helpers without `try_` expect an answer: a transport error fails the test, naming the request.
+fn answered<T>(method: &str, path: &str, sent: anyhow::Result<T>) -> T {
+    sent.unwrap_or_else(|e| panic!("{method} {path} failed at transport level: {e:#}"))
+}
+
+impl Client {
+    pub fn unix(path: impl AsRef<Path>) -> Self {
+        Self {
+            target: Target::Unix(path.as_ref().to_path_buf()),
+        }
+    }
+
+    pub fn tcp(addr: SocketAddr) -> Self {
+        Self {
+            target: Target::Tcp(addr),
+        }
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Opens a persistent connection.
+    pub async fn connect(&self) -> anyhow::Result<Conn> {
+        match &self.target {
+            Target::Unix(p) => {
+                let s = UnixStream::connect(p)
+                    .await
+                    .with_context(|| format!("connect {}", p.display()))?;
+                Conn::handshake(s).await
+            }
+            Target::Tcp(a) => {
+                let s = TcpStream::connect(a)
+                    .await
+                    .with_context(|| format!("connect {a}"))?;
+                Conn::handshake(s).await
+            }
+        }
+    }
+
+    /// Sends `req` on a fresh connection and reads the whole response.
+    pub async fn try_send(&self, req: Request<Full<Bytes>>) -> anyhow::Result<Response> {
+        let mut conn = self.connect().await?;
+        conn.send(req).await
+    }
+
+    pub async fn try_post_json(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<Response> {
+        self.try_send(post(path, body)).await
+    }
+
+    /// POSTs `body` as JSON; panics on a transport error (a status is always expected).
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {
+        answered("POST", path, self.try_post_json(path, body).await)
+    }
+
+    /// POSTs raw bytes with a JSON content type (for malformed or oversized bodies).
+    pub async fn post_raw(&self, path: &str, body: impl Into<Bytes>) -> Response {
+        let sent = self
+            .try_send(json_request(Method::POST, path, body.into()))
+            .await;
+        answered("POST", path, sent)
+    }
+
+    pub async fn request(&self, method: Method, path: &str) -> Response {
+        let sent = self
+            .try_send(json_request(method.clone(), path, Bytes::new()))
+            .await;
+        answered(method.as_str(), path, sent)
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.request(Method::GET, path).await
+    }
+
+    /// POSTs `body` and returns as soon as the response head arrives; the body is read incrementally.
+    pub async fn try_stream(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<Streaming> {
+        self.connect().await?.send_streaming(post(path, body)).await
+    }
+
+    pub async fn stream(&self, path: &str, body: &serde_json::Value) -> Streaming {
+        answered("streaming POST", path, self.try_stream(path, body).await)
+    }
+
+    /// Writes `bytes` on a fresh raw Unix socket, then reads until the peer closes it or `timeout` passes.
+    /// Returns what arrived and how long after the write the close came; `None` if it stayed open.
+    pub async fn raw_exchange(
+        &self,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Option<(Vec<u8>, Duration)> {
+        let mut sock = self.raw_unix().await;
+        sock.write_all(bytes)
+            .await
+            .unwrap_or_else(|e| panic!("write on a raw socket: {e}"));
+        let t0 = Instant::now();
+        let got = read_until_closed(&mut sock, timeout).await?;
+        Some((got, t0.elapsed()))
+    }
+
+    /// A raw Unix socket to the listener, for slowloris and partial-body tests.
+    pub async fn raw_unix(&self) -> UnixStream {
+        match &self.target {
+            Target::Unix(p) => UnixStream::connect(p)
+                .await
+                .unwrap_or_else(|e| panic!("connect {}: {e}", p.display())),
+            Target::Tcp(_) => panic!("raw_unix on a TCP client"),
+        }
+    }
+}
+
+impl Conn {
+    async fn handshake<T>(io: T) -> anyhow::Result<Conn>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, conn) = http1::handshake(TokioIo::new(io))
+            .await
+            .context("http1 handshake")?;
+        let driver = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Conn {
+            sender,
+            _driver: AbortOnDrop(driver),
+        })
+    }
+
+    /// Sends `req` and waits for the response head.
+    async fn head(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> anyhow::Result<http::Response<Incoming>> {
+        self.sender.ready().await.context("connection not ready")?;
+        self.sender.send_request(req).await.context("send request")
+    }
+
+    /// Sends `req` on this connection and reads the whole response body.
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> anyhow::Result<Response> {
+        let (parts, body) = self.head(req).await?.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .context("read response body")?
+            .to_bytes();
+        Ok(Response {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    }
+
+    pub async fn post_json(
+        &mut self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<Response> {
+        self.send(post(path, body)).await
+    }
+
+    pub async fn get(&mut self, path: &str) -> anyhow::Result<Response> {
+        self.send(json_request(Method::GET, path, Bytes::new()))
+            .await
+    }
+
+    /// Sends `req` and returns once the head arrives; the connection lives inside the [`Streaming`].
+    pub async fn send_streaming(mut self, req: Request<Full<Bytes>>) -> anyhow::Result<Streaming> {
+        let (parts, body) = self.head(req).await?.into_parts();
+        Ok(Streaming {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            consumed: String::new(),
+            _conn: self,
+        })
+    }
+}
+
+impl Streaming {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    }
+
+    /// The next data chunk: `None` at the clean end, `Some(Err)` if the body broke.
+    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, String>> {
+        loop {
+            match self.body.frame().await? {
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) if data.is_empty() => continue,
+                    Ok(data) => return Some(Ok(data)),
+                    Err(_trailers) => continue,
+                },
+                Err(e) => return Some(Err(format!("{e:#}"))),
+            }
+        }
+    }
+
+    /// Like [`Self::next_chunk`] but panics if nothing (not even the end) arrives within `timeout`.
+    pub async fn next_chunk_within(&mut self, timeout: Duration) -> Option<Result<Bytes, String>> {
+        tokio::time::timeout(timeout, self.next_chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no chunk within {timeout:?}"))
+    }
+
+    /// Reads until at least one full SSE `data:` event has arrived; returns the text read so far.
+    /// The text is kept, so a later [`Self::read_sse`] still sees the whole stream.
+    pub async fn first_event(&mut self, timeout: Duration) -> String {
+        loop {
+            match self.next_chunk_within(timeout).await {
+                Some(Ok(b)) => {
+                    self.consumed.push_str(&String::from_utf8_lossy(&b));
+                    if self.consumed.contains("\n\n") {
+                        return self.consumed.clone();
+                    }
+                }
+                other => panic!(
+                    "stream ended before the first event: {other:?}, read {:?}",
+                    self.consumed
+                ),
+            }
+        }
+    }
+
+    /// Reads the body to its end (clean or broken), bounded by `timeout`, and parses all of it as SSE.
+    pub async fn read_sse(mut self, timeout: Duration) -> SseRead {
+        let mut raw = std::mem::take(&mut self.consumed);
+        let mut error = None;
+        let read = async {
+            while let Some(chunk) = self.next_chunk().await {
+                match chunk {
+                    Ok(b) => raw.push_str(&String::from_utf8_lossy(&b)),
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+        };
+        if tokio::time::timeout(timeout, read).await.is_err() {
+            panic!("stream did not end within {timeout:?}");
+        }
+        let (data, done) = parse_sse(&raw);
+        SseRead {
+            data,
+            done,
+            error,
+            raw,
+        }
+    }
+
+    /// Reads the body to the end as text (for non-SSE streamed responses).
+    pub async fn read_all(self, timeout: Duration) -> SseRead {
+        self.read_sse(timeout).await
+    }
+}
+
+/// Reads from a raw socket until the peer closes it or `timeout` passes.
+/// Returns `Some(bytes read)` if the peer closed (EOF or reset), `None` if the socket was still open.
+pub async fn read_until_closed<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    timeout: Duration,
+) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(()) => Some(got),
+        Err(_) => None,
+    }
+}
+
+/// The status code of a raw HTTP/1.1 response (`HTTP/1.1 408 ...`), if the bytes start with one.
+pub fn raw_status(bytes: &[u8]) -> Option<u16> {
+    let text = String::from_utf8_lossy(bytes);
+    let line = text.lines().next()?;
+    let mut parts = line.split_whitespace();
+    if !parts.next()?.starts_with("HTTP/1.") {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+/// The body of a raw HTTP/1.1 response (after the blank line), as text.
+pub fn raw_body(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,787 @@
+//! A fake llama-server on a Unix socket: scripted timing, honest concurrency and cancellation counts.
+//!
+//! Requests steer their own answer through body fields the fake reads:
+//! - `fake_tag` (string or number): echoed back as `"fake_tag"` in every JSON object and SSE chunk;
+//! - `fake_delay_ms`: service time of a non-stream answer (default: the builder's `.delay()`);
+//! - `fake_chunks` (count) and `fake_chunk_delay_ms`: shape of a `"stream": true` answer;
+//! - `fake_prompt_tokens` / `fake_completion_tokens`: the `usage` reported (defaults 10 / chunk count or 5).
+//!
+//! A generation request is counted in [`RunningUpstream::current`] by an RAII guard that travels inside the
+//! response body, so it lives until the body is fully sent or dropped: `max_concurrency` covers streams.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::{JoinHandle, JoinSet};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Paths that take a llama-server slot; the fake records these in `requests_seen`.
+pub const GENERATION_PATHS: &[&str] = &[
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completions",
+    "/completion",
+    "/v1/embeddings",
+    "/embeddings",
+    "/embedding",
+    "/v1/rerank",
+    "/rerank",
+    "/reranking",
+    "/v1/reranking",
+];
+
+/// The body llama-server answers with while it loads a model.
+pub const LOADING_BODY: &str =
+    r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
+
+#[derive(Clone, Debug)]
+enum Mode {
+    Normal,
+    /// Streams break (connection aborted) after this many content chunks.
+    CrashAfter(usize),
+    /// Generation requests never get an answer.
+    Hang,
+    /// Generation requests are read, then the connection is dropped without any response.
+    Reset,
+    /// Every endpoint answers 503 "Loading model" for this long after start.
+    LoadingFor(Duration),
+}
+
+/// Builder for a fake llama-server.
+#[derive(Clone, Debug)]
+pub struct FakeUpstream {
+    mode: Mode,
+    chunks: Vec<String>,
+    chunk_delay: Duration,
+    delay: Duration,
+    path: Option<PathBuf>,
+    one_per_conn: bool,
+}
+
+/// One generation request as the fake received it.
+#[derive(Clone, Debug)]
+pub struct SeenRequest {
+    /// Arrival order, from 0.
+    pub seq: usize,
+    pub path: String,
+    /// The parsed JSON body (`Null` if it was not JSON).
+    pub body: Value,
+    pub tag: Option<String>,
+    pub stream: bool,
+    pub arrived: Instant,
+    /// When the response body was fully sent or dropped.
+    pub finished: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Counters {
+    current: AtomicUsize,
+    max: AtomicUsize,
+    cancelled: AtomicUsize,
+    health_checks: AtomicUsize,
+    connections: AtomicUsize,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+}
+
+struct State {
+    ready_at: Instant,
+    counters: Counters,
+    seen: Mutex<Vec<SeenRequest>>,
+    passthrough: Mutex<Vec<String>>,
+    /// When each generation request answered "Loading model" arrived.
+    rejected_loading: Mutex<Vec<Instant>>,
+}
+
+impl State {
+    /// Records `usage` that was actually sent in full.
+    fn add_usage(&self, prompt_tokens: u64, completion_tokens: u64) {
+        let c = &self.counters;
+        c.prompt_tokens.fetch_add(prompt_tokens, Ordering::SeqCst);
+        c.completion_tokens
+            .fetch_add(completion_tokens, Ordering::SeqCst);
+    }
+}
+
+/// Holds one unit of upstream concurrency; dropped when the response body is done or abandoned.
+struct InFlight {
+    state: Arc<State>,
+    seq: usize,
+}
+
+impl InFlight {
+    fn enter(state: &Arc<State>, seq: usize) -> Self {
+        let now = state.counters.current.fetch_add(1, Ordering::SeqCst) + 1;
+        state.counters.max.fetch_max(now, Ordering::SeqCst);
+        Self {
+            state: state.clone(),
+            seq,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(r) = self.state.seen.lock().unwrap().get_mut(self.seq) {
+            r.finished = Some(Instant::now());
+        }
+        self.state.counters.current.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+enum Payload {
+    Full(Option<Bytes>),
+    Channel(mpsc::Receiver<Result<Bytes, BoxError>>),
+}
+
+/// Response body that carries the request's [`InFlight`] guard until it ends or is dropped.
+struct FakeBody {
+    payload: Payload,
+    guard: Option<InFlight>,
+    /// Told when hyper is done with this body (sent or abandoned); see `one_request_per_connection`.
+    on_done: Option<Arc<Notify>>,
+}
+
+impl Drop for FakeBody {
+    fn drop(&mut self) {
+        if let Some(n) = &self.on_done {
+            n.notify_one();
+        }
+    }
+}
+
+impl FakeBody {
+    fn full(bytes: impl Into<Bytes>, guard: Option<InFlight>) -> Self {
+        Self {
+            payload: Payload::Full(Some(bytes.into())),
+            guard,
+            on_done: None,
+        }
+    }
+}
+
+impl Body for FakeBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = match &mut self.payload {
+            Payload::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Payload::Channel(rx) => rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data))),
+        };
+        if let Poll::Ready(None) = polled {
+            self.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.payload, Payload::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.payload {
+            Payload::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Payload::Full(None) => SizeHint::with_exact(0),
+            Payload::Channel(_) => SizeHint::default(),
+        }
+    }
+}
+
+impl Default for FakeUpstream {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Normal,
+            chunks: vec!["Hello".into(), ", ".into(), "world".into()],
+            chunk_delay: Duration::from_millis(10),
+            delay: Duration::ZERO,
+            path: None,
+            one_per_conn: false,
+        }
+    }
+}
+
+impl FakeUpstream {
+    /// Answers at once (streams use 3 chunks 10 ms apart).
+    pub fn instant() -> Self {
+        Self::default()
+    }
+
+    /// Streams answer with `chunks`, one every `delay_per_chunk`.
+    pub fn sse<I, S>(chunks: I, delay_per_chunk: Duration) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            chunks: chunks.into_iter().map(Into::into).collect(),
+            chunk_delay: delay_per_chunk,
+            ..Self::default()
+        }
+    }
+
+    /// Streams break after `after_n_chunks` content chunks: the connection is aborted mid-body.
+    pub fn crash_mid_stream(after_n_chunks: usize) -> Self {
+        Self {
+            mode: Mode::CrashAfter(after_n_chunks),
+            chunks: (0..after_n_chunks + 5)
+                .map(|i| format!("tok{i} "))
+                .collect(),
+            chunk_delay: Duration::from_millis(30),
+            ..Self::default()
+        }
+    }
+
+    /// Generation requests are accepted and never answered (health and passthroughs still answer).
+    pub fn hang() -> Self {
+        Self {
+            mode: Mode::Hang,
+            ..Self::default()
+        }
+    }
+
+    /// Generation requests are read in full, then the connection is closed without a response: the
+    /// request may have been processed, so it must not be resent.
+    pub fn reset_on_request() -> Self {
+        Self {
+            mode: Mode::Reset,
+            ..Self::default()
+        }
+    }
+
+    /// Every endpoint, `/health` included, answers 503 "Loading model" for `duration` after start.
+    pub fn loading_then_ready(duration: Duration) -> Self {
+        Self {
+            mode: Mode::LoadingFor(duration),
+            ..Self::default()
+        }
+    }
+
+    /// Default service time of non-stream answers.
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+
+    /// Default delay between stream chunks.
+    pub fn chunk_delay(mut self, d: Duration) -> Self {
+        self.chunk_delay = d;
+        self
+    }
+
+    /// Close every connection right after its first response, without a `Connection: close` header,
+    /// the way a server that drops idle keep-alive connections looks to a pooling client.
+    pub fn one_request_per_connection(mut self) -> Self {
+        self.one_per_conn = true;
+        self
+    }
+
+    /// Listen at this exact path (e.g. one a gate was already pointed at).
+    pub fn at(mut self, path: impl AsRef<Path>) -> Self {
+        self.path = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    pub async fn start(self) -> RunningUpstream {
+        let (path, dir) = match &self.path {
+            Some(p) => (p.clone(), None),
+            None => {
+                let dir = crate::wait::unique_dir("up");
+                (dir.join("llama.sock"), Some(dir))
+            }
+        };
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)
+            .unwrap_or_else(|e| panic!("fake upstream bind {}: {e}", path.display()));
+        let ready_at = match self.mode {
+            Mode::LoadingFor(d) => Instant::now() + d,
+            _ => Instant::now(),
+        };
+        let state = Arc::new(State {
+            ready_at,
+            counters: Counters::default(),
+            seen: Mutex::new(Vec::new()),
+            passthrough: Mutex::new(Vec::new()),
+            rejected_loading: Mutex::new(Vec::new()),
+        });
+        let cfg = Arc::new(self);
+        let accept_state = state.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                accept_state
+                    .counters
+                    .connections
+                    .fetch_add(1, Ordering::SeqCst);
+                let (state, cfg) = (accept_state.clone(), cfg.clone());
+                conns.spawn(async move {
+                    let done = Arc::new(Notify::new());
+                    let one_per_conn = cfg.one_per_conn;
+                    let on_done = done.clone();
+                    let svc = service_fn(move |req| {
+                        let (state, cfg, on_done) = (state.clone(), cfg.clone(), on_done.clone());
+                        async move {
+                            let mut resp: Response<FakeBody> = match handle(state, cfg, req).await {
+                                Ok(r) => r,
+                                Err(e) => return Err(e),
+                            };
+                            if one_per_conn {
+                                resp.body_mut().on_done = Some(on_done);
+                            }
+                            Ok::<_, ResetConnection>(resp)
+                        }
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        _ = done.notified() => {}
+                    }
+                    // Let hyper flush what it has, then close; no header announces it.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        RunningUpstream {
+            path,
+            dir,
+            state,
+            task,
+        }
+    }
+}
+
+/// A started fake; stops (and removes its socket) on drop.
+pub struct RunningUpstream {
+    path: PathBuf,
+    dir: Option<PathBuf>,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl RunningUpstream {
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The value for slotgate's `--upstream`.
+    pub fn url(&self) -> String {
+        format!("unix:{}", self.path.display())
+    }
+
+    /// Highest number of generation requests in progress at once (bodies included).
+    pub fn max_concurrency(&self) -> usize {
+        self.state.counters.max.load(Ordering::SeqCst)
+    }
+
+    /// Generation requests in progress now.
+    pub fn current(&self) -> usize {
+        self.state.counters.current.load(Ordering::SeqCst)
+    }
+
+    /// Streams whose reader went away before the stream finished.
+    pub fn cancelled(&self) -> usize {
+        self.state.counters.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Generation requests that reached the fake and were served (not answered "loading"), in arrival order.
+    pub fn requests_seen(&self) -> Vec<SeenRequest> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.seen.lock().unwrap().len()
+    }
+
+    /// `fake_tag`s of served generation requests, in arrival order.
+    pub fn tags(&self) -> Vec<String> {
+        self.requests_seen()
+            .into_iter()
+            .filter_map(|r| r.tag)
+            .collect()
+    }
+
+    pub fn saw_tag(&self, tag: &str) -> bool {
+        self.tags().iter().any(|t| t == tag)
+    }
+
+    pub fn request_with_tag(&self, tag: &str) -> Option<SeenRequest> {
+        self.requests_seen()
+            .into_iter()
+            .find(|r| r.tag.as_deref() == Some(tag))
+    }
+
+    /// Paths of non-generation requests (passthroughs) in arrival order; `/health` excluded.
+    pub fn passthrough_seen(&self) -> Vec<String> {
+        self.state.passthrough.lock().unwrap().clone()
+    }
+
+    /// Generation requests answered 503 "Loading model".
+    pub fn rejected_while_loading(&self) -> usize {
+        self.state.rejected_loading.lock().unwrap().len()
+    }
+
+    /// When each generation request answered 503 "Loading model" arrived, in order.
+    pub fn rejection_times(&self) -> Vec<Instant> {
+        self.state.rejected_loading.lock().unwrap().clone()
+    }
+
+    /// Connections accepted so far (by anyone: slotgate's requests and health probes alike).
+    pub fn connections(&self) -> usize {
+        self.state.counters.connections.load(Ordering::SeqCst)
+    }
+
+    pub fn health_checks(&self) -> usize {
+        self.state.counters.health_checks.load(Ordering::SeqCst)
+    }
+
+    /// When the fake started (or will start) answering normally.
+    pub fn ready_at(&self) -> Instant {
+        self.state.ready_at
+    }
+
+    /// Sum of `usage` the fake actually sent: (prompt_tokens, completion_tokens).
+    pub fn usage_totals(&self) -> (u64, u64) {
+        (
+            self.state.counters.prompt_tokens.load(Ordering::SeqCst),
+            self.state.counters.completion_tokens.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Stops accepting, closes every open connection and removes the socket file.
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for RunningUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Returned by the service to make hyper drop the connection without answering.
+#[derive(Debug)]
+struct ResetConnection;
+
+impl std::fmt::Display for ResetConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("fake upstream reset the connection")
+    }
+}
+
+impl std::error::Error for ResetConnection {}
+
+fn json_response(
+    status: StatusCode,
+    body: impl Into<Bytes>,
+    guard: Option<InFlight>,
+) -> Response<FakeBody> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json; charset=utf-8")
+        .body(FakeBody::full(body, guard))
+        .expect("valid response")
+}
+
+fn num(body: &Value, key: &str) -> Option<u64> {
+    body.get(key).and_then(Value::as_u64)
+}
+
+fn tag_of(body: &Value) -> Option<String> {
+    match body.get("fake_tag")? {
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    cfg: Arc<FakeUpstream>,
+    req: Request<Incoming>,
+) -> Result<Response<FakeBody>, ResetConnection> {
+    let (parts, body) = req.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let path = parts.uri.path().to_owned();
+    let generation = GENERATION_PATHS.contains(&path.as_str());
+
+    let now = Instant::now();
+    if now < state.ready_at {
+        if generation {
+            state.rejected_loading.lock().unwrap().push(now);
+        }
+        return Ok(json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            LOADING_BODY,
+            None,
+        ));
+    }
+
+    if generation && parts.method == Method::POST {
+        let resp = generate(state, cfg.clone(), path, &bytes).await;
+        if matches!(cfg.mode, Mode::Reset) {
+            // An error from the service makes hyper close the connection without answering.
+            return Err(ResetConnection);
+        }
+        return Ok(resp);
+    }
+    let resp = match (&parts.method, path.as_str()) {
+        (&Method::GET, "/health") => {
+            state.counters.health_checks.fetch_add(1, Ordering::SeqCst);
+            json_response(StatusCode::OK, r#"{"status":"ok"}"#, None)
+        }
+        (&Method::GET, "/props") => {
+            state.passthrough.lock().unwrap().push(path.clone());
+            let props = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1,
+                               "model_path": "fake.gguf"});
+            json_response(StatusCode::OK, props.to_string(), None)
+        }
+        (&Method::GET, "/v1/models" | "/models") => {
+            state.passthrough.lock().unwrap().push(path.clone());
+            let models = json!({"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "fake"}]});
+            json_response(StatusCode::OK, models.to_string(), None)
+        }
+        (&Method::POST, "/tokenize" | "/detokenize" | "/apply-template") => {
+            state.passthrough.lock().unwrap().push(path.clone());
+            let answer = match path.as_str() {
+                "/tokenize" => json!({"tokens": [1, 2, 3]}),
+                "/detokenize" => json!({"content": "fake"}),
+                _ => json!({"prompt": "fake"}),
+            };
+            json_response(StatusCode::OK, answer.to_string(), None)
+        }
+        _ => json_response(
+            StatusCode::NOT_FOUND,
+            r#"{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}"#,
+            None,
+        ),
+    };
+    Ok(resp)
+}
+
+async fn generate(
+    state: Arc<State>,
+    cfg: Arc<FakeUpstream>,
+    path: String,
+    raw: &[u8],
+) -> Response<FakeBody> {
+    let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+    let tag = tag_of(&body);
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let guard = {
+        let mut seen = state.seen.lock().unwrap();
+        let seq = seen.len();
+        seen.push(SeenRequest {
+            seq,
+            path: path.clone(),
+            body: body.clone(),
+            tag: tag.clone(),
+            stream,
+            arrived: Instant::now(),
+            finished: None,
+        });
+        InFlight::enter(&state, seq)
+    };
+
+    if matches!(cfg.mode, Mode::Hang) {
+        let _guard = guard;
+        return std::future::pending().await;
+    }
+    if body.is_null() {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            r#"{"error":{"code":400,"message":"invalid JSON","type":"invalid_request_error"}}"#,
+            Some(guard),
+        );
+    }
+
+    let prompt_tokens = num(&body, "fake_prompt_tokens").unwrap_or(10);
+    if stream {
+        return stream_response(state, cfg, path, body, tag, prompt_tokens, guard);
+    }
+
+    let delay = num(&body, "fake_delay_ms")
+        .map(Duration::from_millis)
+        .unwrap_or(cfg.delay);
+    tokio::time::sleep(delay).await;
+    if let Mode::CrashAfter(_) = cfg.mode {
+        let (tx, rx) = mpsc::channel(1);
+        let _ = tx.try_send(Err::<Bytes, BoxError>("fake upstream crashed".into()));
+        return Response::builder()
+            .header("content-type", "application/json")
+            .body(FakeBody {
+                payload: Payload::Channel(rx),
+                guard: Some(guard),
+                on_done: None,
+            })
+            .expect("valid response");
+    }
+
+    let embedding = path.contains("embed");
+    let completion_tokens = if embedding {
+        0
+    } else {
+        num(&body, "fake_completion_tokens").unwrap_or(5)
+    };
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                       "total_tokens": prompt_tokens + completion_tokens});
+    let answer = if embedding {
+        json!({"object": "list", "model": "fake", "usage": usage, "fake_tag": tag,
+               "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]})
+    } else if path.contains("rerank") {
+        json!({"model": "fake", "usage": usage, "fake_tag": tag,
+               "results": [{"index": 0, "relevance_score": 0.5}]})
+    } else if path.contains("chat") {
+        json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
+               "choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": cfg.chunks.concat()}}],
+               "usage": usage, "fake_tag": tag})
+    } else {
+        json!({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
+               "content": cfg.chunks.concat(),
+               "choices": [{"index": 0, "finish_reason": "stop", "text": cfg.chunks.concat()}],
+               "usage": usage, "fake_tag": tag})
+    };
+    state.add_usage(prompt_tokens, completion_tokens);
+    json_response(StatusCode::OK, answer.to_string(), Some(guard))
+}
+
+fn sse_event(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+fn stream_response(
+    state: Arc<State>,
+    cfg: Arc<FakeUpstream>,
+    path: String,
+    body: Value,
+    tag: Option<String>,
+    prompt_tokens: u64,
+    guard: InFlight,
+) -> Response<FakeBody> {
+    let chunks: Vec<String> = match num(&body, "fake_chunks") {
+        Some(n) => (0..n).map(|i| format!("tok{i} ")).collect(),
+        None => cfg.chunks.clone(),
+    };
+    let delay = num(&body, "fake_chunk_delay_ms")
+        .map(Duration::from_millis)
+        .unwrap_or(cfg.chunk_delay);
+    let completion_tokens = num(&body, "fake_completion_tokens").unwrap_or(chunks.len() as u64);
+    let chat = path.contains("chat");
+    let crash_after = match cfg.mode {
+        Mode::CrashAfter(n) => Some(n),
+        _ => None,
+    };
+    let (tx, rx) = mpsc::channel::<Result<Bytes, BoxError>>(1);
+
+    tokio::spawn(async move {
+        let cancelled = || {
+            state.counters.cancelled.fetch_add(1, Ordering::SeqCst);
+        };
+        // Waits `delay` unless the reader goes away first; false means it went away.
+        let pause = |tx: mpsc::Sender<Result<Bytes, BoxError>>| async move {
+            if delay.is_zero() {
+                return !tx.is_closed();
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => true,
+                _ = tx.closed() => false,
+            }
+        };
+        for (i, text) in chunks.iter().enumerate() {
+            if crash_after == Some(i) {
+                if !pause(tx.clone()).await {
+                    return cancelled();
+                }
+                let _ = tx
+                    .send(Err("fake upstream crashed mid-stream".into()))
+                    .await;
+                return;
+            }
+            if i > 0 && !pause(tx.clone()).await {
+                return cancelled();
+            }
+            let event = if chat {
+                json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake",
+                       "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}],
+                       "fake_tag": tag})
+            } else {
+                json!({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
+                       "content": text, "stop": false,
+                       "choices": [{"index": 0, "text": text, "finish_reason": null}], "fake_tag": tag})
+            };
+            if tx.send(Ok(sse_event(&event))).await.is_err() {
+                return cancelled();
+            }
+        }
+        if !pause(tx.clone()).await {
+            return cancelled();
+        }
+        let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens});
+        let last = if chat {
+            json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake",
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage,
+                   "fake_tag": tag})
+        } else {
+            json!({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
+                   "content": "", "stop": true,
+                   "choices": [{"index": 0, "text": "", "finish_reason": "stop"}], "usage": usage,
+                   "fake_tag": tag})
+        };
+        if tx.send(Ok(sse_event(&last))).await.is_err() {
+            return cancelled();
+        }
+        state.add_usage(prompt_tokens, completion_tokens);
+        if tx
+            .send(Ok(Bytes::from_static(b"data: [DONE]\n\n")))
+            .await
+            .is_err()
+        {
+            cancelled();
+        }
+    });
+
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(FakeBody {
+            payload: Payload::Channel(rx),
+            guard: Some(guard),
+            on_done: None,
+        })
+        .expect("valid response")
+}

@@ -1,0 +1,39 @@
+//! Test harness for slotgate: a fake llama-server, a launcher for the real `slotgate` binary, and clients.
+//!
+//! Every test drives real sockets end to end:
+//!
+//! ```text
+//!   test ──Client──▶ unix/tcp listen socket ──▶ slotgate (child process) ──▶ unix socket ──▶ FakeUpstream
+//!     └──────────Client──▶ admin listener (/status, /metrics, /readyz, /livez)
+//! ```
+//!
+//! - [`fake_upstream`]: a scriptable llama-server stand-in that counts concurrency and cancellations honestly.
+//! - [`gate`]: builds the command line, starts `slotgate`, waits for `/livez`, scrapes admin endpoints.
+//! - [`client`]: HTTP/1.1 over Unix or TCP, whole or streamed responses, and raw sockets for abuse tests.
+//! - [`llama`]: launcher for a real llama-server, for the end-to-end tests.
+//! - [`request`]: fluent request bodies carrying the fake's knobs (`fake_tag`, `fake_delay_ms`, ...).
+//! - [`metrics`]: a small Prometheus text parser for asserting counters, gauges and histograms.
+//! - [`errors`]: the OpenAI error shape every slotgate-made response must have.
+//! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
+
+pub mod client;
+pub mod errors;
+pub mod fake_upstream;
+pub mod gate;
+pub mod llama;
+pub mod metrics;
+pub mod request;
+pub mod wait;
+
+pub use client::{Client, Conn, Response, SseRead, Streaming, Target};
+pub use errors::{assert_error, parse_error, retry_after};
+pub use fake_upstream::{FakeUpstream, RunningUpstream, SeenRequest};
+pub use gate::{Exited, Gate, RunningGate};
+pub use metrics::Metrics;
+pub use request::{join_all, spawn_post, Req, CHAT};
+pub use wait::{current_uid, eventually, unique_dir};
+
+/// Milliseconds, for terse timings in tests.
+pub fn ms(n: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(n)
+}

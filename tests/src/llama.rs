@@ -1,0 +1,302 @@
+//! The real llama-server for end-to-end tests: built and cached by `scripts/setup-llama.sh`, started on a
+//! Unix socket in a temp dir with a tiny random-weight model, killed on Drop.
+//!
+//! The setup script runs once per test process. If it fails the test fails with the script's stderr:
+//! an end-to-end test that silently skips would claim coverage it does not have.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::client::{Client, Response};
+use crate::metrics::Metrics;
+use crate::wait::unique_dir;
+
+/// Context tokens per slot: the tiny model's training context, enough for a prompt plus `max_tokens`.
+pub const CTX_PER_SLOT: usize = 2048;
+
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The llama-server binary and the model it serves.
+#[derive(Debug, Clone)]
+pub struct LlamaPaths {
+    pub server: PathBuf,
+    pub model: PathBuf,
+}
+
+impl LlamaPaths {
+    /// `LLAMA_SERVER` and `LLAMA_MODEL` if both are set, else what `scripts/setup-llama.sh` prints.
+    /// Panics with the reason (for the script: its exit status and stderr) when neither works.
+    pub fn get() -> &'static LlamaPaths {
+        static PATHS: OnceLock<Result<LlamaPaths, String>> = OnceLock::new();
+        match PATHS.get_or_init(resolve_paths) {
+            Ok(paths) => paths,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+fn resolve_paths() -> Result<LlamaPaths, String> {
+    if let (Some(server), Some(model)) = (
+        std::env::var_os("LLAMA_SERVER"),
+        std::env::var_os("LLAMA_MODEL"),
+    ) {
+        return checked(
+            PathBuf::from(server),
+            PathBuf::from(model),
+            "LLAMA_SERVER / LLAMA_MODEL",
+        );
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-llama.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed ({}); its stderr (last 60 lines):\n{}",
+            script.display(),
+            out.status,
+            tail(&stderr, 60)
+        ));
+    }
+    let field = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(PathBuf::from)
+            .ok_or_else(|| {
+                format!(
+                    "{} printed no {key}= line; stdout:\n{stdout}",
+                    script.display()
+                )
+            })
+    };
+    checked(
+        field("LLAMA_SERVER")?,
+        field("LLAMA_MODEL")?,
+        &script.display().to_string(),
+    )
+}
+
+fn checked(server: PathBuf, model: PathBuf, source: &str) -> Result<LlamaPaths, String> {
+    for p in [&server, &model] {
+        if !p.is_file() {
+            return Err(format!(
+                "{source} names {}, which is not a file",
+                p.display()
+            ));
+        }
+    }
+    Ok(LlamaPaths { server, model })
+}
+
+/// Starts llama-server.
+#[derive(Debug)]
+pub struct LlamaServer;
+
+impl LlamaServer {
+    /// Starts llama-server with `np` slots on a fresh Unix socket and waits until `/health` answers 200
+    /// (it answers 503 while the model loads). Panics with the server's log if it exits or never gets ready.
+    pub async fn start(np: usize) -> RunningLlama {
+        let paths = LlamaPaths::get();
+        let dir = unique_dir("llama");
+        let socket = dir.join("llama.sock");
+        let log = dir.join("llama-server.log");
+        let log_file = File::create(&log).expect("create llama-server log");
+        let bin_dir = paths
+            .server
+            .parent()
+            .expect("llama-server has a parent dir");
+        let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
+            Some(old) if !old.is_empty() => {
+                let mut p = bin_dir.as_os_str().to_owned();
+                p.push(":");
+                p.push(old);
+                p
+            }
+            _ => bin_dir.as_os_str().to_owned(),
+        };
+        let child = Command::new(&paths.server)
+            .arg("-m")
+            .arg(&paths.model)
+            // A --host ending in `.sock` makes llama-server listen on that Unix socket.
+            .arg("--host")
+            .arg(&socket)
+            .args(["-np", &np.to_string()])
+            .args(["-c", &(CTX_PER_SLOT * np).to_string()])
+            .args(["--metrics", "--slots", "--no-webui"])
+            .env("LD_LIBRARY_PATH", ld_path)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("clone log fd"))
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.server.display()));
+        let client = Client::unix(&socket);
+        let mut llama = RunningLlama {
+            child,
+            dir,
+            socket,
+            log,
+            client,
+        };
+        llama.wait_healthy().await;
+        llama
+    }
+}
+
+/// A running llama-server; killed and its temp dir removed on Drop.
+pub struct RunningLlama {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+    client: Client,
+}
+
+impl RunningLlama {
+    /// The Unix socket llama-server listens on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The last `lines` lines of llama-server's combined stdout and stderr.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(
+            &std::fs::read_to_string(&self.log).unwrap_or_default(),
+            lines,
+        )
+    }
+
+    /// GET `path` straight from llama-server (not through slotgate).
+    pub async fn get(&self, path: &str) -> Response {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.client.try_send(get_request(path))).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => panic!("llama-server GET {path}: {e:#}\n{}", self.log_tail(40)),
+            Err(_) => panic!(
+                "llama-server GET {path}: no answer in {REQUEST_TIMEOUT:?}\n{}",
+                self.log_tail(40)
+            ),
+        }
+    }
+
+    /// `GET /slots`: one object per slot; `is_processing` says whether it is generating.
+    pub async fn slots(&self) -> Vec<Value> {
+        let r = self.get("/slots").await;
+        assert_eq!(r.status, 200, "llama-server /slots: {}", r.body);
+        match r.json() {
+            Value::Array(slots) => slots,
+            other => panic!("llama-server /slots is not a JSON array: {other}"),
+        }
+    }
+
+    /// How many slots `/slots` reports as processing.
+    pub async fn busy_slots(&self) -> usize {
+        self.slots()
+            .await
+            .iter()
+            .filter(|s| {
+                s.get("is_processing")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            })
+            .count()
+    }
+
+    /// `GET /metrics` (Prometheus text; needs `--metrics`, which [`LlamaServer::start`] passes).
+    pub async fn metrics(&self) -> Metrics {
+        let r = self.get("/metrics").await;
+        assert_eq!(r.status, 200, "llama-server /metrics: {}", r.body);
+        Metrics::parse(&r.body)
+    }
+
+    /// The two gauges that show whether llama-server queues work internally.
+    pub async fn load(&self) -> LlamaLoad {
+        let m = self.metrics().await;
+        let gauge = |name: &str| {
+            m.value(name, &[])
+                .unwrap_or_else(|| panic!("llama-server /metrics lacks {name}:\n{}", m.text))
+        };
+        LlamaLoad {
+            requests_processing: gauge("llamacpp:requests_processing"),
+            requests_deferred: gauge("llamacpp:requests_deferred"),
+        }
+    }
+
+    async fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + HEALTH_TIMEOUT;
+        let mut last = String::from("socket not there yet");
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll llama-server") {
+                panic!(
+                    "llama-server exited ({status}) before it was healthy; log:\n{}",
+                    self.log_tail(60)
+                );
+            }
+            if self.socket.exists() {
+                match tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    self.client.try_send(get_request("/health")),
+                )
+                .await
+                {
+                    Ok(Ok(r)) if r.status == 200 => return,
+                    Ok(Ok(r)) => last = format!("/health answered {}", r.status),
+                    Ok(Err(e)) => last = format!("/health failed: {e:#}"),
+                    Err(_) => last = "/health timed out".into(),
+                }
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "llama-server not healthy after {HEALTH_TIMEOUT:?} ({last}); log:\n{}",
+                    self.log_tail(60)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for RunningLlama {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- llama-server log (last 40 lines) ---\n{}",
+                self.log_tail(40)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// llama-server's own view of its load, from `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LlamaLoad {
+    /// `llamacpp:requests_processing`: requests in a slot right now.
+    pub requests_processing: f64,
+    /// `llamacpp:requests_deferred`: requests llama-server holds because every slot is busy. Behind
+    /// slotgate with `--slots` equal to `-np`, this must stay 0.
+    pub requests_deferred: f64,
+}
+
+fn get_request(path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::get(path)
+        .header("host", "localhost")
+        .body(http_body_util::Full::default())
+        .expect("valid request")
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

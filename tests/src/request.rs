@@ -1,0 +1,85 @@
+//! Request bodies for tests: a fluent builder over chat/completions JSON plus the fake upstream's knobs.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+
+use crate::client::{Client, Response};
+
+/// The chat path most tests use.
+pub const CHAT: &str = "/v1/chat/completions";
+
+/// A request body under construction.
+#[derive(Clone, Debug)]
+pub struct Req {
+    body: Value,
+}
+
+impl Req {
+    /// A chat request tagged `tag` (echoed back by the fake).
+    pub fn chat(tag: &str) -> Self {
+        Self {
+            body: json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "fake_tag": tag}),
+        }
+    }
+
+    pub fn set(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.body[key] = value.into();
+        self
+    }
+
+    /// Non-stream service time at the fake.
+    pub fn delay(self, d: Duration) -> Self {
+        self.set("fake_delay_ms", d.as_millis() as u64)
+    }
+
+    pub fn stream(self) -> Self {
+        self.set("stream", true)
+    }
+
+    /// A stream of `n` chunks, `every` apart.
+    pub fn chunks(self, n: u64, every: Duration) -> Self {
+        self.stream()
+            .set("fake_chunks", n)
+            .set("fake_chunk_delay_ms", every.as_millis() as u64)
+    }
+
+    pub fn priority(self, p: i64) -> Self {
+        self.set("priority", p)
+    }
+
+    pub fn prompt_tokens(self, n: u64) -> Self {
+        self.set("fake_prompt_tokens", n)
+    }
+
+    pub fn completion_tokens(self, n: u64) -> Self {
+        self.set("fake_completion_tokens", n)
+    }
+
+    pub fn json(&self) -> Value {
+        self.body.clone()
+    }
+}
+
+/// Sends `req` to `path` in a task; the handle yields the response and how long it took.
+pub fn spawn_post(client: &Client, path: &str, req: &Req) -> JoinHandle<(Response, Duration)> {
+    let (client, path, body) = (client.clone(), path.to_owned(), req.json());
+    tokio::spawn(async move {
+        let t0 = Instant::now();
+        let resp = client.post_json(&path, &body).await;
+        (resp, t0.elapsed())
+    })
+}
+
+/// Joins every handle; each must yield exactly one response (a panic or a lost task fails the test).
+pub async fn join_all<T>(handles: Vec<JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(handles.len());
+    for (i, h) in handles.into_iter().enumerate() {
+        out.push(
+            h.await
+                .unwrap_or_else(|e| panic!("client task {i} did not yield a response: {e}")),
+        );
+    }
+    out
+}

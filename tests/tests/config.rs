@@ -1,0 +1,199 @@
+//! Configuration: `slotgate check` prints the effective settings as TOML; bad settings exit 2 with a
+//! clear message; precedence is flag > environment > TOML file > default.
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use slotgate_tests::gate::command;
+use slotgate_tests::*;
+
+/// A TOML file in its own temp dir, removed on drop.
+struct ConfigFile(PathBuf);
+
+impl ConfigFile {
+    fn to_str(&self) -> Option<&str> {
+        self.0.to_str()
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn config_file(contents: &str) -> ConfigFile {
+    let path = unique_dir("cfg").join("slotgate.toml");
+    std::fs::write(&path, contents).unwrap();
+    ConfigFile(path)
+}
+
+fn check(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = command();
+    cmd.arg("check").args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run slotgate check")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `check`, which must reject the settings: exit code 2 and a message. Returns stderr.
+fn rejected(args: &[&str]) -> String {
+    let out = check(args, &[]);
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "check {args:?} must fail with 2; stdout:\n{}stderr:\n{err}",
+        text(&out.stdout),
+    );
+    assert!(!err.trim().is_empty(), "check {args:?} must say why");
+    err
+}
+
+/// Parses `check`'s stdout as TOML; panics with the output if it is not.
+fn settings(out: &Output) -> toml::Table {
+    assert!(
+        out.status.success(),
+        "check failed with {}: stderr:\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    toml::from_str(&text(&out.stdout))
+        .unwrap_or_else(|e| panic!("check output is not TOML ({e}):\n{}", text(&out.stdout)))
+}
+
+/// A setting by its documented name, tolerating `_` for `-` in the printed key.
+fn get<'a>(t: &'a toml::Table, key: &str) -> &'a toml::Value {
+    t.get(key)
+        .or_else(|| t.get(&key.replace('-', "_")))
+        .unwrap_or_else(|| panic!("check output lacks `{key}`: {t:#?}"))
+}
+
+fn slots(out: &Output) -> i64 {
+    get(&settings(out), "slots")
+        .as_integer()
+        .expect("slots is an integer")
+}
+
+#[test]
+fn check_prints_effective_settings_from_a_file() {
+    let file = config_file(
+        "slots = 2\nqueue-depth = 4\nqueue-timeout = \"5s\"\nupstream = \"unix:/tmp/sg-llama.sock\"\n\
+         trust-client-priority = true\n",
+    );
+    let out = check(&["--config", file.to_str().unwrap()], &[]);
+    let t = settings(&out);
+    assert_eq!(get(&t, "slots").as_integer(), Some(2));
+    assert_eq!(get(&t, "queue-depth").as_integer(), Some(4));
+    assert_eq!(
+        get(&t, "upstream").as_str(),
+        Some("unix:/tmp/sg-llama.sock")
+    );
+    assert_eq!(get(&t, "trust-client-priority").as_bool(), Some(true));
+    let timeout = get(&t, "queue-timeout").to_string();
+    assert!(timeout.contains('5'), "queue-timeout printed as {timeout}");
+    // Defaults are part of the effective settings too.
+    assert_eq!(get(&t, "max-connections").as_integer(), Some(1024));
+}
+
+#[test]
+fn unknown_key_is_rejected_with_its_name() {
+    let file = config_file("slots = 2\nbogus-knob = 1\n");
+    let err = rejected(&["--config", file.to_str().unwrap()]);
+    assert!(err.contains("bogus-knob"), "stderr:\n{err}");
+}
+
+#[test]
+fn bad_duration_is_rejected_clearly() {
+    let file = config_file("queue-timeout = \"5 parsecs\"\n");
+    let err = rejected(&["--config", file.to_str().unwrap()]);
+    assert!(
+        err.contains("queue-timeout") || err.contains("queue_timeout") || err.contains("parsecs"),
+        "the message should name the key or the value; stderr:\n{err}"
+    );
+
+    let out = check(&["--queue-timeout", "soon"], &[]);
+    assert!(!out.status.success(), "a bad duration flag must fail");
+    assert!(!text(&out.stderr).trim().is_empty());
+}
+
+#[test]
+fn environment_variable_shows_in_check() {
+    let out = check(&[], &[("SLOTGATE_SLOTS", "3")]);
+    assert_eq!(slots(&out), 3);
+}
+
+#[test]
+fn config_path_from_environment() {
+    let file = config_file("slots = 5\n");
+    let out = check(&[], &[("SLOTGATE_CONFIG", file.to_str().unwrap())]);
+    assert_eq!(slots(&out), 5);
+}
+
+#[test]
+fn flag_beats_env_beats_file() {
+    let file = config_file("slots = 2\n");
+    let f = file.to_str().unwrap();
+    assert_eq!(
+        slots(&check(
+            &["--config", f, "--slots", "4"],
+            &[("SLOTGATE_SLOTS", "3")]
+        )),
+        4
+    );
+    assert_eq!(
+        slots(&check(&["--config", f], &[("SLOTGATE_SLOTS", "3")])),
+        3
+    );
+    assert_eq!(slots(&check(&["--config", f], &[])), 2);
+    assert_eq!(slots(&check(&[], &[])), 1, "default");
+}
+
+#[test]
+fn listen_from_environment_is_comma_separated() {
+    let out = check(
+        &[],
+        &[("SLOTGATE_LISTEN", "unix:/tmp/sg-a.sock,tcp:127.0.0.1:18080")],
+    );
+    let t = settings(&out);
+    let listen: Vec<&str> = get(&t, "listen")
+        .as_array()
+        .expect("listen is an array")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(listen, ["unix:/tmp/sg-a.sock", "tcp:127.0.0.1:18080"]);
+}
+
+#[test]
+fn human_units_are_accepted() {
+    for (dur, size) in [("500ms", "1048576"), ("2m", "512KiB"), ("1h", "8MiB")] {
+        let file = config_file(&format!(
+            "queue-timeout = \"{dur}\"\nmax-body = \"{size}\"\n"
+        ));
+        let out = check(&["--config", file.to_str().unwrap()], &[]);
+        settings(&out);
+        let out = check(&["--drain-timeout", dur, "--max-body", size], &[]);
+        settings(&out);
+    }
+}
+
+#[test]
+fn invalid_values_exit_2() {
+    for args in [
+        &["--socket-mode", "0999"][..],
+        &["--listen", "ftp:somewhere"][..],
+        &["--upstream", "not a url"][..],
+        &["--max-body", "lots"][..],
+        &["--slots", "0"][..],
+    ] {
+        rejected(args);
+    }
+}

@@ -1,0 +1,72 @@
+//! A client that leaves mid-stream cancels the upstream response and frees its slot at once.
+
+use std::time::{Duration, Instant};
+
+use slotgate_tests::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_a_stream_cancels_upstream_and_frees_the_slot() {
+    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let client = gate.client();
+
+    // 20 chunks 100 ms apart: about 2 s if nobody cancels it.
+    let mut stream = client
+        .stream(CHAT, &Req::chat("long").chunks(20, ms(100)).json())
+        .await;
+    assert_eq!(stream.status, 200);
+    stream.first_event(Duration::from_secs(2)).await;
+    let next = gate.enqueue(&Req::chat("next")).await;
+
+    drop(stream);
+    let t0 = Instant::now();
+    eventually(
+        Duration::from_secs(2),
+        "the fake sees its stream cancelled",
+        || async { (up.cancelled() == 1).then_some(()) },
+    )
+    .await;
+    let (resp, _) = join_all(vec![next]).await.remove(0);
+    let freed_after = t0.elapsed();
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert!(
+        freed_after < Duration::from_millis(1200),
+        "the queued request was served {freed_after:?} after the client left; the slot was not freed at once"
+    );
+
+    assert_eq!(up.tags(), ["long", "next"]);
+    gate.assert_settled(&up, 1).await;
+    gate.wait_outcome("client_gone", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaving_before_the_response_head_cancels_upstream_and_frees_the_slot() {
+    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let client = gate.client();
+
+    // A long non-stream generation; the client gives up before any byte of the answer.
+    let slow = spawn_post(&client, CHAT, &Req::chat("slow").delay(ms(3000)));
+    eventually(
+        Duration::from_secs(2),
+        "the slow request reaches the fake",
+        || async { (up.current() == 1).then_some(()) },
+    )
+    .await;
+    let next = gate.enqueue(&Req::chat("next")).await;
+
+    slow.abort();
+    let t0 = Instant::now();
+    let (resp, _) = join_all(vec![next]).await.remove(0);
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "the queued request waited {:?} after the client left; the slot was held for the abandoned generation",
+        t0.elapsed()
+    );
+    assert_eq!(
+        up.max_concurrency(),
+        1,
+        "the next request reached the upstream while the abandoned one was still running there"
+    );
+    gate.assert_settled(&up, 1).await;
+    gate.wait_outcome("client_gone", 1).await;
+}
