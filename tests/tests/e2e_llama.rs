@@ -616,17 +616,13 @@ async fn a_client_that_leaves_mid_stream_stops_llama_server_and_frees_the_slot()
     drop(stream);
     let left = Instant::now();
     let a = next.await.expect("queued client");
+    let waited = left.elapsed();
     check_chat(&a.resp, SHORT_TOKENS);
-    assert!(
-        left.elapsed() < Duration::from_secs(2),
-        "the queued request was answered {:?} after the streaming client left: the slot was held for a \
-         generation nobody reads",
-        left.elapsed()
-    );
 
     gate.assert_idle().await;
     assert_llama_idle(&llama).await;
-    // Had llama-server generated the abandoned answer to its end, it would have predicted `tokens` more.
+    // A cancelled generation counts the tokens it made; had llama-server finished the abandoned answer,
+    // this would be `tokens` more.
     let predicted = llama
         .metrics()
         .await
@@ -635,6 +631,12 @@ async fn a_client_that_leaves_mid_stream_stops_llama_server_and_frees_the_slot()
     assert!(
         predicted < (tokens + SHORT_TOKENS) as f64,
         "llama-server predicted {predicted} tokens: it kept generating for the client that left"
+    );
+    // Loose: llama-server stops within tens of milliseconds once slotgate closes the connection.
+    assert!(
+        waited < Duration::from_secs(5),
+        "the queued request was answered {waited:?} after the streaming client left ({predicted} tokens \
+         predicted in all)"
     );
     gate.wait_outcome("client_gone", 1).await;
     gate.wait_outcome("ok", 1).await;
