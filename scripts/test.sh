@@ -30,4 +30,4 @@ step "build the slotgate binary the tests drive"
 cargo build --workspace --bins
 
 step "cargo test --workspace"
-cargo test --workspace "$@"
+cargo test --workspace --no-fail-fast "$@"

@@ -71,27 +71,46 @@ async fn upstream_connections_are_reused() {
         .await;
     let client = gate.client();
 
-    // Whole answers and streams alternate: a stream hands its connection back only once it has ended.
     for i in 0..10 {
-        let req = Req::chat(&format!("u{i}"));
-        if i % 2 == 0 {
-            let resp = client.post_json(CHAT, &req.json()).await;
-            assert_eq!(resp.status, 200, "{}", resp.body);
-        } else {
-            let sse = client
-                .stream(CHAT, &req.chunks(3, ms(5)).json())
-                .await
-                .read_sse(Duration::from_secs(3))
-                .await;
-            assert!(sse.complete(), "{sse:?}");
-        }
+        let resp = client
+            .post_json(CHAT, &Req::chat(&format!("u{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
     }
     assert_eq!(up.count(), 10);
+    let whole = up.connections();
     assert!(
-        up.connections() <= 2,
-        "10 sequential requests through one slot opened {} upstream connections (health probes: {})",
-        up.connections(),
+        whole <= 2,
+        "10 sequential requests through one slot opened {whole} upstream connections (health probes: {})",
         up.health_checks()
+    );
+
+    // Streamed requests go out with `Connection: close` on purpose: llama-server closes the connection
+    // after every streamed answer, and reusing one it is closing would fail the next request. The first
+    // stream takes the pooled connection and closes it; each further stream needs one of its own.
+    for i in 0..3 {
+        let sse = client
+            .stream(CHAT, &Req::chat(&format!("s{i}")).chunks(3, ms(5)).json())
+            .await
+            .read_sse(Duration::from_secs(3))
+            .await;
+        assert!(sse.complete(), "{sse:?}");
+    }
+    assert_eq!(
+        up.connections(),
+        whole + 2,
+        "no connection outlives its stream"
+    );
+    for i in 0..3 {
+        let resp = client
+            .post_json(CHAT, &Req::chat(&format!("w{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    assert_eq!(
+        up.connections(),
+        whole + 3,
+        "whole answers are back on one pooled connection"
     );
     gate.assert_settled(&up, 1).await;
 }
