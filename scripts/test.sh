@@ -6,6 +6,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# CI builds in a fresh clone every time; keep compiled dependencies in the machine's cache instead of
+# the clone, so a warm run does not rebuild them. A caller's own CARGO_TARGET_DIR wins.
+if [ -n "${CI:-}" ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  export CARGO_TARGET_DIR="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}/target"
+fi
+
 step "toolchain"
 cargo --version
 for component in rustfmt clippy; do

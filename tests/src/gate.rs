@@ -30,11 +30,15 @@ const LIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `start` waits for `/readyz` when the upstream is expected to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The `slotgate` binary: `$SLOTGATE_BIN`, else `<workspace>/target/debug/slotgate`.
+/// The `slotgate` binary: `$SLOTGATE_BIN`, else `debug/slotgate` in `$CARGO_TARGET_DIR` or the
+/// workspace's `target/`.
 pub fn binary_path() -> PathBuf {
     let path = match std::env::var_os("SLOTGATE_BIN") {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slotgate"),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+            .join("debug/slotgate"),
     };
     assert!(
         path.exists(),
