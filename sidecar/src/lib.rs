@@ -28,6 +28,7 @@ pub mod error;
 pub mod intake;
 pub mod metrics;
 pub mod pipeline;
+pub mod policy;
 pub mod respond;
 pub mod server;
 pub mod shutdown;

@@ -1,0 +1,81 @@
+//! ABI v1 byte plumbing: copy JSON into a guest's memory, call an export, copy the answer out. The
+//! only code that touches guest memory; every pointer and length from the guest is bounds-checked.
+
+use wasmtime::{AsContext, AsContextMut, Instance, Memory};
+
+use super::module::EvalError;
+
+pub const ABI_VERSION: i32 = 1;
+pub const EXPORT_MEMORY: &str = "memory";
+pub const EXPORT_VERSION: &str = "slotgate_abi_version";
+pub const EXPORT_ALLOC: &str = "slotgate_alloc";
+pub const EXPORT_EVALUATE: &str = "slotgate_evaluate";
+pub const EXPORT_VALIDATE: &str = "slotgate_validate_settings";
+pub const EXPORT_ON_COMPLETE: &str = "slotgate_on_complete";
+pub const IMPORT_MODULE: &str = "slotgate";
+
+pub fn memory(store: impl AsContextMut, instance: &Instance) -> Result<Memory, EvalError> {
+    instance
+        .get_memory(store, EXPORT_MEMORY)
+        .ok_or_else(|| EvalError::Abi("the module exports no `memory`".into()))
+}
+
+/// Writes `input` into guest memory (allocated by the guest) and calls `export(ptr, len) -> i64`.
+/// Returns the output bytes, or `None` when the guest returned 0.
+pub fn call_json(
+    mut store: impl AsContextMut,
+    instance: &Instance,
+    export: &str,
+    input: &[u8],
+    max_output: usize,
+) -> Result<Option<Vec<u8>>, wasmtime::Error> {
+    let mem = memory(&mut store, instance).map_err(wasmtime::Error::new)?;
+    let alloc = instance.get_typed_func::<i32, i32>(&mut store, EXPORT_ALLOC)?;
+    let len = i32::try_from(input.len())
+        .map_err(|_| wasmtime::Error::new(EvalError::Abi("input too large".into())))?;
+    let ptr = alloc.call(&mut store, len)?;
+    if ptr == 0 {
+        return Err(wasmtime::Error::new(EvalError::Abi(
+            "slotgate_alloc returned 0".into(),
+        )));
+    }
+    mem.write(&mut store, ptr as u32 as usize, input)
+        .map_err(|_| {
+            wasmtime::Error::new(EvalError::Abi(
+                "slotgate_alloc returned memory out of bounds".into(),
+            ))
+        })?;
+    let func = instance.get_typed_func::<(i32, i32), i64>(&mut store, export)?;
+    let packed = func.call(&mut store, (ptr, len))?;
+    if packed == 0 {
+        return Ok(None);
+    }
+    let (out_ptr, out_len) = (
+        (packed as u64 >> 32) as usize,
+        (packed as u64 & 0xffff_ffff) as usize,
+    );
+    if out_len > max_output {
+        return Err(wasmtime::Error::new(EvalError::InvalidOutput(format!(
+            "output of {out_len} bytes is over the {max_output}-byte limit"
+        ))));
+    }
+    read(&store, &mem, out_ptr, out_len)
+        .map(Some)
+        .map_err(wasmtime::Error::new)
+}
+
+/// Copies `len` bytes at `ptr` out of guest memory.
+pub fn read(
+    store: impl AsContext,
+    mem: &Memory,
+    ptr: usize,
+    len: usize,
+) -> Result<Vec<u8>, EvalError> {
+    let data = mem.data(&store);
+    ptr.checked_add(len)
+        .and_then(|end| data.get(ptr..end))
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| {
+            EvalError::InvalidOutput(format!("pointer {ptr}+{len} is outside the guest's memory"))
+        })
+}

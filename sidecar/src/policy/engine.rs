@@ -1,0 +1,114 @@
+//! The one wasmtime engine: tier-1 features only, fuel metering, epoch interruption driven by a
+//! ticker thread, and the pooling allocator so a fresh instance per evaluation is cheap.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// One epoch tick; evaluation deadlines are whole ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Sizes of the instance pool, shared by every policy.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineLimits {
+    /// Instances alive at once (evaluations in progress, across all policies).
+    pub max_instances: u32,
+    /// Upper bound of any policy's linear memory, in bytes.
+    pub max_memory_bytes: usize,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        EngineLimits {
+            max_instances: 256,
+            max_memory_bytes: 64 << 20,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct PolicyEngine {
+    engine: Engine,
+    limits: EngineLimits,
+    _ticker: Arc<Ticker>,
+}
+
+impl PolicyEngine {
+    pub fn new(limits: EngineLimits) -> wasmtime::Result<Self> {
+        let engine = Engine::new(&config(limits))?;
+        let ticker = Ticker::start(engine.clone());
+        Ok(PolicyEngine {
+            engine,
+            limits,
+            _ticker: Arc::new(ticker),
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn limits(&self) -> EngineLimits {
+        self.limits
+    }
+}
+
+fn config(limits: EngineLimits) -> Config {
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true)
+        .epoch_interruption(true)
+        // Tier-1 core wasm only: everything a policy could use to escape the limits or that is less
+        // hardened is off. Threads, GC (with function references and exceptions) and the component
+        // model are not even compiled in: their cargo features are off.
+        .wasm_gc(false)
+        .wasm_memory64(false)
+        .wasm_multi_memory(false)
+        .wasm_relaxed_simd(false)
+        .wasm_stack_switching(false)
+        .wasm_custom_page_sizes(false)
+        .wasm_wide_arithmetic(false)
+        .max_wasm_stack(512 << 10);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_core_instances(limits.max_instances)
+        .total_memories(limits.max_instances)
+        .total_tables(limits.max_instances)
+        .max_memory_size(limits.max_memory_bytes);
+    cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    cfg
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] on its own thread, so a deadline fires even if
+/// every runtime worker is busy.
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(engine: Engine) -> Ticker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("slotgate-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .ok();
+        Ticker { stop, thread }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! WebAssembly admission policies (ABI v1, `docs/policy-abi.md`): a sandboxed wasmtime host that
+//! evaluates each request in a fresh instance under fuel, wall-clock and memory limits.
+
+mod abi;
+pub mod engine;
+pub mod module;
+pub mod state;
+
+pub use engine::{EngineLimits, PolicyEngine};
+pub use module::{EvalError, Evaluation, LoadError, Policy, PolicyLimits};
+pub use state::HostState;

@@ -1,0 +1,567 @@
+//! One loaded policy: the module compiled off the request path, its exports checked against ABI v1,
+//! host functions linked, and an `InstancePre` from which every evaluation gets a fresh instance.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::{
+    Caller, Extern, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimitsBuilder, Trap,
+};
+
+use super::abi::{self, ABI_VERSION, IMPORT_MODULE};
+use super::engine::{PolicyEngine, EPOCH_TICK};
+use super::state::{HostState, SharedState};
+
+/// Fuel one host call costs, on top of the instructions around it: a loop of host calls runs out.
+const HOST_CALL_FUEL: u64 = 1_000;
+/// Longest key or log message a guest may pass to a host function.
+const MAX_HOST_STRING: usize = 4096;
+
+/// Per-policy caps on one evaluation.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyLimits {
+    pub fuel: u64,
+    pub deadline: Duration,
+    pub memory_bytes: usize,
+    pub max_module_bytes: usize,
+    pub max_output_bytes: usize,
+}
+
+impl Default for PolicyLimits {
+    fn default() -> Self {
+        PolicyLimits {
+            fuel: 10_000_000,
+            deadline: Duration::from_millis(20),
+            memory_bytes: 16 << 20,
+            max_module_bytes: 8 << 20,
+            max_output_bytes: 64 << 10,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("module is {size} bytes, over the {limit}-byte limit")]
+    TooLarge { size: usize, limit: usize },
+    #[error("not a valid wasm module: {0}")]
+    Compile(String),
+    #[error("ABI: {0}")]
+    Abi(String),
+    #[error("settings rejected: {0}")]
+    Settings(String),
+    #[error("{0}")]
+    Eval(#[from] EvalError),
+}
+
+/// Why one evaluation failed. Its store is discarded either way.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EvalError {
+    #[error("trapped: {0}")]
+    Trap(String),
+    #[error("deadline exceeded")]
+    Timeout,
+    #[error("fuel exhausted")]
+    Fuel,
+    #[error("memory limit exceeded")]
+    Memory,
+    #[error("invalid output: {0}")]
+    InvalidOutput(String),
+    #[error("ABI violation: {0}")]
+    Abi(String),
+}
+
+impl EvalError {
+    /// The `kind` label of `slotgate_policy_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EvalError::Trap(_) => "trap",
+            EvalError::Timeout => "timeout",
+            EvalError::Fuel => "fuel",
+            EvalError::Memory => "memory",
+            EvalError::InvalidOutput(_) | EvalError::Abi(_) => "invalid_output",
+        }
+    }
+}
+
+/// What a successful call returned, and what it cost.
+#[derive(Debug)]
+pub struct Evaluation {
+    pub output: Option<Vec<u8>>,
+    pub fuel_used: u64,
+    pub elapsed: Duration,
+}
+
+pub struct Policy {
+    name: Arc<str>,
+    engine: PolicyEngine,
+    shared: Arc<SharedState>,
+    pre: InstancePre<HostState>,
+    limits: PolicyLimits,
+    has_validate: bool,
+    has_on_complete: bool,
+}
+
+impl Policy {
+    /// Compiles and links `bytes`. Slow (milliseconds): never call it on the request path.
+    pub fn load(
+        engine: &PolicyEngine,
+        shared: Arc<SharedState>,
+        name: &str,
+        bytes: &[u8],
+        limits: PolicyLimits,
+    ) -> Result<Policy, LoadError> {
+        if bytes.len() > limits.max_module_bytes {
+            return Err(LoadError::TooLarge {
+                size: bytes.len(),
+                limit: limits.max_module_bytes,
+            });
+        }
+        let module = Module::new(engine.engine(), bytes)
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        check_exports(&module)?;
+        let linker = linker(engine)?;
+        let pre = linker
+            .instantiate_pre(&module)
+            .map_err(|e| LoadError::Abi(format!("{e:#}")))?;
+        let has = |n: &str| module.get_export(n).is_some();
+        let policy = Policy {
+            name: Arc::from(name),
+            engine: engine.clone(),
+            shared,
+            has_validate: has(abi::EXPORT_VALIDATE),
+            has_on_complete: has(abi::EXPORT_ON_COMPLETE),
+            pre,
+            limits,
+        };
+        policy.check_version()?;
+        Ok(policy)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn has_validate(&self) -> bool {
+        self.has_validate
+    }
+
+    pub fn has_on_complete(&self) -> bool {
+        self.has_on_complete
+    }
+
+    fn check_version(&self) -> Result<(), LoadError> {
+        let (mut store, instance) = self.instantiate().map_err(LoadError::Eval)?;
+        let version = instance
+            .get_typed_func::<(), i32>(&mut store, abi::EXPORT_VERSION)
+            .and_then(|f| f.call(&mut store, ()))
+            .map_err(|e| LoadError::Eval(classify(&store, e)))?;
+        if version != ABI_VERSION {
+            return Err(LoadError::Abi(format!(
+                "module speaks ABI {version}; this slotgate speaks {ABI_VERSION}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Calls `export` with `input` in a fresh instance under this policy's limits.
+    pub fn call(&self, export: &str, input: &[u8]) -> Result<Evaluation, EvalError> {
+        let started = Instant::now();
+        let (mut store, instance) = self.instantiate()?;
+        let result = abi::call_json(
+            &mut store,
+            &instance,
+            export,
+            input,
+            self.limits.max_output_bytes,
+        );
+        let fuel_used = self
+            .limits
+            .fuel
+            .saturating_sub(store.get_fuel().unwrap_or(0));
+        match result {
+            Ok(output) => Ok(Evaluation {
+                output,
+                fuel_used,
+                elapsed: started.elapsed(),
+            }),
+            Err(e) => Err(classify(&store, e)),
+        }
+    }
+
+    fn instantiate(&self) -> Result<(Store<HostState>, wasmtime::Instance), EvalError> {
+        let state = HostState {
+            limits: StoreLimitsBuilder::new()
+                .memory_size(self.limits.memory_bytes)
+                .instances(1)
+                .tables(1)
+                .memories(1)
+                .build(),
+            shared: self.shared.clone(),
+            policy: self.name.clone(),
+            host_calls: 0,
+            memory_denied: false,
+        };
+        let mut store = Store::new(self.engine.engine(), state);
+        store.limiter(|s| s as &mut dyn ResourceLimiter);
+        store
+            .set_fuel(self.limits.fuel)
+            .map_err(|e| EvalError::Abi(e.to_string()))?;
+        let ticks = self
+            .limits
+            .deadline
+            .as_millis()
+            .div_ceil(EPOCH_TICK.as_millis())
+            .max(1) as u64;
+        store.set_epoch_deadline(ticks);
+        store.epoch_deadline_trap();
+        // The start function runs here, under the same fuel, deadline and memory caps.
+        let instance = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| classify(&store, e))?;
+        Ok((store, instance))
+    }
+}
+
+fn classify(store: &Store<HostState>, e: wasmtime::Error) -> EvalError {
+    if store.data().memory_denied {
+        return EvalError::Memory;
+    }
+    if let Some(known) = e.downcast_ref::<EvalError>() {
+        return known.clone();
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => EvalError::Fuel,
+        Some(Trap::Interrupt) => EvalError::Timeout,
+        Some(t) => EvalError::Trap(t.to_string()),
+        None => EvalError::Trap(format!("{e:#}")),
+    }
+}
+
+fn check_exports(module: &Module) -> Result<(), LoadError> {
+    use wasmtime::ExternType;
+    let func = |name: &str| match module.get_export(name) {
+        Some(ExternType::Func(f)) => Ok(Some(f)),
+        Some(_) => Err(LoadError::Abi(format!("`{name}` must be a function"))),
+        None => Ok(None),
+    };
+    if !matches!(
+        module.get_export(abi::EXPORT_MEMORY),
+        Some(ExternType::Memory(_))
+    ) {
+        return Err(LoadError::Abi("the module must export its `memory`".into()));
+    }
+    for required in [abi::EXPORT_VERSION, abi::EXPORT_ALLOC, abi::EXPORT_EVALUATE] {
+        if func(required)?.is_none() {
+            return Err(LoadError::Abi(format!(
+                "missing required export `{required}`"
+            )));
+        }
+    }
+    for optional in [abi::EXPORT_VALIDATE, abi::EXPORT_ON_COMPLETE] {
+        func(optional)?;
+    }
+    for import in module.imports() {
+        if import.module() != IMPORT_MODULE {
+            return Err(LoadError::Abi(format!(
+                "imports `{}::{}`; policies may only import from `{IMPORT_MODULE}`",
+                import.module(),
+                import.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let ok = self.limits.memory_growing(current, desired, maximum)?;
+        if !ok {
+            self.memory_denied = true;
+            // Growth beyond the cap ends the evaluation instead of letting the guest see -1 and carry on.
+            return Err(wasmtime::Error::msg("policy memory limit exceeded"));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}
+
+/// Charges a host call's fuel and reads a guest string argument.
+fn host_str(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> wasmtime::Result<String> {
+    caller.data_mut().host_calls += 1;
+    let fuel = caller.get_fuel()?;
+    caller.set_fuel(fuel.saturating_sub(HOST_CALL_FUEL))?;
+    if fuel < HOST_CALL_FUEL {
+        return Err(Trap::OutOfFuel.into());
+    }
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|l| *l <= MAX_HOST_STRING)
+        .ok_or_else(|| {
+            wasmtime::Error::new(EvalError::Abi(format!(
+                "host string of {len} bytes (limit {MAX_HOST_STRING})"
+            )))
+        })?;
+    let mem = match caller.get_export(abi::EXPORT_MEMORY) {
+        Some(Extern::Memory(m)) => m,
+        _ => {
+            return Err(wasmtime::Error::new(EvalError::Abi(
+                "no memory export".into(),
+            )))
+        }
+    };
+    let bytes =
+        abi::read(&*caller, &mem, ptr as u32 as usize, len).map_err(wasmtime::Error::new)?;
+    String::from_utf8(bytes)
+        .map_err(|_| wasmtime::Error::new(EvalError::Abi("host string is not UTF-8".into())))
+}
+
+fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadError> {
+    let mut l = Linker::<HostState>::new(engine.engine());
+    let wrap = |e: wasmtime::Error| LoadError::Abi(format!("linking host functions: {e:#}"));
+    l.func_wrap(
+        IMPORT_MODULE,
+        "log",
+        |mut c: Caller<'_, HostState>, level: i32, ptr: i32, len: i32| {
+            let msg = host_str(&mut c, ptr, len)?;
+            let policy = c.data().policy.clone();
+            match level {
+                0 => tracing::error!(target: "slotgate::policy", policy = %policy, "{msg}"),
+                1 => tracing::warn!(target: "slotgate::policy", policy = %policy, "{msg}"),
+                2 => tracing::info!(target: "slotgate::policy", policy = %policy, "{msg}"),
+                _ => tracing::debug!(target: "slotgate::policy", policy = %policy, "{msg}"),
+            }
+            Ok(())
+        },
+    )
+    .map_err(wrap)?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "now_ms",
+        |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
+            host_str(&mut c, 0, 0)?;
+            Ok(monotonic_ms())
+        },
+    )
+    .map_err(wrap)?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "bucket_take",
+        |mut c: Caller<'_, HostState>,
+         kp: i32,
+         kl: i32,
+         capacity: f64,
+         refill: f64,
+         amount: f64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let s = c.data();
+            Ok(s.shared
+                .bucket_take(&s.policy, &key, capacity, refill, amount))
+        },
+    )
+    .map_err(wrap)?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "bucket_refund",
+        |mut c: Caller<'_, HostState>,
+         kp: i32,
+         kl: i32,
+         capacity: f64,
+         refill: f64,
+         amount: f64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let s = c.data();
+            Ok(s.shared
+                .bucket_refund(&s.policy, &key, capacity, refill, amount))
+        },
+    )
+    .map_err(wrap)?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "window_add",
+        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, window_ms: i64, amount: i64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let s = c.data();
+            Ok(s.shared.window_add(&s.policy, &key, window_ms, amount))
+        },
+    )
+    .map_err(wrap)?;
+    Ok(l)
+}
+
+fn monotonic_ms() -> i64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::EngineLimits;
+
+    /// A bump allocator, the ABI version, and `evaluate` returning a fixed decision; `$body` is spliced
+    /// into `evaluate` before it returns, to make hostile variants.
+    fn wat(version: i32, body: &str, extra: &str) -> String {
+        format!(
+            r#"(module
+  (import "slotgate" "bucket_take" (func $take (param i32 i32 f64 f64 f64) (result f64)))
+  (memory (export "memory") 1)
+  (global $next (mut i32) (i32.const 1024))
+  (data (i32.const 16) "{{\"verdict\":\"allow\",\"cost\":7}}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const {version}))
+  (func (export "slotgate_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (global.get $next) (local.get $n)))
+    (local.get $p))
+  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
+    {body}
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 28)))
+  {extra}
+)"#
+        )
+    }
+
+    fn load(src: &str, limits: PolicyLimits) -> Result<Policy, LoadError> {
+        let engine = PolicyEngine::new(EngineLimits {
+            max_instances: 16,
+            max_memory_bytes: 64 << 20,
+        })
+        .unwrap();
+        Policy::load(&engine, Arc::default(), "t", src.as_bytes(), limits)
+    }
+
+    fn eval(src: &str, limits: PolicyLimits) -> Result<Evaluation, EvalError> {
+        load(src, limits).unwrap().call(abi::EXPORT_EVALUATE, b"{}")
+    }
+
+    #[test]
+    fn a_good_policy_answers_with_its_decision_and_fuel() {
+        let ev = eval(&wat(1, "", ""), PolicyLimits::default()).unwrap();
+        assert_eq!(
+            ev.output.as_deref(),
+            Some(&br#"{"verdict":"allow","cost":7}"#[..])
+        );
+        assert!(ev.fuel_used > 0);
+    }
+
+    #[test]
+    fn hostile_modules_fail_cleanly_with_the_right_kind() {
+        // Generous deadline, so only the fuel can stop these; the timeout case below swaps the two.
+        let lim = PolicyLimits {
+            fuel: 200_000,
+            deadline: Duration::from_secs(10),
+            ..PolicyLimits::default()
+        };
+        let spin = "(loop $l (br $l))";
+        assert_eq!(eval(&wat(1, spin, ""), lim).unwrap_err().kind(), "fuel");
+        let long_fuel = PolicyLimits {
+            fuel: u64::MAX / 4,
+            deadline: Duration::from_millis(30),
+            ..lim
+        };
+        let t = Instant::now();
+        assert_eq!(
+            eval(&wat(1, spin, ""), long_fuel).unwrap_err().kind(),
+            "timeout"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "deadline took {:?}",
+            t.elapsed()
+        );
+        let bomb = "(loop $l (br_if $l (i32.ne (memory.grow (i32.const 16)) (i32.const -1))))";
+        assert_eq!(eval(&wat(1, bomb, ""), lim).unwrap_err().kind(), "memory");
+        assert_eq!(
+            eval(&wat(1, "unreachable", ""), lim).unwrap_err().kind(),
+            "trap"
+        );
+        let recurse = "(call $deep)";
+        let deep = "(func $deep (call $deep))";
+        assert_eq!(
+            eval(&wat(1, recurse, deep), lim).unwrap_err().kind(),
+            "trap"
+        );
+        let host_loop = "(loop $l (drop (call $take (i32.const 0) (i32.const 1) (f64.const 1) (f64.const 1) (f64.const 0))) (br $l))";
+        assert_eq!(
+            eval(&wat(1, host_loop, ""), lim).unwrap_err().kind(),
+            "fuel"
+        );
+        let huge = wat(
+            1,
+            "(return (i64.or (i64.shl (i64.const 0) (i64.const 32)) (i64.const 10000000)))",
+            "",
+        );
+        assert_eq!(eval(&huge, lim).unwrap_err().kind(), "invalid_output");
+        let outside = wat(
+            1,
+            "(return (i64.or (i64.shl (i64.const 65530) (i64.const 32)) (i64.const 100)))",
+            "",
+        );
+        assert_eq!(eval(&outside, lim).unwrap_err().kind(), "invalid_output");
+    }
+
+    #[test]
+    fn a_start_function_is_bounded_too() {
+        let lim = PolicyLimits {
+            fuel: 200_000,
+            deadline: Duration::from_secs(10),
+            ..PolicyLimits::default()
+        };
+        let start = "(func $s (loop $l (br $l))) (start $s)";
+        assert!(matches!(
+            load(&wat(1, "", start), lim),
+            Err(LoadError::Eval(EvalError::Fuel))
+        ));
+    }
+
+    #[test]
+    fn wrong_abi_and_missing_exports_are_refused_at_load() {
+        let lim = PolicyLimits::default();
+        assert!(
+            matches!(load(&wat(2, "", ""), lim), Err(LoadError::Abi(m)) if m.contains("ABI 2"))
+        );
+        let no_eval = wat(1, "", "").replace("\"slotgate_evaluate\"", "\"other\"");
+        assert!(
+            matches!(load(&no_eval, lim), Err(LoadError::Abi(m)) if m.contains("slotgate_evaluate"))
+        );
+        let wasi = wat(1, "", "").replace(
+            "(import \"slotgate\" \"bucket_take\"",
+            "(import \"wasi\" \"bucket_take\"",
+        );
+        assert!(matches!(load(&wasi, lim), Err(LoadError::Abi(m)) if m.contains("wasi")));
+        let small = PolicyLimits {
+            max_module_bytes: 10,
+            ..lim
+        };
+        assert!(matches!(
+            load(&wat(1, "", ""), small),
+            Err(LoadError::TooLarge { .. })
+        ));
+    }
+}
