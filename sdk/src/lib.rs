@@ -7,4 +7,7 @@
 
 pub mod types;
 
-pub use types::{Decision, Mutations, Peer, QueueSnapshot, RequestSummary, Verdict};
+pub use types::{
+    Completion, Decision, EvaluateInput, Mutations, Peer, QueueSnapshot, RequestSummary,
+    SettingsValidation, Verdict, ABI_VERSION,
+};

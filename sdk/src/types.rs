@@ -58,6 +58,11 @@ pub struct RequestSummary {
     /// Credentials of the Unix-socket peer; absent on TCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<Peer>,
+    /// The bearer token of `Authorization`, never raw: `sha256:<hex>` of the key. Policies map keys to
+    /// tenants by their hash (`slotgate hash-key KEY` prints it), so no policy, log line or metric label
+    /// ever holds a usable credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
     /// Allow-listed request headers, lower-cased names.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -121,6 +126,56 @@ pub struct Decision {
     /// Request changes.
     #[serde(default)]
     pub mutations: Mutations,
+}
+
+/// What `slotgate_evaluate` receives.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvaluateInput {
+    /// Always [`ABI_VERSION`].
+    pub abi: u32,
+    /// The request.
+    pub request: RequestSummary,
+    /// The policy's settings as configured (`null` when none).
+    #[serde(default)]
+    pub settings: serde_json::Value,
+    /// Wall-clock time, milliseconds since the Unix epoch.
+    pub now_unix_ms: u64,
+}
+
+/// What `slotgate_validate_settings` returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingsValidation {
+    /// Whether the settings are usable.
+    pub valid: bool,
+    /// Why not, for the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What `slotgate_on_complete` receives once the response has ended: what really happened.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    /// Always [`ABI_VERSION`].
+    pub abi: u32,
+    /// The request as it was evaluated.
+    pub request: RequestSummary,
+    /// The decision the chain reached (cost, tenant, priority).
+    pub decision: Decision,
+    /// The policy's settings.
+    #[serde(default)]
+    pub settings: serde_json::Value,
+    /// HTTP status sent to the client (0 if the client left before one was sent).
+    pub status: u16,
+    /// How the request ended: the `outcome` label (`ok`, `client_gone`, ...).
+    pub outcome: String,
+    /// Prompt tokens the upstream reported (0 if none).
+    pub prompt_tokens: u64,
+    /// Completion tokens the upstream reported, or generated before the client left.
+    pub completion_tokens: u64,
+    /// Time spent waiting for a slot.
+    pub queue_wait_ms: u64,
+    /// Time from forwarding to the end of the response.
+    pub upstream_ms: u64,
 }
 
 impl Decision {
