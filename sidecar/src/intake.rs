@@ -148,6 +148,7 @@ fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -
         prompt_tokens_estimate: prompt_chars.div_ceil(4),
         priority_hint: j.get("priority").and_then(Value::as_i64),
         peer,
+        api_key: None,
         headers: SUMMARY_HEADERS
             .iter()
             .filter_map(|h| {
