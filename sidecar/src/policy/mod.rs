@@ -2,6 +2,7 @@
 //! evaluates each request in a fresh instance under fuel, wall-clock and memory limits.
 
 mod abi;
+pub mod chain;
 pub mod engine;
 pub mod module;
 pub mod state;

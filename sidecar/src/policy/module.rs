@@ -54,7 +54,7 @@ pub enum LoadError {
 }
 
 /// Why one evaluation failed. Its store is discarded either way.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EvalError {
     #[error("trapped: {0}")]
     Trap(String),
