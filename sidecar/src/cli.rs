@@ -34,6 +34,9 @@ pub enum Command {
     Run(ConfigArgs),
     /// Validate the configuration and print the effective settings as TOML.
     Check(ConfigArgs),
+    /// Work with policy modules offline: `slotgate policy check P.wasm`, `slotgate policy eval ...`.
+    #[command(subcommand)]
+    Policy(crate::policy_cli::PolicyCommand),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -29,6 +29,7 @@ pub mod intake;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy;
+pub mod policy_cli;
 pub mod respond;
 pub mod server;
 pub mod shutdown;

@@ -14,6 +14,15 @@ fn main() -> ExitCode {
     let (check, args) = match cli.command {
         Some(Command::Check(args)) => (true, args),
         Some(Command::Run(args)) => (false, args),
+        Some(Command::Policy(cmd)) => {
+            return match slotgate::policy_cli::run(cmd) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("slotgate: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         None => (false, cli.run),
     };
     let config = match load(args) {

@@ -8,6 +8,8 @@ use wasmtime::{
     Caller, Extern, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimitsBuilder, Trap,
 };
 
+use slotgate_sdk::{Decision, EvaluateInput, SettingsValidation, Verdict};
+
 use super::abi::{self, ABI_VERSION, IMPORT_MODULE};
 use super::engine::{PolicyEngine, EPOCH_TICK};
 use super::state::{HostState, SharedState};
@@ -161,6 +163,49 @@ impl Policy {
             )));
         }
         Ok(())
+    }
+
+    /// Runs `slotgate_validate_settings` (when exported) on `settings`.
+    pub fn validate_settings(&self, settings: &serde_json::Value) -> Result<(), LoadError> {
+        if !self.has_validate {
+            return Ok(());
+        }
+        let input = serde_json::to_vec(settings).map_err(|e| LoadError::Settings(e.to_string()))?;
+        let ev = self.call(abi::EXPORT_VALIDATE, &input)?;
+        let out = ev
+            .output
+            .ok_or_else(|| EvalError::InvalidOutput("validate_settings returned nothing".into()))?;
+        let v: SettingsValidation = serde_json::from_slice(&out)
+            .map_err(|e| EvalError::InvalidOutput(format!("validate_settings output: {e}")))?;
+        if v.valid {
+            Ok(())
+        } else {
+            Err(LoadError::Settings(
+                v.message.unwrap_or_else(|| "invalid settings".into()),
+            ))
+        }
+    }
+
+    /// Evaluates one request: the decision, checked against the ABI, and what it cost.
+    pub fn evaluate(&self, input: &EvaluateInput) -> Result<(Decision, Evaluation), EvalError> {
+        let bytes = serde_json::to_vec(input).map_err(|e| EvalError::Abi(e.to_string()))?;
+        let mut ev = self.call(abi::EXPORT_EVALUATE, &bytes)?;
+        let out = ev
+            .output
+            .take()
+            .ok_or_else(|| EvalError::InvalidOutput("evaluate returned nothing".into()))?;
+        let decision: Decision = serde_json::from_slice(&out).map_err(|e| {
+            EvalError::InvalidOutput(format!("decision is not valid JSON for ABI v1: {e}"))
+        })?;
+        if decision.verdict == Verdict::Deny
+            && !matches!(decision.status, None | Some(403) | Some(429))
+        {
+            return Err(EvalError::InvalidOutput(format!(
+                "a deny's status must be 403 or 429, not {:?}",
+                decision.status
+            )));
+        }
+        Ok((decision, ev))
     }
 
     /// Calls `export` with `input` in a fresh instance under this policy's limits.

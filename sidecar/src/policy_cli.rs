@@ -1,0 +1,183 @@
+//! `slotgate policy check|eval`: load a policy exactly as the sidecar would, and run it offline
+//! against a request, printing the decision, the fuel it burnt and the time it took.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use slotgate_sdk::{EvaluateInput, RequestSummary, ABI_VERSION};
+
+use crate::config::{ByteSize, Dur};
+use crate::policy::{EngineLimits, Policy, PolicyEngine, PolicyLimits};
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Check a policy: exports, ABI version, start function and (if given) its settings.
+    Check(CheckArgs),
+    /// Evaluate a policy against one request offline and print the decision, fuel used and time.
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The policy module (.wasm, or .wat text).
+    pub policy: PathBuf,
+    /// Settings file (JSON, or TOML by its .toml extension).
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The policy module (.wasm, or .wat text).
+    #[arg(long, value_name = "FILE")]
+    pub policy: PathBuf,
+    /// Settings file (JSON, or TOML by its .toml extension).
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// The request: a request summary (`{"method":..,"path":..}`) or a whole evaluate input
+    /// (`{"abi":1,"request":{..},"settings":..}`), as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub input: PathBuf,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// The per-evaluation caps, as in a `[[policy]]` entry.
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    /// Fuel (roughly, wasm instructions) one evaluation may burn. [default: 10000000]
+    #[arg(long)]
+    pub fuel: Option<u64>,
+    /// Wall-clock deadline of one evaluation. [default: 20ms]
+    #[arg(long, value_name = "DURATION")]
+    pub deadline: Option<Dur>,
+    /// Largest linear memory. [default: 16MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<ByteSize>,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> PolicyLimits {
+        let d = PolicyLimits::default();
+        PolicyLimits {
+            fuel: self.fuel.unwrap_or(d.fuel),
+            deadline: self.deadline.map_or(d.deadline, |x| x.0),
+            memory_bytes: self.memory.map_or(d.memory_bytes, |x| x.0),
+            ..d
+        }
+    }
+}
+
+pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
+    match cmd {
+        PolicyCommand::Check(a) => {
+            let settings = read_settings(a.settings.as_deref())?;
+            let policy = load(&a.policy, &a.limits)?;
+            policy
+                .validate_settings(&settings)
+                .with_context(|| format!("{}: settings", a.policy.display()))?;
+            println!(
+                "ok: {} speaks ABI v{ABI_VERSION}; validate_settings: {}; on_complete: {}",
+                a.policy.display(),
+                if policy.has_validate() {
+                    "passed"
+                } else {
+                    "not exported"
+                },
+                if policy.has_on_complete() {
+                    "exported"
+                } else {
+                    "not exported"
+                },
+            );
+            Ok(())
+        }
+        PolicyCommand::Eval(a) => {
+            let settings = read_settings(a.settings.as_deref())?;
+            let policy = load(&a.policy, &a.limits)?;
+            policy
+                .validate_settings(&settings)
+                .with_context(|| format!("{}: settings", a.policy.display()))?;
+            let input = read_input(&a.input, settings)?;
+            let (decision, ev) = policy
+                .evaluate(&input)
+                .map_err(|e| anyhow::anyhow!("evaluation failed ({}): {e}", e.kind()))?;
+            let report = json!({
+                "decision": decision,
+                "fuel_consumed": ev.fuel_used,
+                "elapsed_us": ev.elapsed.as_micros() as u64,
+            });
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+    }
+}
+
+fn load(path: &Path, limits: &LimitArgs) -> anyhow::Result<Policy> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let engine = PolicyEngine::new(EngineLimits {
+        max_instances: 4,
+        ..EngineLimits::default()
+    })
+    .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("policy");
+    Policy::load(&engine, Arc::default(), name, &bytes, limits.limits())
+        .with_context(|| format!("{}: not a usable slotgate policy", path.display()))
+}
+
+/// Settings from a JSON or TOML file; `null` when none.
+pub fn read_settings(path: Option<&Path>) -> anyhow::Result<Value> {
+    let Some(path) = path else {
+        return Ok(Value::Null);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "toml") {
+        let t: toml::Value =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        return Ok(serde_json::to_value(t)?);
+    }
+    serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))
+}
+
+fn read_input(path: &Path, settings: Value) -> anyhow::Result<EvaluateInput> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {} as JSON", path.display()))?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_millis() as u64;
+    if v.get("request").is_some() {
+        let mut input: EvaluateInput = serde_json::from_value(v)
+            .with_context(|| format!("{}: not an evaluate input", path.display()))?;
+        if !settings.is_null() {
+            input.settings = settings;
+        }
+        if input.abi == 0 {
+            input.abi = ABI_VERSION;
+        }
+        return Ok(input);
+    }
+    if !v.is_object() {
+        bail!("{}: expected a JSON object", path.display());
+    }
+    let request: RequestSummary = serde_json::from_value(v)
+        .with_context(|| format!("{}: not a request summary", path.display()))?;
+    Ok(EvaluateInput {
+        abi: ABI_VERSION,
+        request,
+        settings,
+        now_unix_ms: now,
+    })
+}

@@ -1,0 +1,157 @@
+//! `slotgate policy check|eval`: a policy is loaded exactly as the sidecar loads it and run offline.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use serde_json::Value;
+use slotgate_tests::gate::command;
+use slotgate_tests::wait::unique_dir;
+
+/// A hand-written ABI v1 policy answering `decision`; `evaluate_body` runs before it answers.
+fn policy(dir: &Path, name: &str, version: i32, decision: &str, evaluate_body: &str) -> PathBuf {
+    let escaped = decision.replace('"', "\\\"");
+    let wat = format!(
+        r#"(module
+  (memory (export "memory") 1)
+  (global $next (mut i32) (i32.const 1024))
+  (data (i32.const 16) "{escaped}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const {version}))
+  (func (export "slotgate_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (global.get $next) (local.get $n)))
+    (local.get $p))
+  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
+    {evaluate_body}
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const {len}))))"#,
+        len = decision.len()
+    );
+    let path = dir.join(format!("{name}.wat"));
+    std::fs::write(&path, wat).unwrap();
+    path
+}
+
+fn slotgate(args: &[&str]) -> Output {
+    command().args(args).output().expect("run slotgate")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn request(dir: &Path) -> PathBuf {
+    let path = dir.join("req.json");
+    std::fs::write(&path, r#"{"method":"POST","path":"/v1/chat/completions","prompt_chars":40,"prompt_tokens_estimate":10}"#)
+        .unwrap();
+    path
+}
+
+#[test]
+fn check_accepts_a_valid_policy_and_names_what_is_wrong_with_others() {
+    let dir = unique_dir("policy-check");
+    let good = policy(&dir, "good", 1, r#"{"verdict":"allow"}"#, "");
+    let out = slotgate(&["policy", "check", good.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("ABI v1"), "{}", text(&out));
+
+    let v2 = policy(&dir, "v2", 2, r#"{"verdict":"allow"}"#, "");
+    let out = slotgate(&["policy", "check", v2.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("ABI 2"), "{}", text(&out));
+
+    let junk = dir.join("junk.wasm");
+    std::fs::write(&junk, b"\0asm\x01\0\0\0garbage").unwrap();
+    let out = slotgate(&["policy", "check", junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("not a valid wasm module"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn eval_prints_the_decision_fuel_and_time() {
+    let dir = unique_dir("policy-eval");
+    let p = policy(
+        &dir,
+        "p",
+        1,
+        r#"{"verdict":"allow","cost":42,"priority":3,"tenant":"t1"}"#,
+        "",
+    );
+    let req = request(&dir);
+    let out = slotgate(&[
+        "policy",
+        "eval",
+        "--policy",
+        p.to_str().unwrap(),
+        "--input",
+        req.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert_eq!(report["decision"]["cost"], 42);
+    assert_eq!(report["decision"]["tenant"], "t1");
+    assert!(report["fuel_consumed"].as_u64().unwrap() > 0);
+    assert!(report["elapsed_us"].is_u64());
+}
+
+#[test]
+fn eval_reports_a_runaway_policy_as_bounded_failure() {
+    let dir = unique_dir("policy-runaway");
+    let spin = policy(
+        &dir,
+        "spin",
+        1,
+        r#"{"verdict":"allow"}"#,
+        "(loop $l (br $l))",
+    );
+    let req = request(&dir);
+    let started = std::time::Instant::now();
+    let out = slotgate(&[
+        "policy",
+        "eval",
+        "--policy",
+        spin.to_str().unwrap(),
+        "--input",
+        req.to_str().unwrap(),
+        "--fuel",
+        "100000",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("(fuel)"), "{}", text(&out));
+    let out = slotgate(&[
+        "policy",
+        "eval",
+        "--policy",
+        spin.to_str().unwrap(),
+        "--input",
+        req.to_str().unwrap(),
+        "--fuel",
+        "100000000000",
+        "--deadline",
+        "50ms",
+    ]);
+    assert!(text(&out).contains("(timeout)"), "{}", text(&out));
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "runaway policies must end in bounded time"
+    );
+
+    let bad_status = policy(&dir, "bad", 1, r#"{"verdict":"deny","status":500}"#, "");
+    let out = slotgate(&[
+        "policy",
+        "eval",
+        "--policy",
+        bad_status.to_str().unwrap(),
+        "--input",
+        req.to_str().unwrap(),
+    ]);
+    assert!(text(&out).contains("403 or 429"), "{}", text(&out));
+}
