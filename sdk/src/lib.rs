@@ -1,12 +1,104 @@
-//! The slotgate policy wire contract, compiled into both the sidecar (host) and policies (guest).
+//! Write slotgate admission policies in Rust.
 //!
-//! A policy sees one [`RequestSummary`] per request and answers with one [`Decision`]. Both travel
-//! as JSON, so a policy written in any language only has to follow the field names below.
+//! The crate holds the ABI v1 wire contract ([`types`]), compiled into both the sidecar (the host)
+//! and every policy (the guest); the [`Policy`] trait a policy implements; [`export_policy!`],
+//! which emits the WebAssembly exports on wasm32 only; typed access to the [`host`] functions; and,
+//! natively, a [`testing`] helper that runs a policy on JSON fixtures. A policy written in another
+//! language only has to follow `docs/policy-abi.md`.
+//!
+//! # Example
+//!
+//! A complete policy: at most `per_minute` admitted requests per caller (API key, else uid).
+//!
+//! ```
+//! use serde::Deserialize;
+//! use slotgate_sdk::{host, Decision, EvaluateInput, Policy};
+//!
+//! pub struct RateLimit;
+//!
+//! #[derive(Deserialize)]
+//! pub struct Settings {
+//!     per_minute: i64,
+//! }
+//!
+//! impl Policy for RateLimit {
+//!     type Settings = Settings;
+//!
+//!     fn validate(s: &Settings) -> Result<(), String> {
+//!         match s.per_minute {
+//!             1.. => Ok(()),
+//!             _ => Err("per_minute must be positive".into()),
+//!         }
+//!     }
+//!
+//!     fn evaluate(input: &EvaluateInput, s: &Settings) -> Decision {
+//!         let caller = input.request.identity().to_string();
+//!         if host::window_add(&caller, 60_000, 0) >= s.per_minute {
+//!             return Decision::too_many_requests("rate limit exceeded", Some(60));
+//!         }
+//!         host::window_add(&caller, 60_000, 1);
+//!         Decision { tenant: Some(caller), ..Decision::allow() }
+//!     }
+//! }
+//!
+//! slotgate_sdk::export_policy!(RateLimit);
+//!
+//! // Natively, test it on partial JSON inputs against the emulated host state:
+//! use slotgate_sdk::testing;
+//! let alice = r#"{"request": {"peer": {"uid": 1000, "gid": 1000}},
+//!                 "settings": {"per_minute": 2}}"#;
+//! assert!(testing::run::<RateLimit>(alice).is_allowed());
+//! assert!(testing::run::<RateLimit>(alice).is_allowed());
+//! assert_eq!(testing::run::<RateLimit>(alice).status, Some(429));
+//! testing::advance_ms(60_000);
+//! assert_eq!(testing::run::<RateLimit>(alice).tenant.as_deref(), Some("uid:1000"));
+//! assert!(!testing::validate::<RateLimit>(r#"{"per_minute": 0}"#).valid);
+//! ```
+//!
+//! Its `Cargo.toml` makes a `cdylib` (the module) and an `rlib` (for native tests), and relaxes the
+//! workspace's `unsafe_code = "forbid"` to `deny`, because the exports the macro generates are
+//! `#[no_mangle]` (each allowed on its own item):
+//!
+//! ```toml
+//! [lib]
+//! crate-type = ["cdylib", "rlib"]
+//!
+//! [dependencies]
+//! slotgate-sdk.workspace = true
+//! serde.workspace = true
+//!
+//! [lints.rust]
+//! unsafe_code = "deny"
+//! ```
+//!
+//! `cargo test -p rate-limit` runs its tests natively; `scripts/build-policies.sh` (or
+//! `cargo build --profile policy --target wasm32-unknown-unknown -p rate-limit`) builds the module.
+//!
+//! # On wasm32
+//!
+//! The module imports only the host functions (module `slotgate`) and needs no WASI: std's
+//! allocator works on `wasm32-unknown-unknown`, and a panic aborts with `unreachable`, which the host
+//! reports as a trap. Every call runs in a fresh instance, so statics and memory start clean each
+//! time; state that must last lives in the host ([`host::bucket_take`], [`host::window_add`]).
 
 #![cfg_attr(not(test), warn(missing_docs))]
 
+mod dispatch;
+mod export;
+pub mod host;
+mod identity;
+mod policy;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
 pub mod types;
 
+#[cfg(target_arch = "wasm32")]
+#[doc(hidden)]
+#[path = "guest.rs"]
+pub mod __guest;
+
+pub use identity::{is_hashed_key, Identity};
+pub use policy::Policy;
 pub use types::{
     Completion, Decision, EvaluateInput, Mutations, Peer, QueueSnapshot, RequestSummary,
     SettingsValidation, Verdict, ABI_VERSION,

@@ -183,6 +183,52 @@ impl Decision {
     pub fn allow() -> Self {
         Self::default()
     }
+
+    /// A denial with `status` (the host accepts 403 and 429) and a message for the client.
+    pub fn deny(status: u16, message: impl Into<String>) -> Self {
+        Decision {
+            verdict: Verdict::Deny,
+            status: Some(status),
+            message: Some(message.into()),
+            ..Self::default()
+        }
+    }
+
+    /// A 403: this request will never be admitted as it is.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::deny(403, message)
+    }
+
+    /// A 429: try again later, after `retry_after_seconds` when known.
+    pub fn too_many_requests(message: impl Into<String>, retry_after_seconds: Option<u64>) -> Self {
+        Decision {
+            retry_after_seconds,
+            ..Self::deny(429, message)
+        }
+    }
+
+    /// Whether the verdict is [`Verdict::Allow`].
+    pub fn is_allowed(&self) -> bool {
+        self.verdict == Verdict::Allow
+    }
+}
+
+impl SettingsValidation {
+    /// Usable settings.
+    pub fn ok() -> Self {
+        SettingsValidation {
+            valid: true,
+            message: None,
+        }
+    }
+
+    /// Unusable settings, and why.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        SettingsValidation {
+            valid: false,
+            message: Some(message.into()),
+        }
+    }
 }
 
 #[cfg(test)]

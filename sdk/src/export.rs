@@ -1,0 +1,73 @@
+//! `export_policy!`: the ABI v1 exports for a [`Policy`](crate::Policy), emitted on wasm32 only.
+
+/// Exports a [`Policy`](crate::Policy) as a slotgate ABI v1 module.
+///
+/// `export_policy!(MyPolicy);` emits `slotgate_abi_version`, `slotgate_alloc`, `slotgate_evaluate`
+/// and `slotgate_validate_settings`; `export_policy!(MyPolicy, on_complete);` also emits
+/// `slotgate_on_complete`, so the host calls [`Policy::on_complete`](crate::Policy::on_complete)
+/// after every response. Leave the flag out when the policy does not need it: each call costs the
+/// host a fresh instance.
+///
+/// The exports exist only when compiling for `wasm32`. Natively the macro only checks that the type
+/// implements `Policy`, so the crate builds and unit-tests like any other.
+///
+/// A policy crate calls this once, at its root, and needs `crate-type = ["cdylib", "rlib"]`. The
+/// generated functions carry `#[no_mangle]` and an `unsafe` block, allowed item by item: the crate's
+/// `unsafe_code` lint must be `deny`, not `forbid`.
+#[macro_export]
+macro_rules! export_policy {
+    (@check $policy:ty) => {
+        const _: () = {
+            fn assert_policy<P: $crate::Policy>() {}
+            let _ = assert_policy::<$policy>;
+        };
+    };
+    ($policy:ty) => {
+        $crate::export_policy!(@check $policy);
+
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            #[allow(unsafe_code)]
+            #[no_mangle]
+            pub extern "C" fn slotgate_abi_version() -> i32 {
+                $crate::ABI_VERSION as i32
+            }
+
+            #[allow(unsafe_code)]
+            #[no_mangle]
+            pub extern "C" fn slotgate_alloc(len: i32) -> i32 {
+                $crate::__guest::alloc(len)
+            }
+
+            #[allow(unsafe_code)]
+            #[no_mangle]
+            pub extern "C" fn slotgate_evaluate(ptr: i32, len: i32) -> i64 {
+                // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
+                let input = unsafe { $crate::__guest::input(ptr, len) };
+                $crate::__guest::evaluate::<$policy>(input)
+            }
+
+            #[allow(unsafe_code)]
+            #[no_mangle]
+            pub extern "C" fn slotgate_validate_settings(ptr: i32, len: i32) -> i64 {
+                // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
+                let input = unsafe { $crate::__guest::input(ptr, len) };
+                $crate::__guest::validate_settings::<$policy>(input)
+            }
+        };
+    };
+    ($policy:ty, on_complete) => {
+        $crate::export_policy!($policy);
+
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            #[allow(unsafe_code)]
+            #[no_mangle]
+            pub extern "C" fn slotgate_on_complete(ptr: i32, len: i32) -> i64 {
+                // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
+                let input = unsafe { $crate::__guest::input(ptr, len) };
+                $crate::__guest::on_complete::<$policy>(input)
+            }
+        };
+    };
+}

@@ -1,0 +1,70 @@
+//! The wasm32 guest glue behind [`export_policy!`](crate::export_policy): the only code that turns
+//! the host's pointers into slices and back. Compiled on wasm32 only.
+//!
+//! Memory is never freed. The host instantiates a fresh module for every call and drops it after
+//! copying the output, so a leaked buffer lives exactly as long as it must and no longer; a real
+//! free would only spend fuel.
+
+use crate::dispatch;
+use crate::host::{self, Level};
+use crate::policy::Policy;
+
+/// `slotgate_alloc`: `len` writable bytes for the host's input, or 0 for a negative length.
+pub fn alloc(len: i32) -> i32 {
+    let Ok(len) = usize::try_from(len) else {
+        return 0;
+    };
+    // At least one byte, so the pointer is a real allocation and never 0, even for `len == 0`.
+    let mut buf = Vec::<u8>::with_capacity(len.max(1));
+    let ptr = buf.as_mut_ptr();
+    std::mem::forget(buf);
+    ptr as usize as i32
+}
+
+/// The input the host wrote at `ptr..ptr + len`.
+///
+/// # Safety
+///
+/// `ptr` must come from [`alloc`] with at least `len` bytes, all written by the host, and nothing
+/// may write them while the slice lives. The host's calling convention guarantees both.
+#[allow(unsafe_code)]
+pub unsafe fn input<'a>(ptr: i32, len: i32) -> &'a [u8] {
+    // SAFETY: upheld by the caller, as documented above; the buffer is leaked, so it outlives 'a.
+    unsafe { std::slice::from_raw_parts(ptr as u32 as usize as *const u8, len as u32 as usize) }
+}
+
+/// `slotgate_evaluate`'s answer: the decision, or 0 after logging why there is none.
+pub fn evaluate<P: Policy>(input: &[u8]) -> i64 {
+    match dispatch::evaluate::<P>(input) {
+        Ok(out) => pack(out),
+        Err(e) => {
+            report("slotgate_evaluate", &e);
+            0
+        }
+    }
+}
+
+/// `slotgate_validate_settings`'s answer.
+pub fn validate_settings<P: Policy>(input: &[u8]) -> i64 {
+    pack(dispatch::validate_settings::<P>(input))
+}
+
+/// `slotgate_on_complete`'s answer: always 0 (no output).
+pub fn on_complete<P: Policy>(input: &[u8]) -> i64 {
+    if let Err(e) = dispatch::on_complete::<P>(input) {
+        report("slotgate_on_complete", &e);
+    }
+    0
+}
+
+/// Leaks `out` (see the module comment) and packs it as `(ptr << 32) | len`.
+fn pack(out: Vec<u8>) -> i64 {
+    let out: &'static mut [u8] = Box::leak(out.into_boxed_slice());
+    let (ptr, len) = (out.as_ptr() as usize as u64, out.len() as u64);
+    ((ptr << 32) | len) as i64
+}
+
+/// Logs why a call has no answer; the host only sees the 0.
+fn report(call: &str, error: &str) {
+    host::log(Level::Error, &format!("{call}: {error}"));
+}

@@ -1,0 +1,202 @@
+//! Host functions (ABI v1 imports, module `slotgate`): log, a monotonic clock, token buckets and
+//! sliding-window counters. State lives in the host, so it outlives the per-call instance; keys are
+//! the policy's own (the host namespaces them per policy).
+//!
+//! On wasm32 these call the imports. Natively they run an in-process emulation with the same
+//! semantics and a manual clock, one per thread, so a policy's unit tests exercise the same logic;
+//! [`testing`](crate::testing) resets it, moves its clock and reads its log.
+
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod emulated;
+#[cfg(not(target_arch = "wasm32"))]
+use emulated as imp;
+
+/// Longest key or log message the host accepts. A longer key traps (as does this SDK, natively); a
+/// longer log message is cut to fit by [`log`].
+pub const MAX_HOST_STRING: usize = 4096;
+
+/// Severity of a [`log`] message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// Something is wrong with the policy or its settings.
+    Error = 0,
+    /// Worth an operator's attention.
+    Warn = 1,
+    /// Routine.
+    Info = 2,
+    /// Detail for debugging a policy.
+    Debug = 3,
+}
+
+/// Logs `msg` through the host's logger, tagged with the policy's name. Messages longer than
+/// [`MAX_HOST_STRING`] bytes are cut at a character boundary.
+pub fn log(level: Level, msg: &str) {
+    let mut end = msg.len().min(MAX_HOST_STRING);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    imp::log(level as i32, &msg[..end]);
+}
+
+/// Monotonic milliseconds since an arbitrary start (the host's, not the Unix epoch: wall-clock time
+/// is [`EvaluateInput::now_unix_ms`](crate::EvaluateInput::now_unix_ms)).
+pub fn now_ms() -> i64 {
+    imp::now_ms()
+}
+
+/// Takes `amount` from the token bucket `key` (created full; refilled at `refill_per_sec` up to
+/// `capacity`). Returns `0.0` when taken; otherwise takes nothing and returns the seconds until
+/// `amount` will be available, `f64::INFINITY` when it never will be (`amount > capacity`, or no
+/// refill).
+pub fn bucket_take(key: &str, capacity: f64, refill_per_sec: f64, amount: f64) -> f64 {
+    check_key(key);
+    imp::bucket_take(key, capacity, refill_per_sec, amount)
+}
+
+/// Gives `amount` back to the bucket `key`, up to its `capacity`; a negative amount charges more,
+/// and may take the level below zero. Returns the new level.
+pub fn bucket_refund(key: &str, capacity: f64, refill_per_sec: f64, amount: f64) -> f64 {
+    check_key(key);
+    imp::bucket_refund(key, capacity, refill_per_sec, amount)
+}
+
+/// Adds `amount` to the sliding-window counter `key` now and returns its total over the last
+/// `window_ms` milliseconds. `amount` 0 only reads.
+pub fn window_add(key: &str, window_ms: i64, amount: i64) -> i64 {
+    check_key(key);
+    imp::window_add(key, window_ms, amount)
+}
+
+/// The host traps on an oversized key; fail the same way natively, with a message.
+fn check_key(key: &str) {
+    assert!(
+        key.len() <= MAX_HOST_STRING,
+        "host state key of {} bytes is over the {MAX_HOST_STRING}-byte limit",
+        key.len()
+    );
+}
+
+#[cfg(target_arch = "wasm32")]
+mod imp {
+    #[link(wasm_import_module = "slotgate")]
+    extern "C" {
+        #[link_name = "log"]
+        fn host_log(level: i32, ptr: *const u8, len: usize);
+        #[link_name = "now_ms"]
+        fn host_now_ms() -> i64;
+        #[link_name = "bucket_take"]
+        fn host_bucket_take(
+            key_ptr: *const u8,
+            key_len: usize,
+            capacity: f64,
+            refill_per_sec: f64,
+            amount: f64,
+        ) -> f64;
+        #[link_name = "bucket_refund"]
+        fn host_bucket_refund(
+            key_ptr: *const u8,
+            key_len: usize,
+            capacity: f64,
+            refill_per_sec: f64,
+            amount: f64,
+        ) -> f64;
+        #[link_name = "window_add"]
+        fn host_window_add(key_ptr: *const u8, key_len: usize, window_ms: i64, amount: i64) -> i64;
+    }
+
+    #[allow(unsafe_code)]
+    pub fn log(level: i32, msg: &str) {
+        // SAFETY: the host only reads `msg.len()` bytes at `msg.as_ptr()`, borrowed for the call.
+        unsafe { host_log(level, msg.as_ptr(), msg.len()) }
+    }
+
+    #[allow(unsafe_code)]
+    pub fn now_ms() -> i64 {
+        // SAFETY: no arguments; the host only returns a number.
+        unsafe { host_now_ms() }
+    }
+
+    #[allow(unsafe_code)]
+    pub fn bucket_take(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
+        // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
+        unsafe { host_bucket_take(key.as_ptr(), key.len(), capacity, refill, amount) }
+    }
+
+    #[allow(unsafe_code)]
+    pub fn bucket_refund(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
+        // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
+        unsafe { host_bucket_refund(key.as_ptr(), key.len(), capacity, refill, amount) }
+    }
+
+    #[allow(unsafe_code)]
+    pub fn window_add(key: &str, window_ms: i64, amount: i64) -> i64 {
+        // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
+        unsafe { host_window_add(key.as_ptr(), key.len(), window_ms, amount) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing;
+
+    #[test]
+    fn buckets_take_wait_refill_and_refund_like_the_host() {
+        testing::reset();
+        assert_eq!(bucket_take("a", 100.0, 10.0, 60.0), 0.0);
+        assert_eq!(
+            bucket_take("a", 100.0, 10.0, 60.0),
+            2.0,
+            "40 left, 20 short"
+        );
+        assert_eq!(
+            bucket_take("b", 100.0, 10.0, 60.0),
+            0.0,
+            "keys are separate"
+        );
+        testing::advance_ms(2_000);
+        assert_eq!(bucket_take("a", 100.0, 10.0, 60.0), 0.0, "refilled to 60");
+        assert_eq!(bucket_refund("a", 100.0, 10.0, 30.0), 30.0);
+        assert_eq!(bucket_refund("a", 100.0, 10.0, 500.0), 100.0, "capped");
+        assert_eq!(bucket_refund("a", 100.0, 10.0, -150.0), -50.0, "debt");
+        assert_eq!(bucket_take("a", 100.0, 10.0, 10.0), 6.0);
+        assert_eq!(bucket_take("a", 100.0, 10.0, 101.0), f64::INFINITY);
+        assert_eq!(bucket_take("c", 100.0, 0.0, 100.0), 0.0);
+        assert_eq!(bucket_take("c", 100.0, 0.0, 1.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn windows_forget_old_events() {
+        testing::reset();
+        assert_eq!(window_add("k", 1_000, 2), 2);
+        testing::advance_ms(600);
+        assert_eq!(window_add("k", 1_000, 3), 5);
+        testing::advance_ms(400);
+        assert_eq!(
+            window_add("k", 1_000, 0),
+            3,
+            "the first event is 1000 ms old"
+        );
+        assert_eq!(window_add("k", 0, 0), 0, "a zero window forgets everything");
+    }
+
+    #[test]
+    fn clock_and_log_are_emulated() {
+        testing::reset();
+        let t = now_ms();
+        testing::advance_ms(1_500);
+        assert_eq!(now_ms() - t, 1_500);
+        log(Level::Warn, &"é".repeat(MAX_HOST_STRING));
+        let logs = testing::take_logs();
+        assert_eq!(logs.len(), 1);
+        assert_eq!(logs[0].0, Level::Warn);
+        assert!(logs[0].1.len() <= MAX_HOST_STRING);
+        assert!(testing::take_logs().is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "over the 4096-byte limit")]
+    fn oversized_keys_fail_like_the_host() {
+        window_add(&"k".repeat(MAX_HOST_STRING + 1), 1, 1);
+    }
+}

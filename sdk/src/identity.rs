@@ -1,0 +1,82 @@
+//! Who sent a request: its API key's hash, else its Unix-socket uid, else nobody we can name.
+
+use std::fmt;
+
+use crate::types::RequestSummary;
+
+/// The strongest identity a request carries, in the order policies should trust it: the API key
+/// (as its `sha256:<hex>` hash), else the Unix-socket peer's uid, else anonymous.
+///
+/// Its `Display` form is a stable key for settings and host state: `sha256:<hex>`, `uid:<n>` or
+/// `anonymous`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Identity<'a> {
+    /// The hashed bearer token, `sha256:<hex>`.
+    ApiKey(&'a str),
+    /// The Unix-socket peer's effective uid (no API key was sent).
+    Uid(u32),
+    /// Neither: a TCP client without an API key.
+    Anonymous,
+}
+
+impl RequestSummary {
+    /// The caller's [`Identity`]: API key, else uid, else anonymous.
+    pub fn identity(&self) -> Identity<'_> {
+        match (&self.api_key, &self.peer) {
+            (Some(key), _) => Identity::ApiKey(key),
+            (None, Some(peer)) => Identity::Uid(peer.uid),
+            (None, None) => Identity::Anonymous,
+        }
+    }
+}
+
+impl fmt::Display for Identity<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::ApiKey(key) => f.write_str(key),
+            Identity::Uid(uid) => write!(f, "uid:{uid}"),
+            Identity::Anonymous => f.write_str("anonymous"),
+        }
+    }
+}
+
+/// Whether `s` has the shape of a hashed API key, `sha256:` and 64 lower-case hex digits. Settings
+/// that list raw keys never match (the host hashes every key), so validate them with this.
+pub fn is_hashed_key(s: &str) -> bool {
+    s.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Peer;
+
+    #[test]
+    fn key_beats_uid_beats_nothing() {
+        let mut r = RequestSummary::default();
+        assert_eq!(r.identity().to_string(), "anonymous");
+        r.peer = Some(Peer {
+            uid: 1000,
+            gid: 1000,
+            pid: None,
+        });
+        assert_eq!(r.identity(), Identity::Uid(1000));
+        assert_eq!(r.identity().to_string(), "uid:1000");
+        r.api_key = Some("sha256:ab".into());
+        assert_eq!(r.identity().to_string(), "sha256:ab");
+    }
+
+    #[test]
+    fn hashed_keys_are_recognised() {
+        let good = format!("sha256:{}", "0a".repeat(32));
+        assert!(is_hashed_key(&good));
+        assert!(!is_hashed_key("sk-secret"));
+        assert!(!is_hashed_key(&good.to_uppercase()));
+        assert!(!is_hashed_key(&good[..good.len() - 1]));
+    }
+}

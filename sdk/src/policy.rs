@@ -1,0 +1,35 @@
+//! The `Policy` trait: what a policy author implements. The export glue and the test helper call it.
+
+use serde::de::DeserializeOwned;
+
+use crate::types::{Completion, Decision, EvaluateInput};
+
+/// An admission policy. Implement it on a unit struct and export it with
+/// [`export_policy!`](crate::export_policy).
+///
+/// Every call runs in a fresh WebAssembly instance: the trait has no `self` because nothing a policy
+/// keeps in memory survives to the next call. State that must persist lives in the host, behind
+/// [`host`](crate::host).
+pub trait Policy {
+    /// The policy's settings, deserialized from the JSON the operator configured. When no settings
+    /// are configured the host sends `null`; the SDK then also tries `{}`, so a struct whose fields
+    /// all have `#[serde(default)]` needs no configuration. `()` accepts only `null`;
+    /// [`serde::de::IgnoredAny`] accepts anything.
+    type Settings: DeserializeOwned;
+
+    /// Checks settings that deserialized but may still be unusable (a zero capacity, a key listed
+    /// twice). Runs at load, in `slotgate_validate_settings`; the message goes to the operator.
+    fn validate(settings: &Self::Settings) -> Result<(), String> {
+        let _ = settings;
+        Ok(())
+    }
+
+    /// Decides one request.
+    fn evaluate(input: &EvaluateInput, settings: &Self::Settings) -> Decision;
+
+    /// Learns what really happened to a request once its response has ended. Exported only with
+    /// `export_policy!(MyPolicy, on_complete)`: without that flag the host never calls it.
+    fn on_complete(completion: &Completion, settings: &Self::Settings) {
+        let _ = (completion, settings);
+    }
+}
