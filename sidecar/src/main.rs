@@ -4,13 +4,12 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
-use slotgate::cli::{Cli, Command, ConfigArgs};
+use slotgate::cli::{Command, ConfigArgs};
 use slotgate::config::{Config, LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = slotgate::cli::parse();
     let (check, args) = match cli.command {
         Some(Command::Check(args)) => (true, args),
         Some(Command::Run(args)) => (false, args),
