@@ -32,6 +32,10 @@ fn main() -> ExitCode {
         }
     };
     if check {
+        if let Err(e) = slotgate::policy::PolicySet::load(&config.policies) {
+            eprintln!("slotgate: {e:#}");
+            return ExitCode::from(2);
+        }
         return match toml::to_string(&config.effective()) {
             Ok(text) => {
                 println!("# slotgate: configuration is valid; effective settings:\n{text}");
