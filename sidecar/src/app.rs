@@ -10,6 +10,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::admission::Admission;
 use crate::config::{AdminAddr, Config, ListenAddr};
 use crate::intake::Limits;
+use crate::policy::{PolicyLoadError, PolicySet};
 use crate::server::{self, BindError, Listener, ServeOpts};
 use crate::upstream::Upstream;
 use crate::{admin, pipeline, shutdown};
@@ -26,6 +27,7 @@ pub struct App {
     pub upstream: Upstream,
     pub limits: Limits,
     pub prometheus: PrometheusHandle,
+    pub policies: PolicySet,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -34,11 +36,14 @@ pub enum StartError {
     Bind(#[from] BindError),
     #[error("cannot listen for signals: {0}")]
     Signals(std::io::Error),
+    #[error(transparent)]
+    Policy(#[from] PolicyLoadError),
 }
 
 impl App {
-    pub fn new(config: Config, prometheus: PrometheusHandle) -> Self {
+    pub fn new(config: Config, prometheus: PrometheusHandle, policies: PolicySet) -> Self {
         App {
+            policies,
             admission: Admission::new(config.slots, config.queue_depth),
             upstream: Upstream::new(
                 config.upstream.clone(),
@@ -57,7 +62,9 @@ impl App {
 
 /// Runs until SIGTERM/SIGINT, then shuts down gracefully.
 pub async fn run(config: Config, prometheus: PrometheusHandle) -> Result<(), StartError> {
-    let app = Arc::new(App::new(config, prometheus));
+    // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
+    let policies = PolicySet::load(&config.policies)?;
+    let app = Arc::new(App::new(config, prometheus, policies));
     let cfg = &app.config;
 
     // Bind everything first, so a bad address fails the start before anything is served.

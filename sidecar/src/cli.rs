@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::config::Settings;
+use crate::config::{PolicySpec, Settings};
 
 /// Admission-control sidecar for llama-server.
 ///
@@ -46,4 +47,56 @@ pub struct ConfigArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub settings: Settings,
+}
+
+/// Parses the command line, pairing each `--policy-settings` with the `--policy` just before it.
+pub fn parse() -> Cli {
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let (sub, args) = match (&mut cli.command, matches.subcommand()) {
+        (Some(Command::Run(a)), Some((_, m))) | (Some(Command::Check(a)), Some((_, m))) => (m, a),
+        (None, _) => (&matches, &mut cli.run),
+        _ => return cli,
+    };
+    let flags = pair_policy_settings(sub).unwrap_or_else(|msg| {
+        Cli::command()
+            .error(ErrorKind::ArgumentConflict, msg)
+            .exit()
+    });
+    args.settings.policy_flags = flags;
+    cli
+}
+
+fn pair_policy_settings(m: &ArgMatches) -> Result<Option<Vec<PolicySpec>>, String> {
+    let indexed = |id: &str| -> Vec<(usize, PathBuf)> {
+        match (m.indices_of(id), m.get_many::<PathBuf>(id)) {
+            (Some(i), Some(v)) => i.zip(v.cloned()).collect(),
+            _ => Vec::new(),
+        }
+    };
+    let paths = indexed("policy_paths");
+    let settings = indexed("policy_settings");
+    if paths.is_empty() && settings.is_empty() {
+        return Ok(None);
+    }
+    let mut specs: Vec<PolicySpec> = paths
+        .iter()
+        .map(|(_, p)| PolicySpec::from_path(p.clone(), None))
+        .collect();
+    for (at, file) in settings {
+        let owner = paths.iter().rposition(|(i, _)| *i < at).ok_or_else(|| {
+            format!(
+                "--policy-settings {} comes before any --policy",
+                file.display()
+            )
+        })?;
+        if specs[owner].settings_file.is_some() {
+            return Err(format!(
+                "--policy {} has two --policy-settings",
+                specs[owner].path.display()
+            ));
+        }
+        specs[owner].settings_file = Some(file);
+    }
+    Ok(Some(specs))
 }

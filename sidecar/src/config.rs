@@ -98,6 +98,102 @@ pub struct Settings {
     #[arg(long, env = "SLOTGATE_LOG_FORMAT", value_name = "FORMAT")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
+
+    /// Add a WASM policy to the chain (repeatable; evaluated in order, after any `[[policy]]` of the
+    /// config file).
+    #[arg(long = "policy", value_name = "PATH")]
+    #[serde(skip)]
+    pub policy_paths: Option<Vec<PathBuf>>,
+
+    /// Settings (JSON, or TOML by extension) of the `--policy` just before this flag.
+    #[arg(long = "policy-settings", value_name = "PATH")]
+    #[serde(skip)]
+    pub policy_settings: Option<Vec<PathBuf>>,
+
+    /// `--policy` flags paired with their `--policy-settings` (filled in by `cli::parse`).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub policy_flags: Option<Vec<PolicySpec>>,
+
+    /// The policy chain of the config file: `[[policy]]` tables.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Vec<PolicySpec>>,
+}
+
+/// One `[[policy]]` entry: a module, its settings, how its decisions count, and its limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PolicySpec {
+    /// Name in logs and metric labels. [default: the file name without extension]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The module (.wasm, or .wat text).
+    pub path: PathBuf,
+    /// Settings as an inline table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<toml::Value>,
+    /// Settings from a file (JSON, or TOML by extension) instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_file: Option<PathBuf>,
+    /// `enforce` (default): the decision counts. `monitor`: evaluated, logged, counted, ignored.
+    #[serde(default)]
+    pub mode: PolicyMode,
+    /// What a failed evaluation (trap, timeout, fuel, memory, bad output) means: `deny` (default,
+    /// fail closed with 503) or `allow`.
+    #[serde(default)]
+    pub on_error: PolicyOnError,
+    /// Fuel one evaluation may burn. [default: 10000000]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuel: Option<u64>,
+    /// Wall-clock deadline of one evaluation. [default: 20ms]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Dur>,
+    /// Largest linear memory. [default: 16MiB]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyMode {
+    #[default]
+    Enforce,
+    Monitor,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyOnError {
+    #[default]
+    Deny,
+    Allow,
+}
+
+impl PolicySpec {
+    pub fn from_path(path: PathBuf, settings_file: Option<PathBuf>) -> Self {
+        PolicySpec {
+            name: None,
+            path,
+            settings: None,
+            settings_file,
+            mode: PolicyMode::Enforce,
+            on_error: PolicyOnError::Deny,
+            fuel: None,
+            deadline: None,
+            memory: None,
+        }
+    }
+
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            self.path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("policy")
+                .to_owned()
+        })
+    }
 }
 
 macro_rules! layer {
@@ -128,6 +224,10 @@ impl Settings {
             health_interval,
             connect_timeout,
             log_format,
+            policy_paths,
+            policy_settings,
+            policy_flags,
+            policy,
         )
     }
 
@@ -158,6 +258,8 @@ pub struct Config {
     pub health_interval: Duration,
     pub connect_timeout: Duration,
     pub log_format: LogFormat,
+    /// The policy chain, in evaluation order (file entries first, then `--policy` flags).
+    pub policies: Vec<PolicySpec>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +336,7 @@ impl Config {
                 Duration::from_secs(2),
             )?,
             log_format: s.log_format.unwrap_or(LogFormat::Text),
+            policies: policy_chain(s.policy, s.policy_flags)?,
         })
     }
 
@@ -256,8 +359,43 @@ impl Config {
             health_interval: Some(Dur(self.health_interval)),
             connect_timeout: Some(Dur(self.connect_timeout)),
             log_format: Some(self.log_format),
+            policy_paths: None,
+            policy_settings: None,
+            policy_flags: None,
+            policy: (!self.policies.is_empty()).then(|| self.policies.clone()),
         }
     }
+}
+
+/// File entries first, then the `--policy` flags (already paired with their settings).
+fn policy_chain(
+    file: Option<Vec<PolicySpec>>,
+    flags: Option<Vec<PolicySpec>>,
+) -> Result<Vec<PolicySpec>, ConfigError> {
+    let mut chain = file.unwrap_or_default();
+    chain.extend(flags.unwrap_or_default());
+    let mut names = std::collections::HashSet::new();
+    for spec in &chain {
+        if spec.settings.is_some() && spec.settings_file.is_some() {
+            return Err(invalid(
+                "policy",
+                format!(
+                    "{}: give `settings` or `settings-file`, not both",
+                    spec.path.display()
+                ),
+            ));
+        }
+        if !names.insert(spec.display_name()) {
+            return Err(invalid(
+                "policy",
+                format!(
+                    "two policies are named `{}`; set `name`",
+                    spec.display_name()
+                ),
+            ));
+        }
+    }
+    Ok(chain)
 }
 
 /// Implements `Display` + `FromStr` based serde (as a string) for a value type.

@@ -32,6 +32,17 @@ pub enum GateError {
     Upstream(String),
     #[error("slotgate is shutting down")]
     ShuttingDown { retry_after: u64 },
+    #[error("{message}")]
+    PolicyDenied {
+        policy: String,
+        status: u16,
+        message: String,
+        retry_after: Option<u64>,
+    },
+    #[error(
+        "admission policy `{policy}` failed ({kind}); the request was refused (on-error = deny)"
+    )]
+    PolicyFailed { policy: String, kind: &'static str },
 }
 
 /// The `outcome` label of `slotgate_requests_total` and of the access log.
@@ -45,10 +56,12 @@ pub enum Outcome {
     ClientGone,
     UpstreamError,
     ShuttingDown,
+    PolicyDenied,
+    PolicyError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -57,6 +70,8 @@ impl Outcome {
         Outcome::ClientGone,
         Outcome::UpstreamError,
         Outcome::ShuttingDown,
+        Outcome::PolicyDenied,
+        Outcome::PolicyError,
     ];
 
     pub fn label(self) -> &'static str {
@@ -69,6 +84,8 @@ impl Outcome {
             Outcome::ClientGone => "client_gone",
             Outcome::UpstreamError => "upstream_error",
             Outcome::ShuttingDown => "shutting_down",
+            Outcome::PolicyDenied => "policy_denied",
+            Outcome::PolicyError => "policy_error",
         }
     }
 }
@@ -85,6 +102,8 @@ impl GateError {
             GateError::QueueTimeout(_) => 504,
             GateError::Upstream(_) => 502,
             GateError::UpstreamUnavailable { .. } | GateError::ShuttingDown { .. } => 503,
+            GateError::PolicyDenied { status, .. } => *status,
+            GateError::PolicyFailed { .. } => 503,
         }
     }
 
@@ -101,7 +120,10 @@ impl GateError {
             GateError::QueueTimeout(_) => "timeout_error",
             GateError::Upstream(_)
             | GateError::UpstreamUnavailable { .. }
-            | GateError::ShuttingDown { .. } => "server_error",
+            | GateError::ShuttingDown { .. }
+            | GateError::PolicyFailed { .. } => "server_error",
+            GateError::PolicyDenied { status: 429, .. } => "rate_limit_error",
+            GateError::PolicyDenied { .. } => "permission_error",
         }
     }
 
@@ -120,6 +142,8 @@ impl GateError {
             GateError::UpstreamUnavailable { .. } => "upstream_unavailable",
             GateError::Upstream(_) => "upstream_error",
             GateError::ShuttingDown { .. } => "shutting_down",
+            GateError::PolicyDenied { .. } => "policy_denied",
+            GateError::PolicyFailed { .. } => "policy_error",
         }
     }
 
@@ -138,6 +162,8 @@ impl GateError {
                 Outcome::UpstreamError
             }
             GateError::ShuttingDown { .. } => Outcome::ShuttingDown,
+            GateError::PolicyDenied { .. } => Outcome::PolicyDenied,
+            GateError::PolicyFailed { .. } => Outcome::PolicyError,
         }
     }
 
@@ -148,6 +174,7 @@ impl GateError {
             | GateError::Displaced { retry_after }
             | GateError::UpstreamUnavailable { retry_after, .. }
             | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
+            GateError::PolicyDenied { retry_after, .. } => retry_after.map(|s| s.max(1)),
             _ => None,
         }
     }

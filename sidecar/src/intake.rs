@@ -8,7 +8,7 @@ use http::{header, request, Method, Request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use serde_json::Value;
-use slotgate_sdk::{Peer, RequestSummary};
+use slotgate_sdk::{Mutations, Peer, RequestSummary};
 
 use crate::error::GateError;
 
@@ -148,7 +148,7 @@ fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -
         prompt_tokens_estimate: prompt_chars.div_ceil(4),
         priority_hint: j.get("priority").and_then(Value::as_i64),
         peer,
-        api_key: None,
+        api_key: api_key_hash(&parts.headers),
         headers: SUMMARY_HEADERS
             .iter()
             .filter_map(|h| {
@@ -159,6 +159,70 @@ fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -
             })
             .collect(),
         queue: Default::default(),
+    }
+}
+
+/// `sha256:<hex>` of the bearer token, so no policy, log line or label ever holds the key itself.
+fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let key = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))?
+        .trim();
+    if key.is_empty() {
+        return None;
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    Some(format!(
+        "sha256:{}",
+        digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    ))
+}
+
+impl Intake {
+    /// Applies a policy's request changes. The body is rewritten only when something changes.
+    pub fn apply(&mut self, m: &Mutations) -> Result<(), GateError> {
+        if m.cap_max_tokens.is_none() && !m.disable_prompt_cache && !m.strip_id_slot {
+            return Ok(());
+        }
+        let mut v: Value = serde_json::from_slice(&self.body)
+            .map_err(|e| GateError::InvalidJson(e.to_string()))?;
+        let Some(obj) = v.as_object_mut() else {
+            return Ok(());
+        };
+        if let Some(cap) = m.cap_max_tokens {
+            // llama-server's native endpoints say n_predict; OpenAI's say max_tokens or
+            // max_completion_tokens. Cap whichever is present, and set max_tokens when none is.
+            let mut capped = false;
+            for key in ["max_tokens", "max_completion_tokens", "n_predict"] {
+                if let Some(n) = obj.get(key).and_then(Value::as_u64) {
+                    obj.insert(key.into(), Value::from(n.min(cap)));
+                    capped = true;
+                }
+            }
+            if !capped {
+                let key = if self.summary.path == "/completion" {
+                    "n_predict"
+                } else {
+                    "max_tokens"
+                };
+                obj.insert(key.into(), Value::from(cap));
+            }
+            self.summary.max_tokens = Some(self.summary.max_tokens.map_or(cap, |n| n.min(cap)));
+        }
+        if m.disable_prompt_cache {
+            obj.insert("cache_prompt".into(), Value::Bool(false));
+        }
+        if m.strip_id_slot {
+            obj.remove("id_slot");
+        }
+        self.body =
+            Bytes::from(serde_json::to_vec(&v).map_err(|e| GateError::InvalidJson(e.to_string()))?);
+        Ok(())
     }
 }
 

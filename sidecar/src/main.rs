@@ -4,13 +4,12 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
-use slotgate::cli::{Cli, Command, ConfigArgs};
+use slotgate::cli::{Command, ConfigArgs};
 use slotgate::config::{Config, LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = slotgate::cli::parse();
     let (check, args) = match cli.command {
         Some(Command::Check(args)) => (true, args),
         Some(Command::Run(args)) => (false, args),
@@ -33,6 +32,10 @@ fn main() -> ExitCode {
         }
     };
     if check {
+        if let Err(e) = slotgate::policy::PolicySet::load(&config.policies) {
+            eprintln!("slotgate: {e:#}");
+            return ExitCode::from(2);
+        }
         return match toml::to_string(&config.effective()) {
             Ok(text) => {
                 println!("# slotgate: configuration is valid; effective settings:\n{text}");

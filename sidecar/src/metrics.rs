@@ -15,6 +15,16 @@ pub const TTFB_SECONDS: &str = "slotgate_time_to_first_byte_seconds";
 pub const TOKENS_TOTAL: &str = "slotgate_tokens_total";
 pub const UPSTREAM_READY: &str = "slotgate_upstream_ready";
 pub const UPSTREAM_RETRIES_TOTAL: &str = "slotgate_upstream_retries_total";
+pub const POLICY_EVAL_SECONDS: &str = "slotgate_policy_eval_seconds";
+pub const POLICY_DECISIONS_TOTAL: &str = "slotgate_policy_decisions_total";
+pub const POLICY_ERRORS_TOTAL: &str = "slotgate_policy_errors_total";
+pub const POLICY_FUEL_CONSUMED: &str = "slotgate_policy_fuel_consumed";
+pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
+
+/// Seconds of one policy evaluation: microseconds normally, the deadline at worst.
+const POLICY_BUCKETS: &[f64] = &[
+    1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.02, 0.1,
+];
 
 /// Seconds, from a fast 429 to a long generation.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -29,6 +39,15 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         builder =
             builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), LATENCY_BUCKETS)?;
     }
+    builder = builder
+        .set_buckets_for_metric(
+            Matcher::Full(POLICY_EVAL_SECONDS.to_owned()),
+            POLICY_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(POLICY_FUEL_CONSUMED.to_owned()),
+            crate::policy::set::FUEL_BUCKETS,
+        )?;
     let handle = builder.install_recorder()?;
     describe();
     Ok(handle)

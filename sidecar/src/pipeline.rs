@@ -11,10 +11,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{header, HeaderValue, Request, Response};
+use std::collections::BTreeMap;
+
+use http::{header, HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use slotgate_sdk::Peer;
+use slotgate_sdk::{Peer, QueueSnapshot};
 use tokio::time::Instant;
 
 use crate::access::Exchange;
@@ -23,6 +25,8 @@ use crate::body::GuardedBody;
 use crate::error::{GateError, Outcome};
 use crate::intake::{self, Intake, Kind};
 use crate::metrics as m;
+use crate::policy::chain::ChainOutcome;
+use crate::policy::EvalError;
 use crate::respond::{self, Body};
 use crate::upstream::{copy_end_to_end, SendError};
 
@@ -43,14 +47,47 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         Ok(kind) => kind,
         Err(e) => return reject(ex, &e),
     };
-    let intake = match intake::read(req, &app.limits, peer).await {
+    let mut intake = match intake::read(req, &app.limits, peer).await {
         Ok(i) => i,
         Err(e) => return reject(ex, &e),
     };
-    let priority = match app.config.trust_client_priority {
+    let mut priority = match app.config.trust_client_priority {
         true => intake.summary.priority_hint.unwrap_or(0),
         false => 0,
     };
+    let mut response_headers = BTreeMap::new();
+    if !app.policies.is_empty() {
+        match decide(&app, &intake).await {
+            ChainOutcome::Allow(decision) => {
+                // A policy's priority replaces the client's hint (policies clamp hints themselves).
+                priority = decision.priority.unwrap_or(priority);
+                if let Err(e) = intake.apply(&decision.mutations) {
+                    return reject(ex, &e);
+                }
+                response_headers = decision.mutations.response_headers;
+            }
+            ChainOutcome::Deny { policy, decision } => {
+                let e = GateError::PolicyDenied {
+                    status: decision.status.unwrap_or(403),
+                    message: decision
+                        .message
+                        .unwrap_or_else(|| format!("denied by policy `{policy}`")),
+                    retry_after: decision.retry_after_seconds,
+                    policy,
+                };
+                return reject(ex, &e);
+            }
+            ChainOutcome::Failed { policy, error } => {
+                return reject(
+                    ex,
+                    &GateError::PolicyFailed {
+                        policy,
+                        kind: error.kind(),
+                    },
+                );
+            }
+        }
+    }
     ex.set_priority(priority);
 
     // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
@@ -86,6 +123,19 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         QUEUE_WAIT_HEADER,
         HeaderValue::from(queue_wait.as_millis() as u64),
     );
+    for (name, value) in response_headers {
+        match (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) {
+            (Ok(n), Ok(v)) => {
+                out.headers_mut().insert(n, v);
+            }
+            _ => {
+                tracing::warn!(header = %name, "a policy asked for an invalid response header; skipped")
+            }
+        }
+    }
     let guarded = GuardedBody::new(
         body,
         slot,
@@ -95,6 +145,27 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         content_type.as_deref(),
     );
     out.map(|()| guarded.boxed_unsync())
+}
+
+/// Runs the policy chain on a blocking thread: evaluations are CPU-bound (bounded by fuel and a
+/// deadline) and must not hold up the async workers that serve every other connection.
+async fn decide(app: &App, intake: &Intake) -> ChainOutcome {
+    let mut summary = intake.summary.clone();
+    let q = app.admission.stats();
+    summary.queue = QueueSnapshot {
+        depth: q.depth,
+        capacity: q.capacity,
+        in_flight: q.busy,
+        estimated_wait_seconds: q.service_seconds * (q.busy + q.depth) as f64 / q.slots as f64,
+    };
+    let set = app.policies.clone();
+    match tokio::task::spawn_blocking(move || set.evaluate(&summary)).await {
+        Ok(outcome) => outcome,
+        Err(e) => ChainOutcome::Failed {
+            policy: "-".into(),
+            error: EvalError::Trap(format!("evaluation task: {e}")),
+        },
+    }
 }
 
 /// Sends the request, retrying with exponential backoff and jitter only while the upstream is

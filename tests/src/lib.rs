@@ -24,6 +24,7 @@ pub mod llama;
 pub mod metrics;
 pub mod request;
 pub mod wait;
+pub mod wat;
 
 pub use client::{Client, Conn, Response, SseRead, Streaming, Target};
 pub use errors::{assert_error, parse_error, retry_after};

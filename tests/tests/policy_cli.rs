@@ -7,28 +7,8 @@ use serde_json::Value;
 use slotgate_tests::gate::command;
 use slotgate_tests::wait::unique_dir;
 
-/// A hand-written ABI v1 policy answering `decision`; `evaluate_body` runs before it answers.
 fn policy(dir: &Path, name: &str, version: i32, decision: &str, evaluate_body: &str) -> PathBuf {
-    let escaped = decision.replace('"', "\\\"");
-    let wat = format!(
-        r#"(module
-  (memory (export "memory") 1)
-  (global $next (mut i32) (i32.const 1024))
-  (data (i32.const 16) "{escaped}")
-  (func (export "slotgate_abi_version") (result i32) (i32.const {version}))
-  (func (export "slotgate_alloc") (param $n i32) (result i32)
-    (local $p i32)
-    (local.set $p (global.get $next))
-    (global.set $next (i32.add (global.get $next) (local.get $n)))
-    (local.get $p))
-  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
-    {evaluate_body}
-    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const {len}))))"#,
-        len = decision.len()
-    );
-    let path = dir.join(format!("{name}.wat"));
-    std::fs::write(&path, wat).unwrap();
-    path
+    slotgate_tests::wat::policy(dir, name, version, decision, evaluate_body, "")
 }
 
 fn slotgate(args: &[&str]) -> Output {

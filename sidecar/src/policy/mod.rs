@@ -5,8 +5,10 @@ mod abi;
 pub mod chain;
 pub mod engine;
 pub mod module;
+pub mod set;
 pub mod state;
 
 pub use engine::{EngineLimits, PolicyEngine};
 pub use module::{EvalError, Evaluation, LoadError, Policy, PolicyLimits};
+pub use set::{PolicyLoadError, PolicySet};
 pub use state::HostState;
