@@ -35,5 +35,8 @@ echo "model:        $LLAMA_MODEL"
 step "build the slotgate binary the tests drive"
 cargo build --workspace --bins
 
+step "build the example policies to wasm32-unknown-unknown"
+bash scripts/build-policies.sh
+
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"

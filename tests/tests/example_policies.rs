@@ -1,0 +1,133 @@
+//! The example policies, built to wasm by `scripts/build-policies.sh`, load in the real host: ABI,
+//! exports, imports, their example settings, and one evaluation each.
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use serde_json::Value;
+use slotgate_tests::gate::command;
+use slotgate_tests::wait::unique_dir;
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `<target>/policies/<name>.wasm|.wat`, as the build script leaves them.
+fn artifact(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace().join("target"), PathBuf::from);
+    let dir = target.join("policies");
+    for ext in ["wasm", "wat"] {
+        let p = dir.join(format!("{name}.{ext}"));
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "{name} is not built in {}: run scripts/build-policies.sh first",
+        dir.display()
+    );
+}
+
+fn slotgate(args: &[&str]) -> Output {
+    command().args(args).output().expect("run slotgate")
+}
+
+fn ok(o: &Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
+    text
+}
+
+const POLICIES: &[&str] = &[
+    "token-budget",
+    "tenant-priority",
+    "request-guard",
+    "wat-deny-embeddings",
+];
+
+#[test]
+fn every_example_policy_passes_check_with_its_example_settings() {
+    for name in POLICIES {
+        let module = artifact(name);
+        let settings = workspace()
+            .join("policies")
+            .join(name)
+            .join("settings.example.json");
+        let mut args = vec![
+            "policy".to_owned(),
+            "check".to_owned(),
+            module.display().to_string(),
+        ];
+        if settings.exists() {
+            args.extend(["--settings".to_owned(), settings.display().to_string()]);
+        }
+        let out = ok(&slotgate(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
+        assert!(out.contains("ABI v1"), "{name}: {out}");
+    }
+}
+
+#[test]
+fn sdk_policies_decide_in_the_real_host() {
+    let dir = unique_dir("example-policies");
+    let chat = dir.join("chat.json");
+    std::fs::write(
+        &chat,
+        r#"{"method":"POST","path":"/v1/chat/completions","prompt_chars":400,"prompt_tokens_estimate":100,"max_tokens":4000,"peer":{"uid":1000,"gid":1000}}"#,
+    )
+    .unwrap();
+    let embed = dir.join("embed.json");
+    std::fs::write(
+        &embed,
+        r#"{"method":"POST","path":"/v1/embeddings","prompt_chars":4,"prompt_tokens_estimate":1}"#,
+    )
+    .unwrap();
+
+    let eval = |name: &str, input: &PathBuf| -> Value {
+        let module = artifact(name);
+        let settings = workspace()
+            .join("policies")
+            .join(name)
+            .join("settings.example.json");
+        let mut args = vec![
+            "policy".to_owned(),
+            "eval".to_owned(),
+            "--policy".to_owned(),
+            module.display().to_string(),
+            "--input".to_owned(),
+            input.display().to_string(),
+        ];
+        if settings.exists() {
+            args.extend(["--settings".to_owned(), settings.display().to_string()]);
+        }
+        let out = slotgate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        ok(&out);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(report["fuel_consumed"].as_u64().unwrap() > 0, "{report}");
+        report["decision"].clone()
+    };
+
+    let guard = eval("request-guard", &chat);
+    assert_eq!(guard["verdict"], "allow", "{guard}");
+    assert!(
+        guard["mutations"]["cap_max_tokens"].as_u64().is_some(),
+        "request-guard caps max_tokens: {guard}"
+    );
+    let budget = eval("token-budget", &chat);
+    assert!(
+        budget["cost"].as_u64().unwrap() >= 100,
+        "token-budget charges the estimate: {budget}"
+    );
+    let tenant = eval("tenant-priority", &chat);
+    assert!(tenant["priority"].is_i64(), "{tenant}");
+    let wat = eval("wat-deny-embeddings", &embed);
+    assert_eq!(wat["verdict"], "deny", "{wat}");
+    assert_eq!(wat["status"], 403, "{wat}");
+    assert_eq!(eval("wat-deny-embeddings", &chat)["verdict"], "allow");
+}
