@@ -35,6 +35,11 @@ pub enum Command {
     Run(ConfigArgs),
     /// Validate the configuration and print the effective settings as TOML.
     Check(ConfigArgs),
+    /// Print the form in which policies see an API key (`sha256:<hex>`), for policy settings.
+    HashKey {
+        /// The API key, as clients send it after `Bearer `.
+        key: String,
+    },
     /// Work with policy modules offline: `slotgate policy check P.wasm`, `slotgate policy eval ...`.
     #[command(subcommand)]
     Policy(crate::policy_cli::PolicyCommand),

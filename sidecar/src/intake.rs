@@ -164,23 +164,25 @@ fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -
 
 /// `sha256:<hex>` of the bearer token, so no policy, log line or label ever holds the key itself.
 fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
-    use sha2::{Digest, Sha256};
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let key = value
         .strip_prefix("Bearer ")
         .or_else(|| value.strip_prefix("bearer "))?
         .trim();
-    if key.is_empty() {
-        return None;
-    }
+    (!key.is_empty()).then(|| hash_api_key(key))
+}
+
+/// The form in which policies see an API key: `sha256:` and 64 lower-case hex digits.
+pub fn hash_api_key(key: &str) -> String {
+    use sha2::{Digest, Sha256};
     let digest = Sha256::digest(key.as_bytes());
-    Some(format!(
+    format!(
         "sha256:{}",
         digest
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
-    ))
+    )
 }
 
 impl Intake {
@@ -240,6 +242,19 @@ fn text_chars(v: Option<&Value>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn api_keys_are_hashed() {
+        assert_eq!(
+            hash_api_key("abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let mut h = http::HeaderMap::new();
+        h.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(api_key_hash(&h), Some(hash_api_key("abc")));
+        h.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(api_key_hash(&h), None);
+    }
 
     #[test]
     fn routes_allow_list() {

@@ -13,6 +13,10 @@ fn main() -> ExitCode {
     let (check, args) = match cli.command {
         Some(Command::Check(args)) => (true, args),
         Some(Command::Run(args)) => (false, args),
+        Some(Command::HashKey { key }) => {
+            println!("{}", slotgate::intake::hash_api_key(&key));
+            return ExitCode::SUCCESS;
+        }
         Some(Command::Policy(cmd)) => {
             return match slotgate::policy_cli::run(cmd) {
                 Ok(()) => ExitCode::SUCCESS,

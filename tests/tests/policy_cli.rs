@@ -135,3 +135,13 @@ fn eval_reports_a_runaway_policy_as_bounded_failure() {
     ]);
     assert!(text(&out).contains("403 or 429"), "{}", text(&out));
 }
+
+#[test]
+fn hash_key_prints_what_policies_see() {
+    let out = slotgate(&["hash-key", "abc"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}
