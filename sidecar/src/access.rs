@@ -3,11 +3,20 @@
 
 use std::time::Duration;
 
-use slotgate_sdk::Peer;
+use slotgate_sdk::{Completion, Decision, Peer, RequestSummary, ABI_VERSION};
 use tokio::time::Instant;
 
 use crate::error::Outcome;
 use crate::metrics as m;
+use crate::policy::PolicySet;
+use crate::usage::Usage;
+
+/// What the policies' `on_complete` needs once the request is over.
+pub struct CompletionHook {
+    pub policies: PolicySet,
+    pub request: RequestSummary,
+    pub decision: Decision,
+}
 
 pub struct Exchange {
     method: http::Method,
@@ -19,6 +28,8 @@ pub struct Exchange {
     upstream: Option<Duration>,
     status: Option<u16>,
     outcome: Option<Outcome>,
+    usage: Option<Usage>,
+    completion: Option<CompletionHook>,
 }
 
 impl Exchange {
@@ -33,6 +44,8 @@ impl Exchange {
             upstream: None,
             status: None,
             outcome: None,
+            usage: None,
+            completion: None,
         }
     }
 
@@ -53,6 +66,15 @@ impl Exchange {
         self.upstream = Some(t);
     }
 
+    pub fn set_usage(&mut self, usage: Usage) {
+        self.usage = Some(usage);
+    }
+
+    /// Arms the policies' `on_complete`, fired once when this record drops, whatever the outcome.
+    pub fn on_complete(&mut self, hook: CompletionHook) {
+        self.completion = Some(hook);
+    }
+
     /// The request's fate. Only the first call counts.
     pub fn finish(&mut self, outcome: Outcome) {
         self.outcome.get_or_insert(outcome);
@@ -66,6 +88,26 @@ impl Exchange {
 impl Drop for Exchange {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::ClientGone);
+        if let Some(hook) = self.completion.take() {
+            let usage = self.usage.unwrap_or_default();
+            let completion = Completion {
+                abi: ABI_VERSION,
+                request: hook.request,
+                decision: hook.decision,
+                settings: serde_json::Value::Null,
+                status: self.status.unwrap_or(0),
+                outcome: outcome.label().to_owned(),
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+                queue_wait_ms: self.queue_wait.map_or(0, |d| d.as_millis() as u64),
+                upstream_ms: self.upstream.map_or(0, |d| d.as_millis() as u64),
+            };
+            // Policy code is CPU-bound and bounded by its limits: keep it off the async workers.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let policies = hook.policies;
+                rt.spawn_blocking(move || policies.complete(&completion));
+            }
+        }
         metrics::counter!(m::REQUESTS_TOTAL, "outcome" => outcome.label()).increment(1);
         // Absent values (no status yet, no peer on TCP) are left out of the line rather than faked,
         // and numbers stay numbers in JSON logs.

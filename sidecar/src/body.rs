@@ -63,6 +63,7 @@ impl GuardedBody {
         metrics::histogram!(m::UPSTREAM_SECONDS).record(elapsed.as_secs_f64());
         if outcome == Outcome::Ok {
             if let Some(u) = self.usage.finish() {
+                held.exchange.set_usage(u);
                 metrics::counter!(m::TOKENS_TOTAL, "kind" => "prompt").increment(u.prompt_tokens);
                 metrics::counter!(m::TOKENS_TOTAL, "kind" => "completion")
                     .increment(u.completion_tokens);

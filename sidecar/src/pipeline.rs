@@ -19,7 +19,7 @@ use hyper::body::Incoming;
 use slotgate_sdk::{Peer, QueueSnapshot};
 use tokio::time::Instant;
 
-use crate::access::Exchange;
+use crate::access::{CompletionHook, Exchange};
 use crate::app::App;
 use crate::body::GuardedBody;
 use crate::error::{GateError, Outcome};
@@ -61,6 +61,13 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
             ChainOutcome::Allow(decision) => {
                 // A policy's priority replaces the client's hint (policies clamp hints themselves).
                 priority = decision.priority.unwrap_or(priority);
+                if app.policies.wants_completions() {
+                    ex.on_complete(CompletionHook {
+                        policies: app.policies.clone(),
+                        request: intake.summary.clone(),
+                        decision: decision.clone(),
+                    });
+                }
                 if let Err(e) = intake.apply(&decision.mutations) {
                     return reject(ex, &e);
                 }

@@ -1,4 +1,5 @@
-//! Hand-written ABI v1 policies in WAT, for tests: a fixed decision, optionally after hostile code.
+//! Policies for tests: hand-written ABI v1 modules in WAT (a fixed decision, optionally after hostile
+//! code), and the example policies as `scripts/build-policies.sh` built them.
 
 use std::path::{Path, PathBuf};
 
@@ -40,4 +41,22 @@ pub fn policy(
 /// A policy answering `decision` with no other code.
 pub fn fixed(dir: &Path, name: &str, decision: &str) -> PathBuf {
     policy(dir, name, 1, decision, "", "")
+}
+
+/// `<target>/policies/<name>.wasm|.wat`, as `scripts/build-policies.sh` leaves them.
+pub fn built(name: &str) -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), PathBuf::from);
+    let dir = target.join("policies");
+    for ext in ["wasm", "wat"] {
+        let p = dir.join(format!("{name}.{ext}"));
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "{name} is not built in {}: run scripts/build-policies.sh first",
+        dir.display()
+    );
 }

@@ -12,23 +12,6 @@ fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// `<target>/policies/<name>.wasm|.wat`, as the build script leaves them.
-fn artifact(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace().join("target"), PathBuf::from);
-    let dir = target.join("policies");
-    for ext in ["wasm", "wat"] {
-        let p = dir.join(format!("{name}.{ext}"));
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{name} is not built in {}: run scripts/build-policies.sh first",
-        dir.display()
-    );
-}
-
 fn slotgate(args: &[&str]) -> Output {
     command().args(args).output().expect("run slotgate")
 }
@@ -53,7 +36,7 @@ const POLICIES: &[&str] = &[
 #[test]
 fn every_example_policy_passes_check_with_its_example_settings() {
     for name in POLICIES {
-        let module = artifact(name);
+        let module = slotgate_tests::wat::built(name);
         let settings = workspace()
             .join("policies")
             .join(name)
@@ -90,7 +73,7 @@ fn sdk_policies_decide_in_the_real_host() {
     .unwrap();
 
     let eval = |name: &str, input: &PathBuf| -> Value {
-        let module = artifact(name);
+        let module = slotgate_tests::wat::built(name);
         let settings = workspace()
             .join("policies")
             .join(name)

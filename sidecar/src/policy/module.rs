@@ -8,7 +8,7 @@ use wasmtime::{
     Caller, Extern, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimitsBuilder, Trap,
 };
 
-use slotgate_sdk::{Decision, EvaluateInput, SettingsValidation, Verdict};
+use slotgate_sdk::{Completion, Decision, EvaluateInput, SettingsValidation, Verdict};
 
 use super::abi::{self, ABI_VERSION, IMPORT_MODULE};
 use super::engine::{PolicyEngine, EPOCH_TICK};
@@ -206,6 +206,15 @@ impl Policy {
             )));
         }
         Ok((decision, ev))
+    }
+
+    /// Tells the policy what really happened (`slotgate_on_complete`, when exported).
+    pub fn on_complete(&self, completion: &Completion) -> Result<Option<Evaluation>, EvalError> {
+        if !self.has_on_complete {
+            return Ok(None);
+        }
+        let bytes = serde_json::to_vec(completion).map_err(|e| EvalError::Abi(e.to_string()))?;
+        self.call(abi::EXPORT_ON_COMPLETE, &bytes).map(Some)
     }
 
     /// Calls `export` with `input` in a fresh instance under this policy's limits.

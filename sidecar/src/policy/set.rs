@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use slotgate_sdk::{EvaluateInput, RequestSummary, Verdict, ABI_VERSION};
+use slotgate_sdk::{Completion, EvaluateInput, RequestSummary, Verdict, ABI_VERSION};
 
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
 use super::engine::{EngineLimits, PolicyEngine};
@@ -115,6 +115,27 @@ impl PolicySet {
             })
             .collect();
         chain::fold(steps)
+    }
+}
+
+impl PolicySet {
+    /// Runs every exported `on_complete` with the request's real outcome, so budgets can be settled.
+    /// Synchronous: run it off the async workers.
+    pub fn complete(&self, completion: &Completion) {
+        for p in self.chain.iter().filter(|p| p.policy.has_on_complete()) {
+            let mine = Completion {
+                settings: p.settings.clone(),
+                ..completion.clone()
+            };
+            if let Err(e) = p.policy.on_complete(&mine) {
+                metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind()).increment(1);
+                tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy on_complete failed");
+            }
+        }
+    }
+
+    pub fn wants_completions(&self) -> bool {
+        self.chain.iter().any(|p| p.policy.has_on_complete())
     }
 }
 
