@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -15,6 +16,10 @@ use crate::metrics as m;
 use crate::respond::{self, Body, BodyError};
 use crate::upstream::InflightGuard;
 use crate::usage::UsageScanner;
+
+/// How long a slot stays held after its client left: the upstream connection is closed on the pooled
+/// client's own task, a moment after we drop it.
+pub const ABANDON_GRACE: Duration = Duration::from_millis(20);
 
 pub struct GuardedBody {
     inner: Body,
@@ -73,6 +78,11 @@ impl GuardedBody {
             }
         }
         held.exchange.finish(outcome);
+        if outcome == Outcome::ClientGone {
+            if let Some(slot) = held.slot.take() {
+                slot.release_after(ABANDON_GRACE);
+            }
+        }
         // `held` drops here: the slot goes to the next waiter, in-flight is decremented, the
         // access line is written.
     }

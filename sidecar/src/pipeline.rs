@@ -20,8 +20,9 @@ use slotgate_sdk::{Peer, QueueSnapshot};
 use tokio::time::Instant;
 
 use crate::access::{CompletionHook, Exchange};
+use crate::admission::SlotGuard;
 use crate::app::App;
-use crate::body::GuardedBody;
+use crate::body::{GuardedBody, ABANDON_GRACE};
 use crate::error::{GateError, Outcome};
 use crate::intake::{self, Intake, Kind};
 use crate::metrics as m;
@@ -111,7 +112,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
 
     let inflight = app.upstream.inflight_guard();
     let forwarded_at = Instant::now();
-    let resp = match forward(&app, &intake, deadline).await {
+    let held = CancelGrace(slot);
+    let resp = forward(&app, &intake, deadline).await;
+    let slot = held.disarm();
+    let resp = match resp {
         Ok(resp) => resp,
         Err(e) => return reject(ex, &e),
     };
@@ -152,6 +156,27 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         content_type.as_deref(),
     );
     out.map(|()| guarded.boxed_unsync())
+}
+
+/// Holds the slot while the request is with the upstream and no answer has begun. If the client leaves
+/// then, this future is dropped mid-request and the pooled client closes that upstream connection on
+/// its own task, a moment later; the slot is handed on only after `ABANDON_GRACE`, so the next request
+/// does not reach llama-server while it still works on the abandoned one. Normal completion and errors
+/// take the slot back with `disarm`.
+struct CancelGrace(Option<SlotGuard>);
+
+impl CancelGrace {
+    fn disarm(mut self) -> Option<SlotGuard> {
+        self.0.take()
+    }
+}
+
+impl Drop for CancelGrace {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            slot.release_after(ABANDON_GRACE);
+        }
+    }
 }
 
 /// Runs the policy chain on a blocking thread: evaluations are CPU-bound (bounded by fuel and a

@@ -267,6 +267,18 @@ impl SlotGuard {
     pub fn complete(&mut self) {
         self.completed = true;
     }
+
+    /// Releases the slot `after` from now instead of at once: for a request abandoned while its
+    /// upstream connection is still being torn down on another task, so the next request does not
+    /// reach llama-server before it has noticed. Outside a runtime it is released at once.
+    pub fn release_after(self, after: Duration) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                tokio::time::sleep(after).await;
+                drop(self);
+            });
+        }
+    }
 }
 
 impl Drop for SlotGuard {
