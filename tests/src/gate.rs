@@ -26,7 +26,7 @@ use crate::request::{spawn_post, Req, CHAT};
 use crate::wait::unique_dir;
 
 /// How long `start` waits for `/livez`.
-const LIVE_TIMEOUT: Duration = Duration::from_secs(10);
+const LIVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `start` waits for `/readyz` when the upstream is expected to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
 
