@@ -188,7 +188,7 @@ async fn decide(app: &App, intake: &Intake) -> ChainOutcome {
         depth: q.depth,
         capacity: q.capacity,
         in_flight: q.busy,
-        estimated_wait_seconds: q.service_seconds * (q.busy + q.depth) as f64 / q.slots as f64,
+        estimated_wait_seconds: q.drain_seconds(),
     };
     let set = app.policies.clone();
     match tokio::task::spawn_blocking(move || set.evaluate(&summary)).await {

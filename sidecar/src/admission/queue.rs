@@ -62,6 +62,14 @@ pub struct QueueStats {
     pub closed: bool,
 }
 
+impl QueueStats {
+    /// Seconds until the work already admitted (busy slots and every waiter) has drained:
+    /// `(busy + queued) * service_time / slots`.
+    pub fn drain_seconds(&self) -> f64 {
+        (self.busy + self.depth) as f64 * self.service_seconds / self.slots as f64
+    }
+}
+
 impl Admission {
     pub fn new(slots: usize, capacity: usize) -> Self {
         Admission {
@@ -162,7 +170,10 @@ impl Admission {
     }
 
     pub fn stats(&self) -> QueueStats {
-        let st = self.lock();
+        self.stats_of(&self.lock())
+    }
+
+    fn stats_of(&self, st: &State) -> QueueStats {
         QueueStats {
             slots: self.shared.slots,
             busy: st.busy,
@@ -176,9 +187,7 @@ impl Admission {
     /// Seconds until the work already admitted (busy slots and every waiter) has drained:
     /// `ceil((busy + queued) * service_ewma / slots)`, clamped to `1..=3600`.
     fn retry_after(&self, st: &State) -> u64 {
-        let ahead = (st.busy + st.waiters.len()) as f64;
-        let service = st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS);
-        let secs = (ahead * service / self.shared.slots as f64).ceil();
+        let secs = self.stats_of(st).drain_seconds().ceil();
         (secs as u64).clamp(1, MAX_RETRY_AFTER_SECONDS)
     }
 
