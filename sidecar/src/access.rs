@@ -1,6 +1,7 @@
 //! One record per request: its outcome, status, timings and peer. Counted and logged exactly once, when
 //! the record drops, so a request whose future is cancelled (client gone) is still accounted for.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use slotgate_sdk::{Completion, Decision, Peer, RequestSummary, ABI_VERSION};
@@ -8,12 +9,13 @@ use tokio::time::Instant;
 
 use crate::error::Outcome;
 use crate::metrics as m;
-use crate::policy::PolicySet;
+use crate::policy::Chain;
 use crate::usage::Usage;
 
 /// What the policies' `on_complete` needs once the request is over.
 pub struct CompletionHook {
-    pub policies: PolicySet,
+    /// The chain version that decided the request.
+    pub chain: Arc<Chain>,
     pub request: RequestSummary,
     pub decision: Decision,
 }
@@ -104,8 +106,8 @@ impl Drop for Exchange {
             };
             // Policy code is CPU-bound and bounded by its limits: keep it off the async workers.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let policies = hook.policies;
-                rt.spawn_blocking(move || policies.complete(&completion));
+                let chain = hook.chain;
+                rt.spawn_blocking(move || chain.complete(&completion));
             }
         }
         metrics::counter!(m::REQUESTS_TOTAL, "outcome" => outcome.label()).increment(1);

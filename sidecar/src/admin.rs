@@ -43,6 +43,18 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
 
 pub fn status(app: &App) -> serde_json::Value {
     let q = app.admission.stats();
+    let chain = app.policies.current();
+    let policies: Vec<serde_json::Value> = chain
+        .policies()
+        .map(|p| {
+            json!({
+                "name": p.name,
+                "sha256": crate::policy::set::hex(&p.sha256),
+                "mode": format!("{:?}", p.mode).to_lowercase(),
+                "on_error": format!("{:?}", p.on_error).to_lowercase(),
+            })
+        })
+        .collect();
     json!({
         "slots": { "total": q.slots, "busy": q.busy },
         "queue": { "depth": q.depth, "capacity": q.capacity },
@@ -50,5 +62,6 @@ pub fn status(app: &App) -> serde_json::Value {
         "upstream": { "ready": app.upstream.is_ready(), "target": app.upstream.target().to_string() },
         "service_time_seconds": q.service_seconds,
         "draining": q.closed,
+        "policies": { "generation": chain.generation(), "chain": policies },
     })
 }

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 
 use crate::admission::Admission;
 use crate::config::{AdminAddr, Config, ListenAddr};
 use crate::intake::Limits;
 use crate::policy::{PolicyLoadError, PolicySet};
+use crate::reload::{self, ConfigSource};
 use crate::server::{self, BindError, Listener, ServeOpts};
 use crate::upstream::Upstream;
 use crate::{admin, pipeline, shutdown};
@@ -60,8 +62,15 @@ impl App {
     }
 }
 
-/// Runs until SIGTERM/SIGINT, then shuts down gracefully.
-pub async fn run(config: Config, prometheus: PrometheusHandle) -> Result<(), StartError> {
+/// Runs until SIGTERM/SIGINT, then shuts down gracefully. SIGHUP (and a change to a watched file)
+/// reloads the policy chain from `source`.
+pub async fn run(
+    config: Config,
+    prometheus: PrometheusHandle,
+    source: ConfigSource,
+) -> Result<(), StartError> {
+    // SIGHUP's default action ends the process: take it over before anything else.
+    let hangup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
     let policies = PolicySet::load(&config.policies)?;
     let app = Arc::new(App::new(config, prometheus, policies));
@@ -93,6 +102,7 @@ pub async fn run(config: Config, prometheus: PrometheusHandle) -> Result<(), Sta
     let background = [
         tokio::spawn(health_loop(app.clone())),
         tokio::spawn(upkeep_loop(app.prometheus.clone())),
+        tokio::spawn(reload::run(app.clone(), source, hangup)),
     ];
     let mut accepting = Vec::new();
     for listener in listeners {

@@ -99,6 +99,12 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
 
+    /// How often policy modules, their settings files and the config file are checked for changes;
+    /// a change reloads the chain (as SIGHUP does). `0s` turns the watch off. [default: 2s]
+    #[arg(long, env = "SLOTGATE_POLICY_WATCH", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_watch: Option<Dur>,
+
     /// Add a WASM policy to the chain (repeatable; evaluated in order, after any `[[policy]]` of the
     /// config file).
     #[arg(long = "policy", value_name = "PATH")]
@@ -224,6 +230,7 @@ impl Settings {
             health_interval,
             connect_timeout,
             log_format,
+            policy_watch,
             policy_paths,
             policy_settings,
             policy_flags,
@@ -258,6 +265,8 @@ pub struct Config {
     pub health_interval: Duration,
     pub connect_timeout: Duration,
     pub log_format: LogFormat,
+    /// Poll interval for policy file changes; `None` when off.
+    pub policy_watch: Option<Duration>,
     /// The policy chain, in evaluation order (file entries first, then `--policy` flags).
     pub policies: Vec<PolicySpec>,
 }
@@ -336,6 +345,11 @@ impl Config {
                 Duration::from_secs(2),
             )?,
             log_format: s.log_format.unwrap_or(LogFormat::Text),
+            policy_watch: match s.policy_watch {
+                Some(Dur(d)) if d.is_zero() => None,
+                Some(Dur(d)) => Some(d),
+                None => Some(Duration::from_secs(2)),
+            },
             policies: policy_chain(s.policy, s.policy_flags)?,
         })
     }
@@ -359,6 +373,7 @@ impl Config {
             health_interval: Some(Dur(self.health_interval)),
             connect_timeout: Some(Dur(self.connect_timeout)),
             log_format: Some(self.log_format),
+            policy_watch: Some(Dur(self.policy_watch.unwrap_or(Duration::ZERO))),
             policy_paths: None,
             policy_settings: None,
             policy_flags: None,

@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod policy;
 pub mod policy_cli;
+pub mod reload;
 pub mod respond;
 pub mod server;
 pub mod shutdown;

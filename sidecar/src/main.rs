@@ -28,6 +28,13 @@ fn main() -> ExitCode {
         }
         None => (false, cli.run),
     };
+    let source = slotgate::reload::ConfigSource {
+        file: args.config.clone(),
+        load: {
+            let args = args.clone();
+            std::sync::Arc::new(move || load(args.clone()))
+        },
+    };
     let config = match load(args) {
         Ok(c) => c,
         Err(e) => {
@@ -52,7 +59,7 @@ fn main() -> ExitCode {
         };
     }
     init_logging(config.log_format);
-    match serve(config) {
+    match serve(config, source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -70,14 +77,14 @@ fn load(args: ConfigArgs) -> anyhow::Result<Config> {
     Ok(Config::from_settings(args.settings.over(file))?)
 }
 
-fn serve(config: Config) -> anyhow::Result<()> {
+fn serve(config: Config, source: slotgate::reload::ConfigSource) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let prometheus = slotgate::metrics::install().context("installing the metrics recorder")?;
-        slotgate::app::run(config, prometheus).await?;
+        slotgate::app::run(config, prometheus, source).await?;
         Ok(())
     })
 }

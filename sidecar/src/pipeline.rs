@@ -27,7 +27,7 @@ use crate::error::{GateError, Outcome};
 use crate::intake::{self, Intake, Kind};
 use crate::metrics as m;
 use crate::policy::chain::ChainOutcome;
-use crate::policy::EvalError;
+use crate::policy::{Chain, EvalError};
 use crate::respond::{self, Body};
 use crate::upstream::{copy_end_to_end, SendError};
 
@@ -57,14 +57,16 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         false => 0,
     };
     let mut response_headers = BTreeMap::new();
-    if !app.policies.is_empty() {
-        match decide(&app, &intake).await {
+    // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
+    let chain = app.policies.current();
+    if !chain.is_empty() {
+        match decide(&app, &intake, chain.clone()).await {
             ChainOutcome::Allow(decision) => {
                 // A policy's priority replaces the client's hint (policies clamp hints themselves).
                 priority = decision.priority.unwrap_or(priority);
-                if app.policies.wants_completions() {
+                if chain.wants_completions() {
                     ex.on_complete(CompletionHook {
-                        policies: app.policies.clone(),
+                        chain: chain.clone(),
                         request: intake.summary.clone(),
                         decision: decision.clone(),
                     });
@@ -181,7 +183,7 @@ impl Drop for CancelGrace {
 
 /// Runs the policy chain on a blocking thread: evaluations are CPU-bound (bounded by fuel and a
 /// deadline) and must not hold up the async workers that serve every other connection.
-async fn decide(app: &App, intake: &Intake) -> ChainOutcome {
+async fn decide(app: &App, intake: &Intake, chain: Arc<Chain>) -> ChainOutcome {
     let mut summary = intake.summary.clone();
     let q = app.admission.stats();
     summary.queue = QueueSnapshot {
@@ -190,8 +192,7 @@ async fn decide(app: &App, intake: &Intake) -> ChainOutcome {
         in_flight: q.busy,
         estimated_wait_seconds: q.drain_seconds(),
     };
-    let set = app.policies.clone();
-    match tokio::task::spawn_blocking(move || set.evaluate(&summary)).await {
+    match tokio::task::spawn_blocking(move || chain.evaluate(&summary)).await {
         Ok(outcome) => outcome,
         Err(e) => ChainOutcome::Failed {
             policy: "-".into(),

@@ -10,5 +10,5 @@ pub mod state;
 
 pub use engine::{EngineLimits, PolicyEngine};
 pub use module::{EvalError, Evaluation, LoadError, Policy, PolicyLimits};
-pub use set::{PolicyLoadError, PolicySet};
+pub use set::{Chain, PolicyLoadError, PolicySet, Reload};
 pub use state::HostState;

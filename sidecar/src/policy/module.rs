@@ -16,6 +16,9 @@ use super::state::{HostState, SharedState};
 
 /// Fuel one host call costs, on top of the instructions around it: a loop of host calls runs out.
 const HOST_CALL_FUEL: u64 = 1_000;
+/// Wall-clock deadline of the calls made while loading (ABI check, settings, canary): a loaded machine
+/// must not make a healthy policy look slow. Fuel still bounds a runaway start function or canary.
+pub const LOAD_DEADLINE: Duration = Duration::from_secs(1);
 /// Longest key or log message a guest may pass to a host function.
 const MAX_HOST_STRING: usize = 4096;
 
@@ -112,18 +115,39 @@ impl Policy {
         bytes: &[u8],
         limits: PolicyLimits,
     ) -> Result<Policy, LoadError> {
+        let module = Policy::compile(engine, bytes, limits)?;
+        Policy::link(engine, shared, name, &module, limits)
+    }
+
+    /// Compiles `bytes` (wasm or WAT) for `engine`, after the module-size cap. Slow: the result is
+    /// worth caching (see `PolicySet`).
+    pub fn compile(
+        engine: &PolicyEngine,
+        bytes: &[u8],
+        limits: PolicyLimits,
+    ) -> Result<Module, LoadError> {
         if bytes.len() > limits.max_module_bytes {
             return Err(LoadError::TooLarge {
                 size: bytes.len(),
                 limit: limits.max_module_bytes,
             });
         }
-        let module = Module::new(engine.engine(), bytes)
-            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
-        check_exports(&module)?;
+        Module::new(engine.engine(), bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))
+    }
+
+    /// Checks a compiled module against ABI v1 and links the host functions: the policy is then
+    /// ready to evaluate.
+    pub fn link(
+        engine: &PolicyEngine,
+        shared: Arc<SharedState>,
+        name: &str,
+        module: &Module,
+        limits: PolicyLimits,
+    ) -> Result<Policy, LoadError> {
+        check_exports(module)?;
         let linker = linker(engine)?;
         let pre = linker
-            .instantiate_pre(&module)
+            .instantiate_pre(module)
             .map_err(|e| LoadError::Abi(format!("{e:#}")))?;
         let has = |n: &str| module.get_export(n).is_some();
         let policy = Policy {
@@ -152,7 +176,9 @@ impl Policy {
     }
 
     fn check_version(&self) -> Result<(), LoadError> {
-        let (mut store, instance) = self.instantiate().map_err(LoadError::Eval)?;
+        let (mut store, instance) = self
+            .instantiate(self.limits.deadline.max(LOAD_DEADLINE))
+            .map_err(LoadError::Eval)?;
         let version = instance
             .get_typed_func::<(), i32>(&mut store, abi::EXPORT_VERSION)
             .and_then(|f| f.call(&mut store, ()))
@@ -220,7 +246,7 @@ impl Policy {
     /// Calls `export` with `input` in a fresh instance under this policy's limits.
     pub fn call(&self, export: &str, input: &[u8]) -> Result<Evaluation, EvalError> {
         let started = Instant::now();
-        let (mut store, instance) = self.instantiate()?;
+        let (mut store, instance) = self.instantiate(self.limits.deadline)?;
         let result = abi::call_json(
             &mut store,
             &instance,
@@ -242,7 +268,10 @@ impl Policy {
         }
     }
 
-    fn instantiate(&self) -> Result<(Store<HostState>, wasmtime::Instance), EvalError> {
+    fn instantiate(
+        &self,
+        deadline: Duration,
+    ) -> Result<(Store<HostState>, wasmtime::Instance), EvalError> {
         let state = HostState {
             limits: StoreLimitsBuilder::new()
                 .memory_size(self.limits.memory_bytes)
@@ -260,12 +289,7 @@ impl Policy {
         store
             .set_fuel(self.limits.fuel)
             .map_err(|e| EvalError::Abi(e.to_string()))?;
-        let ticks = self
-            .limits
-            .deadline
-            .as_millis()
-            .div_ceil(EPOCH_TICK.as_millis())
-            .max(1) as u64;
+        let ticks = deadline.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
         store.set_epoch_deadline(ticks);
         store.epoch_deadline_trap();
         // The start function runs here, under the same fuel, deadline and memory caps.

@@ -1,15 +1,20 @@
-//! The loaded policy chain: every module compiled, its settings validated and one canary evaluation
-//! run before it may serve; then one call evaluates the whole chain for a request.
+//! The policy chain and its lifecycle. Every module is compiled, its settings validated and one canary
+//! evaluation run before it may serve. A request evaluates one [`Chain`] snapshot from start to end;
+//! a reload builds a whole new chain off the request path and swaps it in atomically, or, if any
+//! policy in it is broken, keeps serving the old one.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use slotgate_sdk::{Completion, EvaluateInput, RequestSummary, Verdict, ABI_VERSION};
+use wasmtime::Module;
 
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
 use super::engine::{EngineLimits, PolicyEngine};
-use super::module::{LoadError, Policy, PolicyLimits};
+use super::module::{LoadError, Policy, PolicyLimits, LOAD_DEADLINE};
 use super::state::SharedState;
 use crate::config::{PolicyMode, PolicyOnError, PolicySpec};
 use crate::metrics as m;
@@ -26,50 +31,313 @@ pub struct PolicyLoadError {
     pub source: LoadError,
 }
 
+/// One policy ready to serve, and what it was built from.
 pub struct Loaded {
     pub name: String,
+    pub spec: PolicySpec,
+    /// SHA-256 of the module file.
+    pub sha256: [u8; 32],
     pub policy: Policy,
     pub settings: Value,
     pub mode: Mode,
     pub on_error: OnError,
 }
 
+/// One version of the whole chain. Requests hold it for as long as they run, so a reload never
+/// changes the policies of a request already in progress.
+pub struct Chain {
+    policies: Vec<Arc<Loaded>>,
+    generation: u64,
+}
+
+/// The live policy chain: cheap to clone, shared by every connection.
 #[derive(Clone)]
 pub struct PolicySet {
-    chain: Arc<Vec<Loaded>>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Buckets and windows outlive every chain version: a reload keeps each tenant's budget.
+    shared: Arc<SharedState>,
+    /// Created with the first policy; every version of every policy shares it.
+    engine: Mutex<Option<PolicyEngine>>,
+    /// Compiled modules by the SHA-256 of their bytes (one engine, so the hash is the whole key):
+    /// a reload recompiles only what changed.
+    modules: Mutex<HashMap<[u8; 32], Module>>,
+    current: RwLock<Arc<Chain>>,
+    /// One reload at a time.
+    reloading: Mutex<()>,
+}
+
+/// What a reload did.
+#[derive(Debug)]
+pub enum Reload {
+    /// Every module, settings and option is as it was: nothing swapped.
+    Unchanged,
+    /// A new chain serves from now on.
+    Swapped {
+        generation: u64,
+        changed: Vec<String>,
+        removed: Vec<String>,
+    },
+    /// Something in the new chain is broken; the old chain keeps serving.
+    Rejected(Vec<PolicyLoadError>),
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl PolicySet {
-    /// Loads the chain. Slow (compiles modules): call it at start-up or on a reload, never per request.
+    /// Loads the chain. Slow (compiles modules): call it at start-up, never per request.
     pub fn load(specs: &[PolicySpec]) -> Result<PolicySet, PolicyLoadError> {
-        if specs.is_empty() {
-            return Ok(PolicySet {
-                chain: Arc::new(Vec::new()),
-            });
+        let set = PolicySet {
+            inner: Arc::new(Inner {
+                shared: Arc::new(SharedState::default()),
+                engine: Mutex::new(None),
+                modules: Mutex::new(HashMap::new()),
+                current: RwLock::new(Arc::new(Chain {
+                    policies: Vec::new(),
+                    generation: 0,
+                })),
+                reloading: Mutex::new(()),
+            }),
+        };
+        match set.build(specs) {
+            Ok(built) => {
+                set.swap(built.policies);
+                Ok(set)
+            }
+            Err(mut errors) => Err(errors.swap_remove(0)),
         }
-        let engine = PolicyEngine::new(EngineLimits::default()).map_err(|e| PolicyLoadError {
-            name: "-".into(),
-            path: "-".into(),
-            source: LoadError::Compile(format!("starting wasmtime: {e:#}")),
-        })?;
-        let shared = Arc::new(SharedState::default());
-        let mut chain = Vec::new();
-        for spec in specs {
-            let name = spec.display_name();
-            let fail = |source| PolicyLoadError {
-                name: name.clone(),
-                path: spec.path.display().to_string(),
-                source,
-            };
-            chain.push(load_one(&engine, &shared, spec, &name).map_err(fail)?);
-        }
-        Ok(PolicySet {
-            chain: Arc::new(chain),
-        })
+    }
+
+    /// The chain serving now. Hold it for the whole request.
+    pub fn current(&self) -> Arc<Chain> {
+        self.inner
+            .current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.chain.is_empty()
+        self.current().is_empty()
+    }
+
+    /// Evaluates the current chain (see [`Chain::evaluate`]).
+    pub fn evaluate(&self, request: &RequestSummary) -> ChainOutcome {
+        self.current().evaluate(request)
+    }
+
+    /// Rebuilds the chain from `specs` (re-reading every module and settings file), off the request
+    /// path: slow and blocking. Unchanged policies are kept as they are (with their compiled module);
+    /// changed or new ones are compiled, validated and canaried. Only if every policy is ready does the
+    /// new chain replace the old one, in one atomic swap. Counted in `slotgate_policy_reloads_total`.
+    pub fn reload(&self, specs: &[PolicySpec]) -> Reload {
+        let _one = lock(&self.inner.reloading);
+        let old = self.current();
+        let outcome = match self.build(specs) {
+            Err(errors) => {
+                for e in &errors {
+                    metrics::counter!(m::POLICY_RELOADS_TOTAL, "policy" => e.name.clone(), "result" => "error")
+                        .increment(1);
+                }
+                Reload::Rejected(errors)
+            }
+            Ok(built) => {
+                let names: Vec<&str> = built.policies.iter().map(|p| p.name.as_str()).collect();
+                let removed: Vec<String> = old
+                    .policies
+                    .iter()
+                    .filter(|p| !names.contains(&p.name.as_str()))
+                    .map(|p| p.name.clone())
+                    .collect();
+                let same_order = old.policies.len() == built.policies.len()
+                    && old
+                        .policies
+                        .iter()
+                        .zip(&built.policies)
+                        .all(|(a, b)| Arc::ptr_eq(a, b));
+                if same_order {
+                    Reload::Unchanged
+                } else {
+                    for name in &built.changed {
+                        metrics::counter!(m::POLICY_RELOADS_TOTAL, "policy" => name.clone(), "result" => "ok")
+                            .increment(1);
+                    }
+                    let generation = self.swap(built.policies);
+                    Reload::Swapped {
+                        generation,
+                        changed: built.changed,
+                        removed,
+                    }
+                }
+            }
+        };
+        self.prune_modules();
+        outcome
+    }
+
+    fn swap(&self, policies: Vec<Arc<Loaded>>) -> u64 {
+        let mut current = self
+            .inner
+            .current
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let generation = current.generation + 1;
+        *current = Arc::new(Chain {
+            policies,
+            generation,
+        });
+        generation
+    }
+
+    /// Builds every policy of `specs`, reusing the current version of those that did not change.
+    fn build(&self, specs: &[PolicySpec]) -> Result<Built, Vec<PolicyLoadError>> {
+        let old = self.current();
+        let mut built = Built {
+            policies: Vec::new(),
+            changed: Vec::new(),
+        };
+        let mut errors = Vec::new();
+        for spec in specs {
+            let name = spec.display_name();
+            match self.build_one(spec, &name, &old) {
+                Ok((loaded, fresh)) => {
+                    if fresh {
+                        built.changed.push(name);
+                    }
+                    built.policies.push(loaded);
+                }
+                Err(source) => errors.push(PolicyLoadError {
+                    name,
+                    path: spec.path.display().to_string(),
+                    source,
+                }),
+            }
+        }
+        if errors.is_empty() {
+            Ok(built)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The policy for `spec`: the one serving now if nothing about it changed (`false`), else a
+    /// freshly compiled, validated and canaried one (`true`).
+    fn build_one(
+        &self,
+        spec: &PolicySpec,
+        name: &str,
+        old: &Chain,
+    ) -> Result<(Arc<Loaded>, bool), LoadError> {
+        let bytes = std::fs::read(&spec.path)
+            .map_err(|e| LoadError::Compile(format!("reading the module: {e}")))?;
+        let sha256: [u8; 32] = Sha256::digest(&bytes).into();
+        let settings = settings_of(spec)?;
+        if let Some(same) = old.policies.iter().find(|p| {
+            p.name == name && p.spec == *spec && p.sha256 == sha256 && p.settings == settings
+        }) {
+            return Ok((same.clone(), false));
+        }
+        let engine = self.engine()?;
+        let d = PolicyLimits::default();
+        let limits = PolicyLimits {
+            fuel: spec.fuel.unwrap_or(d.fuel),
+            deadline: spec.deadline.map_or(d.deadline, |x| x.0),
+            memory_bytes: spec.memory.map_or(d.memory_bytes, |x| x.0),
+            ..d
+        };
+        let module = self.module(&engine, sha256, &bytes, limits)?;
+        // Settings check and one canary evaluation, off the request path: a module that cannot answer
+        // a plain request never serves. Both run against scratch state, so the canary charges no
+        // tenant's real bucket.
+        let scratch = Arc::new(SharedState::default());
+        let lenient = PolicyLimits {
+            deadline: limits.deadline.max(LOAD_DEADLINE),
+            ..limits
+        };
+        let probe = Policy::link(&engine, scratch, name, &module, lenient)?;
+        probe.validate_settings(&settings)?;
+        probe.evaluate(&canary_input(&settings))?;
+        let policy = Policy::link(&engine, self.inner.shared.clone(), name, &module, limits)?;
+        Ok((
+            Arc::new(Loaded {
+                name: name.to_owned(),
+                spec: spec.clone(),
+                sha256,
+                policy,
+                settings,
+                mode: match spec.mode {
+                    PolicyMode::Enforce => Mode::Enforce,
+                    PolicyMode::Monitor => Mode::Monitor,
+                },
+                on_error: match spec.on_error {
+                    PolicyOnError::Deny => OnError::Deny,
+                    PolicyOnError::Allow => OnError::Allow,
+                },
+            }),
+            true,
+        ))
+    }
+
+    fn engine(&self) -> Result<PolicyEngine, LoadError> {
+        let mut engine = lock(&self.inner.engine);
+        if let Some(e) = engine.as_ref() {
+            return Ok(e.clone());
+        }
+        let e = PolicyEngine::new(EngineLimits::default())
+            .map_err(|e| LoadError::Compile(format!("starting wasmtime: {e:#}")))?;
+        *engine = Some(e.clone());
+        Ok(e)
+    }
+
+    /// The compiled module for these bytes: from the cache, or compiled now (outside the lock).
+    fn module(
+        &self,
+        engine: &PolicyEngine,
+        sha256: [u8; 32],
+        bytes: &[u8],
+        limits: PolicyLimits,
+    ) -> Result<Module, LoadError> {
+        if let Some(m) = lock(&self.inner.modules).get(&sha256) {
+            return Ok(m.clone());
+        }
+        let module = Policy::compile(engine, bytes, limits)?;
+        lock(&self.inner.modules).insert(sha256, module.clone());
+        Ok(module)
+    }
+
+    /// Keeps only the compiled modules the serving chain uses.
+    fn prune_modules(&self) {
+        let chain = self.current();
+        lock(&self.inner.modules).retain(|k, _| chain.policies.iter().any(|p| &p.sha256 == k));
+    }
+
+    /// How many compiled modules are cached (for tests and `/status`).
+    pub fn cached_modules(&self) -> usize {
+        lock(&self.inner.modules).len()
+    }
+}
+
+struct Built {
+    policies: Vec<Arc<Loaded>>,
+    changed: Vec<String>,
+}
+
+impl Chain {
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+
+    /// Counts versions: 1 after start-up, +1 on every swap.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn policies(&self) -> impl Iterator<Item = &Loaded> {
+        self.policies.iter().map(|p| &**p)
     }
 
     /// Evaluates every policy on `request` and folds the decisions. Synchronous and CPU-bound
@@ -77,7 +345,7 @@ impl PolicySet {
     pub fn evaluate(&self, request: &RequestSummary) -> ChainOutcome {
         let now = unix_ms();
         let steps: Vec<Step<'_>> = self
-            .chain
+            .policies
             .iter()
             .map(|p| {
                 let input = EvaluateInput {
@@ -116,13 +384,11 @@ impl PolicySet {
             .collect();
         chain::fold(steps)
     }
-}
 
-impl PolicySet {
     /// Runs every exported `on_complete` with the request's real outcome, so budgets can be settled.
     /// Synchronous: run it off the async workers.
     pub fn complete(&self, completion: &Completion) {
-        for p in self.chain.iter().filter(|p| p.policy.has_on_complete()) {
+        for p in self.policies.iter().filter(|p| p.policy.has_on_complete()) {
             let mine = Completion {
                 settings: p.settings.clone(),
                 ..completion.clone()
@@ -135,31 +401,13 @@ impl PolicySet {
     }
 
     pub fn wants_completions(&self) -> bool {
-        self.chain.iter().any(|p| p.policy.has_on_complete())
+        self.policies.iter().any(|p| p.policy.has_on_complete())
     }
 }
 
-fn load_one(
-    engine: &PolicyEngine,
-    shared: &Arc<SharedState>,
-    spec: &PolicySpec,
-    name: &str,
-) -> Result<Loaded, LoadError> {
-    let bytes = std::fs::read(&spec.path)
-        .map_err(|e| LoadError::Compile(format!("reading the module: {e}")))?;
-    let d = PolicyLimits::default();
-    let limits = PolicyLimits {
-        fuel: spec.fuel.unwrap_or(d.fuel),
-        deadline: spec.deadline.map_or(d.deadline, |x| x.0),
-        memory_bytes: spec.memory.map_or(d.memory_bytes, |x| x.0),
-        ..d
-    };
-    let policy = Policy::load(engine, shared.clone(), name, &bytes, limits)?;
-    let settings = settings_of(spec)?;
-    policy.validate_settings(&settings)?;
-    // One canary evaluation off the request path: a module that cannot answer a plain request
-    // never serves.
-    let canary = EvaluateInput {
+/// The request every new policy version must answer before it may serve.
+fn canary_input(settings: &Value) -> EvaluateInput {
+    EvaluateInput {
         abi: ABI_VERSION,
         request: RequestSummary {
             method: "POST".into(),
@@ -170,21 +418,12 @@ fn load_one(
         },
         settings: settings.clone(),
         now_unix_ms: unix_ms(),
-    };
-    policy.evaluate(&canary)?;
-    Ok(Loaded {
-        name: name.to_owned(),
-        policy,
-        settings,
-        mode: match spec.mode {
-            PolicyMode::Enforce => Mode::Enforce,
-            PolicyMode::Monitor => Mode::Monitor,
-        },
-        on_error: match spec.on_error {
-            PolicyOnError::Deny => OnError::Deny,
-            PolicyOnError::Allow => OnError::Allow,
-        },
-    })
+    }
+}
+
+/// Lower-case hex of a digest, for logs and `/status`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn settings_of(spec: &PolicySpec) -> Result<Value, LoadError> {

@@ -1,0 +1,171 @@
+//! Hot reload of the policy chain, on SIGHUP and when a watched file changes (the config file, a
+//! policy module, a settings file). The configuration is read again and the new chain built on a
+//! blocking thread, then swapped in atomically; a broken one is rejected, logged and counted, and the
+//! old chain keeps serving. Requests already evaluating finish on the version they started with.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::signal::unix::Signal;
+
+use crate::app::App;
+use crate::config::{Config, PolicySpec};
+use crate::metrics as m;
+use crate::policy::{set::hex, Reload};
+
+/// Where the configuration comes from, so a reload can read it again exactly as the start did
+/// (the same flags and environment over the file as it is now).
+#[derive(Clone)]
+pub struct ConfigSource {
+    /// The `--config` file, watched for changes.
+    pub file: Option<PathBuf>,
+    pub load: Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>,
+}
+
+impl ConfigSource {
+    /// A source that always gives `config` (no file to re-read): reloads re-read only the policy
+    /// modules and settings files.
+    pub fn fixed(config: Config) -> Self {
+        ConfigSource {
+            file: None,
+            load: Arc::new(move || Ok(config.clone())),
+        }
+    }
+}
+
+/// Label of `slotgate_policy_reloads_total` when the configuration itself could not be read.
+const CONFIG_LABEL: &str = "(config)";
+
+/// Serves reload requests until the task is aborted: SIGHUP, and a poll of the watched files every
+/// `config.policy_watch`. A file must look the same on two polls in a row before it is loaded, so a
+/// file caught half-written is not loaded.
+pub async fn run(app: Arc<App>, source: ConfigSource, mut hangup: Signal) {
+    let mut watched = watch_list(&source, &app.config.policies);
+    let mut loaded = stamps(&watched);
+    let mut last = loaded.clone();
+    let period = app.config.policy_watch.unwrap_or(Duration::from_secs(3600));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let trigger = tokio::select! {
+            _ = hangup.recv() => "SIGHUP",
+            _ = tick.tick(), if app.config.policy_watch.is_some() => {
+                let now = stamps(&watched);
+                if now != last {
+                    last = now;
+                    continue;
+                }
+                if now == loaded {
+                    continue;
+                }
+                "file change"
+            }
+        };
+        if let Some(specs) = reload(&app, &source, trigger).await {
+            watched = watch_list(&source, &specs);
+        }
+        loaded = stamps(&watched);
+        last = loaded.clone();
+    }
+}
+
+/// Reads the configuration again and reloads the chain from it. Returns the policy specs read, if
+/// the configuration could be read.
+pub async fn reload(
+    app: &Arc<App>,
+    source: &ConfigSource,
+    trigger: &str,
+) -> Option<Vec<PolicySpec>> {
+    tracing::info!(
+        trigger,
+        "policy reload: reading the configuration and policy files"
+    );
+    let work = {
+        let app = app.clone();
+        let source = source.clone();
+        move || -> anyhow::Result<(Vec<PolicySpec>, Reload)> {
+            let config = (source.load)()?;
+            if !same_apart_from_policies(&app.config, &config) {
+                tracing::warn!("settings other than the policy chain changed; they take effect only on restart");
+            }
+            let outcome = app.policies.reload(&config.policies);
+            Ok((config.policies, outcome))
+        }
+    };
+    let (specs, outcome) = match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => {
+            metrics::counter!(m::POLICY_RELOADS_TOTAL, "policy" => CONFIG_LABEL, "result" => "error")
+                .increment(1);
+            tracing::error!(trigger, error = %format!("{e:#}"), "policy reload rejected: cannot read the configuration; the current policies keep serving");
+            return None;
+        }
+        Err(e) => {
+            tracing::error!(trigger, error = %e, "policy reload failed; the current policies keep serving");
+            return None;
+        }
+    };
+    match outcome {
+        Reload::Unchanged => tracing::info!(trigger, "policy reload: nothing changed"),
+        Reload::Swapped {
+            generation,
+            changed,
+            removed,
+        } => {
+            let chain = app.policies.current();
+            let serving: Vec<String> = chain
+                .policies()
+                .map(|p| format!("{}@{}", p.name, &hex(&p.sha256)[..12]))
+                .collect();
+            tracing::info!(
+                trigger,
+                generation,
+                changed = ?changed,
+                removed = ?removed,
+                serving = ?serving,
+                "policy reload: new chain serving"
+            );
+        }
+        Reload::Rejected(errors) => {
+            for e in &errors {
+                tracing::error!(trigger, policy = %e.name, path = %e.path, error = %e.source, "policy reload rejected; the current policies keep serving");
+            }
+        }
+    }
+    Some(specs)
+}
+
+/// Whether `a` and `b` agree on every setting a reload cannot apply.
+fn same_apart_from_policies(a: &Config, b: &Config) -> bool {
+    let strip = |c: &Config| {
+        let mut s = c.effective();
+        s.policy = None;
+        toml::to_string(&s).ok()
+    };
+    strip(a) == strip(b)
+}
+
+fn watch_list(source: &ConfigSource, specs: &[PolicySpec]) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = source.file.iter().cloned().collect();
+    for spec in specs {
+        files.push(spec.path.clone());
+        files.extend(spec.settings_file.clone());
+    }
+    files
+}
+
+/// What the watch compares: each file's modification time, size and inode (a rename over the file
+/// changes the inode even when the time and size do not).
+type Stamp = Option<(SystemTime, u64, u64)>;
+
+fn stamps(files: &[PathBuf]) -> Vec<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    files
+        .iter()
+        .map(|f| {
+            let md = std::fs::metadata(f).ok()?;
+            Some((md.modified().ok()?, md.len(), md.ino()))
+        })
+        .collect()
+}
