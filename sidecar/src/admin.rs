@@ -62,6 +62,10 @@ pub fn status(app: &App) -> serde_json::Value {
         "upstream": { "ready": app.upstream.is_ready(), "target": app.upstream.target().to_string() },
         "service_time_seconds": q.service_seconds,
         "draining": q.closed,
-        "policies": { "generation": chain.generation(), "chain": policies },
+        "policies": {
+            "generation": chain.generation(),
+            "chain": policies,
+            "compile_cache": app.policies.cache_status(),
+        },
     })
 }

@@ -72,7 +72,7 @@ pub async fn run(
     // SIGHUP's default action ends the process: take it over before anything else.
     let hangup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
-    let policies = PolicySet::load(&config.policies)?;
+    let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
     let app = Arc::new(App::new(config, prometheus, policies));
     let cfg = &app.config;
 

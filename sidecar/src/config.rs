@@ -105,6 +105,12 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_watch: Option<Dur>,
 
+    /// Directory where compiled policy modules are kept across restarts (keyed by module hash and
+    /// engine). [default: off; modules are still cached in memory, so a reload only compiles what changed]
+    #[arg(long, env = "SLOTGATE_POLICY_CACHE_DIR", value_name = "DIR")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_cache_dir: Option<PathBuf>,
+
     /// Add a WASM policy to the chain (repeatable; evaluated in order, after any `[[policy]]` of the
     /// config file).
     #[arg(long = "policy", value_name = "PATH")]
@@ -231,6 +237,7 @@ impl Settings {
             connect_timeout,
             log_format,
             policy_watch,
+            policy_cache_dir,
             policy_paths,
             policy_settings,
             policy_flags,
@@ -267,6 +274,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Poll interval for policy file changes; `None` when off.
     pub policy_watch: Option<Duration>,
+    /// On-disk cache of compiled policy modules.
+    pub policy_cache_dir: Option<PathBuf>,
     /// The policy chain, in evaluation order (file entries first, then `--policy` flags).
     pub policies: Vec<PolicySpec>,
 }
@@ -350,6 +359,7 @@ impl Config {
                 Some(Dur(d)) => Some(d),
                 None => Some(Duration::from_secs(2)),
             },
+            policy_cache_dir: s.policy_cache_dir,
             policies: policy_chain(s.policy, s.policy_flags)?,
         })
     }
@@ -374,6 +384,7 @@ impl Config {
             connect_timeout: Some(Dur(self.connect_timeout)),
             log_format: Some(self.log_format),
             policy_watch: Some(Dur(self.policy_watch.unwrap_or(Duration::ZERO))),
+            policy_cache_dir: self.policy_cache_dir.clone(),
             policy_paths: None,
             policy_settings: None,
             policy_flags: None,

@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         }
     };
     if check {
-        if let Err(e) = slotgate::policy::PolicySet::load(&config.policies) {
+        if let Err(e) = slotgate::policy::PolicySet::load(&config.policies, None) {
             eprintln!("slotgate: {e:#}");
             return ExitCode::from(2);
         }

@@ -388,3 +388,95 @@ async fn a_reload_keeps_every_tenants_budget() {
     assert_eq!(up.tags(), ["big"]);
     gate.assert_settled(&up, 2).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compiled_modules_are_reused_from_memory_on_reload_and_from_disk_on_restart() {
+    let dir = unique_dir("reload-cache");
+    let cache = dir.join("cache");
+    let settings = dir.join("guard.json");
+    std::fs::write(&settings, r#"{"max_tokens": 100}"#).unwrap();
+    let module = wat::built("request-guard").display().to_string();
+    let (cache_arg, settings_arg) = (cache.display().to_string(), settings.display().to_string());
+    let args = [
+        "--policy",
+        module.as_str(),
+        "--policy-settings",
+        settings_arg.as_str(),
+        "--policy-watch",
+        "0s",
+        "--policy-cache-dir",
+        cache_arg.as_str(),
+    ];
+    let disk = |s: &serde_json::Value, key: &str| {
+        s["policies"]["compile_cache"]["disk"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("status has compile_cache.disk.{key}: {s}"))
+    };
+
+    let (up, gate) = start(&args).await;
+    let status = gate.status().await;
+    assert_eq!(disk(&status, "hits"), 0, "a cold cache: {status}");
+    assert_eq!(disk(&status, "misses"), 1, "{status}");
+    // A settings change reloads the policy but reuses its compiled module from memory.
+    std::fs::write(&settings, r#"{"max_tokens": 50}"#).unwrap();
+    gate.signal("HUP");
+    eventually(RELOAD_SEEN, "the settings reloaded", || async {
+        (reloads(&gate, "request-guard", "ok").await >= 1.0).then_some(())
+    })
+    .await;
+    let status = gate.status().await;
+    assert_eq!(status["policies"]["generation"], 2, "{status}");
+    assert_eq!(
+        (disk(&status, "hits"), disk(&status, "misses")),
+        (0, 1),
+        "no second compile: {status}"
+    );
+    assert_eq!(status["policies"]["compile_cache"]["memory_modules"], 1);
+    assert_eq!(
+        gate.stderr_text().matches("policy module ready").count(),
+        1,
+        "compiled once"
+    );
+    gate.assert_settled(&up, 2).await;
+    drop(gate);
+    drop(up);
+
+    // wasmtime writes the cache entry in the background.
+    eventually(RELOAD_SEEN, "a cache entry on disk", || async {
+        let files = walk(&cache);
+        (files > 0).then_some(())
+    })
+    .await;
+    let (up, gate) = start(&args).await;
+    let status = gate.status().await;
+    assert_eq!(
+        (disk(&status, "hits"), disk(&status, "misses")),
+        (1, 0),
+        "a restart loads the compiled module from disk: {status}"
+    );
+    assert!(
+        gate.stderr_text().contains("source=\"disk-cache\""),
+        "the log says where the module came from"
+    );
+    let resp = gate
+        .client()
+        .post_json(CHAT, &Req::chat("x").set("max_tokens", 500).json())
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(up.requests_seen()[0].body["max_tokens"], 50);
+    gate.assert_settled(&up, 2).await;
+}
+
+/// Regular files under `dir`, recursively.
+fn walk(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&e.path()),
+                Ok(t) if t.is_file() => 1,
+                _ => 0,
+            })
+            .sum()
+    })
+}

@@ -1,12 +1,15 @@
 //! The one wasmtime engine: tier-1 features only, fuel metering, epoch interruption driven by a
 //! ticker thread, and the pooling allocator so a fresh instance per evaluation is cheap.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{
+    Cache, CacheConfig, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig,
+};
 
 /// One epoch tick; evaluation deadlines are whole ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -33,18 +36,53 @@ impl Default for EngineLimits {
 pub struct PolicyEngine {
     engine: Engine,
     limits: EngineLimits,
+    disk_cache: Option<Cache>,
     _ticker: Arc<Ticker>,
 }
 
 impl PolicyEngine {
     pub fn new(limits: EngineLimits) -> wasmtime::Result<Self> {
-        let engine = Engine::new(&config(limits))?;
+        PolicyEngine::with_disk_cache(limits, None)
+    }
+
+    /// An engine that also keeps compiled modules in `cache_dir` (wasmtime's cache, keyed by the
+    /// module's hash and this engine's compiler and settings), so a restart does not recompile.
+    pub fn with_disk_cache(
+        limits: EngineLimits,
+        cache_dir: Option<&Path>,
+    ) -> wasmtime::Result<Self> {
+        let mut cfg = config(limits);
+        let disk_cache = match cache_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    wasmtime::Error::msg(format!(
+                        "creating the cache directory {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+                let mut cc = CacheConfig::new();
+                cc.with_directory(dir);
+                let cache = Cache::new(cc)?;
+                cfg.cache(Some(cache.clone()));
+                Some(cache)
+            }
+            None => None,
+        };
+        let engine = Engine::new(&cfg)?;
         let ticker = Ticker::start(engine.clone());
         Ok(PolicyEngine {
             engine,
             limits,
+            disk_cache,
             _ticker: Arc::new(ticker),
         })
+    }
+
+    /// Hits and misses of the on-disk module cache, when there is one.
+    pub fn disk_cache_stats(&self) -> Option<(usize, usize)> {
+        self.disk_cache
+            .as_ref()
+            .map(|c| (c.cache_hits(), c.cache_misses()))
     }
 
     pub fn engine(&self) -> &Engine {

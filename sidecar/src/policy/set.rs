@@ -4,6 +4,7 @@
 //! policy in it is broken, keeps serving the old one.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -57,6 +58,7 @@ pub struct PolicySet {
 }
 
 struct Inner {
+    cache_dir: Option<PathBuf>,
     /// Buckets and windows outlive every chain version: a reload keeps each tenant's budget.
     shared: Arc<SharedState>,
     /// Created with the first policy; every version of every policy shares it.
@@ -90,9 +92,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl PolicySet {
     /// Loads the chain. Slow (compiles modules): call it at start-up, never per request.
-    pub fn load(specs: &[PolicySpec]) -> Result<PolicySet, PolicyLoadError> {
+    /// `cache_dir` keeps compiled modules on disk across restarts.
+    pub fn load(
+        specs: &[PolicySpec],
+        cache_dir: Option<PathBuf>,
+    ) -> Result<PolicySet, PolicyLoadError> {
         let set = PolicySet {
             inner: Arc::new(Inner {
+                cache_dir,
                 shared: Arc::new(SharedState::default()),
                 engine: Mutex::new(None),
                 modules: Mutex::new(HashMap::new()),
@@ -287,8 +294,9 @@ impl PolicySet {
         if let Some(e) = engine.as_ref() {
             return Ok(e.clone());
         }
-        let e = PolicyEngine::new(EngineLimits::default())
-            .map_err(|e| LoadError::Compile(format!("starting wasmtime: {e:#}")))?;
+        let e =
+            PolicyEngine::with_disk_cache(EngineLimits::default(), self.inner.cache_dir.as_deref())
+                .map_err(|e| LoadError::Compile(format!("starting wasmtime: {e:#}")))?;
         *engine = Some(e.clone());
         Ok(e)
     }
@@ -302,9 +310,19 @@ impl PolicySet {
         limits: PolicyLimits,
     ) -> Result<Module, LoadError> {
         if let Some(m) = lock(&self.inner.modules).get(&sha256) {
+            tracing::debug!(sha256 = %hex(&sha256), "policy module from the memory cache");
             return Ok(m.clone());
         }
+        let hits = engine.disk_cache_stats().map_or(0, |(h, _)| h);
+        let started = std::time::Instant::now();
         let module = Policy::compile(engine, bytes, limits)?;
+        let from_disk = engine.disk_cache_stats().is_some_and(|(h, _)| h > hits);
+        tracing::info!(
+            sha256 = %hex(&sha256),
+            source = if from_disk { "disk-cache" } else { "compiled" },
+            ms = started.elapsed().as_millis() as u64,
+            "policy module ready"
+        );
         lock(&self.inner.modules).insert(sha256, module.clone());
         Ok(module)
     }
@@ -315,9 +333,20 @@ impl PolicySet {
         lock(&self.inner.modules).retain(|k, _| chain.policies.iter().any(|p| &p.sha256 == k));
     }
 
-    /// How many compiled modules are cached (for tests and `/status`).
-    pub fn cached_modules(&self) -> usize {
-        lock(&self.inner.modules).len()
+    /// The compile caches, for `/status`: modules held in memory, and the disk cache's directory,
+    /// hits and misses.
+    pub fn cache_status(&self) -> serde_json::Value {
+        let disk = lock(&self.inner.engine)
+            .as_ref()
+            .and_then(|e| e.disk_cache_stats());
+        serde_json::json!({
+            "memory_modules": lock(&self.inner.modules).len(),
+            "disk": self.inner.cache_dir.as_ref().map(|dir| serde_json::json!({
+                "dir": dir.display().to_string(),
+                "hits": disk.map_or(0, |d| d.0),
+                "misses": disk.map_or(0, |d| d.1),
+            })),
+        })
     }
 }
 
