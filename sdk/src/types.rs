@@ -45,7 +45,10 @@ pub struct RequestSummary {
     /// The body's `stream` field (false when absent).
     #[serde(default)]
     pub stream: bool,
-    /// The body's `max_tokens` (or `n_predict` / `max_completion_tokens`), when present.
+    /// The most tokens llama-server will generate: the body's `n_predict` when it holds a number (it
+    /// overrides the others in llama-server), else the larger of `max_completion_tokens` and
+    /// `max_tokens`. Absent when the body sets no bound (or a negative one, meaning the server's
+    /// default). See docs/policy-abi.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
     /// Characters of prompt text (all message contents, or the prompt / input).
@@ -85,7 +88,8 @@ pub enum Verdict {
 /// Request changes a policy may ask for: a fixed, safe set.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mutations {
-    /// Lower `max_tokens` to at most this value.
+    /// Lower `max_tokens`, `max_completion_tokens` and `n_predict`, every one present, to at most
+    /// this value (setting `max_tokens`, or `n_predict` on `/completion`, when none is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap_max_tokens: Option<u64>,
     /// Force `cache_prompt: false`.
@@ -168,7 +172,8 @@ pub struct Completion {
     pub status: u16,
     /// How the request ended: the `outcome` label (`ok`, `client_gone`, ...).
     pub outcome: String,
-    /// Prompt tokens the upstream reported (0 if none).
+    /// Prompt tokens the upstream reported in `usage`, else in llama-server's `timings` (`prompt_n` +
+    /// `cache_n`); 0 if none.
     pub prompt_tokens: u64,
     /// Completion tokens the upstream reported, or generated before the client left.
     pub completion_tokens: u64,

@@ -9,13 +9,15 @@ use tokio::time::Instant;
 
 use crate::error::Outcome;
 use crate::metrics as m;
-use crate::policy::Chain;
+use crate::policy::{Chain, PolicySet};
 use crate::usage::Usage;
 
 /// What the policies' `on_complete` needs once the request is over.
 pub struct CompletionHook {
     /// The chain version that decided the request.
     pub chain: Arc<Chain>,
+    /// For a turn to run policy code.
+    pub policies: PolicySet,
     pub request: RequestSummary,
     pub decision: Decision,
 }
@@ -106,8 +108,15 @@ impl Drop for Exchange {
             };
             // Policy code is CPU-bound and bounded by its limits: keep it off the async workers.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let chain = hook.chain;
-                rt.spawn_blocking(move || chain.complete(&completion));
+                let (chain, policies) = (hook.chain, hook.policies);
+                rt.spawn(async move {
+                    let turn = policies.turn().await;
+                    let complete = move || {
+                        let _turn = turn;
+                        chain.complete(&completion);
+                    };
+                    let _ = tokio::task::spawn_blocking(complete).await;
+                });
             }
         }
         metrics::counter!(m::REQUESTS_TOTAL, "outcome" => outcome.label()).increment(1);

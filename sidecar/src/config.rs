@@ -411,6 +411,7 @@ fn policy_chain(
                 ),
             ));
         }
+        check_policy_limits(spec)?;
         if !names.insert(spec.display_name()) {
             return Err(invalid(
                 "policy",
@@ -422,6 +423,39 @@ fn policy_chain(
         }
     }
     Ok(chain)
+}
+
+/// A policy's limits must be positive, and its memory must fit the engine's instance pool.
+pub fn check_policy_limits(spec: &PolicySpec) -> Result<(), ConfigError> {
+    let at = || spec.path.display().to_string();
+    let max = crate::policy::EngineLimits::default().max_memory_bytes;
+    if spec.fuel == Some(0) {
+        return Err(invalid(
+            "policy",
+            format!("{}: fuel must be positive", at()),
+        ));
+    }
+    if spec.deadline.is_some_and(|d| d.0.is_zero()) {
+        return Err(invalid(
+            "policy",
+            format!("{}: deadline must be longer than zero", at()),
+        ));
+    }
+    match spec.memory {
+        Some(ByteSize(m)) if m < 64 << 10 => Err(invalid(
+            "policy",
+            format!("{}: memory must be at least one wasm page (64KiB)", at()),
+        )),
+        Some(ByteSize(m)) if m > max => Err(invalid(
+            "policy",
+            format!(
+                "{}: memory is over the {}MiB a policy may have",
+                at(),
+                max >> 20
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Implements `Display` + `FromStr` based serde (as a string) for a value type.

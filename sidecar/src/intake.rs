@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{header, request, Method, Request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use slotgate_sdk::{Mutations, Peer, RequestSummary};
 
 use crate::error::GateError;
@@ -141,9 +141,7 @@ fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -
         path: parts.uri.path().to_owned(),
         model: j.get("model").and_then(Value::as_str).map(str::to_owned),
         stream: j.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        max_tokens: ["max_tokens", "max_completion_tokens", "n_predict"]
-            .iter()
-            .find_map(|k| j.get(*k).and_then(Value::as_u64)),
+        max_tokens: j.as_object().and_then(max_tokens),
         prompt_chars,
         prompt_tokens_estimate: prompt_chars.div_ceil(4),
         priority_hint: j.get("priority").and_then(Value::as_i64),
@@ -159,6 +157,47 @@ fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -
             })
             .collect(),
         queue: Default::default(),
+    }
+}
+
+/// The body keys that bound how many tokens llama-server generates. It reads `n_predict` first, then
+/// `max_completion_tokens`, then `max_tokens` (the first present and not `null`, `tools/server`'s
+/// request schema).
+const MAX_TOKENS_KEYS: [&str; 3] = ["n_predict", "max_completion_tokens", "max_tokens"];
+
+/// A token-bound value as llama-server reads it (nlohmann's number conversion): `Some(Some(n))` a
+/// bound of `n` (a fraction truncated, `true`/`false` as 1/0), `Some(None)` no bound (a negative
+/// value: -1 means the server's default, usually unbounded), `None` not a number (llama-server
+/// rejects it, or older builds ignore it).
+fn token_bound(v: &Value) -> Option<Option<u64>> {
+    match v {
+        Value::Number(n) => Some(match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => Some(u),
+            (None, Some(_negative), _) => None,
+            (None, None, Some(f)) => (f.trunc() >= 0.0).then(|| f.trunc() as u64),
+            (None, None, None) => None,
+        }),
+        Value::Bool(b) => Some(Some(u64::from(*b))),
+        _ => None,
+    }
+}
+
+/// The most tokens llama-server will generate for this body, `None` when the body sets no bound (the
+/// server's default applies). The same for a policy and for admission whichever key the client used:
+/// - `n_predict` overrides the OpenAI names whenever it holds a number, on every endpoint, so
+///   `{"max_tokens": 1, "n_predict": 500}` may generate 500.
+/// - Between `max_completion_tokens` and `max_tokens` current llama-server takes the former, while
+///   older builds ignore it and read only `max_tokens`. Where they disagree the larger one counts
+///   (a negative one, meaning no bound, counts as the largest): conservative for admission.
+fn max_tokens(body: &Map<String, Value>) -> Option<u64> {
+    let bound = |key: &str| body.get(key).filter(|v| !v.is_null()).and_then(token_bound);
+    if let Some(n_predict) = bound("n_predict") {
+        return n_predict;
+    }
+    match (bound("max_completion_tokens"), bound("max_tokens")) {
+        (None, None) => None,
+        (Some(a), None) | (None, Some(a)) => a,
+        (Some(a), Some(b)) => a.zip(b).map(|(a, b)| a.max(b)),
     }
 }
 
@@ -198,13 +237,17 @@ impl Intake {
         };
         if let Some(cap) = m.cap_max_tokens {
             // llama-server's native endpoints say n_predict; OpenAI's say max_tokens or
-            // max_completion_tokens. Cap whichever is present, and set max_tokens when none is.
+            // max_completion_tokens. Cap every one present, whichever llama-server ends up reading: a
+            // value that is no bound (negative) or not a number at all becomes the cap. Set
+            // max_tokens (n_predict on /completion) when none is present.
             let mut capped = false;
-            for key in ["max_tokens", "max_completion_tokens", "n_predict"] {
-                if let Some(n) = obj.get(key).and_then(Value::as_u64) {
-                    obj.insert(key.into(), Value::from(n.min(cap)));
-                    capped = true;
-                }
+            for key in MAX_TOKENS_KEYS {
+                let Some(v) = obj.get(key).filter(|v| !v.is_null()) else {
+                    continue;
+                };
+                let n = token_bound(v).flatten().map_or(cap, |n| n.min(cap));
+                obj.insert(key.into(), Value::from(n));
+                capped = true;
             }
             if !capped {
                 let key = if self.summary.path == "/completion" {
@@ -214,7 +257,7 @@ impl Intake {
                 };
                 obj.insert(key.into(), Value::from(cap));
             }
-            self.summary.max_tokens = Some(self.summary.max_tokens.map_or(cap, |n| n.min(cap)));
+            self.summary.max_tokens = max_tokens(obj);
         }
         if m.disable_prompt_cache {
             obj.insert("cache_prompt".into(), Value::Bool(false));
@@ -270,6 +313,135 @@ mod tests {
             405
         );
         assert_eq!(route(&Method::POST, "/slots").unwrap_err().status(), 404);
+    }
+
+    fn intake(path: &str, body: Value) -> Intake {
+        let (parts, ()) = Request::post(path).body(()).unwrap().into_parts();
+        let summary = summarize(&parts, Some(&body), None);
+        Intake {
+            parts,
+            body: Bytes::from(body.to_string()),
+            summary,
+        }
+    }
+
+    fn summary_max_tokens(body: Value) -> Option<u64> {
+        intake("/v1/chat/completions", body).summary.max_tokens
+    }
+
+    #[test]
+    fn max_tokens_follows_llama_server_precedence() {
+        use serde_json::json;
+        let cases = [
+            (json!({}), None),
+            (json!({"max_tokens": 9}), Some(9)),
+            (json!({"max_completion_tokens": 9}), Some(9)),
+            (json!({"n_predict": 9}), Some(9)),
+            // n_predict overrides the OpenAI names, larger or smaller.
+            (json!({"max_tokens": 1, "n_predict": 500}), Some(500)),
+            (json!({"max_tokens": 500, "n_predict": 1}), Some(1)),
+            (
+                json!({"max_tokens": 1, "max_completion_tokens": 2, "n_predict": 500}),
+                Some(500),
+            ),
+            (
+                json!({"max_completion_tokens": 1, "n_predict": 500}),
+                Some(500),
+            ),
+            // Builds disagree between the two OpenAI names: the larger counts.
+            (
+                json!({"max_tokens": 1, "max_completion_tokens": 500}),
+                Some(500),
+            ),
+            (
+                json!({"max_tokens": 500, "max_completion_tokens": 1}),
+                Some(500),
+            ),
+            // null is absent, for llama-server too.
+            (json!({"max_tokens": 7, "n_predict": null}), Some(7)),
+            (json!({"max_tokens": null}), None),
+            // A negative bound is none at all (-1: the server's default), and wins like any other.
+            (json!({"max_tokens": 1, "n_predict": -1}), None),
+            (json!({"max_tokens": 5, "max_completion_tokens": -1}), None),
+            (json!({"n_predict": 3, "max_tokens": -1}), Some(3)),
+            // Numbers as llama-server converts them; a non-number is not a bound.
+            (json!({"max_tokens": 1, "n_predict": 500.9}), Some(500)),
+            (json!({"n_predict": true}), Some(1)),
+            (json!({"max_tokens": 8, "n_predict": "500"}), Some(8)),
+            (json!({"max_tokens": [1]}), None),
+        ];
+        for (body, want) in cases {
+            assert_eq!(summary_max_tokens(body.clone()), want, "{body}");
+        }
+        let (parts, ()) = Request::get("/props").body(()).unwrap().into_parts();
+        assert_eq!(summarize(&parts, None, None).max_tokens, None);
+    }
+
+    #[test]
+    fn cap_max_tokens_caps_every_key_present() {
+        use serde_json::json;
+        let cap = |path: &str, body: Value, cap: u64| {
+            let mut i = intake(path, body);
+            let m = Mutations {
+                cap_max_tokens: Some(cap),
+                ..Default::default()
+            };
+            i.apply(&m).unwrap();
+            let sent: Value = serde_json::from_slice(&i.body).unwrap();
+            (sent, i.summary.max_tokens)
+        };
+        let chat = "/v1/chat/completions";
+
+        let (sent, summary) = cap(
+            chat,
+            json!({"max_tokens": 1, "max_completion_tokens": 900, "n_predict": 500}),
+            100,
+        );
+        assert_eq!(
+            (
+                &sent["max_tokens"],
+                &sent["max_completion_tokens"],
+                &sent["n_predict"]
+            ),
+            (&json!(1), &json!(100), &json!(100))
+        );
+        assert_eq!(summary, Some(100));
+
+        // Within the cap: unchanged, and the summary stays the effective value.
+        let (sent, summary) = cap(chat, json!({"max_tokens": 500, "n_predict": 1}), 100);
+        assert_eq!(
+            (&sent["max_tokens"], &sent["n_predict"]),
+            (&json!(100), &json!(1))
+        );
+        assert_eq!(summary, Some(1));
+
+        // No bound, or no number: the cap takes its place.
+        let (sent, summary) = cap(chat, json!({"max_tokens": 5, "n_predict": -1}), 64);
+        assert_eq!(
+            (&sent["max_tokens"], &sent["n_predict"]),
+            (&json!(5), &json!(64))
+        );
+        assert_eq!(summary, Some(64));
+        let (sent, summary) = cap(chat, json!({"n_predict": "lots"}), 64);
+        assert_eq!(
+            (&sent["n_predict"], sent.get("max_tokens")),
+            (&json!(64), None)
+        );
+        assert_eq!(summary, Some(64));
+
+        // None present (null is none): the endpoint's own name is set.
+        let (sent, summary) = cap(chat, json!({"max_tokens": null}), 32);
+        assert_eq!(
+            (&sent["max_tokens"], sent.get("n_predict")),
+            (&json!(32), None)
+        );
+        assert_eq!(summary, Some(32));
+        let (sent, summary) = cap("/completion", json!({"prompt": "x"}), 32);
+        assert_eq!(
+            (&sent["n_predict"], sent.get("max_tokens")),
+            (&json!(32), None)
+        );
+        assert_eq!(summary, Some(32));
     }
 
     #[test]

@@ -67,6 +67,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
                 if chain.wants_completions() {
                     ex.on_complete(CompletionHook {
                         chain: chain.clone(),
+                        policies: app.policies.clone(),
                         request: intake.summary.clone(),
                         decision: decision.clone(),
                     });
@@ -192,7 +193,12 @@ async fn decide(app: &App, intake: &Intake, chain: Arc<Chain>) -> ChainOutcome {
         in_flight: q.busy,
         estimated_wait_seconds: q.drain_seconds(),
     };
-    match tokio::task::spawn_blocking(move || chain.evaluate(&summary)).await {
+    let turn = app.policies.turn().await;
+    let evaluate = move || {
+        let _turn = turn;
+        chain.evaluate(&summary)
+    };
+    match tokio::task::spawn_blocking(evaluate).await {
         Ok(outcome) => outcome,
         Err(e) => ChainOutcome::Failed {
             policy: "-".into(),

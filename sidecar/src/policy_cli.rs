@@ -10,8 +10,10 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use slotgate_sdk::{EvaluateInput, RequestSummary, ABI_VERSION};
 
+use crate::config::PolicySpec;
 use crate::config::{ByteSize, Dur};
-use crate::policy::{EngineLimits, Policy, PolicyEngine, PolicyLimits};
+use crate::policy::set::{canary_input, hex, spec_limits};
+use crate::policy::{EngineLimits, LoadError, Policy, PolicyEngine, PolicySet};
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
@@ -62,35 +64,22 @@ pub struct LimitArgs {
     pub memory: Option<ByteSize>,
 }
 
-impl LimitArgs {
-    fn limits(&self) -> PolicyLimits {
-        let d = PolicyLimits::default();
-        PolicyLimits {
-            fuel: self.fuel.unwrap_or(d.fuel),
-            deadline: self.deadline.map_or(d.deadline, |x| x.0),
-            memory_bytes: self.memory.map_or(d.memory_bytes, |x| x.0),
-            ..d
-        }
-    }
-}
-
 pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
     match cmd {
         PolicyCommand::Check(a) => {
-            let settings = read_settings(a.settings.as_deref())?;
-            let policy = load(&a.policy, &a.limits)?;
-            policy
-                .validate_settings(&settings)
-                .with_context(|| format!("{}: settings", a.policy.display()))?;
+            let set = load(&a.policy, a.settings.as_ref(), &a.limits)?;
+            let chain = set.current();
+            let p = chain.policies().next().context("the policy is loaded")?;
             println!(
-                "ok: {} speaks ABI v{ABI_VERSION}; validate_settings: {}; on_complete: {}",
+                "ok: {} speaks ABI v{ABI_VERSION}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}",
                 a.policy.display(),
-                if policy.has_validate() {
+                hex(&p.sha256),
+                if p.policy.has_validate() {
                     "passed"
                 } else {
                     "not exported"
                 },
-                if policy.has_on_complete() {
+                if p.policy.has_on_complete() {
                     "exported"
                 } else {
                     "not exported"
@@ -99,11 +88,35 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             Ok(())
         }
         PolicyCommand::Eval(a) => {
+            // Not `load`: a module that fails its canary should still show what it does with this
+            // input. The report says whether the sidecar would accept it.
+            let spec = spec(&a.policy, a.settings.as_ref(), &a.limits)?;
             let settings = read_settings(a.settings.as_deref())?;
-            let policy = load(&a.policy, &a.limits)?;
-            policy
-                .validate_settings(&settings)
-                .with_context(|| format!("{}: settings", a.policy.display()))?;
+            let limits = spec_limits(&spec);
+            let engine = PolicyEngine::new(EngineLimits {
+                max_instances: 4,
+                ..EngineLimits::default()
+            })
+            .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
+            let usable = |e: LoadError| {
+                anyhow::anyhow!("{}: not a usable slotgate policy: {e}", a.policy.display())
+            };
+            let bytes = std::fs::read(&a.policy)
+                .with_context(|| format!("reading {}", a.policy.display()))?;
+            let module = Policy::compile(&engine, &bytes, limits).map_err(usable)?;
+            let name = spec.display_name();
+            let probe =
+                Policy::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
+            probe.validate_settings(&settings).map_err(usable)?;
+            let canary = match probe.evaluate(&canary_input(&settings)) {
+                Ok(_) => "passed".to_owned(),
+                Err(e) => {
+                    eprintln!("warning: the canary evaluation failed ({e}): the sidecar would refuse this policy");
+                    format!("failed ({}): {e}", e.kind())
+                }
+            };
+            let policy =
+                Policy::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
             let input = read_input(&a.input, settings)?;
             let (decision, ev) = policy
                 .evaluate(&input)
@@ -112,6 +125,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
                 "decision": decision,
                 "fuel_consumed": ev.fuel_used,
                 "elapsed_us": ev.elapsed.as_micros() as u64,
+                "canary": canary,
             });
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
@@ -119,19 +133,27 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
     }
 }
 
-fn load(path: &Path, limits: &LimitArgs) -> anyhow::Result<Policy> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let engine = PolicyEngine::new(EngineLimits {
-        max_instances: 4,
-        ..EngineLimits::default()
+fn spec(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::Result<PolicySpec> {
+    let spec = PolicySpec {
+        fuel: limits.fuel,
+        deadline: limits.deadline,
+        memory: limits.memory,
+        ..PolicySpec::from_path(path.to_owned(), settings.cloned())
+    };
+    crate::config::check_policy_limits(&spec)?;
+    Ok(spec)
+}
+
+/// Loads the policy exactly as the sidecar does: compile, ABI check, settings, one canary evaluation.
+fn load(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::Result<PolicySet> {
+    let spec = spec(path, settings, limits)?;
+    PolicySet::load(&[spec], None).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a usable slotgate policy: {}",
+            path.display(),
+            e.error
+        )
     })
-    .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
-    let name = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("policy");
-    Policy::load(&engine, Arc::default(), name, &bytes, limits.limits())
-        .with_context(|| format!("{}: not a usable slotgate policy", path.display()))
 }
 
 /// Settings from a JSON or TOML file; `null` when none.

@@ -129,7 +129,7 @@ pub async fn reload(
         }
         Reload::Rejected(errors) => {
             for e in &errors {
-                tracing::error!(trigger, policy = %e.name, path = %e.path, error = %e.source, "policy reload rejected; the current policies keep serving");
+                tracing::error!(trigger, policy = %e.name, path = %e.path, error = %e.error, "policy reload rejected; the current policies keep serving");
             }
         }
     }

@@ -5,6 +5,10 @@
 //! - `fake_delay_ms`: service time of a non-stream answer (default: the builder's `.delay()`);
 //! - `fake_chunks` (count) and `fake_chunk_delay_ms`: shape of a `"stream": true` answer;
 //! - `fake_prompt_tokens` / `fake_completion_tokens`: the `usage` reported (defaults 10 / chunk count or 5).
+//! - `fake_usage: "timings"`: report those counts only as llama-server's `timings` (`prompt_n`,
+//!   `cache_n`, `predicted_n`), with no `usage`, the way llama-server ends a stream whose client did not
+//!   ask for `stream_options.include_usage`; `fake_cached_tokens` of the prompt tokens (default 0) are
+//!   reported as `cache_n`, the rest as `prompt_n`.
 //!
 //! A generation request is counted in [`RunningUpstream::current`] by an RAII guard that travels inside the
 //! response body, so it lives until the body is fully sent or dropped: `max_concurrency` covers streams.
@@ -465,7 +469,8 @@ impl RunningUpstream {
         self.state.ready_at
     }
 
-    /// Sum of `usage` the fake actually sent: (prompt_tokens, completion_tokens).
+    /// Sum of the usage the fake actually sent, as `usage` or as `timings` (prompt = `prompt_n` +
+    /// `cache_n`): (prompt_tokens, completion_tokens).
     pub fn usage_totals(&self) -> (u64, u64) {
         (
             self.state.counters.prompt_tokens.load(Ordering::SeqCst),
@@ -521,6 +526,41 @@ fn tag_of(body: &Value) -> Option<String> {
     match body.get("fake_tag")? {
         Value::String(s) => Some(s.clone()),
         other => Some(other.to_string()),
+    }
+}
+
+/// The token counts as the answer reports them: a `usage` object, or (`fake_usage: "timings"`) only
+/// llama-server's `timings`, splitting the prompt into cached and processed tokens.
+#[derive(Clone, Copy, Debug)]
+struct Report {
+    timings_only: bool,
+    cached: u64,
+}
+
+impl Report {
+    fn of(body: &Value) -> Self {
+        Self {
+            timings_only: body.get("fake_usage").and_then(Value::as_str) == Some("timings"),
+            cached: num(body, "fake_cached_tokens").unwrap_or(0),
+        }
+    }
+
+    /// Adds the counts to `answer` (a final JSON body or the last SSE chunk).
+    fn add_to(self, answer: &mut Value, prompt_tokens: u64, completion_tokens: u64) {
+        if self.timings_only {
+            let cached = self.cached.min(prompt_tokens);
+            answer["timings"] = json!({
+                "cache_n": cached,
+                "prompt_n": prompt_tokens - cached, "prompt_ms": 1.0,
+                "prompt_per_token_ms": 0.1, "prompt_per_second": 10000.0,
+                "predicted_n": completion_tokens, "predicted_ms": 2.0,
+                "predicted_per_token_ms": 0.4, "predicted_per_second": 2500.0,
+            });
+        } else {
+            answer["usage"] = json!({"prompt_tokens": prompt_tokens,
+                                     "completion_tokens": completion_tokens,
+                                     "total_tokens": prompt_tokens + completion_tokens});
+        }
     }
 }
 
@@ -656,25 +696,24 @@ async fn generate(
     } else {
         num(&body, "fake_completion_tokens").unwrap_or(5)
     };
-    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                       "total_tokens": prompt_tokens + completion_tokens});
-    let answer = if embedding {
-        json!({"object": "list", "model": "fake", "usage": usage, "fake_tag": tag,
+    let mut answer = if embedding {
+        json!({"object": "list", "model": "fake", "fake_tag": tag,
                "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}]})
     } else if path.contains("rerank") {
-        json!({"model": "fake", "usage": usage, "fake_tag": tag,
+        json!({"model": "fake", "fake_tag": tag,
                "results": [{"index": 0, "relevance_score": 0.5}]})
     } else if path.contains("chat") {
         json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
                "choices": [{"index": 0, "finish_reason": "stop",
                             "message": {"role": "assistant", "content": cfg.chunks.concat()}}],
-               "usage": usage, "fake_tag": tag})
+               "fake_tag": tag})
     } else {
         json!({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
                "content": cfg.chunks.concat(),
                "choices": [{"index": 0, "finish_reason": "stop", "text": cfg.chunks.concat()}],
-               "usage": usage, "fake_tag": tag})
+               "fake_tag": tag})
     };
+    Report::of(&body).add_to(&mut answer, prompt_tokens, completion_tokens);
     state.add_usage(prompt_tokens, completion_tokens);
     json_response(StatusCode::OK, answer.to_string(), Some(guard))
 }
@@ -700,6 +739,7 @@ fn stream_response(
         .map(Duration::from_millis)
         .unwrap_or(cfg.chunk_delay);
     let completion_tokens = num(&body, "fake_completion_tokens").unwrap_or(chunks.len() as u64);
+    let report = Report::of(&body);
     let chat = path.contains("chat");
     let crash_after = match cfg.mode {
         Mode::CrashAfter(n) => Some(n),
@@ -750,18 +790,17 @@ fn stream_response(
         if !pause(tx.clone()).await {
             return cancelled();
         }
-        let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                           "total_tokens": prompt_tokens + completion_tokens});
-        let last = if chat {
+        let mut last = if chat {
             json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake",
-                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage,
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                    "fake_tag": tag})
         } else {
             json!({"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": "fake",
                    "content": "", "stop": true,
-                   "choices": [{"index": 0, "text": "", "finish_reason": "stop"}], "usage": usage,
+                   "choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
                    "fake_tag": tag})
         };
+        report.add_to(&mut last, prompt_tokens, completion_tokens);
         if tx.send(Ok(sse_event(&last))).await.is_err() {
             return cancelled();
         }

@@ -57,6 +57,13 @@ impl Req {
         self.set("fake_completion_tokens", n)
     }
 
+    /// The counts are reported only as llama-server's `timings`, no `usage` (a stream whose client
+    /// did not ask for `stream_options.include_usage`), `cached` of the prompt tokens as `cache_n`.
+    pub fn usage_in_timings_only(self, cached: u64) -> Self {
+        self.set("fake_usage", "timings")
+            .set("fake_cached_tokens", cached)
+    }
+
     pub fn json(&self) -> Value {
         self.body.clone()
     }

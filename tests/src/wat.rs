@@ -60,3 +60,84 @@ pub fn built(name: &str) -> PathBuf {
         dir.display()
     );
 }
+
+/// The bytes that turn a [`hostile`] policy hostile when they occur anywhere in its evaluate input.
+/// Tests put them in the request body's `model` field (`Req::chat(..).set("model", MARKER)`), which
+/// the input carries verbatim; the load-time canary and ordinary requests never contain them.
+pub const MARKER: &str = "HOSTILE";
+
+/// Writes `<dir>/<name>.wat`: an ABI v1 policy that allows every request, except that an evaluate
+/// input containing [`MARKER`] first runs `hostile` (WAT instructions; they may `return` an output of
+/// their own, see [`output`]). `extra` adds module fields (functions, data); the names `$marked*` are
+/// taken. Ordinary requests keep being allowed, so a test can tell "the hostile request failed" from
+/// "the gate failed".
+pub fn hostile(dir: &Path, name: &str, hostile: &str, extra: &str) -> PathBuf {
+    on_markers(dir, name, &[(MARKER, hostile)], extra)
+}
+
+/// Like [`hostile`] with several markers: the body of every marker found in the input runs, in
+/// order; then the policy allows. Each marker is 1 to 255 bytes of text without `"` or `\`.
+pub fn on_markers(dir: &Path, name: &str, cases: &[(&str, &str)], extra: &str) -> PathBuf {
+    let mut body = String::new();
+    let mut funcs = String::new();
+    for (i, (marker, code)) in cases.iter().enumerate() {
+        let func = format!("$marked{i}");
+        body.push_str(&format!(
+            "(if (call {func} (local.get $p) (local.get $n)) (then {code}))\n    "
+        ));
+        funcs.push_str(&scan_func(&func, marker));
+        funcs.push_str("\n  ");
+    }
+    policy(
+        dir,
+        name,
+        1,
+        r#"{"verdict":"allow"}"#,
+        &body,
+        &format!("{funcs}{extra}"),
+    )
+}
+
+/// A WAT function `name (param i32 i32) (result i32)`: 1 when `marker` occurs in the memory range
+/// `ptr..ptr+len`, else 0. A plain byte-by-byte scan that never reads outside the range.
+pub fn scan_func(name: &str, marker: &str) -> String {
+    let bytes = marker.as_bytes();
+    assert!(
+        !bytes.is_empty() && bytes.len() < 256 && !marker.contains(['"', '\\']),
+        "unsuitable marker {marker:?}"
+    );
+    // Every byte of the marker at $i, and-ed together.
+    let mut matches = String::from("(i32.const 1)");
+    for (k, b) in bytes.iter().enumerate() {
+        matches = format!(
+            "(i32.and {matches} (i32.eq (i32.load8_u offset={k} (local.get $i)) (i32.const {b})))"
+        );
+    }
+    format!(
+        r#"(func {name} (param $p i32) (param $n i32) (result i32)
+    (local $i i32) (local $last i32)
+    (if (i32.lt_u (local.get $n) (i32.const {len})) (then (return (i32.const 0))))
+    (local.set $i (local.get $p))
+    (local.set $last (i32.add (local.get $p) (i32.sub (local.get $n) (i32.const {len}))))
+    (loop $scan
+      (if {matches} (then (return (i32.const 1))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $scan (i32.le_u (local.get $i) (local.get $last))))
+    (i32.const 0))"#,
+        len = bytes.len()
+    )
+}
+
+/// A WAT instruction returning the packed ABI output `(ptr << 32) | len` from `slotgate_evaluate`.
+pub fn output(ptr: u32, len: u32) -> String {
+    format!(
+        "(return (i64.const {}))",
+        (u64::from(ptr) << 32) | u64::from(len)
+    )
+}
+
+/// A WAT data segment holding `text` at `offset`, escaped for the WAT string syntax.
+pub fn data(offset: u32, text: &[u8]) -> String {
+    let escaped: String = text.iter().map(|b| format!("\\{b:02x}")).collect();
+    format!("(data (i32.const {offset}) \"{escaped}\")")
+}

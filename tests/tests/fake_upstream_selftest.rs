@@ -167,3 +167,38 @@ async fn connections_are_counted_once_each() {
     );
     assert_eq!(up.count(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn timings_only_usage_looks_like_llama_server_without_include_usage() {
+    let up = FakeUpstream::instant().start().await;
+    let client = Client::unix(up.socket_path());
+    let req = Req::chat("t")
+        .prompt_tokens(30)
+        .completion_tokens(4)
+        .usage_in_timings_only(25);
+    let sse = client
+        .stream(CHAT, &req.clone().chunks(2, ms(5)).json())
+        .await
+        .read_sse(Duration::from_secs(3))
+        .await;
+    assert!(sse.complete(), "{sse:?}");
+    assert!(
+        !sse.raw.contains("\"usage\""),
+        "no usage anywhere: {}",
+        sse.raw
+    );
+    let last: serde_json::Value = serde_json::from_str(sse.data.last().unwrap()).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop");
+    let t = &last["timings"];
+    assert_eq!(
+        (&t["cache_n"], &t["prompt_n"], &t["predicted_n"]),
+        (&25.into(), &5.into(), &4.into())
+    );
+
+    let whole = client.post_json(CHAT, &req.json()).await;
+    assert_eq!(whole.status, 200);
+    let body = whole.json();
+    assert!(body.get("usage").is_none(), "{body}");
+    assert_eq!(body["timings"]["prompt_n"], 5);
+    assert_eq!(up.usage_totals(), (60, 8));
+}

@@ -23,10 +23,14 @@ pub struct EngineLimits {
     pub max_memory_bytes: usize,
 }
 
+impl EngineLimits {
+    pub const DEFAULT_INSTANCES: u32 = 256;
+}
+
 impl Default for EngineLimits {
     fn default() -> Self {
         EngineLimits {
-            max_instances: 256,
+            max_instances: EngineLimits::DEFAULT_INSTANCES,
             max_memory_bytes: 64 << 20,
         }
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::{
     Caller, Extern, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimitsBuilder, Trap,
+    UpdateDeadline,
 };
 
 use slotgate_sdk::{Completion, Decision, EvaluateInput, SettingsValidation, Verdict};
@@ -19,6 +20,8 @@ const HOST_CALL_FUEL: u64 = 1_000;
 /// Wall-clock deadline of the calls made while loading (ABI check, settings, canary): a loaded machine
 /// must not make a healthy policy look slow. Fuel still bounds a runaway start function or canary.
 pub const LOAD_DEADLINE: Duration = Duration::from_secs(1);
+/// An evaluation slowed down by a busy machine still ends after this many times its deadline.
+const WALL_CEILING_FACTOR: u32 = 10;
 /// Longest key or log message a guest may pass to a host function.
 const MAX_HOST_STRING: usize = 4096;
 
@@ -54,7 +57,7 @@ pub enum LoadError {
     Abi(String),
     #[error("settings rejected: {0}")]
     Settings(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Eval(#[from] EvalError),
 }
 
@@ -289,15 +292,50 @@ impl Policy {
         store
             .set_fuel(self.limits.fuel)
             .map_err(|e| EvalError::Abi(e.to_string()))?;
-        let ticks = deadline.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64;
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
+        store.set_epoch_deadline(ticks(deadline));
+        store.epoch_deadline_callback(cpu_deadline(deadline));
         // The start function runs here, under the same fuel, deadline and memory caps.
         let instance = self
             .pre
             .instantiate(&mut store)
             .map_err(|e| classify(&store, e))?;
         Ok((store, instance))
+    }
+}
+
+/// Whole epoch ticks covering `d`, at least one.
+fn ticks(d: Duration) -> u64 {
+    d.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1) as u64
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        t.tv_sec.max(0) as u64,
+        t.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+/// The deadline check run when the epoch deadline passes. The wall-clock deadline counts only time
+/// the evaluation ran: when the machine is busy and the thread spent part of it waiting for a core,
+/// the deadline is extended by the CPU time not yet used, so a healthy policy is not failed by
+/// someone else's load. A wall-clock ceiling of [`WALL_CEILING_FACTOR`] times the deadline (at
+/// least [`LOAD_DEADLINE`]) ends it regardless.
+fn cpu_deadline(
+    deadline: Duration,
+) -> impl FnMut(wasmtime::StoreContextMut<'_, HostState>) -> wasmtime::Result<UpdateDeadline>
+       + Send
+       + Sync
+       + 'static {
+    let (cpu0, wall0) = (thread_cpu(), Instant::now());
+    let ceiling = (deadline * WALL_CEILING_FACTOR).max(LOAD_DEADLINE);
+    move |_| {
+        let used = thread_cpu().saturating_sub(cpu0);
+        if used >= deadline || wall0.elapsed() >= ceiling {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        Ok(UpdateDeadline::Continue(ticks(deadline - used)))
     }
 }
 
@@ -329,15 +367,36 @@ fn check_exports(module: &Module) -> Result<(), LoadError> {
     ) {
         return Err(LoadError::Abi("the module must export its `memory`".into()));
     }
-    for required in [abi::EXPORT_VERSION, abi::EXPORT_ALLOC, abi::EXPORT_EVALUATE] {
-        if func(required)?.is_none() {
-            return Err(LoadError::Abi(format!(
-                "missing required export `{required}`"
-            )));
+    let json_call = "(i32, i32) -> (i64)";
+    let exports = [
+        (abi::EXPORT_VERSION, true, "() -> (i32)"),
+        (abi::EXPORT_ALLOC, true, "(i32) -> (i32)"),
+        (abi::EXPORT_EVALUATE, true, json_call),
+        (abi::EXPORT_VALIDATE, false, json_call),
+        (abi::EXPORT_ON_COMPLETE, false, json_call),
+    ];
+    for (name, required, want) in exports {
+        match func(name)? {
+            None if required => {
+                return Err(LoadError::Abi(format!("missing required export `{name}`")))
+            }
+            None => {}
+            Some(f) => {
+                let list = |ts: &mut dyn Iterator<Item = wasmtime::ValType>| {
+                    ts.map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+                };
+                let got = format!(
+                    "({}) -> ({})",
+                    list(&mut f.params()),
+                    list(&mut f.results())
+                );
+                if got != want {
+                    return Err(LoadError::Abi(format!(
+                        "`{name}` must have the signature {want}, not {got}"
+                    )));
+                }
+            }
         }
-    }
-    for optional in [abi::EXPORT_VALIDATE, abi::EXPORT_ON_COMPLETE] {
-        func(optional)?;
     }
     for import in module.imports() {
         if import.module() != IMPORT_MODULE {
@@ -641,5 +700,137 @@ mod tests {
             load(&wat(1, "", ""), small),
             Err(LoadError::TooLarge { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod deadline_and_signature_tests {
+    use super::*;
+    use crate::policy::EngineLimits;
+
+    fn policy(evaluate_body: &str, extra: &str, limits: PolicyLimits) -> Result<Policy, LoadError> {
+        let src = format!(
+            r#"(module
+  (memory (export "memory") 1)
+  (data (i32.const 16) "{{}}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const 1))
+  (func (export "slotgate_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
+    (local $i i32)
+    {evaluate_body}
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 2)))
+  {extra})"#
+        );
+        let engine = PolicyEngine::new(EngineLimits {
+            max_instances: 8,
+            max_memory_bytes: 1 << 20,
+        })
+        .unwrap();
+        Policy::load(&engine, Arc::default(), "t", src.as_bytes(), limits)
+    }
+
+    #[test]
+    fn an_optional_export_with_the_wrong_signature_is_refused() {
+        let bad =
+            r#"(func (export "slotgate_on_complete") (param i32) (result i32) (i32.const 0))"#;
+        let err = policy("", bad, PolicyLimits::default())
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string()
+                .contains("`slotgate_on_complete` must have the signature (i32, i32) -> (i64)"),
+            "{err}"
+        );
+        let good =
+            r#"(func (export "slotgate_on_complete") (param i32 i32) (result i64) (i64.const 0))"#;
+        assert!(policy("", good, PolicyLimits::default()).is_ok());
+    }
+
+    /// The deadline counts the time the evaluation ran, not time it spent waiting for a core: with
+    /// every core busy with other threads, an evaluation needing a third of its deadline in CPU time
+    /// still succeeds, though it takes several deadlines of wall-clock time.
+    #[test]
+    fn a_busy_machine_does_not_make_a_healthy_policy_time_out() {
+        // A counted loop: about a millisecond or more of CPU time in a debug build.
+        let burn = "(loop $l (local.set $i (i32.add (local.get $i) (i32.const 1))) (br_if $l (i32.lt_u (local.get $i) (i32.const 300000))))";
+        let calibrate = policy(
+            burn,
+            "",
+            PolicyLimits {
+                fuel: u64::MAX / 4,
+                deadline: Duration::from_secs(5),
+                ..PolicyLimits::default()
+            },
+        )
+        .unwrap();
+        let alone = (0..5)
+            .map(|_| {
+                let t0 = Instant::now();
+                calibrate.call(abi::EXPORT_EVALUATE, b"{}").unwrap();
+                t0.elapsed()
+            })
+            .min()
+            .unwrap();
+        let deadline = (alone * 3).max(Duration::from_millis(3));
+        let p = policy(
+            burn,
+            "",
+            PolicyLimits {
+                fuel: u64::MAX / 4,
+                deadline,
+                ..PolicyLimits::default()
+            },
+        )
+        .unwrap();
+
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let spinners: Vec<_> = (0..cores * 4)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let mut slowest = Duration::ZERO;
+        let results: Vec<_> = (0..20)
+            .map(|_| {
+                let t0 = Instant::now();
+                let r = p.call(abi::EXPORT_EVALUATE, b"{}");
+                slowest = slowest.max(t0.elapsed());
+                r
+            })
+            .collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in spinners {
+            s.join().unwrap();
+        }
+        let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(
+            failed.is_empty(),
+            "{} of 20 timed out (deadline {deadline:?}, {alone:?} alone, slowest {slowest:?}): {failed:?}",
+            failed.len()
+        );
+
+        // A runaway one still ends by its deadline, within the wall-clock ceiling.
+        let spin = policy(
+            "(loop $l (br $l))",
+            "",
+            PolicyLimits {
+                fuel: u64::MAX / 4,
+                deadline: Duration::from_millis(20),
+                ..PolicyLimits::default()
+            },
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(
+            spin.call(abi::EXPORT_EVALUATE, b"{}").unwrap_err(),
+            EvalError::Timeout
+        );
+        assert!(t0.elapsed() < LOAD_DEADLINE * 2, "{:?}", t0.elapsed());
     }
 }

@@ -20,16 +20,20 @@ use super::state::SharedState;
 use crate::config::{PolicyMode, PolicyOnError, PolicySpec};
 use crate::metrics as m;
 
+/// Policy calls running at once; well under the engine's instance pool, which also holds the
+/// instances of loads and reloads.
+pub const MAX_RUNNING: usize = 64;
+const _: () = assert!(MAX_RUNNING * 2 <= EngineLimits::DEFAULT_INSTANCES as usize);
+
 /// Fuel consumed, in buckets from a trivial policy to the default budget.
 pub const FUEL_BUCKETS: &[f64] = &[1e2, 1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7, 1e8];
 
 #[derive(Debug, thiserror::Error)]
-#[error("policy `{name}` ({path}): {source}")]
+#[error("policy `{name}` ({path}): {error}")]
 pub struct PolicyLoadError {
     pub name: String,
     pub path: String,
-    #[source]
-    pub source: LoadError,
+    pub error: LoadError,
 }
 
 /// One policy ready to serve, and what it was built from.
@@ -69,6 +73,11 @@ struct Inner {
     current: RwLock<Arc<Chain>>,
     /// One reload at a time.
     reloading: Mutex<()>,
+    /// Evaluations (and `on_complete` calls) running at once, at most [`MAX_RUNNING`]: a flood of
+    /// runaway evaluations cannot exhaust the instance pool or the blocking threads; further requests
+    /// wait their turn rather than fail. Below that, the OS shares the cores, and deadlines count
+    /// only the time each evaluation ran.
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 /// What a reload did.
@@ -108,6 +117,7 @@ impl PolicySet {
                     generation: 0,
                 })),
                 reloading: Mutex::new(()),
+                running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING)),
             }),
         };
         match set.build(specs) {
@@ -130,6 +140,16 @@ impl PolicySet {
 
     pub fn is_empty(&self) -> bool {
         self.current().is_empty()
+    }
+
+    /// A turn to run policy code; hold it for the whole call.
+    pub async fn turn(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.inner
+            .running
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the policy semaphore is never closed")
     }
 
     /// Evaluates the current chain (see [`Chain::evaluate`]).
@@ -217,10 +237,10 @@ impl PolicySet {
                     }
                     built.policies.push(loaded);
                 }
-                Err(source) => errors.push(PolicyLoadError {
+                Err(error) => errors.push(PolicyLoadError {
                     name,
                     path: spec.path.display().to_string(),
-                    source,
+                    error,
                 }),
             }
         }
@@ -249,13 +269,7 @@ impl PolicySet {
             return Ok((same.clone(), false));
         }
         let engine = self.engine()?;
-        let d = PolicyLimits::default();
-        let limits = PolicyLimits {
-            fuel: spec.fuel.unwrap_or(d.fuel),
-            deadline: spec.deadline.map_or(d.deadline, |x| x.0),
-            memory_bytes: spec.memory.map_or(d.memory_bytes, |x| x.0),
-            ..d
-        };
+        let limits = spec_limits(spec);
         let module = self.module(&engine, sha256, &bytes, limits)?;
         // Settings check and one canary evaluation, off the request path: a module that cannot answer
         // a plain request never serves. Both run against scratch state, so the canary charges no
@@ -434,8 +448,19 @@ impl Chain {
     }
 }
 
+/// A `[[policy]]` entry's limits, defaults filled in.
+pub fn spec_limits(spec: &PolicySpec) -> PolicyLimits {
+    let d = PolicyLimits::default();
+    PolicyLimits {
+        fuel: spec.fuel.unwrap_or(d.fuel),
+        deadline: spec.deadline.map_or(d.deadline, |x| x.0),
+        memory_bytes: spec.memory.map_or(d.memory_bytes, |x| x.0),
+        ..d
+    }
+}
+
 /// The request every new policy version must answer before it may serve.
-fn canary_input(settings: &Value) -> EvaluateInput {
+pub fn canary_input(settings: &Value) -> EvaluateInput {
     EvaluateInput {
         abi: ABI_VERSION,
         request: RequestSummary {
@@ -468,4 +493,36 @@ fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn policy_code_takes_turns() {
+        let set = PolicySet::load(&[], None).unwrap();
+        let turns: Vec<_> = take_turns(&set, MAX_RUNNING).await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), set.turn())
+                .await
+                .is_err(),
+            "a turn beyond {MAX_RUNNING} must wait"
+        );
+        drop(turns);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), set.turn())
+                .await
+                .is_ok(),
+            "a finished turn lets the next one run"
+        );
+    }
+
+    async fn take_turns(set: &PolicySet, n: usize) -> Vec<tokio::sync::OwnedSemaphorePermit> {
+        let mut turns = Vec::new();
+        for _ in 0..n {
+            turns.push(set.turn().await);
+        }
+        turns
+    }
 }

@@ -1,0 +1,290 @@
+//! What a policy costs, and where to run it. Prints ratios against baselines measured in the same run;
+//! asserts nothing about time. Run with `bash scripts/bench-policy.sh` (builds the example policies
+//! first), or `cargo bench -p slotgate --bench policy_eval` once they are built.
+//!
+//! 1. One evaluation of each example policy through the chain (`Chain::evaluate`: JSON in, a fresh
+//!    instance from the pool via `InstancePre`, fuel and deadline set, JSON out, metrics recorded),
+//!    against an empty chain.
+//! 2. Inline or blocking pool: the p50 of one evaluation awaited from an async task, called inline
+//!    versus handed to `spawn_blocking`; and how long a 1 ms timer on the same runtime is late while
+//!    runaway policies (an infinite loop, cut off by the 20 ms deadline) are being evaluated, inline
+//!    versus on the blocking pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slotgate::config::PolicySpec;
+use slotgate::policy::{Chain, PolicySet};
+use slotgate_sdk::{Peer, QueueSnapshot, RequestSummary};
+
+const EXAMPLES: &[&str] = &[
+    "token-budget",
+    "tenant-priority",
+    "request-guard",
+    "wat-deny-embeddings",
+];
+const ITERATIONS: usize = 20_000;
+
+fn main() {
+    let _metrics = slotgate::metrics::install().expect("metrics recorder");
+    let dir = policy_dir();
+    let request = request();
+    println!("policy evaluation, {ITERATIONS} runs each (p50 / p99 in microseconds)\n");
+
+    let empty = PolicySet::load(&[], None).expect("empty chain").current();
+    let base = percentiles(time_each(ITERATIONS, || {
+        std::hint::black_box(empty.evaluate(&request));
+    }));
+    println!(
+        "{:<22} p50 {:>7.2}   p99 {:>7.2}   (baseline: no policy)",
+        "none", base.0, base.1
+    );
+    let mut chains = Vec::new();
+    for name in EXAMPLES {
+        let chain = load(&dir, name);
+        let (p50, p99) = percentiles(time_each(ITERATIONS, || {
+            std::hint::black_box(chain.evaluate(&request));
+        }));
+        println!(
+            "{name:<22} p50 {p50:>7.2}   p99 {p99:>7.2}   adds {:>6.2} us at p50 ({:.0}x the baseline)",
+            p50 - base.0,
+            p50 / base.0.max(0.01)
+        );
+        chains.push(chain);
+    }
+    let all: Vec<PolicySpec> = EXAMPLES.iter().map(|n| spec(&dir, n)).collect();
+    let chain = PolicySet::load(&all, None).expect("chain").current();
+    let (p50, p99) = percentiles(time_each(ITERATIONS, || {
+        std::hint::black_box(chain.evaluate(&request));
+    }));
+    println!(
+        "{:<22} p50 {p50:>7.2}   p99 {p99:>7.2}   adds {:>6.2} us at p50",
+        "all four in a chain",
+        p50 - base.0
+    );
+
+    inline_or_blocking(&chains[0], &request);
+}
+
+/// Where the evaluation runs: on the async worker that serves the connection, or on the blocking pool.
+fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!("\ninline or blocking pool (token-budget; 2 async workers, as on this machine)\n");
+    let (inline, pool) = rt.block_on(async {
+        let inline = {
+            let mut t = Vec::with_capacity(ITERATIONS);
+            for _ in 0..ITERATIONS {
+                let t0 = Instant::now();
+                std::hint::black_box(chain.evaluate(request));
+                t.push(t0.elapsed());
+            }
+            percentiles(t)
+        };
+        let pool = {
+            let mut t = Vec::with_capacity(ITERATIONS);
+            for _ in 0..ITERATIONS {
+                let (c, r) = (chain.clone(), request.clone());
+                let t0 = Instant::now();
+                let out = tokio::task::spawn_blocking(move || c.evaluate(&r)).await;
+                std::hint::black_box(out.ok());
+                t.push(t0.elapsed());
+            }
+            percentiles(t)
+        };
+        (inline, pool)
+    });
+    println!(
+        "{:<34} p50 {:>7.2}   p99 {:>7.2}",
+        "inline, awaited from a task", inline.0, inline.1
+    );
+    println!(
+        "{:<34} p50 {:>7.2}   p99 {:>7.2}   hand-off adds {:.2} us at p50 ({:.2}x)",
+        "spawn_blocking, awaited",
+        pool.0,
+        pool.1,
+        pool.0 - inline.0,
+        pool.0 / inline.0.max(0.01)
+    );
+
+    let runaway = runaway_chain();
+    let quiet = timer_lateness(&rt, None);
+    let inline_stall = timer_lateness(&rt, Some((runaway.clone(), false, request.clone())));
+    let pool_stall = timer_lateness(&rt, Some((runaway, true, request.clone())));
+    println!("\nlateness of a 1 ms timer on the same runtime (p50 / p99 / max in microseconds)\n");
+    for (what, l) in [
+        ("no policy work (baseline)", quiet),
+        ("runaway policies inline", inline_stall),
+        ("runaway policies on blocking pool", pool_stall),
+    ] {
+        println!(
+            "{what:<34} p50 {:>8.0}   p99 {:>8.0}   max {:>8.0}   ({:.1}x the baseline p99)",
+            l.0,
+            l.1,
+            l.2,
+            l.1 / quiet.1.max(1.0)
+        );
+    }
+}
+
+/// While two tasks keep evaluating `load` (inline on their worker, or on the blocking pool), how late a
+/// task sleeping 1 ms at a time wakes up.
+fn timer_lateness(
+    rt: &tokio::runtime::Runtime,
+    load: Option<(Arc<Chain>, bool, RequestSummary)>,
+) -> (f64, f64, f64) {
+    rt.block_on(async {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut workers = Vec::new();
+        if let Some((chain, pooled, request)) = load {
+            for _ in 0..2 {
+                let (chain, request, stop) = (chain.clone(), request.clone(), stop.clone());
+                workers.push(tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if pooled {
+                            let (c, r) = (chain.clone(), request.clone());
+                            let _ = tokio::task::spawn_blocking(move || c.evaluate(&r)).await;
+                        } else {
+                            std::hint::black_box(chain.evaluate(&request));
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                }));
+            }
+        }
+        let probe = tokio::spawn(async {
+            let mut late = Vec::new();
+            for _ in 0..300 {
+                let t0 = Instant::now();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                late.push(t0.elapsed().saturating_sub(Duration::from_millis(1)));
+            }
+            late
+        });
+        let late = probe.await.expect("probe");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in workers {
+            let _ = w.await;
+        }
+        let max = late.iter().max().copied().unwrap_or_default();
+        let (p50, p99) = percentiles(late);
+        (p50, p99, max.as_secs_f64() * 1e6)
+    })
+}
+
+/// A policy whose every evaluation loops until its deadline cuts it off.
+fn runaway_chain() -> Arc<Chain> {
+    let dir = std::env::temp_dir().join(format!("slotgate-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("runaway.wat");
+    // The canary must pass: loop only when the input is longer than the canary's.
+    std::fs::write(
+        &path,
+        r#"(module
+  (memory (export "memory") 1)
+  (global $next (mut i32) (i32.const 1024))
+  (data (i32.const 16) "{\"verdict\":\"allow\"}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const 1))
+  (func (export "slotgate_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (global.get $next) (local.get $n)))
+    (local.get $p))
+  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
+    (if (i32.gt_u (local.get $n) (i32.const 600)) (then (loop $l (br $l))))
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 19))))"#,
+    )
+    .expect("write runaway policy");
+    let mut spec = PolicySpec::from_path(path, None);
+    // Fuel high enough that the 20 ms wall-clock deadline is what stops it.
+    spec.fuel = Some(u64::MAX / 2);
+    let set = PolicySet::load(&[spec], None).expect("runaway policy loads");
+    let _ = std::fs::remove_dir_all(&dir);
+    set.current()
+}
+
+fn load(dir: &Path, name: &str) -> Arc<Chain> {
+    PolicySet::load(&[spec(dir, name)], None)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .current()
+}
+
+fn spec(dir: &Path, name: &str) -> PolicySpec {
+    let module = ["wasm", "wat"]
+        .iter()
+        .map(|ext| dir.join(format!("{name}.{ext}")))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} is not built in {}: run scripts/build-policies.sh",
+                dir.display()
+            )
+        });
+    let settings = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../policies")
+        .join(name)
+        .join("settings.example.json");
+    PolicySpec::from_path(module, settings.exists().then_some(settings))
+}
+
+fn policy_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+            PathBuf::from,
+        )
+        .join("policies")
+}
+
+/// A typical chat request, as intake summarises it.
+fn request() -> RequestSummary {
+    RequestSummary {
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        model: Some("qwen2.5-7b-instruct".into()),
+        stream: true,
+        max_tokens: Some(256),
+        prompt_chars: 1200,
+        prompt_tokens_estimate: 300,
+        priority_hint: None,
+        peer: Some(Peer {
+            uid: 1000,
+            gid: 1000,
+            pid: Some(4242),
+        }),
+        api_key: Some(
+            "sha256:0c55d73decea73c6807948b6fc35a5f7c446ea3a8400224532c1249fe73587a9".into(),
+        ),
+        headers: [("user-agent".to_owned(), "openai-python/1.40".to_owned())].into(),
+        queue: QueueSnapshot {
+            depth: 2,
+            capacity: 8,
+            in_flight: 1,
+            estimated_wait_seconds: 3.5,
+        },
+    }
+}
+
+fn time_each(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    for _ in 0..n / 10 {
+        f();
+    }
+    (0..n)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed()
+        })
+        .collect()
+}
+
+/// p50 and p99 in microseconds.
+fn percentiles(mut t: Vec<Duration>) -> (f64, f64) {
+    t.sort();
+    let at = |q: f64| t[((t.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
+    (at(0.50), at(0.99))
+}
