@@ -10,12 +10,34 @@ use crate::types::{Completion, EvaluateInput, SettingsValidation, ABI_VERSION};
 /// `slotgate_evaluate`: the decision's JSON, or why there is none (the glue logs it and returns 0,
 /// which the host counts as a policy error).
 pub fn evaluate<P: Policy>(input: &[u8]) -> Result<Vec<u8>, String> {
-    let input: EvaluateInput =
+    let wire: Wire<'_> =
         serde_json::from_slice(input).map_err(|e| format!("evaluate input: {e}"))?;
-    check_abi(input.abi)?;
-    let settings = settings::<P::Settings>(&input.settings)?;
+    check_abi(wire.abi)?;
+    // Straight from the settings' JSON text to the policy's type: no `Value` tree in between,
+    // which would cost more than everything else the call does.
+    let settings = match wire.settings {
+        Some(raw) if raw.get() != "null" => serde_json::from_str::<P::Settings>(raw.get())
+            .map_err(|e| format!("invalid settings: {e}"))?,
+        _ => settings::<P::Settings>(&Value::Null)?,
+    };
+    let input = EvaluateInput {
+        abi: wire.abi,
+        request: wire.request,
+        settings: Value::Null,
+        now_unix_ms: wire.now_unix_ms,
+    };
     let decision = P::evaluate(&input, &settings);
     serde_json::to_vec(&decision).map_err(|e| format!("serializing the decision: {e}"))
+}
+
+/// [`EvaluateInput`] as it arrives, the settings left as JSON text.
+#[derive(serde::Deserialize)]
+struct Wire<'a> {
+    abi: u32,
+    request: crate::types::RequestSummary,
+    #[serde(borrow, default)]
+    settings: Option<&'a serde_json::value::RawValue>,
+    now_unix_ms: u64,
 }
 
 /// `slotgate_validate_settings`: always answers; anything wrong is an invalid result.

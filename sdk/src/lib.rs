@@ -93,6 +93,11 @@ pub mod testing;
 pub mod types;
 
 #[cfg(target_arch = "wasm32")]
+mod bump;
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: bump::Bump = bump::Bump::new();
+#[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 #[path = "guest.rs"]
 pub mod __guest;

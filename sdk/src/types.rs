@@ -163,8 +163,12 @@ pub struct Completion {
     pub abi: u32,
     /// The request as it was evaluated.
     pub request: RequestSummary,
-    /// The decision the chain reached (cost, tenant, priority).
+    /// This policy's own decision (always an allow: `on_complete` runs only for requests the policy
+    /// allowed).
     pub decision: Decision,
+    /// What the chain decided: the combined allow, or the deny of a later policy.
+    #[serde(default)]
+    pub chain_decision: Decision,
     /// The policy's settings.
     #[serde(default)]
     pub settings: serde_json::Value,

@@ -75,7 +75,7 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
         .build()
         .expect("runtime");
     println!("\ninline or blocking pool (token-budget; 2 async workers, as on this machine)\n");
-    let (inline, pool) = rt.block_on(async {
+    let (inline, pool, in_place) = rt.block_on(async {
         let inline = {
             let mut t = Vec::with_capacity(ITERATIONS);
             for _ in 0..ITERATIONS {
@@ -96,7 +96,16 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
             }
             percentiles(t)
         };
-        (inline, pool)
+        let in_place = {
+            let mut t = Vec::with_capacity(ITERATIONS);
+            for _ in 0..ITERATIONS {
+                let t0 = Instant::now();
+                std::hint::black_box(tokio::task::block_in_place(|| chain.evaluate(request)));
+                t.push(t0.elapsed());
+            }
+            percentiles(t)
+        };
+        (inline, pool, in_place)
     });
     println!(
         "{:<34} p50 {:>7.2}   p99 {:>7.2}",
@@ -111,14 +120,28 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
         pool.0 / inline.0.max(0.01)
     );
 
+    println!(
+        "{:<34} p50 {:>7.2}   p99 {:>7.2}   adds {:.2} us at p50 ({:.2}x)",
+        "block_in_place",
+        in_place.0,
+        in_place.1,
+        in_place.0 - inline.0,
+        in_place.0 / inline.0.max(0.01)
+    );
+
     let runaway = runaway_chain();
+    // Longer than the canary's input: the runaway policy loops on it.
+    let mut long = request.clone();
+    long.headers.insert("x-pad".into(), "x".repeat(1000));
     let quiet = timer_lateness(&rt, None);
-    let inline_stall = timer_lateness(&rt, Some((runaway.clone(), false, request.clone())));
-    let pool_stall = timer_lateness(&rt, Some((runaway, true, request.clone())));
+    let inline_stall = timer_lateness(&rt, Some((runaway.clone(), Mode::Inline, long.clone())));
+    let in_place_stall = timer_lateness(&rt, Some((runaway.clone(), Mode::InPlace, long.clone())));
+    let pool_stall = timer_lateness(&rt, Some((runaway, Mode::Pool, long)));
     println!("\nlateness of a 1 ms timer on the same runtime (p50 / p99 / max in microseconds)\n");
     for (what, l) in [
         ("no policy work (baseline)", quiet),
         ("runaway policies inline", inline_stall),
+        ("runaway policies, block_in_place", in_place_stall),
         ("runaway policies on blocking pool", pool_stall),
     ] {
         println!(
@@ -131,26 +154,42 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
     }
 }
 
+#[derive(Clone, Copy)]
+enum Mode {
+    Inline,
+    InPlace,
+    Pool,
+}
+
 /// While two tasks keep evaluating `load` (inline on their worker, or on the blocking pool), how late a
 /// task sleeping 1 ms at a time wakes up.
 fn timer_lateness(
     rt: &tokio::runtime::Runtime,
-    load: Option<(Arc<Chain>, bool, RequestSummary)>,
+    load: Option<(Arc<Chain>, Mode, RequestSummary)>,
 ) -> (f64, f64, f64) {
     rt.block_on(async {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut workers = Vec::new();
-        if let Some((chain, pooled, request)) = load {
+        if let Some((chain, mode, request)) = load {
             for _ in 0..2 {
                 let (chain, request, stop) = (chain.clone(), request.clone(), stop.clone());
                 workers.push(tokio::spawn(async move {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        if pooled {
-                            let (c, r) = (chain.clone(), request.clone());
-                            let _ = tokio::task::spawn_blocking(move || c.evaluate(&r)).await;
-                        } else {
-                            std::hint::black_box(chain.evaluate(&request));
-                            tokio::task::yield_now().await;
+                        match mode {
+                            Mode::Pool => {
+                                let (c, r) = (chain.clone(), request.clone());
+                                let _ = tokio::task::spawn_blocking(move || c.evaluate(&r)).await;
+                            }
+                            Mode::Inline => {
+                                std::hint::black_box(chain.evaluate(&request));
+                                tokio::task::yield_now().await;
+                            }
+                            Mode::InPlace => {
+                                std::hint::black_box(tokio::task::block_in_place(|| {
+                                    chain.evaluate(&request)
+                                }));
+                                tokio::task::yield_now().await;
+                            }
                         }
                     }
                 }));
@@ -195,7 +234,7 @@ fn runaway_chain() -> Arc<Chain> {
     (global.set $next (i32.add (global.get $next) (local.get $n)))
     (local.get $p))
   (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
-    (if (i32.gt_u (local.get $n) (i32.const 600)) (then (loop $l (br $l))))
+    (if (i32.gt_u (local.get $n) (i32.const 1000)) (then (loop $l (br $l))))
     (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 19))))"#,
     )
     .expect("write runaway policy");

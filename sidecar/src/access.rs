@@ -16,6 +16,8 @@ use crate::usage::Usage;
 pub struct CompletionHook {
     /// The chain version that decided the request.
     pub chain: Arc<Chain>,
+    /// Each policy's own decision, in chain order.
+    pub own: Vec<Option<Decision>>,
     /// For a turn to run policy code.
     pub policies: PolicySet,
     pub request: RequestSummary,
@@ -98,6 +100,7 @@ impl Drop for Exchange {
                 abi: ABI_VERSION,
                 request: hook.request,
                 decision: hook.decision,
+                chain_decision: Decision::default(),
                 settings: serde_json::Value::Null,
                 status: self.status.unwrap_or(0),
                 outcome: outcome.label().to_owned(),
@@ -108,12 +111,12 @@ impl Drop for Exchange {
             };
             // Policy code is CPU-bound and bounded by its limits: keep it off the async workers.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (chain, policies) = (hook.chain, hook.policies);
+                let (chain, policies, own) = (hook.chain, hook.policies, hook.own);
                 rt.spawn(async move {
                     let turn = policies.turn().await;
                     let complete = move || {
                         let _turn = turn;
-                        chain.complete(&completion);
+                        chain.complete(&completion, &own);
                     };
                     let _ = tokio::task::spawn_blocking(complete).await;
                 });

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use http::{header, HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use slotgate_sdk::{Peer, QueueSnapshot};
+use slotgate_sdk::{Decision, Peer, QueueSnapshot};
 use tokio::time::Instant;
 
 use crate::access::{CompletionHook, Exchange};
@@ -60,18 +60,22 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
     let chain = app.policies.current();
     if !chain.is_empty() {
-        match decide(&app, &intake, chain.clone()).await {
+        let (outcome, own) = decide(&app, &intake, chain.clone()).await;
+        // Every policy that allowed hears how the request ended, even when a later one refused it:
+        // what it took from a budget can be given back.
+        if chain.wants_completion(&own) {
+            ex.on_complete(CompletionHook {
+                chain: chain.clone(),
+                own,
+                policies: app.policies.clone(),
+                request: intake.summary.clone(),
+                decision: outcome.decision(),
+            });
+        }
+        match outcome {
             ChainOutcome::Allow(decision) => {
                 // A policy's priority replaces the client's hint (policies clamp hints themselves).
                 priority = decision.priority.unwrap_or(priority);
-                if chain.wants_completions() {
-                    ex.on_complete(CompletionHook {
-                        chain: chain.clone(),
-                        policies: app.policies.clone(),
-                        request: intake.summary.clone(),
-                        decision: decision.clone(),
-                    });
-                }
                 if let Err(e) = intake.apply(&decision.mutations) {
                     return reject(ex, &e);
                 }
@@ -182,9 +186,17 @@ impl Drop for CancelGrace {
     }
 }
 
-/// Runs the policy chain on a blocking thread: evaluations are CPU-bound (bounded by fuel and a
-/// deadline) and must not hold up the async workers that serve every other connection.
-async fn decide(app: &App, intake: &Intake, chain: Arc<Chain>) -> ChainOutcome {
+/// Runs the policy chain on the blocking pool, never on an async worker. Measured by
+/// `sidecar/benches/policy_eval.rs` on 2 cores: inline evaluation made a 1 ms timer on the runtime
+/// ~20 ms late while runaway policies ran (a whole deadline); `block_in_place` had no hand-off cost
+/// but still let a runaway evaluation hold the runtime's driver now and then (worst case a whole
+/// deadline late); `spawn_blocking` costs ~35 us per request at p50 and kept the timer within ~2 ms.
+/// A stalled runtime would delay every connection, so the hand-off is worth its price.
+async fn decide(
+    app: &App,
+    intake: &Intake,
+    chain: Arc<Chain>,
+) -> (ChainOutcome, Vec<Option<Decision>>) {
     let mut summary = intake.summary.clone();
     let q = app.admission.stats();
     summary.queue = QueueSnapshot {
@@ -196,14 +208,17 @@ async fn decide(app: &App, intake: &Intake, chain: Arc<Chain>) -> ChainOutcome {
     let turn = app.policies.turn().await;
     let evaluate = move || {
         let _turn = turn;
-        chain.evaluate(&summary)
+        chain.evaluate_each(&summary)
     };
     match tokio::task::spawn_blocking(evaluate).await {
-        Ok(outcome) => outcome,
-        Err(e) => ChainOutcome::Failed {
-            policy: "-".into(),
-            error: EvalError::Trap(format!("evaluation task: {e}")),
-        },
+        Ok(evaluated) => evaluated,
+        Err(_) => (
+            ChainOutcome::Failed {
+                policy: "-".into(),
+                error: EvalError::Trap("the policy host panicked".into()),
+            },
+            Vec::new(),
+        ),
     }
 }
 

@@ -133,7 +133,8 @@ fn json_request(method: Method, path: &str, body: Bytes) -> Request<Full<Bytes>>
         .expect("valid request")
 }
 
-fn post(path: &str, body: &serde_json::Value) -> Request<Full<Bytes>> {
+/// A JSON POST request, for [`Conn::send`].
+pub fn post(path: &str, body: &serde_json::Value) -> Request<Full<Bytes>> {
     json_request(Method::POST, path, Bytes::from(body.to_string()))
 }
 

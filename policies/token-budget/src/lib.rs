@@ -135,8 +135,9 @@ impl Policy for TokenBudget {
     }
 
     fn on_complete(c: &Completion, s: &Settings) {
-        // A denied request took nothing from this bucket, unless this policy allowed it and a later
-        // one in the chain denied it; that estimate is not given back (see the README).
+        // slotgate calls this only for requests this policy allowed (and so charged), including
+        // those a later policy in the chain denied: then nothing was used and the whole estimate
+        // comes back.
         if c.decision.verdict == Verdict::Deny {
             return;
         }

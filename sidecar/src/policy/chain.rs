@@ -48,6 +48,19 @@ pub enum ChainOutcome {
     Failed { policy: String, error: EvalError },
 }
 
+impl ChainOutcome {
+    /// The chain's decision as policies' `on_complete` see it: the combined allow, the deny, or (for
+    /// a policy failing closed) a deny with status 503.
+    pub fn decision(&self) -> Decision {
+        match self {
+            ChainOutcome::Allow(d) | ChainOutcome::Deny { decision: d, .. } => d.clone(),
+            ChainOutcome::Failed { policy, error } => {
+                Decision::deny(503, format!("policy `{policy}` failed ({})", error.kind()))
+            }
+        }
+    }
+}
+
 pub fn fold<'a>(steps: impl IntoIterator<Item = Step<'a>>) -> ChainOutcome {
     let mut combined = Decision::allow();
     let mut tenant_set = false;

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use slotgate_sdk::{Completion, EvaluateInput, RequestSummary, Verdict, ABI_VERSION};
+use slotgate_sdk::{Completion, Decision, EvaluateInput, RequestSummary, Verdict, ABI_VERSION};
 use wasmtime::Module;
 
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
@@ -386,7 +386,14 @@ impl Chain {
     /// Evaluates every policy on `request` and folds the decisions. Synchronous and CPU-bound
     /// (bounded by each policy's fuel and deadline): run it off the async workers.
     pub fn evaluate(&self, request: &RequestSummary) -> ChainOutcome {
+        self.evaluate_each(request).0
+    }
+
+    /// [`Chain::evaluate`], and also each policy's own decision (`None` where it failed), in chain
+    /// order, for [`Chain::complete`].
+    pub fn evaluate_each(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
         let now = unix_ms();
+        let mut own = Vec::with_capacity(self.policies.len());
         let steps: Vec<Step<'_>> = self
             .policies
             .iter()
@@ -422,18 +429,28 @@ impl Chain {
                         tracing::info!(policy = %p.name, verdict = ?d.verdict, cost = ?d.cost, priority = ?d.priority, tenant = ?d.tenant, "monitor-mode decision (not enforced)");
                     }
                 }
-                Step { policy: &p.name, mode: p.mode, on_error: p.on_error, result: result.map(|(d, _)| d) }
+                let result = result.map(|(d, _)| d);
+                own.push(result.as_ref().ok().cloned());
+                Step { policy: &p.name, mode: p.mode, on_error: p.on_error, result }
             })
             .collect();
-        chain::fold(steps)
+        (chain::fold(steps), own)
     }
 
-    /// Runs every exported `on_complete` with the request's real outcome, so budgets can be settled.
-    /// Synchronous: run it off the async workers.
-    pub fn complete(&self, completion: &Completion) {
-        for p in self.policies.iter().filter(|p| p.policy.has_on_complete()) {
+    /// Runs the `on_complete` of every policy that allowed the request (`own`: each policy's decision,
+    /// from [`Chain::evaluate_each`]) with the request's real outcome, so what it took from a budget
+    /// can be settled, also when a later policy denied the request. `completion.decision` is the
+    /// chain's; each policy gets its own as `decision`. Synchronous: run it off the async workers.
+    pub fn complete(&self, completion: &Completion, own: &[Option<Decision>]) {
+        for (p, decision) in self.policies.iter().zip(own) {
+            let Some(decision) = decision else { continue };
+            if decision.verdict != Verdict::Allow || !p.policy.has_on_complete() {
+                continue;
+            }
             let mine = Completion {
                 settings: p.settings.clone(),
+                decision: decision.clone(),
+                chain_decision: completion.decision.clone(),
                 ..completion.clone()
             };
             if let Err(e) = p.policy.on_complete(&mine) {
@@ -443,8 +460,11 @@ impl Chain {
         }
     }
 
-    pub fn wants_completions(&self) -> bool {
-        self.policies.iter().any(|p| p.policy.has_on_complete())
+    /// Whether any policy that allowed the request (see [`Chain::complete`]) exports `on_complete`.
+    pub fn wants_completion(&self, own: &[Option<Decision>]) -> bool {
+        self.policies.iter().zip(own).any(|(p, d)| {
+            p.policy.has_on_complete() && d.as_ref().is_some_and(|d| d.verdict == Verdict::Allow)
+        })
     }
 }
 
