@@ -76,10 +76,16 @@
 //!
 //! # On wasm32
 //!
-//! The module imports only the host functions (module `slotgate`) and needs no WASI: std's
-//! allocator works on `wasm32-unknown-unknown`, and a panic aborts with `unreachable`, which the host
-//! reports as a trap. Every call runs in a fresh instance, so statics and memory start clean each
-//! time; state that must last lives in the host ([`host::bucket_take`], [`host::window_add`]).
+//! The module imports only the host functions (module `slotgate`) and needs no WASI, and a panic
+//! aborts with `unreachable`, which the host reports as a trap. Every call runs in a fresh instance,
+//! so statics and memory start clean each time; state that must last lives in the host
+//! ([`host::bucket_take`], [`host::window_add`]).
+//!
+//! The SDK installs a bump allocator as the module's global allocator: since every instance is
+//! thrown away after one call, nothing is ever freed, and allocating costs a few instructions (most of
+//! a small policy's cost per request went to a general-purpose allocator). One call can therefore
+//! allocate at most the policy's memory limit (16 MiB by default) in total. The evaluate input is
+//! parsed straight into your typed settings; `EvaluateInput::settings` is left `null` in the guest.
 
 #![cfg_attr(not(test), warn(missing_docs))]
 

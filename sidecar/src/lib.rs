@@ -5,13 +5,15 @@
 //!                                              │
 //!                                              ▼
 //!                                    pipeline::handle
-//!          intake (route, bounded body, JSON) ─▶ admission (slot | priority queue | 429/504)
+//!          intake (route, bounded body, JSON) ─▶ policy chain (wasm, blocking pool; deny / allow)
+//!              ─▶ admission (slot | priority queue | 429/504)
 //!              ─▶ upstream (keep-alive pool, retry only unsent) ─▶ body::GuardedBody
-//!                                              │        (streams, then frees slot + records)
+//!                  (streams, then frees slot + records; access: on_complete to the policies)
 //!                                              ▼
 //!                                        llama-server
 //!
 //!  admin listener: /metrics /livez /readyz /status        app: wiring, signal, drain
+//!  reload: SIGHUP / file watch ─▶ policy::set builds a new chain off the request path, swaps it
 //! ```
 //!
 //! Leaves (`error`, `metrics`, `respond`, `usage`, `config`, and the `slotgate-sdk` wire types)

@@ -48,6 +48,11 @@ async fn run() {
     ));
     runs.push(("none (again)".into(), vec![]));
 
+    let direct = measure_direct().await;
+    println!(
+        "{:<20} p50 {:>7.1} us   p99 {:>7.1} us   (the fake llama-server without slotgate)",
+        "direct", direct.0, direct.1
+    );
     let mut base = None;
     for (label, chain) in runs {
         let (p50, p99) = measure(&chain).await;
@@ -79,6 +84,15 @@ fn policy(name: &str) -> PolicyFiles {
     (wat::built(name), settings.exists().then_some(settings))
 }
 
+async fn measure_direct() -> (f64, f64) {
+    let up = FakeUpstream::instant().start().await;
+    let conn = Client::unix(up.socket_path())
+        .connect()
+        .await
+        .expect("connect");
+    timed(conn).await
+}
+
 async fn measure(chain: &[PolicyFiles]) -> (f64, f64) {
     let mut g = Gate::new().slots(4).arg("--policy-watch").arg("0s");
     for (module, settings) in chain {
@@ -88,7 +102,12 @@ async fn measure(chain: &[PolicyFiles]) -> (f64, f64) {
         }
     }
     let (_up, gate) = g.start_with(FakeUpstream::instant()).await;
-    let mut conn = gate.client().connect().await.expect("connect");
+    let conn = gate.client().connect().await.expect("connect");
+    timed(conn).await
+}
+
+/// p50 and p99, in microseconds, of [`REQUESTS`] chat requests sent one after another on `conn`.
+async fn timed(mut conn: Conn) -> (f64, f64) {
     // The example request-guard allows only its listed models.
     let body = Req::chat("bench")
         .set("model", "qwen2.5-7b-instruct")

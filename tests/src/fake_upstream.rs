@@ -676,7 +676,10 @@ async fn generate(
     let delay = num(&body, "fake_delay_ms")
         .map(Duration::from_millis)
         .unwrap_or(cfg.delay);
-    tokio::time::sleep(delay).await;
+    // Even a zero sleep waits for the next 1 ms timer tick: an instant answer must not sleep at all.
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     if let Mode::CrashAfter(_) = cfg.mode {
         let (tx, rx) = mpsc::channel(1);
         let _ = tx.try_send(Err::<Bytes, BoxError>("fake upstream crashed".into()));
