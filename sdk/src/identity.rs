@@ -20,6 +20,11 @@ pub enum Identity<'a> {
 }
 
 impl RequestSummary {
+    /// The exact prompt tokens when slotgate could count them, else the estimate.
+    pub fn prompt_tokens_best(&self) -> u64 {
+        self.prompt_tokens.unwrap_or(self.prompt_tokens_estimate)
+    }
+
     /// The caller's [`Identity`]: API key, else uid, else anonymous.
     pub fn identity(&self) -> Identity<'_> {
         match (&self.api_key, &self.peer) {

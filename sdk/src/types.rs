@@ -53,8 +53,18 @@ pub struct RequestSummary {
     pub max_tokens: Option<u64>,
     /// Characters of prompt text (all message contents, or the prompt / input).
     pub prompt_chars: u64,
-    /// Estimated prompt tokens (characters / 4, rounded up) until an exact count is available.
+    /// Estimated prompt tokens (characters / 4, rounded up).
     pub prompt_tokens_estimate: u64,
+    /// The exact prompt tokens, counted by the served model's own template and tokenizer (as
+    /// llama-server will count them in `usage.prompt_tokens`); absent when they could not be counted
+    /// (see [`RequestSummary::prompt_tokens_best`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    /// Tokens reserved for the request: prompt + the most it may generate within its slot's context,
+    /// `prompt + min(max_tokens or the server's default, n_ctx_slot - prompt)`. Absent when the slot's
+    /// context size is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_tokens: Option<u64>,
     /// The client's priority hint from the body's `priority` field (lower is more urgent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_hint: Option<i64>,

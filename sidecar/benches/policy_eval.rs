@@ -289,6 +289,8 @@ fn request() -> RequestSummary {
         max_tokens: Some(256),
         prompt_chars: 1200,
         prompt_tokens_estimate: 300,
+        prompt_tokens: Some(342),
+        reserved_tokens: Some(598),
         priority_hint: None,
         peer: Some(Peer {
             uid: 1000,

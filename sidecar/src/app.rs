@@ -10,6 +10,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::admission::Admission;
 use crate::config::{AdminAddr, Config, ListenAddr};
+use crate::cost::Counter;
 use crate::intake::Limits;
 use crate::policy::{PolicyLoadError, PolicySet};
 use crate::reload::{self, ConfigSource};
@@ -30,6 +31,8 @@ pub struct App {
     pub limits: Limits,
     pub prometheus: PrometheusHandle,
     pub policies: PolicySet,
+    /// Exact prompt counts and the slot context, from llama-server.
+    pub cost: Counter,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,14 +47,16 @@ pub enum StartError {
 
 impl App {
     pub fn new(config: Config, prometheus: PrometheusHandle, policies: PolicySet) -> Self {
+        let upstream = Upstream::new(
+            config.upstream.clone(),
+            config.connect_timeout,
+            config.slots * 2,
+        );
         App {
             policies,
+            cost: Counter::new(config.tokenizer, upstream.clone()),
             admission: Admission::new(config.slots, config.queue_depth),
-            upstream: Upstream::new(
-                config.upstream.clone(),
-                config.connect_timeout,
-                config.slots * 2,
-            ),
+            upstream,
             limits: Limits {
                 max_body: config.max_body,
                 body_timeout: config.body_timeout,
@@ -175,7 +180,13 @@ async fn health_loop(app: Arc<App>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        app.upstream.probe_health(timeout).await;
+        let was_ready = app.upstream.is_ready();
+        let ready = app.upstream.probe_health(timeout).await;
+        // The slot context can change only across a restart of llama-server: read it when it
+        // becomes ready, and until it has been read.
+        if ready && (!was_ready || app.cost.slot_context().is_none()) {
+            app.cost.refresh_props().await;
+        }
     }
 }
 

@@ -99,6 +99,22 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
 
+    /// How prompt tokens are counted: `upstream` (llama-server's own template and tokenizer, before
+    /// admission; the estimate when it cannot answer) or `estimate` (characters / 4). TOML:
+    /// `cost.tokenizer`. [default: upstream]
+    #[arg(
+        long = "cost-tokenizer",
+        env = "SLOTGATE_COST_TOKENIZER",
+        value_name = "MODE"
+    )]
+    #[serde(skip)]
+    pub cost_tokenizer: Option<Tokenizer>,
+
+    /// The `[cost]` table of the config file.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostTable>,
+
     /// How often policy modules, their settings files and the config file are checked for changes;
     /// a change reloads the chain (as SIGHUP does). `0s` turns the watch off. [default: 2s]
     #[arg(long, env = "SLOTGATE_POLICY_WATCH", value_name = "DURATION")]
@@ -236,6 +252,8 @@ impl Settings {
             health_interval,
             connect_timeout,
             log_format,
+            cost_tokenizer,
+            cost,
             policy_watch,
             policy_cache_dir,
             policy_paths,
@@ -272,6 +290,8 @@ pub struct Config {
     pub health_interval: Duration,
     pub connect_timeout: Duration,
     pub log_format: LogFormat,
+    /// How prompt tokens are counted.
+    pub tokenizer: Tokenizer,
     /// Poll interval for policy file changes; `None` when off.
     pub policy_watch: Option<Duration>,
     /// On-disk cache of compiled policy modules.
@@ -354,6 +374,10 @@ impl Config {
                 Duration::from_secs(2),
             )?,
             log_format: s.log_format.unwrap_or(LogFormat::Text),
+            tokenizer: s
+                .cost_tokenizer
+                .or(s.cost.and_then(|c| c.tokenizer))
+                .unwrap_or(Tokenizer::Upstream),
             policy_watch: match s.policy_watch {
                 Some(Dur(d)) if d.is_zero() => None,
                 Some(Dur(d)) => Some(d),
@@ -383,6 +407,10 @@ impl Config {
             health_interval: Some(Dur(self.health_interval)),
             connect_timeout: Some(Dur(self.connect_timeout)),
             log_format: Some(self.log_format),
+            cost_tokenizer: None,
+            cost: Some(CostTable {
+                tokenizer: Some(self.tokenizer),
+            }),
             policy_watch: Some(Dur(self.policy_watch.unwrap_or(Duration::ZERO))),
             policy_cache_dir: self.policy_cache_dir.clone(),
             policy_paths: None,
@@ -685,6 +713,47 @@ impl fmt::Display for SocketMode {
     }
 }
 string_serde!(SocketMode);
+
+/// The `[cost]` table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CostTable {
+    /// `upstream` or `estimate` (see `--cost-tokenizer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<Tokenizer>,
+}
+
+/// How prompt tokens are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokenizer {
+    /// llama-server's own template and tokenizer, with the estimate as fallback.
+    Upstream,
+    /// Characters / 4.
+    Estimate,
+}
+
+impl FromStr for Tokenizer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "upstream" => Ok(Tokenizer::Upstream),
+            "estimate" => Ok(Tokenizer::Estimate),
+            _ => Err(format!(
+                "`{s}` is not a tokenizer; use upstream or estimate"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tokenizer::Upstream => "upstream",
+            Tokenizer::Estimate => "estimate",
+        })
+    }
+}
+string_serde!(Tokenizer);
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

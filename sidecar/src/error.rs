@@ -18,6 +18,8 @@ pub enum GateError {
     BodyRead(String),
     #[error("request body is not a valid JSON object: {0}")]
     InvalidJson(String),
+    #[error("the prompt has {prompt} tokens; a slot of this server holds {n_ctx} tokens in all, so it can never be served")]
+    ContextTooLong { prompt: u64, n_ctx: u64 },
     #[error("the queue is full ({depth} waiting); retry after {retry_after}s")]
     QueueFull { depth: usize, retry_after: u64 },
     #[error(
@@ -97,7 +99,9 @@ impl GateError {
             GateError::MethodNotAllowed { .. } => 405,
             GateError::BodyTooLarge { .. } => 413,
             GateError::BodyTimeout(_) => 408,
-            GateError::BodyRead(_) | GateError::InvalidJson(_) => 400,
+            GateError::BodyRead(_)
+            | GateError::InvalidJson(_)
+            | GateError::ContextTooLong { .. } => 400,
             GateError::QueueFull { .. } | GateError::Displaced { .. } => 429,
             GateError::QueueTimeout(_) => 504,
             GateError::Upstream(_) => 502,
@@ -115,7 +119,8 @@ impl GateError {
             | GateError::BodyTooLarge { .. }
             | GateError::BodyTimeout(_)
             | GateError::BodyRead(_)
-            | GateError::InvalidJson(_) => "invalid_request_error",
+            | GateError::InvalidJson(_)
+            | GateError::ContextTooLong { .. } => "invalid_request_error",
             GateError::QueueFull { .. } | GateError::Displaced { .. } => "rate_limit_error",
             GateError::QueueTimeout(_) => "timeout_error",
             GateError::Upstream(_)
@@ -136,6 +141,7 @@ impl GateError {
             GateError::BodyTimeout(_) => "body_timeout",
             GateError::BodyRead(_) => "body_read_error",
             GateError::InvalidJson(_) => "invalid_json",
+            GateError::ContextTooLong { .. } => "context_length_exceeded",
             GateError::QueueFull { .. } => "queue_full",
             GateError::Displaced { .. } => "displaced",
             GateError::QueueTimeout(_) => "queue_timeout",
@@ -154,7 +160,8 @@ impl GateError {
             | GateError::BodyTooLarge { .. }
             | GateError::BodyTimeout(_)
             | GateError::BodyRead(_)
-            | GateError::InvalidJson(_) => Outcome::BadRequest,
+            | GateError::InvalidJson(_)
+            | GateError::ContextTooLong { .. } => Outcome::BadRequest,
             GateError::QueueFull { .. } => Outcome::QueueFull,
             GateError::Displaced { .. } => Outcome::Displaced,
             GateError::QueueTimeout(_) => Outcome::QueueTimeout,

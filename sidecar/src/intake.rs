@@ -74,6 +74,8 @@ pub fn route(method: &Method, path: &str) -> Result<Kind, GateError> {
 pub struct Intake {
     pub parts: request::Parts,
     pub body: Bytes,
+    /// The body as parsed (POST only).
+    pub json: Option<Value>,
     pub summary: RequestSummary,
 }
 
@@ -127,6 +129,7 @@ pub async fn read(
     Ok(Intake {
         parts,
         body,
+        json,
         summary,
     })
 }
@@ -144,6 +147,9 @@ fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -
         max_tokens: j.as_object().and_then(max_tokens),
         prompt_chars,
         prompt_tokens_estimate: prompt_chars.div_ceil(4),
+        // Counted by `cost` just after, for generation endpoints.
+        prompt_tokens: None,
+        reserved_tokens: None,
         priority_hint: j.get("priority").and_then(Value::as_i64),
         peer,
         api_key: api_key_hash(&parts.headers),
@@ -267,6 +273,7 @@ impl Intake {
         }
         self.body =
             Bytes::from(serde_json::to_vec(&v).map_err(|e| GateError::InvalidJson(e.to_string()))?);
+        self.json = Some(v);
         Ok(())
     }
 }
@@ -321,6 +328,7 @@ mod tests {
         Intake {
             parts,
             body: Bytes::from(body.to_string()),
+            json: Some(body),
             summary,
         }
     }

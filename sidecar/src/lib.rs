@@ -26,6 +26,7 @@ pub mod app;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod cost;
 pub mod error;
 pub mod intake;
 pub mod metrics;

@@ -15,6 +15,8 @@ pub const TTFB_SECONDS: &str = "slotgate_time_to_first_byte_seconds";
 pub const TOKENS_TOTAL: &str = "slotgate_tokens_total";
 pub const UPSTREAM_READY: &str = "slotgate_upstream_ready";
 pub const UPSTREAM_RETRIES_TOTAL: &str = "slotgate_upstream_retries_total";
+pub const PROMPT_COUNTS_TOTAL: &str = "slotgate_prompt_counts_total";
+pub const COST_ESTIMATE_ERROR_RATIO: &str = "slotgate_cost_estimate_error_ratio";
 pub const POLICY_EVAL_SECONDS: &str = "slotgate_policy_eval_seconds";
 pub const POLICY_DECISIONS_TOTAL: &str = "slotgate_policy_decisions_total";
 pub const POLICY_ERRORS_TOTAL: &str = "slotgate_policy_errors_total";
@@ -24,6 +26,11 @@ pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
 /// Seconds of one policy evaluation: microseconds normally, the deadline at worst.
 const POLICY_BUCKETS: &[f64] = &[
     1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.02, 0.1,
+];
+
+/// `estimate / exact` prompt tokens: 1 is a perfect estimate.
+const ERROR_RATIO_BUCKETS: &[f64] = &[
+    0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0,
 ];
 
 /// Seconds, from a fast 429 to a long generation.
@@ -47,6 +54,10 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         .set_buckets_for_metric(
             Matcher::Full(POLICY_FUEL_CONSUMED.to_owned()),
             crate::policy::set::FUEL_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(COST_ESTIMATE_ERROR_RATIO.to_owned()),
+            ERROR_RATIO_BUCKETS,
         )?;
     let handle = builder.install_recorder()?;
     describe();
@@ -83,6 +94,14 @@ fn describe() {
         TOKENS_TOTAL,
         "Tokens reported by the upstream's `usage`, by kind (prompt, completion)."
     );
+    describe_counter!(
+        PROMPT_COUNTS_TOTAL,
+        "Prompts counted before admission, by source: upstream (llama-server's tokenizer), cache, estimate (characters / 4, when llama-server could not count)."
+    );
+    describe_histogram!(
+        COST_ESTIMATE_ERROR_RATIO,
+        "The characters/4 estimate divided by the exact prompt tokens (1 = exact)."
+    );
     describe_gauge!(
         UPSTREAM_READY,
         "1 while the upstream's /health answers 200, else 0."
@@ -100,6 +119,9 @@ fn describe() {
         metrics::counter!(TOKENS_TOTAL, "kind" => kind).absolute(0);
     }
     metrics::counter!(UPSTREAM_RETRIES_TOTAL).absolute(0);
+    for source in ["upstream", "cache", "estimate"] {
+        metrics::counter!(PROMPT_COUNTS_TOTAL, "source" => source).absolute(0);
+    }
     metrics::gauge!(QUEUE_DEPTH).set(0.0);
     metrics::gauge!(INFLIGHT).set(0.0);
     metrics::gauge!(SLOTS_BUSY).set(0.0);

@@ -23,6 +23,7 @@ use crate::access::{CompletionHook, Exchange};
 use crate::admission::SlotGuard;
 use crate::app::App;
 use crate::body::{GuardedBody, ABANDON_GRACE};
+use crate::cost;
 use crate::error::{GateError, Outcome};
 use crate::intake::{self, Intake, Kind};
 use crate::metrics as m;
@@ -33,6 +34,8 @@ use crate::upstream::{copy_end_to_end, SendError};
 
 /// Response header with the time the request waited for a slot.
 pub const QUEUE_WAIT_HEADER: &str = "x-slotgate-queue-wait-ms";
+/// Response header with the exact prompt tokens slotgate counted before admission, when it could.
+pub const PROMPT_TOKENS_HEADER: &str = "x-slotgate-prompt-tokens";
 
 /// First and largest pause between upstream attempts while it is down or loading.
 const RETRY_BASE: Duration = Duration::from_millis(50);
@@ -52,6 +55,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         Ok(i) => i,
         Err(e) => return reject(ex, &e),
     };
+    if kind == Kind::Slot {
+        if let Err(e) = count_prompt(&app, &mut intake).await {
+            return reject(ex, &e);
+        }
+    }
     let mut priority = match app.config.trust_client_priority {
         true => intake.summary.priority_hint.unwrap_or(0),
         false => 0,
@@ -141,6 +149,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         QUEUE_WAIT_HEADER,
         HeaderValue::from(queue_wait.as_millis() as u64),
     );
+    if let Some(n) = intake.summary.prompt_tokens {
+        out.headers_mut()
+            .insert(PROMPT_TOKENS_HEADER, HeaderValue::from(n));
+    }
     for (name, value) in response_headers {
         match (
             HeaderName::try_from(name.as_str()),
@@ -184,6 +196,32 @@ impl Drop for CancelGrace {
             slot.release_after(ABANDON_GRACE);
         }
     }
+}
+
+/// Counts the prompt with llama-server's own tokenizer (the estimate stands when it cannot) and
+/// bounds the reservation by the slot's context. A prompt that exactly counted cannot fit a slot is
+/// refused here, before it could queue or take a slot.
+async fn count_prompt(app: &App, intake: &mut Intake) -> Result<(), GateError> {
+    let s = &mut intake.summary;
+    let (exact, source) = match &intake.json {
+        Some(json) => app.cost.prompt_tokens(&s.path, json).await,
+        None => (None, cost::Source::Estimate),
+    };
+    cost::record(source, s.prompt_tokens_estimate, exact);
+    s.prompt_tokens = exact;
+    let slot = app.cost.slot_context();
+    s.reserved_tokens = match cost::reservation(s.prompt_tokens_best(), s.max_tokens, slot) {
+        Ok(r) => r,
+        Err(n_ctx) if exact.is_some() => {
+            return Err(GateError::ContextTooLong {
+                prompt: s.prompt_tokens_best(),
+                n_ctx,
+            })
+        }
+        // An estimate is no ground to refuse: llama-server decides.
+        Err(n_ctx) => Some(n_ctx),
+    };
+    Ok(())
 }
 
 /// Runs the policy chain on the blocking pool, never on an async worker. Measured by

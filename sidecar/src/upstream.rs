@@ -38,6 +38,9 @@ const HOP_BY_HOP: &[&str] = &[
 
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Identifies slotgate's own requests (token counting, `/props`) in llama-server's logs.
+const USER_AGENT: &str = concat!("slotgate/", env!("CARGO_PKG_VERSION"));
+
 /// Largest 503 body read to tell "Loading model" from other failures.
 const PROBE_BODY_LIMIT: usize = 64 * 1024;
 
@@ -184,6 +187,49 @@ impl Upstream {
             return Err(SendError::Loading);
         }
         Ok(Response::from_parts(parts, respond::full(bytes)))
+    }
+
+    /// One small JSON exchange with llama-server (`/props`, `/tokenize`, `/apply-template`): never
+    /// retried, bounded by `timeout`, the answer read up to [`PROBE_BODY_LIMIT`]. `Err` says why in
+    /// words; a 404 is `Err("404 ...")`.
+    pub async fn json(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, String> {
+        let attempt = async {
+            let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+            let req = Request::builder()
+                .method(method)
+                .uri(self.uri(path))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::USER_AGENT, USER_AGENT)
+                // Own connection, closed after: these calls never leave a pooled connection behind
+                // that llama-server might be closing as a generation request picks it up.
+                .header(header::CONNECTION, "close")
+                .body(Full::new(bytes))
+                .map_err(|e| e.to_string())?;
+            let resp = match &self.inner.client {
+                Pool::Tcp(c) => c.request(req).await,
+                Pool::Unix(c) => c.request(req).await,
+            }
+            .map_err(|e| error_chain(&e))?;
+            let status = resp.status();
+            let bytes = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
+                .collect()
+                .await
+                .map_err(|e| format!("reading {path}: {e}"))?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(format!("{} from {path}", status.as_u16()));
+            }
+            serde_json::from_slice(&bytes).map_err(|e| format!("{path} answered non-JSON: {e}"))
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or_else(|_| Err(format!("{path}: no answer within {timeout:?}")))
     }
 
     /// Probes `GET /health` once and records readiness.

@@ -76,6 +76,7 @@ pub struct FakeUpstream {
     delay: Duration,
     path: Option<PathBuf>,
     one_per_conn: bool,
+    n_ctx: u64,
 }
 
 /// One generation request as the fake received it.
@@ -109,6 +110,8 @@ struct State {
     counters: Counters,
     seen: Mutex<Vec<SeenRequest>>,
     passthrough: Mutex<Vec<String>>,
+    /// slotgate's own calls (user agent `slotgate/...`): token counting, `/props`.
+    internal: Mutex<Vec<String>>,
     /// When each generation request answered "Loading model" arrived.
     rejected_loading: Mutex<Vec<Instant>>,
 }
@@ -220,6 +223,7 @@ impl Default for FakeUpstream {
             delay: Duration::ZERO,
             path: None,
             one_per_conn: false,
+            n_ctx: 4096,
         }
     }
 }
@@ -299,6 +303,12 @@ impl FakeUpstream {
         self
     }
 
+    /// The context size per slot `/props` reports.
+    pub fn n_ctx(mut self, n: u64) -> Self {
+        self.n_ctx = n;
+        self
+    }
+
     /// Listen at this exact path (e.g. one a gate was already pointed at).
     pub fn at(mut self, path: impl AsRef<Path>) -> Self {
         self.path = Some(path.as_ref().to_path_buf());
@@ -325,6 +335,7 @@ impl FakeUpstream {
             counters: Counters::default(),
             seen: Mutex::new(Vec::new()),
             passthrough: Mutex::new(Vec::new()),
+            internal: Mutex::new(Vec::new()),
             rejected_loading: Mutex::new(Vec::new()),
         });
         let cfg = Arc::new(self);
@@ -443,6 +454,11 @@ impl RunningUpstream {
     /// Paths of non-generation requests (passthroughs) in arrival order; `/health` excluded.
     pub fn passthrough_seen(&self) -> Vec<String> {
         self.state.passthrough.lock().unwrap().clone()
+    }
+
+    /// Paths slotgate itself asked (token counting, `/props`), in arrival order.
+    pub fn internal_seen(&self) -> Vec<String> {
+        self.state.internal.lock().unwrap().clone()
     }
 
     /// Generation requests answered 503 "Loading model".
@@ -577,6 +593,20 @@ async fn handle(
         .unwrap_or_default();
     let path = parts.uri.path().to_owned();
     let generation = GENERATION_PATHS.contains(&path.as_str());
+    // slotgate's own calls (token counting, /props) are kept apart from the clients' passthroughs.
+    let internal = parts
+        .headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ua| ua.starts_with("slotgate/"));
+    let seen = |state: &State, path: &str| {
+        let list = if internal {
+            &state.internal
+        } else {
+            &state.passthrough
+        };
+        list.lock().unwrap().push(path.to_owned());
+    };
 
     let now = Instant::now();
     if now < state.ready_at {
@@ -604,22 +634,36 @@ async fn handle(
             json_response(StatusCode::OK, r#"{"status":"ok"}"#, None)
         }
         (&Method::GET, "/props") => {
-            state.passthrough.lock().unwrap().push(path.clone());
-            let props = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1,
+            seen(&state, &path);
+            let props = json!({"default_generation_settings": {"n_ctx": cfg.n_ctx}, "total_slots": 1,
                                "model_path": "fake.gguf"});
             json_response(StatusCode::OK, props.to_string(), None)
         }
         (&Method::GET, "/v1/models" | "/models") => {
-            state.passthrough.lock().unwrap().push(path.clone());
+            seen(&state, &path);
             let models = json!({"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "fake"}]});
             json_response(StatusCode::OK, models.to_string(), None)
         }
         (&Method::POST, "/tokenize" | "/detokenize" | "/apply-template") => {
-            state.passthrough.lock().unwrap().push(path.clone());
+            seen(&state, &path);
+            let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             let answer = match path.as_str() {
-                "/tokenize" => json!({"tokens": [1, 2, 3]}),
+                // One token per 4 characters, plus one for BOS: near the estimate, never equal.
+                "/tokenize" => {
+                    let chars = body["content"].as_str().map_or(0, |s| s.chars().count());
+                    json!({"tokens": vec![1; chars.div_ceil(4) + 1]})
+                }
                 "/detokenize" => json!({"content": "fake"}),
-                _ => json!({"prompt": "fake"}),
+                // The messages' text, joined: what a template would wrap.
+                _ => {
+                    let text: Vec<&str> = body["messages"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|m| m["content"].as_str())
+                        .collect();
+                    json!({"prompt": text.join("\n")})
+                }
             };
             json_response(StatusCode::OK, answer.to_string(), None)
         }

@@ -308,7 +308,9 @@ async fn assert_llama_idle(llama: &RunningLlama) {
 }
 
 /// slotgate with the token-budget policy and `settings`, on one slot in front of `llama`. The policy's
-/// debug log (its settlements) goes to stderr as JSON lines.
+/// debug log (its settlements) goes to stderr as JSON lines. Prompts are charged at the characters/4
+/// estimate (`--cost-tokenizer estimate`) on purpose: these tests are about settling a wrong up-front
+/// charge from llama-server's real usage (exact counting is e2e_llama_cost.rs).
 async fn budget_gate(llama: &RunningLlama, settings: &Value) -> RunningGate {
     let dir = unique_dir("budget");
     let settings_path = dir.join("token-budget.json");
@@ -320,6 +322,7 @@ async fn budget_gate(llama: &RunningLlama, settings: &Value) -> RunningGate {
         .opt("--policy", wat::built("token-budget").display())
         .opt("--policy-settings", settings_path.display())
         .opt("--log-format", "json")
+        .opt("--cost-tokenizer", "estimate")
         .env("SLOTGATE_LOG", "info,slotgate::policy=debug")
         .start()
         .await

@@ -96,13 +96,15 @@ impl Policy for RequestGuard {
                 r.prompt_chars
             ));
         }
-        if let Some(limit) = s
-            .max_prompt_tokens
-            .filter(|&l| r.prompt_tokens_estimate > l)
-        {
+        if let Some(limit) = s.max_prompt_tokens.filter(|&l| r.prompt_tokens_best() > l) {
+            let about = if r.prompt_tokens.is_some() {
+                ""
+            } else {
+                "about "
+            };
             return Decision::forbidden(format!(
-                "the prompt has about {} tokens; the limit is {limit}",
-                r.prompt_tokens_estimate
+                "the prompt has {about}{} tokens; the limit is {limit}",
+                r.prompt_tokens_best()
             ));
         }
         if let (Some(limit), Some(asked), OverMaxTokens::Deny) =

@@ -61,10 +61,11 @@ impl Budget {
     }
 }
 
-/// What a request is charged up front: its prompt estimate plus the most it may generate.
+/// What a request is charged up front: its prompt (counted exactly when slotgate could, else
+/// estimated) plus the most it may generate.
 fn estimate(request: &RequestSummary, settings: &Settings) -> u64 {
     let output = request.max_tokens.unwrap_or(settings.default_max_tokens);
-    request.prompt_tokens_estimate.saturating_add(output)
+    request.prompt_tokens_best().saturating_add(output)
 }
 
 /// What a request really used. Nothing if it never reached the upstream (rejected by the queue, timed
@@ -75,7 +76,7 @@ fn usage(c: &Completion) -> u64 {
         return 0;
     }
     let prompt = match c.prompt_tokens {
-        0 => c.request.prompt_tokens_estimate,
+        0 => c.request.prompt_tokens_best(),
         n => n,
     };
     prompt.saturating_add(c.completion_tokens)
