@@ -128,7 +128,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     let inflight = app.upstream.inflight_guard();
     let forwarded_at = Instant::now();
     let held = CancelGrace(slot);
-    let resp = forward(&app, &intake, deadline).await;
+    let resp = forward(&app, &intake, deadline, kind == Kind::Slot).await;
     let slot = held.disarm();
     let resp = match resp {
         Ok(resp) => resp,
@@ -261,11 +261,13 @@ async fn decide(
 }
 
 /// Sends the request, retrying with exponential backoff and jitter only while the upstream is
-/// unreachable or loading (nothing was processed), until the request's deadline.
+/// unreachable or loading (nothing was processed), until the request's deadline. A generation request
+/// (`generation`) goes out on a connection of its own (see `Upstream::send`).
 async fn forward(
     app: &App,
     intake: &Intake,
     deadline: Instant,
+    generation: bool,
 ) -> Result<Response<Body>, GateError> {
     let path_and_query = intake
         .parts
@@ -281,7 +283,7 @@ async fn forward(
                 path_and_query,
                 &intake.parts.headers,
                 intake.body.clone(),
-                intake.summary.stream,
+                generation,
             )
             .await;
         let err = match sent {

@@ -140,17 +140,21 @@ impl Upstream {
 
     /// One attempt. A fresh request is built every time from the parts the client sent.
     ///
-    /// `streamed` requests go out with `Connection: close`: llama-server closes the connection after
-    /// every streamed answer anyway (while announcing keep-alive), and a pooled connection that is
-    /// being closed as the next queued request is written on it would turn into a 502 for a request
-    /// llama-server never saw. Non-streamed requests reuse keep-alive connections.
+    /// An `own_connection` request (every generation request) goes out on a new connection with
+    /// `Connection: close`. Reusing a pooled one is unsafe for them: if llama-server is closing that
+    /// idle connection just as the request is written (it does after every streamed answer, and on
+    /// its keep-alive timeout), the request fails with "connection closed before message completed",
+    /// which cannot be told apart from a server that read the request and died, so it could be
+    /// neither retried nor answered honestly. On a connection of its own, a close before the answer
+    /// always means the server failed. A connect costs tens of microseconds against a generation's
+    /// hundreds of milliseconds. Other requests (model lists, tokenizer, props) reuse the pool.
     pub async fn send(
         &self,
         method: &Method,
         path_and_query: &str,
         client_headers: &HeaderMap,
         body: Bytes,
-        streamed: bool,
+        own_connection: bool,
     ) -> Result<Response<Body>, SendError> {
         let mut req = Request::builder()
             .method(method.clone())
@@ -158,7 +162,7 @@ impl Upstream {
             .body(Full::new(body))
             .map_err(|e| SendError::Failed(e.to_string()))?;
         copy_end_to_end(client_headers, req.headers_mut());
-        if streamed {
+        if own_connection {
             req.headers_mut()
                 .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
         }

@@ -1,5 +1,5 @@
-//! Keep-alive on both sides: several requests on one client connection each take and release the slot,
-//! and slotgate reuses its connections to the upstream instead of opening one per request.
+//! Keep-alive: several requests on one client connection each take and release the slot; towards the
+//! upstream, generation requests each get a connection of their own and everything else reuses the pool.
 
 use std::time::Duration;
 
@@ -59,39 +59,26 @@ async fn one_connection_carries_many_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn upstream_connections_are_reused() {
-    // The fake counts every connection it accepts, health probes' included, and probes share slotgate's
-    // pool. With an hourly probe the only one runs at start, so the count below is every connection
-    // slotgate opened, unfiltered: the probe's (which the first request may reuse) and any the requests
-    // needed. A fresh connection per request would make it 10 or 11.
+async fn generation_requests_get_their_own_upstream_connection_and_the_rest_reuse_the_pool() {
+    // The fake counts every connection it accepts; slotgate's own calls (reading /props, counting a
+    // prompt) use and close one each, and are left out of the count below. With an hourly health
+    // probe, only the first one runs.
     let (up, gate) = Gate::new()
         .slots(1)
         .health_interval("1h")
         .start_with(FakeUpstream::instant())
         .await;
     let client = gate.client();
+    let forwarding = || up.connections() - up.internal_seen().len();
 
-    for i in 0..10 {
+    // Every generation request, whole or streamed, opens a connection of its own and closes it after
+    // (`Connection: close`), so none can be written on a pooled connection llama-server is closing.
+    let start = forwarding();
+    for i in 0..5 {
         let resp = client
             .post_json(CHAT, &Req::chat(&format!("u{i}")).json())
             .await;
         assert_eq!(resp.status, 200, "{}", resp.body);
-    }
-    assert_eq!(up.count(), 10);
-    // slotgate's own calls (reading /props, counting the prompt once: the ten share it) each use a
-    // connection of their own, closed after, so they never leave a closing one in the pool.
-    let forwarding = || up.connections() - up.internal_seen().len();
-    let whole = forwarding();
-    assert!(
-        whole <= 2,
-        "10 sequential requests through one slot opened {whole} upstream connections (health probes: {})",
-        up.health_checks()
-    );
-
-    // Streamed requests go out with `Connection: close` on purpose: llama-server closes the connection
-    // after every streamed answer, and reusing one it is closing would fail the next request. The first
-    // stream takes the pooled connection and closes it; each further stream needs one of its own.
-    for i in 0..3 {
         let sse = client
             .stream(CHAT, &Req::chat(&format!("s{i}")).chunks(3, ms(5)).json())
             .await
@@ -99,17 +86,22 @@ async fn upstream_connections_are_reused() {
             .await;
         assert!(sse.complete(), "{sse:?}");
     }
-    assert_eq!(forwarding(), whole + 2, "no connection outlives its stream");
-    for i in 0..3 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("w{i}")).json())
-            .await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
-    }
+    assert_eq!(up.count(), 10);
     assert_eq!(
         forwarding(),
-        whole + 3,
-        "whole answers are back on one pooled connection"
+        start + 10,
+        "one connection per generation request"
+    );
+
+    // Passthroughs (model lists and the like) reuse one pooled connection.
+    let before = forwarding();
+    for _ in 0..5 {
+        assert_eq!(client.get("/v1/models").await.status, 200);
+    }
+    assert!(
+        forwarding() <= before + 1,
+        "5 passthroughs opened {} connections",
+        forwarding() - before
     );
     gate.assert_settled(&up, 1).await;
 }

@@ -260,7 +260,8 @@ async fn upstream_closing_each_connection_after_its_response_is_harmless() {
 
     // Queued requests are forwarded the instant the previous response ends: exactly when the
     // upstream's close of the previous connection is in flight.
-    let mut handles = vec![gate.hold_slot(&Req::chat("r0").delay(ms(800))).await];
+    // The first holds the slot long enough for all of them to queue, even on a loaded machine.
+    let mut handles = vec![gate.hold_slot(&Req::chat("r0").delay(ms(2500))).await];
     for i in 1..=QUEUED {
         handles.push(
             gate.enqueue(&Req::chat(&format!("r{i}")).delay(ms(10)))
