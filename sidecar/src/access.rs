@@ -35,6 +35,7 @@ pub struct Exchange {
     status: Option<u16>,
     outcome: Option<Outcome>,
     usage: Option<Usage>,
+    reserved: Option<u64>,
     completion: Option<CompletionHook>,
 }
 
@@ -51,6 +52,7 @@ impl Exchange {
             status: None,
             outcome: None,
             usage: None,
+            reserved: None,
             completion: None,
         }
     }
@@ -70,6 +72,13 @@ impl Exchange {
 
     pub fn set_upstream_time(&mut self, t: Duration) {
         self.upstream = Some(t);
+    }
+
+    /// The tokens an admitted request reserves; what it does not use is counted as refunded when it
+    /// ends.
+    pub fn set_reserved(&mut self, tokens: u64) {
+        metrics::counter!(m::TOKENS_RESERVED_TOTAL).increment(tokens);
+        self.reserved = Some(tokens);
     }
 
     pub fn set_usage(&mut self, usage: Usage) {
@@ -94,6 +103,12 @@ impl Exchange {
 impl Drop for Exchange {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::ClientGone);
+        if let Some(reserved) = self.reserved {
+            let used = self
+                .usage
+                .map_or(0, |u| u.prompt_tokens + u.completion_tokens);
+            metrics::counter!(m::TOKENS_REFUNDED_TOTAL).increment(reserved.saturating_sub(used));
+        }
         if let Some(hook) = self.completion.take() {
             let usage = self.usage.unwrap_or_default();
             let completion = Completion {
@@ -134,6 +149,7 @@ impl Drop for Exchange {
             path = %self.path,
             priority = self.priority,
             queue_wait_ms = ms(self.queue_wait),
+            reserved_tokens = self.reserved,
             upstream_ms = ms(self.upstream),
             total_ms = self.started.elapsed().as_millis() as u64,
             peer_uid = self.peer.map(|p| p.uid),

@@ -16,6 +16,8 @@ pub const TOKENS_TOTAL: &str = "slotgate_tokens_total";
 pub const UPSTREAM_READY: &str = "slotgate_upstream_ready";
 pub const UPSTREAM_RETRIES_TOTAL: &str = "slotgate_upstream_retries_total";
 pub const PROMPT_COUNTS_TOTAL: &str = "slotgate_prompt_counts_total";
+pub const TOKENS_RESERVED_TOTAL: &str = "slotgate_tokens_reserved_total";
+pub const TOKENS_REFUNDED_TOTAL: &str = "slotgate_tokens_refunded_total";
 pub const COST_ESTIMATE_ERROR_RATIO: &str = "slotgate_cost_estimate_error_ratio";
 pub const POLICY_EVAL_SECONDS: &str = "slotgate_policy_eval_seconds";
 pub const POLICY_DECISIONS_TOTAL: &str = "slotgate_policy_decisions_total";
@@ -98,6 +100,14 @@ fn describe() {
         PROMPT_COUNTS_TOTAL,
         "Prompts counted before admission, by source: upstream (llama-server's tokenizer), cache, estimate (characters / 4, when llama-server could not count)."
     );
+    describe_counter!(
+        TOKENS_RESERVED_TOTAL,
+        "Tokens reserved by admitted generation requests: prompt + the most each may generate within its slot."
+    );
+    describe_counter!(
+        TOKENS_REFUNDED_TOTAL,
+        "Reserved tokens given back when a request ended: its reservation minus the tokens it really used."
+    );
     describe_histogram!(
         COST_ESTIMATE_ERROR_RATIO,
         "The characters/4 estimate divided by the exact prompt tokens (1 = exact)."
@@ -119,6 +129,8 @@ fn describe() {
         metrics::counter!(TOKENS_TOTAL, "kind" => kind).absolute(0);
     }
     metrics::counter!(UPSTREAM_RETRIES_TOTAL).absolute(0);
+    metrics::counter!(TOKENS_RESERVED_TOTAL).absolute(0);
+    metrics::counter!(TOKENS_REFUNDED_TOTAL).absolute(0);
     for source in ["upstream", "cache", "estimate"] {
         metrics::counter!(PROMPT_COUNTS_TOTAL, "source" => source).absolute(0);
     }

@@ -124,6 +124,18 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         Kind::Passthrough => (None, Duration::ZERO),
     };
     ex.set_queue_wait(queue_wait);
+    if kind == Kind::Slot {
+        // Again, after any policy capped max_tokens. Without the slot's context size: prompt +
+        // max_tokens.
+        let s = &intake.summary;
+        let prompt = s.prompt_tokens_best();
+        let reserved = match cost::reservation(prompt, s.max_tokens, app.cost.slot_context()) {
+            Ok(Some(r)) => r,
+            Ok(None) => prompt + s.max_tokens.unwrap_or(0),
+            Err(n_ctx) => n_ctx,
+        };
+        ex.set_reserved(reserved);
+    }
 
     let inflight = app.upstream.inflight_guard();
     let forwarded_at = Instant::now();

@@ -117,3 +117,53 @@ async fn a_prompt_longer_than_a_slot_is_refused_before_it_queues() {
     );
     gate.assert_settled(&up, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reservations_are_counted_and_what_was_not_used_is_refunded() {
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .start_with(FakeUpstream::instant().n_ctx(1000))
+        .await;
+    eventually(
+        std::time::Duration::from_secs(10),
+        "slotgate read /props",
+        || async {
+            up.internal_seen()
+                .iter()
+                .any(|p| p == "/props")
+                .then_some(())
+        },
+    )
+    .await;
+    let client = gate.client();
+    // 40 characters: 11 prompt tokens; 100 more reserved for the answer, of which it uses 30.
+    let body = Req::chat("r")
+        .set(
+            "messages",
+            json!([{"role": "user", "content": "z".repeat(40)}]),
+        )
+        .set("max_tokens", 100)
+        .prompt_tokens(11)
+        .completion_tokens(30);
+    let resp = client.post_json(CHAT, &body.json()).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    // No max_tokens: the rest of the slot's context is reserved (1000 in all).
+    let open = Req::chat("open")
+        .set(
+            "messages",
+            json!([{"role": "user", "content": "z".repeat(40)}]),
+        )
+        .prompt_tokens(11)
+        .completion_tokens(5);
+    assert_eq!(client.post_json(CHAT, &open.json()).await.status, 200);
+    gate.assert_settled(&up, 1).await;
+    let m = gate.metrics().await;
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_reserved_total", &[]),
+        111.0 + 1000.0
+    );
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_refunded_total", &[]),
+        (111.0 - 41.0) + (1000.0 - 16.0)
+    );
+}
