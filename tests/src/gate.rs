@@ -137,6 +137,13 @@ impl Gate {
         self
     }
 
+    /// Loads `policies` in chain order from a config file (`--config`): each a module and, if any,
+    /// its settings as inline TOML.
+    pub fn policies(self, policies: &[(&Path, Option<&str>)]) -> Self {
+        let config = crate::wat::config(&unique_dir("policies"), policies);
+        self.opt("--config", config.display())
+    }
+
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
         self

@@ -10,12 +10,14 @@
 //! - [`fake_upstream`]: a scriptable llama-server stand-in that counts concurrency and cancellations honestly.
 //! - [`gate`]: builds the command line, starts `slotgate`, waits for `/livez`, scrapes admin endpoints.
 //! - [`client`]: HTTP/1.1 over Unix or TCP, whole or streamed responses, and raw sockets for abuse tests.
-//! - [`llama`]: launcher for a real llama-server, for the end-to-end tests.
+//! - [`llama`]: launcher for a real llama-server, and the requests and checks of the end-to-end tests.
 //! - [`request`]: fluent request bodies carrying the fake's knobs (`fake_tag`, `fake_delay_ms`, ...).
 //! - [`metrics`]: a small Prometheus text parser for asserting counters, gauges and histograms.
 //! - [`errors`]: the OpenAI error shape every slotgate-made response must have.
+//! - [`budget`]: waiting out the token-budget policy's refusals until a refund has landed.
 //! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
 
+pub mod budget;
 pub mod client;
 pub mod errors;
 pub mod fake_upstream;

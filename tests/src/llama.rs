@@ -3,6 +3,9 @@
 //!
 //! The setup script runs once per test process. If it fails the test fails with the script's stderr:
 //! an end-to-end test that silently skips would claim coverage it does not have.
+//!
+//! Also what every test against it asks and checks: chat requests that generate an exact number of
+//! tokens, the `usage` of their answers, calibration of answer length to time, and "idle again".
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -10,14 +13,18 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::client::{Client, Response};
+use crate::client::{Client, Response, SseRead};
 use crate::metrics::Metrics;
-use crate::wait::unique_dir;
+use crate::request::CHAT;
+use crate::wait::{eventually, unique_dir};
 
 /// Context tokens per slot: the tiny model's training context, enough for a prompt plus `max_tokens`.
 pub const CTX_PER_SLOT: usize = 2048;
+
+/// A short prompt for requests whose text does not matter.
+pub const PROMPT: &str = "Tell me a long story about a lighthouse keeper.";
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -231,6 +238,41 @@ impl RunningLlama {
         }
     }
 
+    /// Both views of "llama-server queued nothing and is idle now".
+    pub async fn assert_idle(&self) {
+        let load = eventually(Duration::from_secs(5), "llama-server idle", || async {
+            let load = self.load().await;
+            (load.requests_processing == 0.0).then_some(load)
+        })
+        .await;
+        assert_eq!(
+            load.requests_deferred, 0.0,
+            "llama-server deferred requests: {load:?}"
+        );
+        assert_eq!(self.busy_slots().await, 0, "{:?}", self.slots().await);
+    }
+
+    /// `max_tokens` for which one answer takes about `target` on this machine, from the faster of two
+    /// timed requests straight to llama-server (which also warm it up; other load only ever slows a
+    /// probe down), within `range`.
+    pub async fn tokens_for(&self, target: Duration, range: (u64, u64)) -> u64 {
+        const PROBE: u64 = 100;
+        let direct = Client::unix(self.socket());
+        let mut per_token = Duration::MAX;
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            chat_usage(
+                &direct.post_json(CHAT, &chat(PROMPT, PROBE, false)).await,
+                PROBE,
+            );
+            per_token = per_token.min(t0.elapsed() / PROBE as u32);
+        }
+        let n = (target.as_nanos() / per_token.as_nanos().max(1)) as u64;
+        let n = n.clamp(range.0, range.1);
+        eprintln!("{per_token:?} per token: max_tokens {n} for about {target:?} per answer");
+        n
+    }
+
     async fn wait_healthy(&mut self) {
         let deadline = Instant::now() + HEALTH_TIMEOUT;
         let mut last = String::from("socket not there yet");
@@ -287,6 +329,85 @@ pub struct LlamaLoad {
     /// `llamacpp:requests_deferred`: requests llama-server holds because every slot is busy. Behind
     /// slotgate with `--slots` equal to `-np`, this must stay 0.
     pub requests_deferred: f64,
+}
+
+/// A chat request with one user message that always generates exactly `max_tokens` tokens; a stream
+/// ends with a chunk carrying `usage`.
+pub fn chat(prompt: &str, max_tokens: u64, stream: bool) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        // Random weights can sample end-of-text at any step; without this, "length" and usage would
+        // be luck.
+        "ignore_eos": true,
+    });
+    if stream {
+        body["stream"] = true.into();
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// Token usage llama-server reported for one answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Usage {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
+impl Usage {
+    pub fn total(&self) -> u64 {
+        self.prompt + self.completion
+    }
+}
+
+/// A whole chat answer: 200, `chat.completion`, stopped for "length" after `max_tokens` generated,
+/// and a consistent `usage`.
+pub fn chat_usage(resp: &Response, max_tokens: u64) -> Usage {
+    assert_eq!(resp.status, 200, "expected an answer, got {}", resp.body);
+    let v = resp.json();
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    let u = Usage {
+        prompt: u64_at(&v, "/usage/prompt_tokens"),
+        completion: u64_at(&v, "/usage/completion_tokens"),
+    };
+    assert_eq!(u.completion, max_tokens, "usage.completion_tokens in {v}");
+    assert!(u.prompt > 0, "usage.prompt_tokens in {v}");
+    assert_eq!(u64_at(&v, "/usage/total_tokens"), u.total(), "{v}");
+    u
+}
+
+/// A streamed chat answer: ends with `[DONE]`, and its final `usage` counts `max_tokens` generated.
+pub fn stream_usage(sse: &SseRead, max_tokens: u64) -> Usage {
+    assert!(
+        sse.complete(),
+        "stream did not end cleanly with [DONE] (error {:?}):\n{}",
+        sse.error,
+        sse.raw
+    );
+    let usage = sse
+        .data
+        .iter()
+        .rev()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|c| c["usage"].is_object())
+        .unwrap_or_else(|| panic!("no chunk carries usage:\n{}", sse.raw))["usage"]
+        .clone();
+    let u = Usage {
+        prompt: u64_at(&usage, "/prompt_tokens"),
+        completion: u64_at(&usage, "/completion_tokens"),
+    };
+    assert_eq!(u.completion, max_tokens, "final usage {usage}");
+    assert!(u.prompt > 0, "final usage {usage}");
+    u
+}
+
+/// The integer at JSON pointer `path` in `v`.
+pub fn u64_at(v: &Value, path: &str) -> u64 {
+    v.pointer(path)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{path} is missing or not an integer in {v}"))
 }
 
 fn get_request(path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {

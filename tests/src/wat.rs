@@ -1,5 +1,5 @@
 //! Policies for tests: hand-written ABI v1 modules in WAT (a fixed decision, optionally after hostile
-//! code), and the example policies as `scripts/build-policies.sh` built them.
+//! code), the example policies as `scripts/build-policies.sh` built them, and config files loading them.
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +41,21 @@ pub fn policy(
 /// A policy answering `decision` with no other code.
 pub fn fixed(dir: &Path, name: &str, decision: &str) -> PathBuf {
     policy(dir, name, 1, decision, "", "")
+}
+
+/// Writes `<dir>/slotgate.toml` loading `policies` in chain order: each a module and, if any, its
+/// settings as inline TOML.
+pub fn config(dir: &Path, policies: &[(&Path, Option<&str>)]) -> PathBuf {
+    let mut toml = String::new();
+    for (path, settings) in policies {
+        toml += &format!("[[policy]]\npath = \"{}\"\n", path.display());
+        if let Some(settings) = settings {
+            toml += &format!("settings = {settings}\n");
+        }
+    }
+    let config = dir.join("slotgate.toml");
+    std::fs::write(&config, toml).expect("write config");
+    config
 }
 
 /// `<target>/policies/<name>.wasm|.wat`, as `scripts/build-policies.sh` leaves them.

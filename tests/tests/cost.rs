@@ -12,6 +12,27 @@ fn chat(content: &str) -> serde_json::Value {
     json!({"messages": [{"role": "user", "content": content}], "max_tokens": 8})
 }
 
+/// One slot in front of an instant fake whose slots hold `n_ctx` tokens, once slotgate has read that
+/// from the fake's `/props`.
+async fn start_with_slot_context(n_ctx: u64) -> (RunningUpstream, RunningGate) {
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .start_with(FakeUpstream::instant().n_ctx(n_ctx))
+        .await;
+    eventually(
+        std::time::Duration::from_secs(10),
+        "slotgate read /props",
+        || async {
+            up.internal_seen()
+                .iter()
+                .any(|p| p == "/props")
+                .then_some(())
+        },
+    )
+    .await;
+    (up, gate)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
     let (up, gate) = Gate::new()
@@ -83,22 +104,8 @@ async fn the_estimate_mode_asks_llama_server_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prompt_longer_than_a_slot_is_refused_before_it_queues() {
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .start_with(FakeUpstream::instant().n_ctx(64))
-        .await;
+    let (up, gate) = start_with_slot_context(64).await;
     let client = gate.client();
-    eventually(
-        std::time::Duration::from_secs(10),
-        "slotgate read /props",
-        || async {
-            up.internal_seen()
-                .iter()
-                .any(|p| p == "/props")
-                .then_some(())
-        },
-    )
-    .await;
     // 400 characters: 101 tokens, more than the 64 a slot holds.
     let resp = client.post_json(CHAT, &chat(&"x".repeat(400))).await;
     assert_error(&resp, 400, "context_length_exceeded");
@@ -120,21 +127,7 @@ async fn a_prompt_longer_than_a_slot_is_refused_before_it_queues() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reservations_are_counted_and_what_was_not_used_is_refunded() {
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .start_with(FakeUpstream::instant().n_ctx(1000))
-        .await;
-    eventually(
-        std::time::Duration::from_secs(10),
-        "slotgate read /props",
-        || async {
-            up.internal_seen()
-                .iter()
-                .any(|p| p == "/props")
-                .then_some(())
-        },
-    )
-    .await;
+    let (up, gate) = start_with_slot_context(1000).await;
     let client = gate.client();
     // 40 characters: 11 prompt tokens; 100 more reserved for the answer, of which it uses 30.
     let body = Req::chat("r")

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use slotgate_tests::llama::{LlamaLoad, LlamaServer, RunningLlama};
+use slotgate_tests::llama::{
+    chat_usage, stream_usage, u64_at, LlamaLoad, LlamaServer, RunningLlama, Usage, PROMPT,
+};
 use slotgate_tests::*;
 use tokio::sync::Mutex;
 
@@ -28,21 +30,37 @@ const MAX_ANSWER_TOKENS: u64 = slotgate_tests::llama::CTX_PER_SLOT as u64 - 200;
 const SHORT_TOKENS: u64 = 24;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
-const PROMPT: &str = "Tell me a long story about a lighthouse keeper.";
+/// A fresh llama-server with one slot, and slotgate in front of it with one slot and three queue places.
+async fn llama_and_gate() -> (RunningLlama, RunningGate) {
+    let llama = LlamaServer::start(1).await;
+    let gate = Gate::one_slot(3)
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    (llama, gate)
+}
 
-/// A chat request that always generates exactly `max_tokens` tokens.
+/// How every test ends: both sides idle, and slotgate counted `ok` answers served.
+async fn assert_all_served(gate: &RunningGate, llama: &RunningLlama, ok: u64) {
+    gate.assert_idle().await;
+    llama.assert_idle().await;
+    gate.wait_outcome("ok", ok).await;
+}
+
+/// The same request straight to llama-server and through slotgate: (direct, through) answers.
+async fn direct_and_through(
+    llama: &RunningLlama,
+    gate: &RunningGate,
+    path: &str,
+    body: &Value,
+) -> (Response, Response) {
+    let direct = Client::unix(llama.socket()).post_json(path, body).await;
+    (direct, gate.client().post_json(path, body).await)
+}
+
+/// A chat request with [`PROMPT`] that always generates exactly `max_tokens` tokens.
 fn chat(max_tokens: u64, stream: bool) -> Value {
-    let mut body = json!({
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
-        // Random weights can sample end-of-text at any step; without this, "length" would be luck.
-        "ignore_eos": true,
-    });
-    if stream {
-        body["stream"] = true.into();
-        body["stream_options"] = json!({"include_usage": true});
-    }
-    body
+    slotgate_tests::llama::chat(PROMPT, max_tokens, stream)
 }
 
 /// Greedy decoding, so the same request gives the same text through slotgate and straight from llama-server.
@@ -53,23 +71,6 @@ fn greedy(mut body: Value) -> Value {
     // random weights the top two logits are close enough for that to flip the argmax.
     body["cache_prompt"] = false.into();
     body
-}
-
-/// `max_tokens` for which one answer takes about `target` on this machine, from the faster of two timed
-/// direct requests (other load only ever slows a probe down), and never under `floor`.
-async fn tokens_for(llama: &RunningLlama, target: Duration, floor: u64) -> u64 {
-    const PROBE: u64 = 100;
-    let direct = Client::unix(llama.socket());
-    let mut per_token = Duration::MAX;
-    for _ in 0..2 {
-        let t0 = Instant::now();
-        check_chat(&direct.post_json(CHAT, &chat(PROBE, false)).await, PROBE);
-        per_token = per_token.min(t0.elapsed() / PROBE as u32);
-    }
-    let n = (target.as_nanos() / per_token.as_nanos().max(1)) as u64;
-    let n = n.clamp(floor, MAX_ANSWER_TOKENS);
-    eprintln!("{per_token:?} per token: max_tokens {n} for about {target:?} per answer");
-    n
 }
 
 /// One client's answer. For a stream, `resp.body` is the raw SSE text and `sse` its parse.
@@ -125,43 +126,32 @@ fn queue_wait_ms(resp: &Response) -> u64 {
 #[derive(Debug)]
 struct Generated {
     text: String,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-}
-
-fn u64_at(v: &Value, path: &str) -> u64 {
-    v.pointer(path)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("{path} is missing or not an integer in {v}"))
+    usage: Usage,
 }
 
 /// A whole `/v1/chat/completions` answer: text, `finish_reason` "length" and a consistent `usage`.
 fn check_chat(resp: &Response, max_tokens: u64) -> Generated {
-    assert_eq!(resp.status, 200, "{}", resp.body);
+    let usage = chat_usage(resp, max_tokens);
     let v = resp.json();
-    assert_eq!(v["object"], "chat.completion", "{v}");
     let text = v
         .pointer("/choices/0/message/content")
         .and_then(Value::as_str)
         .unwrap_or_else(|| panic!("no choices[0].message.content in {v}"));
     assert!(!text.is_empty(), "empty content in {v}");
-    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
-    let g = Generated {
+    Generated {
         text: text.to_owned(),
-        prompt_tokens: u64_at(&v, "/usage/prompt_tokens"),
-        completion_tokens: u64_at(&v, "/usage/completion_tokens"),
-    };
-    assert_eq!(
-        g.completion_tokens, max_tokens,
-        "usage.completion_tokens in {v}"
-    );
-    assert!(g.prompt_tokens > 0, "usage.prompt_tokens in {v}");
-    assert_eq!(
-        u64_at(&v, "/usage/total_tokens"),
-        g.prompt_tokens + g.completion_tokens,
-        "{v}"
-    );
-    g
+        usage,
+    }
+}
+
+/// Every SSE event of a stream, each of which must be JSON.
+fn json_chunks(sse: &SseRead) -> Vec<Value> {
+    sse.data
+        .iter()
+        .map(|d| {
+            serde_json::from_str(d).unwrap_or_else(|e| panic!("SSE chunk is not JSON ({e}): {d:?}"))
+        })
+        .collect()
 }
 
 /// A streamed `/v1/chat/completions` answer: every chunk is JSON of one completion, it ends with
@@ -170,21 +160,10 @@ fn check_chat_stream(resp: &Response, sse: &SseRead, max_tokens: u64) -> Generat
     assert_eq!(resp.status, 200, "{}", resp.body);
     let ct = resp.header("content-type").unwrap_or_default();
     assert!(ct.starts_with("text/event-stream"), "content-type {ct:?}");
-    assert!(
-        sse.complete(),
-        "stream did not end cleanly with [DONE] (error {:?}):\n{}",
-        sse.error,
-        sse.raw
-    );
-    let chunks: Vec<Value> = sse
-        .data
-        .iter()
-        .map(|d| {
-            serde_json::from_str(d).unwrap_or_else(|e| panic!("SSE chunk is not JSON ({e}): {d:?}"))
-        })
-        .collect();
+    let usage = stream_usage(sse, max_tokens);
+    let chunks = json_chunks(sse);
     let id = &chunks[0]["id"];
-    let (mut text, mut content_chunks, mut finish, mut usage) = (String::new(), 0u64, None, None);
+    let (mut text, mut content_chunks, mut finish) = (String::new(), 0u64, None);
     for c in &chunks {
         assert_eq!(c["object"], "chat.completion.chunk", "{c}");
         assert_eq!(&c["id"], id, "one stream carries one completion id: {c}");
@@ -203,9 +182,6 @@ fn check_chat_stream(resp: &Response, sse: &SseRead, max_tokens: u64) -> Generat
         {
             finish = Some(reason.to_owned());
         }
-        if c["usage"].is_object() {
-            usage = Some(c["usage"].clone());
-        }
     }
     assert_eq!(
         finish.as_deref(),
@@ -213,35 +189,13 @@ fn check_chat_stream(resp: &Response, sse: &SseRead, max_tokens: u64) -> Generat
         "finish_reason:\n{}",
         sse.raw
     );
-    let usage = usage.unwrap_or_else(|| panic!("no chunk carries usage:\n{}", sse.raw));
-    let g = Generated {
-        text,
-        prompt_tokens: u64_at(&usage, "/prompt_tokens"),
-        completion_tokens: u64_at(&usage, "/completion_tokens"),
-    };
-    assert_eq!(g.completion_tokens, max_tokens, "final usage {usage}");
-    assert!(g.prompt_tokens > 0, "final usage {usage}");
     // A token that ends mid-UTF-8 character is held back and sent with the next, so there may be fewer
     // content chunks than tokens, never more.
     assert!(
         (1..=max_tokens).contains(&content_chunks),
         "{content_chunks} content chunks for {max_tokens} tokens"
     );
-    g
-}
-
-/// Both views of "llama-server queued nothing and is idle now".
-async fn assert_llama_idle(llama: &RunningLlama) {
-    let load = eventually(Duration::from_secs(5), "llama-server idle", || async {
-        let load = llama.load().await;
-        (load.requests_processing == 0.0).then_some(load)
-    })
-    .await;
-    assert_eq!(
-        load.requests_deferred, 0.0,
-        "llama-server deferred requests: {load:?}"
-    );
-    assert_eq!(llama.busy_slots().await, 0, "{:?}", llama.slots().await);
+    Generated { text, usage }
 }
 
 /// One look at both sides during the burst.
@@ -289,15 +243,11 @@ fn print_timeline(samples: &[Sample]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn burst_on_one_slot_runs_one_at_a_time_in_arrival_order_and_overflow_gets_429() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let llama = LlamaServer::start(1).await;
-    let gate = Gate::new()
-        .upstream_path(llama.socket())
-        .slots(1)
-        .queue_depth(3)
-        .start()
-        .await;
+    let (llama, gate) = llama_and_gate().await;
 
-    let tokens = tokens_for(&llama, BURST_ANSWER, BURST_FLOOR).await;
+    let tokens = llama
+        .tokens_for(BURST_ANSWER, (BURST_FLOOR, MAX_ANSWER_TOKENS))
+        .await;
 
     // 8 clients, 50 ms apart, streaming and not in turn: r0 takes the slot, r1..r3 fill the queue,
     // r4..r7 find it full. Each of r0..r3 is seen in place before the next is sent, so arrival order is
@@ -419,13 +369,11 @@ async fn burst_on_one_slot_runs_one_at_a_time_in_arrival_order_and_overflow_gets
             Some(sse) => check_chat_stream(&a.resp, sse, tokens),
             None => check_chat(&a.resp, tokens),
         };
-        prompt += g.prompt_tokens;
-        completion += g.completion_tokens;
+        prompt += g.usage.prompt;
+        completion += g.usage.completion;
     }
 
-    gate.assert_idle().await;
-    assert_llama_idle(&llama).await;
-    gate.wait_outcome("ok", 4).await;
+    assert_all_served(&gate, &llama, 4).await;
     gate.wait_outcome("queue_full", 4).await;
     gate.wait_metric(
         "slotgate_tokens_total",
@@ -458,30 +406,15 @@ async fn burst_on_one_slot_runs_one_at_a_time_in_arrival_order_and_overflow_gets
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chat_completions_through_slotgate_match_llama_server_direct() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let llama = LlamaServer::start(1).await;
-    let gate = Gate::new()
-        .upstream_path(llama.socket())
-        .slots(1)
-        .queue_depth(3)
-        .start()
-        .await;
-    let direct = Client::unix(llama.socket());
+    let (llama, gate) = llama_and_gate().await;
 
-    let reference = check_chat(
-        &direct
-            .post_json(CHAT, &greedy(chat(SHORT_TOKENS, false)))
-            .await,
-        SHORT_TOKENS,
-    );
-
-    let whole = gate
-        .client()
-        .post_json(CHAT, &greedy(chat(SHORT_TOKENS, false)))
-        .await;
+    let (direct, whole) =
+        direct_and_through(&llama, &gate, CHAT, &greedy(chat(SHORT_TOKENS, false))).await;
+    let reference = check_chat(&direct, SHORT_TOKENS);
     assert!(queue_wait_ms(&whole) < 100, "nothing else was running");
     let whole = check_chat(&whole, SHORT_TOKENS);
     assert_eq!(whole.text, reference.text, "slotgate changed the answer");
-    assert_eq!(whole.prompt_tokens, reference.prompt_tokens);
+    assert_eq!(whole.usage.prompt, reference.usage.prompt);
 
     let a = send(gate.client(), 0, CHAT, greedy(chat(SHORT_TOKENS, true))).await;
     queue_wait_ms(&a.resp);
@@ -498,9 +431,7 @@ async fn chat_completions_through_slotgate_match_llama_server_direct() {
         .await;
     assert_eq!(check_chat(&alias, SHORT_TOKENS).text, reference.text);
 
-    gate.assert_idle().await;
-    assert_llama_idle(&llama).await;
-    gate.wait_outcome("ok", 3).await;
+    assert_all_served(&gate, &llama, 3).await;
 }
 
 /// llama-server's native completion API: `n_predict`, `content`, `stop`, `tokens_predicted`.
@@ -524,26 +455,11 @@ fn check_native(resp: &Response, n_predict: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn native_completion_through_slotgate_streams_and_answers_intact() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let llama = LlamaServer::start(1).await;
-    let gate = Gate::new()
-        .upstream_path(llama.socket())
-        .slots(1)
-        .queue_depth(3)
-        .start()
-        .await;
-    let direct = Client::unix(llama.socket());
+    let (llama, gate) = llama_and_gate().await;
 
-    let reference = check_native(
-        &direct
-            .post_json("/completion", &native(SHORT_TOKENS, false))
-            .await,
-        SHORT_TOKENS,
-    );
-
-    let whole = gate
-        .client()
-        .post_json("/completion", &native(SHORT_TOKENS, false))
-        .await;
+    let (direct, whole) =
+        direct_and_through(&llama, &gate, "/completion", &native(SHORT_TOKENS, false)).await;
+    let reference = check_native(&direct, SHORT_TOKENS);
     queue_wait_ms(&whole);
     assert_eq!(
         check_native(&whole, SHORT_TOKENS),
@@ -561,13 +477,7 @@ async fn native_completion_through_slotgate_streams_and_answers_intact() {
         sse.error,
         sse.raw
     );
-    let chunks: Vec<Value> = sse
-        .data
-        .iter()
-        .map(|d| {
-            serde_json::from_str(d).unwrap_or_else(|e| panic!("SSE chunk is not JSON ({e}): {d:?}"))
-        })
-        .collect();
+    let chunks = json_chunks(&sse);
     let (last, pieces) = chunks.split_last().expect("at least one chunk");
     assert!(
         pieces.iter().all(|c| c["stop"] == false),
@@ -585,21 +495,13 @@ async fn native_completion_through_slotgate_streams_and_answers_intact() {
         "the streamed pieces must add up to the same answer"
     );
 
-    gate.assert_idle().await;
-    assert_llama_idle(&llama).await;
-    gate.wait_outcome("ok", 2).await;
+    assert_all_served(&gate, &llama, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_mid_stream_stops_llama_server_and_frees_the_slot() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let llama = LlamaServer::start(1).await;
-    let gate = Gate::new()
-        .upstream_path(llama.socket())
-        .slots(1)
-        .queue_depth(3)
-        .start()
-        .await;
+    let (llama, gate) = llama_and_gate().await;
     // As long an answer as the context allows; the client leaves after the first token.
     let tokens = MAX_ANSWER_TOKENS;
     let mut stream = gate.client().stream(CHAT, &chat(tokens, true)).await;
@@ -620,7 +522,7 @@ async fn a_client_that_leaves_mid_stream_stops_llama_server_and_frees_the_slot()
     check_chat(&a.resp, SHORT_TOKENS);
 
     gate.assert_idle().await;
-    assert_llama_idle(&llama).await;
+    llama.assert_idle().await;
     // A cancelled generation counts the tokens it made; had llama-server finished the abandoned answer,
     // this would be `tokens` more.
     let predicted = llama
@@ -650,13 +552,7 @@ async fn a_client_that_leaves_mid_stream_stops_llama_server_and_frees_the_slot()
 async fn requests_queued_behind_streams_are_forwarded_although_llama_server_closes_those_connections(
 ) {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let llama = LlamaServer::start(1).await;
-    let gate = Gate::new()
-        .upstream_path(llama.socket())
-        .slots(1)
-        .queue_depth(3)
-        .start()
-        .await;
+    let (llama, gate) = llama_and_gate().await;
 
     // Three clients, each sending short streams back to back: one generates while the others wait,
     // so every stream's end hands the slot straight to a queued request. One slot plus three queue
@@ -694,8 +590,5 @@ async fn requests_queued_behind_streams_are_forwarded_although_llama_server_clos
     for a in &answers {
         check_chat_stream(&a.resp, a.sse.as_ref().expect("streamed"), SHORT_TOKENS);
     }
-    gate.assert_idle().await;
-    assert_llama_idle(&llama).await;
-    gate.wait_outcome("ok", (CLIENTS * STREAMS_EACH) as u64)
-        .await;
+    assert_all_served(&gate, &llama, (CLIENTS * STREAMS_EACH) as u64).await;
 }

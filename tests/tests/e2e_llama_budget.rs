@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use serde_json::{json, Value};
-use slotgate_tests::llama::{LlamaServer, RunningLlama};
+use slotgate_tests::llama::{chat, chat_usage, stream_usage, u64_at, LlamaServer, RunningLlama};
 use slotgate_tests::*;
 use tokio::sync::Mutex;
 
@@ -29,7 +29,7 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A prompt llama-server counts as more tokens than slotgate estimates (the chat template adds ~30),
 /// so each request using it is settled with a charge on top of its estimate.
-const SHORT_PROMPT: &str = "Tell me a long story about a lighthouse keeper.";
+const SHORT_PROMPT: &str = slotgate_tests::llama::PROMPT;
 
 /// A prompt slotgate estimates at about twice the tokens llama-server counts (14 characters a word,
 /// one token a word), so a request using it is settled with a refund.
@@ -45,21 +45,6 @@ fn long_word_prompt() -> String {
 /// the policy's settlement log (`charged N`) is checked against it.
 fn estimate(prompt: &str, max_tokens: u64) -> u64 {
     (prompt.chars().count() as u64).div_ceil(4) + max_tokens
-}
-
-/// A chat request that always generates exactly `max_tokens` tokens.
-fn chat(prompt: &str, max_tokens: u64, stream: bool) -> Value {
-    let mut body = json!({
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        // Random weights can sample end-of-text at any step; without this, usage would be luck.
-        "ignore_eos": true,
-    });
-    if stream {
-        body["stream"] = true.into();
-        body["stream_options"] = json!({"include_usage": true});
-    }
-    body
 }
 
 /// A client identity: its API key and the `sha256:<hex>` form the policy (and its settings) see.
@@ -118,66 +103,6 @@ impl Tenant {
             .unwrap_or_else(|_| panic!("tenant {}: no response head in time", self.name))
             .unwrap_or_else(|e| panic!("tenant {}: streaming request failed: {e:#}", self.name))
     }
-}
-
-/// Token usage llama-server reported for one answer.
-#[derive(Debug, Clone, Copy)]
-struct Usage {
-    prompt: u64,
-    completion: u64,
-}
-
-impl Usage {
-    fn total(&self) -> u64 {
-        self.prompt + self.completion
-    }
-}
-
-fn u64_at(v: &Value, path: &str) -> u64 {
-    v.pointer(path)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("{path} is missing or not an integer in {v}"))
-}
-
-/// A whole chat answer from llama-server: 200, `max_tokens` generated, consistent `usage`.
-fn served(resp: &Response, max_tokens: u64) -> Usage {
-    assert_eq!(resp.status, 200, "expected an answer, got {}", resp.body);
-    let v = resp.json();
-    assert_eq!(v["object"], "chat.completion", "{v}");
-    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
-    let u = Usage {
-        prompt: u64_at(&v, "/usage/prompt_tokens"),
-        completion: u64_at(&v, "/usage/completion_tokens"),
-    };
-    assert_eq!(u.completion, max_tokens, "usage.completion_tokens in {v}");
-    assert!(u.prompt > 0, "usage.prompt_tokens in {v}");
-    assert_eq!(u64_at(&v, "/usage/total_tokens"), u.total(), "{v}");
-    u
-}
-
-/// A streamed chat answer: ends with `[DONE]`, and its final `usage` counts `max_tokens` generated.
-fn served_stream(sse: &SseRead, max_tokens: u64) -> Usage {
-    assert!(
-        sse.complete(),
-        "stream did not end cleanly with [DONE] (error {:?}):\n{}",
-        sse.error,
-        sse.raw
-    );
-    let usage = sse
-        .data
-        .iter()
-        .rev()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .find(|c| c["usage"].is_object())
-        .unwrap_or_else(|| panic!("no chunk carries usage:\n{}", sse.raw))["usage"]
-        .clone();
-    let u = Usage {
-        prompt: u64_at(&usage, "/prompt_tokens"),
-        completion: u64_at(&usage, "/completion_tokens"),
-    };
-    assert_eq!(u.completion, max_tokens, "final usage {usage}");
-    assert!(u.prompt > 0, "final usage {usage}");
-    u
 }
 
 /// The token-budget refusal: 429 in the OpenAI error shape, code `policy_denied`, the policy's message.
@@ -293,20 +218,6 @@ async fn llama_work(llama: &RunningLlama) -> LlamaWork {
     }
 }
 
-/// Both views of "llama-server queued nothing and is idle now".
-async fn assert_llama_idle(llama: &RunningLlama) {
-    let load = eventually(Duration::from_secs(5), "llama-server idle", || async {
-        let load = llama.load().await;
-        (load.requests_processing == 0.0).then_some(load)
-    })
-    .await;
-    assert_eq!(
-        load.requests_deferred, 0.0,
-        "llama-server deferred requests: {load:?}"
-    );
-    assert_eq!(llama.busy_slots().await, 0, "{:?}", llama.slots().await);
-}
-
 /// slotgate with the token-budget policy and `settings`, on one slot in front of `llama`. The policy's
 /// debug log (its settlements) goes to stderr as JSON lines. Prompts are charged at the characters/4
 /// estimate (`--cost-tokenizer estimate`) on purpose: these tests are about settling a wrong up-front
@@ -339,28 +250,6 @@ const B_STREAM_TIME: Duration = Duration::from_secs(2);
 const B_STREAM_TOKENS: (u64, u64) = (1000, 1800);
 const _: () = assert!(B_STREAM_TOKENS.1 as usize + 200 <= slotgate_tests::llama::CTX_PER_SLOT);
 
-/// `max_tokens` for which one answer takes about `target` on this machine, from the faster of two timed
-/// requests straight to llama-server (which also warm it up), within `range`.
-async fn tokens_for(llama: &RunningLlama, target: Duration, range: (u64, u64)) -> u64 {
-    const PROBE: u64 = 100;
-    let direct = Client::unix(llama.socket());
-    let mut per_token = Duration::MAX;
-    for _ in 0..2 {
-        let t0 = Instant::now();
-        served(
-            &direct
-                .post_json(CHAT, &chat(SHORT_PROMPT, PROBE, false))
-                .await,
-            PROBE,
-        );
-        per_token = per_token.min(t0.elapsed() / PROBE as u32);
-    }
-    let n = (target.as_nanos() / per_token.as_nanos().max(1)) as u64;
-    let n = n.clamp(range.0, range.1);
-    eprintln!("{per_token:?} per token: max_tokens {n} for about {target:?}");
-    n
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_and_settled_from_real_usage(
 ) {
@@ -370,7 +259,7 @@ async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_a
     let b = Tenant::new("B", "sk-e2e-tenant-b");
     let long = long_word_prompt();
     let llama = LlamaServer::start(1).await;
-    let b_stream_tokens = tokens_for(&llama, B_STREAM_TIME, B_STREAM_TOKENS).await;
+    let b_stream_tokens = llama.tokens_for(B_STREAM_TIME, B_STREAM_TOKENS).await;
 
     // Fixed quotas (no refill), so every admission is decided by usage alone. A's bucket holds four
     // estimates of its request; B's exactly one estimate of its long-prompt stream. Anyone else gets
@@ -403,7 +292,7 @@ async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_a
     // What the policy must log for each settlement, from the usage llama-server reported.
     let (mut expected_a, mut expected_b) = (Vec::new(), Vec::new());
     while level_a >= est_a as i64 {
-        let u = served(
+        let u = chat_usage(
             &a.send(&client, &chat(SHORT_PROMPT, A_TOKENS, false)).await,
             A_TOKENS,
         );
@@ -428,7 +317,7 @@ async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_a
     eprintln!("A served {served_a} times, {level_a} tokens left, {est_a} needed");
 
     // 2. A's next request is refused by slotgate, at once, and never reaches llama-server.
-    assert_llama_idle(&llama).await;
+    llama.assert_idle().await;
     let before = llama_work(&llama).await;
     let t0 = Instant::now();
     let resp = a.send(&client, &chat(SHORT_PROMPT, A_TOKENS, false)).await;
@@ -463,7 +352,7 @@ async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_a
         "B's stream must still hold the slot after both refusals ({refused_in:?}), and nothing queues: {st}"
     );
     assert_eq!(llama.busy_slots().await, 1, "llama-server runs B's stream");
-    let u_b1 = served_stream(&b1.read_sse(ANSWER_TIMEOUT).await, b_stream_tokens);
+    let u_b1 = stream_usage(&b1.read_sse(ANSWER_TIMEOUT).await, b_stream_tokens);
     generated += u_b1.completion;
 
     // 4. B's stream is settled from the usage in its last chunk: llama-server counted fewer prompt
@@ -491,7 +380,7 @@ async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_a
         .await;
     assert_quota_spent(&resp);
     refusals += 1;
-    let u_b2 = served(
+    let u_b2 = chat_usage(
         &b.send(&client, &chat(SHORT_PROMPT, b2_tokens, false)).await,
         b2_tokens,
     );
@@ -511,7 +400,7 @@ async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_a
     // Both sides idle; llama-server generated exactly the tokens of the answers slotgate served, and
     // nothing for the five refused requests.
     gate.assert_idle().await;
-    assert_llama_idle(&llama).await;
+    llama.assert_idle().await;
     let served_total = served_a as u64 + 2;
     gate.wait_outcome("ok", served_total).await;
     gate.wait_outcome("policy_denied", refusals).await;
@@ -563,7 +452,7 @@ async fn a_refilling_budget_answers_retry_after_from_real_usage_and_admits_once_
     let client = gate.client();
     let body = chat(SHORT_PROMPT, C_TOKENS, false);
     // Warm llama-server up straight, so C's first answer is quick and the Retry-After bounds tight.
-    served(
+    chat_usage(
         &Client::unix(llama.socket()).post_json(CHAT, &body).await,
         C_TOKENS,
     );
@@ -571,7 +460,7 @@ async fn a_refilling_budget_answers_retry_after_from_real_usage_and_admits_once_
 
     // The first request takes the whole bucket; settled from real usage it leaves the bucket in debt.
     let t0 = Instant::now();
-    let u1 = served(&c.send(&client, &body).await, C_TOKENS);
+    let u1 = chat_usage(&c.send(&client, &body).await, C_TOKENS);
     let debt = u1.total() as f64 - est as f64;
     assert!(
         debt > 0.0,
@@ -581,7 +470,7 @@ async fn a_refilling_budget_answers_retry_after_from_real_usage_and_admits_once_
 
     // The next is refused with a Retry-After of the seconds until the bucket holds `est` again:
     // (est + debt) / refill from when the bucket was first drawn, less the time since.
-    assert_llama_idle(&llama).await;
+    llama.assert_idle().await;
     let before = llama_work(&llama).await;
     let resp = c.send(&client, &body).await;
     let elapsed = t0.elapsed().as_secs_f64();
@@ -604,11 +493,11 @@ async fn a_refilling_budget_answers_retry_after_from_real_usage_and_admits_once_
 
     // Retrying after Retry-After is admitted.
     tokio::time::sleep(Duration::from_secs(ra)).await;
-    served(&c.send(&client, &body).await, C_TOKENS);
+    chat_usage(&c.send(&client, &body).await, C_TOKENS);
     settled(&gate, &c, 2).await;
 
     gate.assert_idle().await;
-    assert_llama_idle(&llama).await;
+    llama.assert_idle().await;
     gate.wait_outcome("ok", 2).await;
     gate.wait_outcome("policy_denied", 1).await;
     let work = llama_work(&llama).await;

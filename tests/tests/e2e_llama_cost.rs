@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use slotgate_tests::llama::{LlamaServer, RunningLlama, CTX_PER_SLOT};
+use slotgate_tests::llama::{u64_at, LlamaServer, RunningLlama, CTX_PER_SLOT};
 use slotgate_tests::*;
 use tokio::sync::Mutex;
 
@@ -33,12 +33,6 @@ async fn wait_slot_context(gate: &RunningGate) {
             .then_some(())
     })
     .await;
-}
-
-fn u64_at(v: &Value, pointer: &str) -> u64 {
-    v.pointer(pointer)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("no {pointer} in {v}"))
 }
 
 fn counted(resp: &Response) -> u64 {

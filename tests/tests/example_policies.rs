@@ -1,7 +1,7 @@
 //! The example policies, built to wasm by `scripts/build-policies.sh`, load in the real host: ABI,
 //! exports, imports, their example settings, and one evaluation each.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
@@ -26,6 +26,21 @@ fn ok(o: &Output) -> String {
     text
 }
 
+/// Runs `slotgate <args>`, adding `--settings` with the example policy `name`'s example settings if
+/// it has them.
+fn with_example_settings(name: &str, args: &[&str]) -> Output {
+    let settings = workspace()
+        .join("policies")
+        .join(name)
+        .join("settings.example.json");
+    let settings = settings.display().to_string();
+    let mut args = args.to_vec();
+    if Path::new(&settings).exists() {
+        args.extend(["--settings", &settings]);
+    }
+    slotgate(&args)
+}
+
 const POLICIES: &[&str] = &[
     "token-budget",
     "tenant-priority",
@@ -36,22 +51,8 @@ const POLICIES: &[&str] = &[
 #[test]
 fn every_example_policy_passes_check_with_its_example_settings() {
     for name in POLICIES {
-        let module = slotgate_tests::wat::built(name);
-        let settings = workspace()
-            .join("policies")
-            .join(name)
-            .join("settings.example.json");
-        let mut args = vec![
-            "policy".to_owned(),
-            "check".to_owned(),
-            module.display().to_string(),
-        ];
-        if settings.exists() {
-            args.extend(["--settings".to_owned(), settings.display().to_string()]);
-        }
-        let out = ok(&slotgate(
-            &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        ));
+        let module = slotgate_tests::wat::built(name).display().to_string();
+        let out = ok(&with_example_settings(name, &["policy", "check", &module]));
         assert!(out.contains("ABI v1"), "{name}: {out}");
     }
 }
@@ -73,23 +74,12 @@ fn sdk_policies_decide_in_the_real_host() {
     .unwrap();
 
     let eval = |name: &str, input: &PathBuf| -> Value {
-        let module = slotgate_tests::wat::built(name);
-        let settings = workspace()
-            .join("policies")
-            .join(name)
-            .join("settings.example.json");
-        let mut args = vec![
-            "policy".to_owned(),
-            "eval".to_owned(),
-            "--policy".to_owned(),
-            module.display().to_string(),
-            "--input".to_owned(),
-            input.display().to_string(),
-        ];
-        if settings.exists() {
-            args.extend(["--settings".to_owned(), settings.display().to_string()]);
-        }
-        let out = slotgate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let module = slotgate_tests::wat::built(name).display().to_string();
+        let input = input.display().to_string();
+        let out = with_example_settings(
+            name,
+            &["policy", "eval", "--policy", &module, "--input", &input],
+        );
         ok(&out);
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert!(report["fuel_consumed"].as_u64().unwrap() > 0, "{report}");

@@ -23,6 +23,36 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `slotgate policy check <policy>`.
+fn check(policy: &Path) -> Output {
+    slotgate(&["policy", "check", policy.to_str().unwrap()])
+}
+
+/// `slotgate policy eval --policy <policy> --input <input> <extra>`.
+fn eval(policy: &Path, input: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "policy",
+        "eval",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    slotgate(&args)
+}
+
+/// Asserts slotgate said `needle` (on stdout or stderr).
+fn assert_says(out: &Output, needle: &str) {
+    assert!(text(out).contains(needle), "{}", text(out));
+}
+
+/// Asserts slotgate refused with exit status 2, saying `needle`.
+fn assert_refused(out: &Output, needle: &str) {
+    assert_eq!(out.status.code(), Some(2), "{}", text(out));
+    assert_says(out, needle);
+}
+
 fn request(dir: &Path) -> PathBuf {
     let path = dir.join("req.json");
     std::fs::write(&path, r#"{"method":"POST","path":"/v1/chat/completions","prompt_chars":40,"prompt_tokens_estimate":10}"#)
@@ -34,24 +64,16 @@ fn request(dir: &Path) -> PathBuf {
 fn check_accepts_a_valid_policy_and_names_what_is_wrong_with_others() {
     let dir = unique_dir("policy-check");
     let good = policy(&dir, "good", 1, r#"{"verdict":"allow"}"#, "");
-    let out = slotgate(&["policy", "check", good.to_str().unwrap()]);
+    let out = check(&good);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("ABI v1"), "{}", text(&out));
+    assert_says(&out, "ABI v1");
 
     let v2 = policy(&dir, "v2", 2, r#"{"verdict":"allow"}"#, "");
-    let out = slotgate(&["policy", "check", v2.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("ABI 2"), "{}", text(&out));
+    assert_refused(&check(&v2), "ABI 2");
 
     let junk = dir.join("junk.wasm");
     std::fs::write(&junk, b"\0asm\x01\0\0\0garbage").unwrap();
-    let out = slotgate(&["policy", "check", junk.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(
-        text(&out).contains("not a valid wasm module"),
-        "{}",
-        text(&out)
-    );
+    assert_refused(&check(&junk), "not a valid wasm module");
 }
 
 #[test]
@@ -65,14 +87,7 @@ fn eval_prints_the_decision_fuel_and_time() {
         "",
     );
     let req = request(&dir);
-    let out = slotgate(&[
-        "policy",
-        "eval",
-        "--policy",
-        p.to_str().unwrap(),
-        "--input",
-        req.to_str().unwrap(),
-    ]);
+    let out = eval(&p, &req, &[]);
     assert!(out.status.success(), "{}", text(&out));
     let report: Value =
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
@@ -94,46 +109,20 @@ fn eval_reports_a_runaway_policy_as_bounded_failure() {
     );
     let req = request(&dir);
     let started = std::time::Instant::now();
-    let out = slotgate(&[
-        "policy",
-        "eval",
-        "--policy",
-        spin.to_str().unwrap(),
-        "--input",
-        req.to_str().unwrap(),
-        "--fuel",
-        "100000",
-    ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("(fuel)"), "{}", text(&out));
-    let out = slotgate(&[
-        "policy",
-        "eval",
-        "--policy",
-        spin.to_str().unwrap(),
-        "--input",
-        req.to_str().unwrap(),
-        "--fuel",
-        "100000000000",
-        "--deadline",
-        "50ms",
-    ]);
-    assert!(text(&out).contains("(timeout)"), "{}", text(&out));
+    assert_refused(&eval(&spin, &req, &["--fuel", "100000"]), "(fuel)");
+    let out = eval(
+        &spin,
+        &req,
+        &["--fuel", "100000000000", "--deadline", "50ms"],
+    );
+    assert_says(&out, "(timeout)");
     assert!(
         started.elapsed().as_secs() < 20,
         "runaway policies must end in bounded time"
     );
 
     let bad_status = policy(&dir, "bad", 1, r#"{"verdict":"deny","status":500}"#, "");
-    let out = slotgate(&[
-        "policy",
-        "eval",
-        "--policy",
-        bad_status.to_str().unwrap(),
-        "--input",
-        req.to_str().unwrap(),
-    ]);
-    assert!(text(&out).contains("403 or 429"), "{}", text(&out));
+    assert_says(&eval(&bad_status, &req, &[]), "403 or 429");
 }
 
 #[test]

@@ -2,8 +2,7 @@
 //! example refunds its estimate from the actual usage. Without the refund its bucket (no refill)
 //! could never admit a second request.
 
-use std::time::{Duration, Instant};
-
+use slotgate_tests::budget::send_until_refunded;
 use slotgate_tests::errors::assert_error;
 use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::Gate;
@@ -11,22 +10,14 @@ use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::unique_dir;
 use slotgate_tests::wat;
 
+/// token-budget's settings here: 1000 tokens, never refilled.
+const BUDGET: Option<&str> = Some("{ capacity = 1000, refill_per_second = 0 }");
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn token_budget_is_refunded_from_actual_usage() {
-    let dir = unique_dir("policy-complete");
-    let config = dir.join("slotgate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[policy]]\npath = \"{}\"\nsettings = {{ capacity = 1000, refill_per_second = 0 }}\n",
-            wat::built("token-budget").display()
-        ),
-    )
-    .unwrap();
     let (up, gate) = Gate::new()
         .slots(1)
-        .arg("--config")
-        .arg(config.to_str().unwrap())
+        .policies(&[(&wat::built("token-budget"), BUDGET)])
         .start_with(FakeUpstream::instant())
         .await;
     let client = gate.client();
@@ -40,24 +31,9 @@ async fn token_budget_is_refunded_from_actual_usage() {
 
     // The refund runs just after the response ends; until it lands the bucket holds ~400 and a second
     // 600-token request is refused. It must get in once the estimate has been settled.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut refused = 0;
-    loop {
-        let resp = client
-            .post_json(CHAT, &Req::chat("second").set("max_tokens", 600).json())
-            .await;
-        if resp.status == 200 {
-            break;
-        }
-        assert_error(&resp, 429, "policy_denied");
-        refused += 1;
-        assert!(
-            Instant::now() < deadline,
-            "never refunded: {refused} refusals; {}",
-            resp.body
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let second = Req::chat("second").set("max_tokens", 600).json();
+    let resp = send_until_refunded(&client, &second, "never refunded").await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(
         up.tags(),
         ["first", "second"],
@@ -79,61 +55,27 @@ async fn a_later_policys_deny_gives_the_budget_back() {
         &wat::output(1024, deny.len() as u32),
         &wat::data(1024, deny),
     );
-    let config = dir.join("slotgate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[policy]]\npath = \"{}\"\nsettings = {{ capacity = 1000, refill_per_second = 0 }}\n\
-             [[policy]]\npath = \"{}\"\n",
-            wat::built("token-budget").display(),
-            guard.display()
-        ),
-    )
-    .unwrap();
     let (up, gate) = Gate::new()
         .slots(1)
-        .arg("--config")
-        .arg(config.to_str().unwrap())
+        .policies(&[(&wat::built("token-budget"), BUDGET), (&guard, None)])
         .start_with(FakeUpstream::instant())
         .await;
     let client = gate.client();
     // Each blocked request is charged ~600 of the 1000 by token-budget, then denied by the guard.
     // Its refund lands just after the response; until then the next one gets token-budget's 429.
     // Were the estimate not given back, every request after the first would get 429 for good.
-    let mut refused = 0;
     for i in 0..3 {
         let blocked = Req::chat(&format!("blocked-{i}"))
             .set("model", wat::MARKER)
             .set("max_tokens", 600);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let resp = client.post_json(CHAT, &blocked.json()).await;
-            if resp.status == 403 {
-                assert_error(&resp, 403, "policy_denied");
-                assert!(resp.body.contains("blocked model"), "{}", resp.body);
-                break;
-            }
-            assert_error(&resp, 429, "policy_denied");
-            refused += 1;
-            assert!(
-                Instant::now() < deadline,
-                "the estimate never came back ({refused} refusals): {}",
-                resp.body
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let resp =
+            send_until_refunded(&client, &blocked.json(), "the estimate never came back").await;
+        assert_error(&resp, 403, "policy_denied");
+        assert!(resp.body.contains("blocked model"), "{}", resp.body);
     }
     // The last refund may still be on its way.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let resp = loop {
-        let resp = client
-            .post_json(CHAT, &Req::chat("served").set("max_tokens", 600).json())
-            .await;
-        if resp.status == 200 || Instant::now() >= deadline {
-            break resp;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let served = Req::chat("served").set("max_tokens", 600).json();
+    let resp = send_until_refunded(&client, &served, "the last estimate never came back").await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(up.tags(), ["served"], "denied requests are never forwarded");
     gate.assert_settled(&up, 1).await;

@@ -6,24 +6,20 @@
 //! - `n_predict` overrides `max_tokens` in llama-server, so a policy sees the value that bounds
 //!   generation, not the smaller one a client put beside it.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
+use slotgate_tests::budget::send_until_refunded;
 use slotgate_tests::*;
 
-/// A config file loading the built example policy `name` with `settings` (inline TOML).
-fn policy_config(dir: &Path, name: &str, settings: &str) -> PathBuf {
-    let config = dir.join("slotgate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[policy]]\npath = \"{}\"\nsettings = {settings}\n",
-            wat::built(name).display()
-        ),
-    )
-    .unwrap();
-    config
+/// One slot in front of an instant fake, with the built example policy `name` and its `settings`
+/// (inline TOML).
+async fn start_with_policy(name: &str, settings: &str) -> (RunningUpstream, RunningGate) {
+    Gate::new()
+        .slots(1)
+        .policies(&[(&wat::built(name), Some(settings))])
+        .start_with(FakeUpstream::instant())
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -81,18 +77,8 @@ async fn timings_only_answers_are_counted_in_the_token_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn token_budget_charges_a_stream_that_reported_only_timings() {
-    let dir = unique_dir("usage-budget");
-    let config = policy_config(
-        &dir,
-        "token-budget",
-        "{ capacity = 1000, refill_per_second = 0 }",
-    );
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .arg("--config")
-        .arg(config.to_str().unwrap())
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) =
+        start_with_policy("token-budget", "{ capacity = 1000, refill_per_second = 0 }").await;
     let client = gate.client();
 
     // Charged 901 up front (1 estimated prompt token + 900); really used 300 + 400 = 700, reported
@@ -117,20 +103,13 @@ async fn token_budget_charges_a_stream_that_reported_only_timings() {
         .set("max_tokens", 289)
         .prompt_tokens(1)
         .completion_tokens(289);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let resp = client.post_json(CHAT, &probe.json()).await;
-        if resp.status == 200 {
-            break;
-        }
-        assert_error(&resp, 429, "policy_denied");
-        assert!(
-            Instant::now() < deadline,
-            "the first request was never settled: {}",
-            resp.body
-        );
-        tokio::time::sleep(ms(50)).await;
-    }
+    let resp = send_until_refunded(
+        &client,
+        &probe.json(),
+        "the first request was never settled",
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
 
     // 10 tokens are left: a request that may cost 101 is refused. (Had the first stream been counted
     // as free, 709 would be left and it would pass.)
@@ -148,18 +127,11 @@ async fn token_budget_charges_a_stream_that_reported_only_timings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn policies_see_the_max_tokens_llama_server_obeys() {
-    let dir = unique_dir("usage-max-tokens");
-    let config = policy_config(
-        &dir,
+    let (up, gate) = start_with_policy(
         "request-guard",
         r#"{ max_tokens = 100, over_max_tokens = "deny" }"#,
-    );
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .arg("--config")
-        .arg(config.to_str().unwrap())
-        .start_with(FakeUpstream::instant())
-        .await;
+    )
+    .await;
     let client = gate.client();
 
     // llama-server generates up to n_predict = 500 here, whatever max_tokens says.
