@@ -8,7 +8,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Fairness};
 use crate::config::{AdminAddr, Config, ListenAddr};
 use crate::intake::Limits;
 use crate::policy::{PolicyLoadError, PolicySet};
@@ -46,7 +46,14 @@ impl App {
     pub fn new(config: Config, prometheus: PrometheusHandle, policies: PolicySet) -> Self {
         App {
             policies,
-            admission: Admission::new(config.slots, config.queue_depth),
+            admission: Admission::with_fairness(
+                config.slots,
+                config.queue_depth,
+                Fairness {
+                    aging: config.priority_aging,
+                    tenant_limit: config.tenant_queue_limit(),
+                },
+            ),
             upstream: Upstream::new(
                 config.upstream.clone(),
                 config.connect_timeout,

@@ -1,7 +1,8 @@
 //! THE request path, top to bottom:
 //!
 //! ```text
-//! route -> intake (bounded body, JSON) -> priority -> admission (slot or queue)
+//! route -> intake (bounded body, JSON) -> policy chain -> claim (tenant, cost, weight, priority)
+//!       -> admission (slot, or the fair priority queue)
 //!       -> upstream (retry only while nothing was sent) -> GuardedBody (stream, then release)
 //! ```
 //!
@@ -20,7 +21,7 @@ use slotgate_sdk::{Decision, Peer, QueueSnapshot};
 use tokio::time::Instant;
 
 use crate::access::{CompletionHook, Exchange};
-use crate::admission::SlotGuard;
+use crate::admission::{Claim, SlotGuard};
 use crate::app::App;
 use crate::body::{GuardedBody, ABANDON_GRACE};
 use crate::error::{GateError, Outcome};
@@ -57,6 +58,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         false => 0,
     };
     let mut response_headers = BTreeMap::new();
+    let mut decided = None;
     // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
     let chain = app.policies.current();
     if !chain.is_empty() {
@@ -73,13 +75,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
             });
         }
         match outcome {
-            ChainOutcome::Allow(decision) => {
+            ChainOutcome::Allow(mut decision) => {
                 // A policy's priority replaces the client's hint (policies clamp hints themselves).
                 priority = decision.priority.unwrap_or(priority);
                 if let Err(e) = intake.apply(&decision.mutations) {
                     return reject(ex, &e);
                 }
-                response_headers = decision.mutations.response_headers;
+                response_headers = std::mem::take(&mut decision.mutations.response_headers);
+                decided = Some(decision);
             }
             ChainOutcome::Deny { policy, decision } => {
                 let e = GateError::PolicyDenied {
@@ -109,7 +112,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     // share the one budget the client was promised.
     let deadline = arrived + app.config.queue_timeout;
     let (slot, queue_wait) = match kind {
-        Kind::Slot => match app.admission.acquire(priority, deadline).await {
+        Kind::Slot => match app
+            .admission
+            .acquire(
+                Claim::new(&intake.summary, decided.as_ref(), priority),
+                deadline,
+            )
+            .await
+        {
             Ok((slot, wait)) => (Some(slot), wait),
             Err(e) => return reject(ex, &e),
         },
@@ -121,10 +131,16 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     let forwarded_at = Instant::now();
     let held = CancelGrace(slot);
     let resp = forward(&app, &intake, deadline).await;
-    let slot = held.disarm();
+    let mut slot = held.disarm();
     let resp = match resp {
         Ok(resp) => resp,
-        Err(e) => return reject(ex, &e),
+        Err(e) => {
+            if let (Some(slot), GateError::UpstreamUnavailable { .. }) = (slot.as_mut(), &e) {
+                // Never reached the upstream: nothing was served.
+                slot.settle(0);
+            }
+            return reject(ex, &e);
+        }
     };
 
     let (upstream_parts, body) = resp.into_parts();
