@@ -59,6 +59,13 @@ impl Tenants {
         self.map.get(tenant).map_or(0, |t| t.waiting)
     }
 
+    /// Whether a tenant other than `tenant` has requests waiting or in service.
+    pub fn others_active(&self, tenant: &str) -> bool {
+        self.map
+            .iter()
+            .any(|(name, t)| &**name != tenant && t.is_active())
+    }
+
     /// Active tenants and those remembered for their counters, for /status.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Tenant)> {
         self.map.iter().map(|(k, v)| (&**k, v))

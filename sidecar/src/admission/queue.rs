@@ -7,9 +7,10 @@
 //!    tenants share the slots by tokens served, whoever sends more;
 //! 3. among those, the first to arrive (so each tenant's own requests keep their order).
 //!
-//! A full queue rejects instead of growing (a strictly more urgent arrival displaces the least urgent,
-//! most recent waiter instead), and a tenant holding its share of the queue is turned away while
-//! others may still queue.
+//! A full queue rejects instead of growing: a tenant within its share of the queue takes the place of
+//! the newest waiter of a tenant beyond it, else a strictly more urgent arrival displaces the least
+//! urgent, most recent waiter. A tenant already holding its share is turned away while other tenants
+//! are active; alone, it may use the whole queue.
 //!
 //! Everything that must be given back is given back by a `Drop`: a [`SlotGuard`] releases (or hands
 //! on) its slot and ends its tenant's service, and a waiting [`Ticket`] that is dropped (client gone,
@@ -78,8 +79,17 @@ struct Waiter {
 #[derive(Debug)]
 enum Grant {
     Slot,
-    Displaced { retry_after: u64 },
-    ShuttingDown { retry_after: u64 },
+    Displaced {
+        retry_after: u64,
+    },
+    /// Its tenant held more than its share of a full queue, and another tenant needed the place.
+    OverShare {
+        waiting: usize,
+        retry_after: u64,
+    },
+    ShuttingDown {
+        retry_after: u64,
+    },
 }
 
 /// A point-in-time view for /status and for Retry-After.
@@ -169,6 +179,13 @@ impl Admission {
             }
             Grant::Slot => Ok((ticket.guard(), arrived.elapsed())),
             Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
+            Grant::OverShare {
+                waiting,
+                retry_after,
+            } => Err(GateError::TenantQueueFull {
+                waiting,
+                retry_after,
+            }),
             Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),
         }
     }
@@ -185,8 +202,9 @@ impl Admission {
             return Ok(Entry::Admitted(self.guard(&claim)));
         }
         if let Some(limit) = self.shared.fairness.tenant_limit {
+            // Alone, a tenant may use the whole queue; beside others, only its share.
             let waiting = st.tenants.waiting(&claim.tenant);
-            if waiting >= limit {
+            if waiting >= limit && st.tenants.others_active(&claim.tenant) {
                 return Err(GateError::TenantQueueFull {
                     waiting,
                     retry_after: self.retry_after(&st),
@@ -196,24 +214,36 @@ impl Admission {
         if st.waiters.len() >= self.shared.capacity {
             let retry_after = self.retry_after(&st);
             let now = Instant::now();
-            let victim = st
-                .waiters
-                .iter()
-                .map(|(seq, w)| (self.effective(w, now), *seq))
-                .max();
-            match victim {
-                // Strictly more urgent: the least urgent, most recently queued waiter gives way.
-                Some((urgency, seq)) if claim.priority < urgency => {
-                    if let Some(w) = st.waiters.remove(&seq) {
-                        st.tenants.dequeue(&w.claim.tenant);
-                        let _ = w.tx.send(Grant::Displaced { retry_after });
-                    }
-                }
-                _ => {
-                    return Err(GateError::QueueFull {
-                        depth: st.waiters.len(),
+            if let Some(seq) = self.over_share_victim(&st, &claim, now) {
+                // A tenant beyond its share gives up its newest place to one within its share.
+                if let Some(w) = st.waiters.remove(&seq) {
+                    let waiting = st.tenants.waiting(&w.claim.tenant);
+                    st.tenants.dequeue(&w.claim.tenant);
+                    let _ = w.tx.send(Grant::OverShare {
+                        waiting,
                         retry_after,
-                    })
+                    });
+                }
+            } else {
+                let victim = st
+                    .waiters
+                    .iter()
+                    .map(|(seq, w)| (self.effective(w, now), *seq))
+                    .max();
+                match victim {
+                    // Strictly more urgent: the least urgent, most recently queued waiter gives way.
+                    Some((urgency, seq)) if claim.priority < urgency => {
+                        if let Some(w) = st.waiters.remove(&seq) {
+                            st.tenants.dequeue(&w.claim.tenant);
+                            let _ = w.tx.send(Grant::Displaced { retry_after });
+                        }
+                    }
+                    _ => {
+                        return Err(GateError::QueueFull {
+                            depth: st.waiters.len(),
+                            retry_after,
+                        })
+                    }
                 }
             }
         }
@@ -237,6 +267,25 @@ impl Admission {
             rx,
             resolved: false,
         }))
+    }
+
+    /// On a full queue, the waiter that gives way to `claim` when `claim`'s tenant is within its
+    /// share: of the tenant holding the most waiters beyond its share, the least urgent and most
+    /// recent one, provided it is not more urgent than `claim`.
+    fn over_share_victim(&self, st: &State, claim: &Claim, now: Instant) -> Option<u64> {
+        let limit = self.shared.fairness.tenant_limit?;
+        if st.tenants.waiting(&claim.tenant) >= limit {
+            return None;
+        }
+        st.waiters
+            .iter()
+            .filter_map(|(seq, w)| {
+                let held = st.tenants.waiting(&w.claim.tenant);
+                (held > limit).then(|| (held, self.effective(w, now), *seq))
+            })
+            .max()
+            .filter(|(_, urgency, _)| claim.priority <= *urgency)
+            .map(|(_, _, seq)| seq)
     }
 
     /// A waiter's priority after aging: one level more urgent for every `aging` waited.
@@ -815,38 +864,75 @@ mod tests {
         assert!(starved >= Duration::from_secs(9), "{starved:?}");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_tenant_over_its_share_is_refused_while_others_queue() {
+    fn with_share(capacity: usize, limit: usize) -> Admission {
         let fairness = Fairness {
             aging: None,
-            tenant_limit: Some(2),
+            tenant_limit: Some(limit),
         };
-        let adm = Admission::with_fairness(1, 4, fairness);
+        Admission::with_fairness(1, capacity, fairness)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn beside_others_a_tenant_may_hold_only_its_share_of_the_queue() {
+        let adm = with_share(4, 2);
         let log = Log::default();
-        let (held, _) = adm.acquire(claim("a", 0, 1), far()).await.unwrap();
+        let (held, _) = adm.acquire(claim("b", 0, 1), far()).await.unwrap();
         let hold = Duration::from_millis(10);
         let mut tasks = Vec::new();
         for _ in 0..2 {
             tasks.push(request(&adm, &log, "a", claim("a", 0, 1), hold, None));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        // b is active (in service): a may not take a third place although the queue has room.
         let err = adm.acquire(claim("a", 0, 1), far()).await.err().unwrap();
         assert!(
             matches!(err, GateError::TenantQueueFull { waiting: 2, .. }),
             "{err:?}"
         );
         assert!(err.retry_after().unwrap() >= 1);
-        tasks.push(request(&adm, &log, "b", claim("b", 0, 1), hold, None));
+        tasks.push(request(&adm, &log, "c", claim("c", 0, 1), hold, None));
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(adm.stats().depth, 3);
         let listed = adm.tenants(10);
         let a = listed.iter().find(|t| t.tenant == "a").unwrap();
-        assert_eq!((a.waiting, a.in_service), (2, 1));
+        assert_eq!((a.waiting, a.in_service), (2, 0));
         drop(held);
         for t in tasks {
             t.await.unwrap().unwrap();
         }
-        assert_eq!(tags(&log), ["b", "a", "a"]);
+        assert_eq!(tags(&log), ["a", "c", "a"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn alone_a_tenant_may_fill_the_queue_until_another_needs_a_place() {
+        let adm = with_share(4, 2);
+        let log = Log::default();
+        let (held, _) = adm.acquire(claim("a", 0, 1), far()).await.unwrap();
+        let hold = Duration::from_millis(10);
+        let mut tasks = Vec::new();
+        for tag in ["a1", "a2", "a3", "a4"] {
+            tasks.push(request(&adm, &log, tag, claim("a", 0, 1), hold, None));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(adm.stats().depth, 4);
+        // b's arrival takes a's newest place; a is now held to its share.
+        tasks.push(request(&adm, &log, "b", claim("b", 0, 1), hold, None));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let over = tasks.swap_remove(3).await.unwrap().unwrap_err();
+        assert!(
+            matches!(over, GateError::TenantQueueFull { waiting: 4, .. }),
+            "{over:?}"
+        );
+        let err = adm.acquire(claim("a", 0, 1), far()).await.err().unwrap();
+        assert!(matches!(err, GateError::TenantQueueFull { .. }), "{err:?}");
+        // A less urgent arrival does not take the place of a more urgent waiter.
+        let err = adm.acquire(claim("c", 5, 1), far()).await.err().unwrap();
+        assert!(matches!(err, GateError::QueueFull { .. }), "{err:?}");
+        drop(held);
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!(tags(&log), ["b", "a1", "a2", "a3"]);
     }
 
     #[tokio::test(start_paused = true)]
