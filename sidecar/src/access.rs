@@ -30,6 +30,7 @@ pub struct Exchange {
     peer: Option<Peer>,
     started: Instant,
     priority: i64,
+    tenant: Option<Arc<str>>,
     queue_wait: Option<Duration>,
     upstream: Option<Duration>,
     status: Option<u16>,
@@ -46,6 +47,7 @@ impl Exchange {
             peer,
             started: Instant::now(),
             priority: 0,
+            tenant: None,
             queue_wait: None,
             upstream: None,
             status: None,
@@ -57,6 +59,11 @@ impl Exchange {
 
     pub fn set_priority(&mut self, priority: i64) {
         self.priority = priority;
+    }
+
+    /// The tenant the request was scheduled for.
+    pub fn set_tenant(&mut self, tenant: Arc<str>) {
+        self.tenant = Some(tenant);
     }
 
     pub fn set_queue_wait(&mut self, wait: Duration) {
@@ -133,6 +140,7 @@ impl Drop for Exchange {
             method = %self.method,
             path = %self.path,
             priority = self.priority,
+            tenant = self.tenant.as_deref().map(tracing::field::display),
             queue_wait_ms = ms(self.queue_wait),
             upstream_ms = ms(self.upstream),
             total_ms = self.started.elapsed().as_millis() as u64,

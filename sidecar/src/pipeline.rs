@@ -107,19 +107,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         }
     }
     ex.set_priority(priority);
+    let claim = Claim::new(&intake.summary, decided.as_ref(), priority);
+    ex.set_tenant(claim.tenant.clone());
 
     // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
     // share the one budget the client was promised.
     let deadline = arrived + app.config.queue_timeout;
     let (slot, queue_wait) = match kind {
-        Kind::Slot => match app
-            .admission
-            .acquire(
-                Claim::new(&intake.summary, decided.as_ref(), priority),
-                deadline,
-            )
-            .await
-        {
+        Kind::Slot => match app.admission.acquire(claim, deadline).await {
             Ok((slot, wait)) => (Some(slot), wait),
             Err(e) => return reject(ex, &e),
         },
