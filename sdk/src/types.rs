@@ -134,9 +134,15 @@ pub struct Decision {
     /// Scheduling priority (lower is served earlier).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i64>,
-    /// Tenant key for fair scheduling.
+    /// Tenant key for fair scheduling. Absent: the caller's identity (API key hash, else `uid:<n>`,
+    /// else `anonymous`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The tenant's share of the slots relative to other tenants in fair scheduling (a positive
+    /// number; absent: 1). A tenant of weight 2 is served about twice the tokens of a tenant of
+    /// weight 1 while both wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
     /// Request changes.
     #[serde(default)]
     pub mutations: Mutations,

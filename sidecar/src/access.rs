@@ -30,6 +30,7 @@ pub struct Exchange {
     peer: Option<Peer>,
     started: Instant,
     priority: i64,
+    tenant: Option<Arc<str>>,
     queue_wait: Option<Duration>,
     upstream: Option<Duration>,
     status: Option<u16>,
@@ -47,6 +48,7 @@ impl Exchange {
             peer,
             started: Instant::now(),
             priority: 0,
+            tenant: None,
             queue_wait: None,
             upstream: None,
             status: None,
@@ -59,6 +61,11 @@ impl Exchange {
 
     pub fn set_priority(&mut self, priority: i64) {
         self.priority = priority;
+    }
+
+    /// The tenant the request was scheduled for.
+    pub fn set_tenant(&mut self, tenant: Arc<str>) {
+        self.tenant = Some(tenant);
     }
 
     pub fn set_queue_wait(&mut self, wait: Duration) {
@@ -148,6 +155,7 @@ impl Drop for Exchange {
             method = %self.method,
             path = %self.path,
             priority = self.priority,
+            tenant = self.tenant.as_deref().map(tracing::field::display),
             queue_wait_ms = ms(self.queue_wait),
             reserved_tokens = self.reserved,
             upstream_ms = ms(self.upstream),

@@ -41,8 +41,24 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// Tenants listed in /status, the next to be served first.
+const STATUS_TENANTS: usize = 100;
+
 pub fn status(app: &App) -> serde_json::Value {
     let q = app.admission.stats();
+    let tenants: Vec<serde_json::Value> = app
+        .admission
+        .tenants(STATUS_TENANTS)
+        .into_iter()
+        .map(|t| {
+            json!({
+                "tenant": t.tenant,
+                "virtual_tokens": t.counter,
+                "waiting": t.waiting,
+                "in_service": t.in_service,
+            })
+        })
+        .collect();
     let chain = app.policies.current();
     let policies: Vec<serde_json::Value> = chain
         .policies()
@@ -57,7 +73,11 @@ pub fn status(app: &App) -> serde_json::Value {
         .collect();
     json!({
         "slots": { "total": q.slots, "busy": q.busy },
-        "queue": { "depth": q.depth, "capacity": q.capacity },
+        "queue": { "depth": q.depth, "capacity": q.capacity, "tenant_limit": q.tenant_limit },
+        "fairness": {
+            "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),
+            "tenants": tenants,
+        },
         "inflight": app.upstream.inflight(),
         "upstream": { "ready": app.upstream.is_ready(), "target": app.upstream.target().to_string() },
         "service_time_seconds": q.service_seconds,

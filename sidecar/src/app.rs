@@ -8,7 +8,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Fairness};
 use crate::config::{AdminAddr, Config, ListenAddr};
 use crate::cost::Counter;
 use crate::intake::Limits;
@@ -55,7 +55,14 @@ impl App {
         App {
             policies,
             cost: Counter::new(config.tokenizer, upstream.clone()),
-            admission: Admission::new(config.slots, config.queue_depth),
+            admission: Admission::with_fairness(
+                config.slots,
+                config.queue_depth,
+                Fairness {
+                    aging: config.priority_aging,
+                    tenant_limit: config.tenant_queue_limit(),
+                },
+            ),
             upstream,
             limits: Limits {
                 max_body: config.max_body,

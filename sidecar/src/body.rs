@@ -67,7 +67,8 @@ impl GuardedBody {
         held.exchange.set_upstream_time(elapsed);
         metrics::histogram!(m::UPSTREAM_SECONDS).record(elapsed.as_secs_f64());
         if outcome == Outcome::Ok {
-            if let Some(u) = self.usage.finish() {
+            let usage = self.usage.finish();
+            if let Some(u) = usage {
                 held.exchange.set_usage(u);
                 metrics::counter!(m::TOKENS_TOTAL, "kind" => "prompt").increment(u.prompt_tokens);
                 metrics::counter!(m::TOKENS_TOTAL, "kind" => "completion")
@@ -75,6 +76,10 @@ impl GuardedBody {
             }
             if let Some(slot) = held.slot.as_mut() {
                 slot.complete();
+                // Without a usage report the tenant stays charged its estimate.
+                if let Some(u) = usage {
+                    slot.settle(u.prompt_tokens.saturating_add(u.completion_tokens));
+                }
             }
         }
         held.exchange.finish(outcome);

@@ -59,6 +59,19 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust_client_priority: Option<bool>,
 
+    /// Waiting this long makes a queued request one priority level more urgent (repeatedly), so less
+    /// urgent requests still run once more urgent ones let up. `0s` turns aging off. [default: 10s]
+    #[arg(long, env = "SLOTGATE_PRIORITY_AGING", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_aging: Option<Dur>,
+
+    /// The largest fraction of the queue one tenant may hold (at least one place); its further
+    /// requests get 429 `tenant_queue_full` while other tenants can still queue. `1.0` turns the
+    /// limit off. [default: 0.5]
+    #[arg(long, env = "SLOTGATE_TENANT_QUEUE_SHARE", value_name = "FRACTION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_queue_share: Option<f64>,
+
     /// Largest request body; larger ones get 413. Accepts `8MiB`, `512KiB`, `1048576`. [default: 8MiB]
     #[arg(long, env = "SLOTGATE_MAX_BODY", value_name = "SIZE")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -244,6 +257,8 @@ impl Settings {
             queue_depth,
             queue_timeout,
             trust_client_priority,
+            priority_aging,
+            tenant_queue_share,
             max_body,
             header_timeout,
             body_timeout,
@@ -282,6 +297,10 @@ pub struct Config {
     pub queue_depth: usize,
     pub queue_timeout: Duration,
     pub trust_client_priority: bool,
+    /// One priority level gained per this much waiting; `None` when off.
+    pub priority_aging: Option<Duration>,
+    /// Fraction of the queue one tenant may hold, in `(0, 1]`; 1 is no limit.
+    pub tenant_queue_share: f64,
     pub max_body: usize,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
@@ -340,6 +359,15 @@ impl Config {
         if max_body == 0 {
             return Err(invalid("max-body", "must be at least 1 byte"));
         }
+        let tenant_queue_share = s.tenant_queue_share.unwrap_or(0.5);
+        if !(tenant_queue_share > 0.0 && tenant_queue_share <= 1.0) {
+            return Err(invalid(
+                "tenant-queue-share",
+                format!(
+                    "{tenant_queue_share} is not a fraction in (0, 1]; 1.0 turns the limit off"
+                ),
+            ));
+        }
         let positive = |key: &'static str, d: Option<Dur>, default: Duration| match d {
             Some(Dur(d)) if d.is_zero() => Err(invalid(key, "must be longer than zero")),
             Some(Dur(d)) => Ok(d),
@@ -358,6 +386,12 @@ impl Config {
             queue_depth: s.queue_depth.unwrap_or(8),
             queue_timeout: positive("queue-timeout", s.queue_timeout, Duration::from_secs(60))?,
             trust_client_priority: s.trust_client_priority.unwrap_or(false),
+            priority_aging: match s.priority_aging {
+                Some(Dur(d)) if d.is_zero() => None,
+                Some(Dur(d)) => Some(d),
+                None => Some(Duration::from_secs(10)),
+            },
+            tenant_queue_share,
             max_body,
             header_timeout: positive("header-timeout", s.header_timeout, Duration::from_secs(10))?,
             body_timeout: positive("body-timeout", s.body_timeout, Duration::from_secs(30))?,
@@ -399,6 +433,8 @@ impl Config {
             queue_depth: Some(self.queue_depth),
             queue_timeout: Some(Dur(self.queue_timeout)),
             trust_client_priority: Some(self.trust_client_priority),
+            priority_aging: Some(Dur(self.priority_aging.unwrap_or(Duration::ZERO))),
+            tenant_queue_share: Some(self.tenant_queue_share),
             max_body: Some(ByteSize(self.max_body)),
             header_timeout: Some(Dur(self.header_timeout)),
             body_timeout: Some(Dur(self.body_timeout)),
@@ -418,6 +454,18 @@ impl Config {
             policy_flags: None,
             policy: (!self.policies.is_empty()).then(|| self.policies.clone()),
         }
+    }
+}
+
+impl Config {
+    /// The most waiters one tenant may hold: `ceil(share * queue-depth)`, at least 1; `None` when the
+    /// share is 1 (off) or there is no queue.
+    pub fn tenant_queue_limit(&self) -> Option<usize> {
+        if self.tenant_queue_share >= 1.0 || self.queue_depth == 0 {
+            return None;
+        }
+        let limit = (self.tenant_queue_share * self.queue_depth as f64).ceil() as usize;
+        Some(limit.clamp(1, self.queue_depth))
     }
 }
 
@@ -843,6 +891,38 @@ mod tests {
         let again = Config::from_settings(toml::from_str(&text).unwrap()).unwrap();
         assert_eq!(toml::to_string(&again.effective()).unwrap(), text);
         assert!(text.contains("queue-timeout = \"1m\""), "{text}");
+    }
+
+    #[test]
+    fn fairness_keys_parse_validate_and_derive_the_tenant_limit() {
+        let cfg = Config::from_settings(Settings::default()).unwrap();
+        assert_eq!(cfg.priority_aging, Some(Duration::from_secs(10)));
+        assert_eq!(
+            (cfg.tenant_queue_share, cfg.tenant_queue_limit()),
+            (0.5, Some(4))
+        );
+        let file: Settings =
+            toml::from_str("priority-aging = \"0s\"\ntenant-queue-share = 0.3\nqueue-depth = 5\n")
+                .unwrap();
+        let cfg = Config::from_settings(file).unwrap();
+        assert_eq!(cfg.priority_aging, None);
+        assert_eq!(cfg.tenant_queue_limit(), Some(2));
+        let off = Settings {
+            tenant_queue_share: Some(1.0),
+            ..Settings::default()
+        };
+        assert_eq!(
+            Config::from_settings(off).unwrap().tenant_queue_limit(),
+            None
+        );
+        for bad in [0.0, -0.5, 1.5, f64::NAN] {
+            let s = Settings {
+                tenant_queue_share: Some(bad),
+                ..Settings::default()
+            };
+            let err = Config::from_settings(s).unwrap_err().to_string();
+            assert!(err.contains("tenant-queue-share"), "{err}");
+        }
     }
 
     #[test]

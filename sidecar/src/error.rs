@@ -23,6 +23,10 @@ pub enum GateError {
     #[error("the queue is full ({depth} waiting); retry after {retry_after}s")]
     QueueFull { depth: usize, retry_after: u64 },
     #[error(
+        "this tenant already has {waiting} requests waiting, its share of the queue; retry after {retry_after}s"
+    )]
+    TenantQueueFull { waiting: usize, retry_after: u64 },
+    #[error(
         "a more urgent request took this request's place in the queue; retry after {retry_after}s"
     )]
     Displaced { retry_after: u64 },
@@ -53,6 +57,7 @@ pub enum Outcome {
     Ok,
     BadRequest,
     QueueFull,
+    TenantQueueFull,
     Displaced,
     QueueTimeout,
     ClientGone,
@@ -63,10 +68,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
+        Outcome::TenantQueueFull,
         Outcome::Displaced,
         Outcome::QueueTimeout,
         Outcome::ClientGone,
@@ -81,6 +87,7 @@ impl Outcome {
             Outcome::Ok => "ok",
             Outcome::BadRequest => "bad_request",
             Outcome::QueueFull => "queue_full",
+            Outcome::TenantQueueFull => "tenant_queue_full",
             Outcome::Displaced => "displaced",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::ClientGone => "client_gone",
@@ -102,7 +109,9 @@ impl GateError {
             GateError::BodyRead(_)
             | GateError::InvalidJson(_)
             | GateError::ContextTooLong { .. } => 400,
-            GateError::QueueFull { .. } | GateError::Displaced { .. } => 429,
+            GateError::QueueFull { .. }
+            | GateError::TenantQueueFull { .. }
+            | GateError::Displaced { .. } => 429,
             GateError::QueueTimeout(_) => 504,
             GateError::Upstream(_) => 502,
             GateError::UpstreamUnavailable { .. } | GateError::ShuttingDown { .. } => 503,
@@ -121,7 +130,9 @@ impl GateError {
             | GateError::BodyRead(_)
             | GateError::InvalidJson(_)
             | GateError::ContextTooLong { .. } => "invalid_request_error",
-            GateError::QueueFull { .. } | GateError::Displaced { .. } => "rate_limit_error",
+            GateError::QueueFull { .. }
+            | GateError::TenantQueueFull { .. }
+            | GateError::Displaced { .. } => "rate_limit_error",
             GateError::QueueTimeout(_) => "timeout_error",
             GateError::Upstream(_)
             | GateError::UpstreamUnavailable { .. }
@@ -143,6 +154,7 @@ impl GateError {
             GateError::InvalidJson(_) => "invalid_json",
             GateError::ContextTooLong { .. } => "context_length_exceeded",
             GateError::QueueFull { .. } => "queue_full",
+            GateError::TenantQueueFull { .. } => "tenant_queue_full",
             GateError::Displaced { .. } => "displaced",
             GateError::QueueTimeout(_) => "queue_timeout",
             GateError::UpstreamUnavailable { .. } => "upstream_unavailable",
@@ -163,6 +175,7 @@ impl GateError {
             | GateError::InvalidJson(_)
             | GateError::ContextTooLong { .. } => Outcome::BadRequest,
             GateError::QueueFull { .. } => Outcome::QueueFull,
+            GateError::TenantQueueFull { .. } => Outcome::TenantQueueFull,
             GateError::Displaced { .. } => Outcome::Displaced,
             GateError::QueueTimeout(_) => Outcome::QueueTimeout,
             GateError::Upstream(_) | GateError::UpstreamUnavailable { .. } => {
@@ -178,6 +191,7 @@ impl GateError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             GateError::QueueFull { retry_after, .. }
+            | GateError::TenantQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
             | GateError::UpstreamUnavailable { retry_after, .. }
             | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),

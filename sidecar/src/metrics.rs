@@ -1,5 +1,8 @@
 //! Metric names, their descriptions and histogram buckets: the one list an SRE reads.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -13,6 +16,7 @@ pub const QUEUE_WAIT_SECONDS: &str = "slotgate_queue_wait_seconds";
 pub const UPSTREAM_SECONDS: &str = "slotgate_upstream_seconds";
 pub const TTFB_SECONDS: &str = "slotgate_time_to_first_byte_seconds";
 pub const TOKENS_TOTAL: &str = "slotgate_tokens_total";
+pub const TENANT_TOKENS_TOTAL: &str = "slotgate_tenant_tokens_total";
 pub const UPSTREAM_READY: &str = "slotgate_upstream_ready";
 pub const UPSTREAM_RETRIES_TOTAL: &str = "slotgate_upstream_retries_total";
 pub const PROMPT_COUNTS_TOTAL: &str = "slotgate_prompt_counts_total";
@@ -67,7 +71,7 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
 }
 
 fn describe() {
-    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, queue_full, displaced, queue_timeout, client_gone, upstream_error, bad_request, shutting_down).");
+    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, queue_full, tenant_queue_full, displaced, queue_timeout, client_gone, upstream_error, bad_request, shutting_down).");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a slot.");
     describe_gauge!(
         INFLIGHT,
@@ -112,6 +116,11 @@ fn describe() {
         COST_ESTIMATE_ERROR_RATIO,
         "The characters/4 estimate divided by the exact prompt tokens (1 = exact)."
     );
+    describe_counter!(
+        TENANT_TOKENS_TOTAL,
+        "Tokens served per tenant (prompt + completion, from the upstream's usage), by tenant; \
+         after the first 50 tenants, the rest are counted under `other`."
+    );
     describe_gauge!(
         UPSTREAM_READY,
         "1 while the upstream's /health answers 200, else 0."
@@ -138,4 +147,47 @@ fn describe() {
     metrics::gauge!(INFLIGHT).set(0.0);
     metrics::gauge!(SLOTS_BUSY).set(0.0);
     metrics::gauge!(UPSTREAM_READY).set(0.0);
+}
+
+/// Caps the distinct values of a label so a flood of names cannot grow the exporter without bound:
+/// the first `cap` values seen keep their own series, every later one shares `other`.
+#[derive(Debug)]
+pub struct BoundedLabels {
+    seen: HashSet<Arc<str>>,
+    cap: usize,
+}
+
+impl BoundedLabels {
+    pub const OTHER: &'static str = "other";
+
+    pub fn new(cap: usize) -> Self {
+        BoundedLabels {
+            seen: HashSet::new(),
+            cap,
+        }
+    }
+
+    /// The label value to record `value` under.
+    pub fn label(&mut self, value: &Arc<str>) -> String {
+        if self.seen.contains(value)
+            || self.seen.len() < self.cap && self.seen.insert(value.clone())
+        {
+            value.to_string()
+        } else {
+            Self::OTHER.to_owned()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_beyond_the_cap_fold_into_other() {
+        let mut labels = BoundedLabels::new(2);
+        let names: Vec<Arc<str>> = ["a", "b", "c", "a"].into_iter().map(Arc::from).collect();
+        let got: Vec<String> = names.iter().map(|n| labels.label(n)).collect();
+        assert_eq!(got, ["a", "b", "other", "a"]);
+    }
 }

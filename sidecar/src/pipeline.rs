@@ -1,7 +1,8 @@
 //! THE request path, top to bottom:
 //!
 //! ```text
-//! route -> intake (bounded body, JSON) -> priority -> admission (slot or queue)
+//! route -> intake (bounded body, JSON) -> policy chain -> claim (tenant, cost, weight, priority)
+//!       -> admission (slot, or the fair priority queue)
 //!       -> upstream (retry only while nothing was sent) -> GuardedBody (stream, then release)
 //! ```
 //!
@@ -20,7 +21,7 @@ use slotgate_sdk::{Decision, Peer, QueueSnapshot};
 use tokio::time::Instant;
 
 use crate::access::{CompletionHook, Exchange};
-use crate::admission::SlotGuard;
+use crate::admission::{Claim, SlotGuard};
 use crate::app::App;
 use crate::body::{GuardedBody, ABANDON_GRACE};
 use crate::cost;
@@ -65,6 +66,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         false => 0,
     };
     let mut response_headers = BTreeMap::new();
+    let mut decided = None;
     // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
     let chain = app.policies.current();
     if !chain.is_empty() {
@@ -81,13 +83,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
             });
         }
         match outcome {
-            ChainOutcome::Allow(decision) => {
+            ChainOutcome::Allow(mut decision) => {
                 // A policy's priority replaces the client's hint (policies clamp hints themselves).
                 priority = decision.priority.unwrap_or(priority);
                 if let Err(e) = intake.apply(&decision.mutations) {
                     return reject(ex, &e);
                 }
-                response_headers = decision.mutations.response_headers;
+                response_headers = std::mem::take(&mut decision.mutations.response_headers);
+                decided = Some(decision);
             }
             ChainOutcome::Deny { policy, decision } => {
                 let e = GateError::PolicyDenied {
@@ -112,12 +115,24 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         }
     }
     ex.set_priority(priority);
+    if kind == Kind::Slot {
+        // Again, after any policy capped max_tokens: what the scheduler charges up front and
+        // `slotgate_tokens_reserved_total` counts. Without the slot's context size: prompt + max_tokens.
+        let s = &mut intake.summary;
+        let prompt = s.prompt_tokens_best();
+        s.reserved_tokens = match cost::reservation(prompt, s.max_tokens, app.cost.slot_context()) {
+            Ok(r) => r,
+            Err(n_ctx) => Some(n_ctx),
+        };
+    }
+    let claim = Claim::new(&intake.summary, decided.as_ref(), priority);
+    ex.set_tenant(claim.tenant.clone());
 
     // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
     // share the one budget the client was promised.
     let deadline = arrived + app.config.queue_timeout;
     let (slot, queue_wait) = match kind {
-        Kind::Slot => match app.admission.acquire(priority, deadline).await {
+        Kind::Slot => match app.admission.acquire(claim, deadline).await {
             Ok((slot, wait)) => (Some(slot), wait),
             Err(e) => return reject(ex, &e),
         },
@@ -125,15 +140,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     };
     ex.set_queue_wait(queue_wait);
     if kind == Kind::Slot {
-        // Again, after any policy capped max_tokens. Without the slot's context size: prompt +
-        // max_tokens.
         let s = &intake.summary;
-        let prompt = s.prompt_tokens_best();
-        let reserved = match cost::reservation(prompt, s.max_tokens, app.cost.slot_context()) {
-            Ok(Some(r)) => r,
-            Ok(None) => prompt + s.max_tokens.unwrap_or(0),
-            Err(n_ctx) => n_ctx,
-        };
+        let reserved = s
+            .reserved_tokens
+            .unwrap_or_else(|| s.prompt_tokens_best() + s.max_tokens.unwrap_or(0));
         ex.set_reserved(reserved);
     }
 
@@ -141,10 +151,16 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     let forwarded_at = Instant::now();
     let held = CancelGrace(slot);
     let resp = forward(&app, &intake, deadline, kind == Kind::Slot).await;
-    let slot = held.disarm();
+    let mut slot = held.disarm();
     let resp = match resp {
         Ok(resp) => resp,
-        Err(e) => return reject(ex, &e),
+        Err(e) => {
+            if let (Some(slot), GateError::UpstreamUnavailable { .. }) = (slot.as_mut(), &e) {
+                // Never reached the upstream: nothing was served.
+                slot.settle(0);
+            }
+            return reject(ex, &e);
+        }
     };
 
     let (upstream_parts, body) = resp.into_parts();

@@ -138,6 +138,22 @@ pub fn post(path: &str, body: &serde_json::Value) -> Request<Full<Bytes>> {
     json_request(Method::POST, path, Bytes::from(body.to_string()))
 }
 
+/// A JSON POST request with extra headers (e.g. `authorization`), for [`Conn::send`].
+pub fn post_with_headers<K: AsRef<str>, V: AsRef<str>>(
+    path: &str,
+    body: &serde_json::Value,
+    headers: &[(K, V)],
+) -> Request<Full<Bytes>> {
+    let mut req = post(path, body);
+    for (name, value) in headers {
+        req.headers_mut().insert(
+            http::HeaderName::try_from(name.as_ref()).expect("valid header name"),
+            http::HeaderValue::try_from(value.as_ref()).expect("valid header value"),
+        );
+    }
+    req
+}
+
 /// The helpers without `try_` expect an answer: a transport error fails the test, naming the request.
 fn answered<T>(method: &str, path: &str, sent: anyhow::Result<T>) -> T {
     sent.unwrap_or_else(|e| panic!("{method} {path} failed at transport level: {e:#}"))
@@ -195,6 +211,17 @@ impl Client {
     /// POSTs `body` as JSON; panics on a transport error (a status is always expected).
     pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {
         answered("POST", path, self.try_post_json(path, body).await)
+    }
+
+    /// POSTs `body` as JSON with extra headers; panics on a transport error.
+    pub async fn post_json_with_headers<K: AsRef<str>, V: AsRef<str>>(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(K, V)],
+    ) -> Response {
+        let sent = self.try_send(post_with_headers(path, body, headers)).await;
+        answered("POST", path, sent)
     }
 
     /// POSTs raw bytes with a JSON content type (for malformed or oversized bodies).

@@ -71,6 +71,24 @@ fn on_path(program: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
+/// `sha256:<hex>` of an API key, as `slotgate hash-key` prints it: the tenant of a request that sends
+/// this key and names no other through a policy.
+pub fn hash_key(key: &str) -> String {
+    let out = command()
+        .args(["hash-key", key])
+        .output()
+        .expect("run slotgate hash-key");
+    assert!(
+        out.status.success(),
+        "slotgate hash-key failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("hash-key prints UTF-8")
+        .trim()
+        .to_owned()
+}
+
 /// A free TCP port on 127.0.0.1 (bound then released; a small race is accepted).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

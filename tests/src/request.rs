@@ -10,10 +10,11 @@ use crate::client::{Client, Response};
 /// The chat path most tests use.
 pub const CHAT: &str = "/v1/chat/completions";
 
-/// A request body under construction.
+/// A request body under construction, and any extra request headers.
 #[derive(Clone, Debug)]
 pub struct Req {
     body: Value,
+    headers: Vec<(String, String)>,
 }
 
 impl Req {
@@ -21,7 +22,19 @@ impl Req {
     pub fn chat(tag: &str) -> Self {
         Self {
             body: json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "fake_tag": tag}),
+            headers: Vec::new(),
         }
+    }
+
+    /// Adds a request header.
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Sends `Authorization: Bearer <key>`: the request's tenant, unless a policy names another.
+    pub fn api_key(self, key: &str) -> Self {
+        self.header("authorization", &format!("Bearer {key}"))
     }
 
     pub fn set(mut self, key: &str, value: impl Into<Value>) -> Self {
@@ -67,14 +80,20 @@ impl Req {
     pub fn json(&self) -> Value {
         self.body.clone()
     }
+
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
 }
 
 /// Sends `req` to `path` in a task; the handle yields the response and how long it took.
 pub fn spawn_post(client: &Client, path: &str, req: &Req) -> JoinHandle<(Response, Duration)> {
-    let (client, path, body) = (client.clone(), path.to_owned(), req.json());
+    let (client, path, req) = (client.clone(), path.to_owned(), req.clone());
     tokio::spawn(async move {
         let t0 = Instant::now();
-        let resp = client.post_json(&path, &body).await;
+        let resp = client
+            .post_json_with_headers(&path, &req.json(), req.headers())
+            .await;
         (resp, t0.elapsed())
     })
 }

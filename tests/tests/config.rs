@@ -197,3 +197,33 @@ fn invalid_values_exit_2() {
         rejected(args);
     }
 }
+
+#[test]
+fn fairness_keys_come_from_flag_env_and_file() {
+    let t = settings(&check(&[], &[]));
+    assert_eq!(get(&t, "priority-aging").as_str(), Some("10s"), "default");
+    assert_eq!(
+        get(&t, "tenant-queue-share").as_float(),
+        Some(0.5),
+        "default"
+    );
+
+    let file = config_file("priority-aging = \"2s\"\ntenant-queue-share = 1\n");
+    let t = settings(&check(&["--config", file.to_str().unwrap()], &[]));
+    assert_eq!(get(&t, "priority-aging").as_str(), Some("2s"));
+    assert_eq!(get(&t, "tenant-queue-share").as_float(), Some(1.0));
+
+    let out = check(
+        &["--priority-aging", "0s"],
+        &[("SLOTGATE_TENANT_QUEUE_SHARE", "0.25")],
+    );
+    let t = settings(&out);
+    assert_eq!(get(&t, "priority-aging").as_str(), Some("0s"), "off");
+    assert_eq!(get(&t, "tenant-queue-share").as_float(), Some(0.25));
+
+    for share in ["0", "1.5", "-1", "half"] {
+        let err = rejected(&[&format!("--tenant-queue-share={share}")]);
+        assert!(err.contains("tenant-queue-share"), "stderr:\n{err}");
+    }
+    rejected(&["--priority-aging", "soon"]);
+}

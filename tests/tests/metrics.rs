@@ -15,6 +15,7 @@ const DOCUMENTED: &[(&str, &str)] = &[
     ("slotgate_upstream_seconds", "histogram"),
     ("slotgate_time_to_first_byte_seconds", "histogram"),
     ("slotgate_tokens_total", "counter"),
+    ("slotgate_tenant_tokens_total", "counter"),
     ("slotgate_upstream_ready", "gauge"),
     ("slotgate_upstream_retries_total", "counter"),
 ];

@@ -43,6 +43,11 @@ async fn access_log_carries_peer_uid_and_pid() {
         "access log line: {line}"
     );
     assert!(line.contains("peer_gid="), "access log line: {line}");
+    // With no API key and no policy naming one, the peer's uid is the request's tenant.
+    assert!(
+        line.contains(&format!("tenant=uid:{uid}")),
+        "access log line: {line}"
+    );
     assert!(
         line.contains("slotgate::access"),
         "access log target: {line}"

@@ -1,5 +1,9 @@
-//! Admission: who may use one of the upstream's slots now, who waits, and who is turned away.
+//! Admission: who may use one of the upstream's slots now, who waits, in what order, and who is
+//! turned away.
 
+mod claim;
+mod fair;
 mod queue;
 
-pub use queue::{Admission, QueueStats, SlotGuard};
+pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
+pub use queue::{Admission, Fairness, QueueStats, SlotGuard, TenantStats};

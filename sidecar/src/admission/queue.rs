@@ -1,9 +1,20 @@
-//! Slots and the bounded priority queue in front of them: waiters are served in (priority, arrival)
-//! order, a full queue rejects instead of growing, and a released slot is handed straight to the next
-//! waiter under the same lock, so no newcomer can overtake the queue.
+//! Slots and the bounded queue in front of them. A released slot is handed straight to the next
+//! waiter under the same lock, so no newcomer can overtake the queue. The next waiter is:
+//!
+//! 1. the most urgent by *effective* priority: its priority, improved by one level for every
+//!    `aging` it has waited, so a less urgent request still runs once it has waited long enough;
+//! 2. among those, the one whose tenant has the lowest virtual token counter (see [`super::fair`]):
+//!    tenants share the slots by tokens served, whoever sends more;
+//! 3. among those, the first to arrive (so each tenant's own requests keep their order).
+//!
+//! A full queue rejects instead of growing: a tenant within its share of the queue takes the place of
+//! the newest waiter of a tenant beyond it, else a strictly more urgent arrival displaces the least
+//! urgent, most recent waiter. A tenant already holding its share is turned away while other tenants
+//! are active; alone, it may use the whole queue.
 //!
 //! Everything that must be given back is given back by a `Drop`: a [`SlotGuard`] releases (or hands
-//! on) its slot, and a waiting [`Ticket`] that is dropped (client gone, deadline) leaves the queue.
+//! on) its slot and ends its tenant's service, and a waiting [`Ticket`] that is dropped (client gone,
+//! deadline) leaves the queue.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,8 +23,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::claim::Claim;
+use super::fair::Tenants;
 use crate::error::GateError;
-use crate::metrics as m;
+use crate::metrics::{self as m, BoundedLabels};
 
 /// Weight of the newest sample in the service-time average.
 const EWMA_ALPHA: f64 = 0.2;
@@ -21,34 +34,62 @@ const EWMA_ALPHA: f64 = 0.2;
 const INITIAL_SERVICE_SECONDS: f64 = 1.0;
 /// Upper bound of any Retry-After we hand out.
 const MAX_RETRY_AFTER_SECONDS: u64 = 3600;
+/// Distinct tenants with their own `slotgate_tenant_tokens_total` series; the rest share `other`.
+const TENANT_LABELS: usize = 50;
 
 #[derive(Clone)]
 pub struct Admission {
     shared: Arc<Shared>,
 }
 
+/// How the queue shares itself between tenants and priorities.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fairness {
+    /// A waiter's priority improves by one level for every `aging` it has waited; `None`: never.
+    pub aging: Option<Duration>,
+    /// The most waiters one tenant may hold; `None`: no limit but the queue's.
+    pub tenant_limit: Option<usize>,
+}
+
 struct Shared {
     slots: usize,
     capacity: usize,
+    fairness: Fairness,
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
     busy: usize,
-    /// Keyed by (priority, arrival sequence): the first entry is served next, the last is displaced first.
-    waiters: BTreeMap<(i64, u64), oneshot::Sender<Grant>>,
+    /// Keyed by arrival sequence.
+    waiters: BTreeMap<u64, Waiter>,
+    tenants: Tenants,
+    labels: BoundedLabels,
     next_seq: u64,
     closed: bool,
     service_ewma: Option<f64>,
+}
+
+struct Waiter {
+    claim: Claim,
+    queued: Instant,
+    tx: oneshot::Sender<Grant>,
 }
 
 /// What a waiter is told when it leaves the queue other than by timing out.
 #[derive(Debug)]
 enum Grant {
     Slot,
-    Displaced { retry_after: u64 },
-    ShuttingDown { retry_after: u64 },
+    Displaced {
+        retry_after: u64,
+    },
+    /// Its tenant held more than its share of a full queue, and another tenant needed the place.
+    OverShare {
+        waiting: usize,
+        retry_after: u64,
+    },
+    ShuttingDown {
+        retry_after: u64,
+    },
 }
 
 /// A point-in-time view for /status and for Retry-After.
@@ -58,6 +99,7 @@ pub struct QueueStats {
     pub busy: usize,
     pub depth: usize,
     pub capacity: usize,
+    pub tenant_limit: Option<usize>,
     pub service_seconds: f64,
     pub closed: bool,
 }
@@ -70,13 +112,36 @@ impl QueueStats {
     }
 }
 
+/// One tenant's share of the queue, for /status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantStats {
+    pub tenant: String,
+    /// Virtual tokens: tokens served divided by weight, including charges of requests in service.
+    pub counter: f64,
+    pub waiting: usize,
+    pub in_service: usize,
+}
+
 impl Admission {
     pub fn new(slots: usize, capacity: usize) -> Self {
+        Self::with_fairness(slots, capacity, Fairness::default())
+    }
+
+    pub fn with_fairness(slots: usize, capacity: usize, fairness: Fairness) -> Self {
         Admission {
             shared: Arc::new(Shared {
                 slots,
                 capacity,
-                state: Mutex::new(State::default()),
+                fairness,
+                state: Mutex::new(State {
+                    busy: 0,
+                    waiters: BTreeMap::new(),
+                    tenants: Tenants::default(),
+                    labels: BoundedLabels::new(TENANT_LABELS),
+                    next_seq: 0,
+                    closed: false,
+                    service_ewma: None,
+                }),
             }),
         }
     }
@@ -87,11 +152,11 @@ impl Admission {
     /// in the same instant is handed on rather than lost.
     pub async fn acquire(
         &self,
-        priority: i64,
+        claim: Claim,
         deadline: Instant,
     ) -> Result<(SlotGuard, Duration), GateError> {
         let arrived = Instant::now();
-        let mut ticket = match self.enqueue(priority)? {
+        let mut ticket = match self.enqueue(claim)? {
             Entry::Admitted(slot) => return Ok((slot, Duration::ZERO)),
             Entry::Queued(ticket) => ticket,
         };
@@ -109,62 +174,150 @@ impl Admission {
             // Granted in the same instant as the deadline passed: the promise was "never forwarded
             // after the timeout", so the slot goes straight on to the next waiter.
             Grant::Slot if Instant::now() > deadline => {
-                drop(self.guard());
+                ticket.guard().settle(0);
                 Err(GateError::QueueTimeout(arrived.elapsed()))
             }
-            Grant::Slot => Ok((self.guard(), arrived.elapsed())),
+            Grant::Slot => Ok((ticket.guard(), arrived.elapsed())),
             Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
+            Grant::OverShare {
+                waiting,
+                retry_after,
+            } => Err(GateError::TenantQueueFull {
+                waiting,
+                retry_after,
+            }),
             Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),
         }
     }
 
-    fn enqueue(&self, priority: i64) -> Result<Entry, GateError> {
+    fn enqueue(&self, claim: Claim) -> Result<Entry, GateError> {
         let mut st = self.lock();
         if st.closed {
             return Err(GateError::ShuttingDown { retry_after: 1 });
         }
         if st.busy < self.shared.slots && st.waiters.is_empty() {
             st.busy += 1;
+            st.tenants.admit(&claim.tenant, claim.charge());
             self.publish(&st);
-            return Ok(Entry::Admitted(self.guard()));
+            return Ok(Entry::Admitted(self.guard(&claim)));
+        }
+        if let Some(limit) = self.shared.fairness.tenant_limit {
+            // Alone, a tenant may use the whole queue; beside others, only its share.
+            let waiting = st.tenants.waiting(&claim.tenant);
+            if waiting >= limit && st.tenants.others_active(&claim.tenant) {
+                return Err(GateError::TenantQueueFull {
+                    waiting,
+                    retry_after: self.retry_after(&st),
+                });
+            }
         }
         if st.waiters.len() >= self.shared.capacity {
             let retry_after = self.retry_after(&st);
-            let victim = st.waiters.last_key_value().map(|(key, _)| *key);
-            match victim {
-                // Strictly more urgent: the least urgent, most recently queued waiter gives way.
-                Some(key) if priority < key.0 => {
-                    if let Some(tx) = st.waiters.remove(&key) {
-                        let _ = tx.send(Grant::Displaced { retry_after });
-                    }
-                }
-                _ => {
-                    return Err(GateError::QueueFull {
-                        depth: st.waiters.len(),
+            let now = Instant::now();
+            if let Some(seq) = self.over_share_victim(&st, &claim, now) {
+                // A tenant beyond its share gives up its newest place to one within its share.
+                if let Some(w) = st.waiters.remove(&seq) {
+                    let waiting = st.tenants.waiting(&w.claim.tenant);
+                    st.tenants.dequeue(&w.claim.tenant);
+                    let _ = w.tx.send(Grant::OverShare {
+                        waiting,
                         retry_after,
-                    })
+                    });
+                }
+            } else {
+                let victim = st
+                    .waiters
+                    .iter()
+                    .map(|(seq, w)| (self.effective(w, now), *seq))
+                    .max();
+                match victim {
+                    // Strictly more urgent: the least urgent, most recently queued waiter gives way.
+                    Some((urgency, seq)) if claim.priority < urgency => {
+                        if let Some(w) = st.waiters.remove(&seq) {
+                            st.tenants.dequeue(&w.claim.tenant);
+                            let _ = w.tx.send(Grant::Displaced { retry_after });
+                        }
+                    }
+                    _ => {
+                        return Err(GateError::QueueFull {
+                            depth: st.waiters.len(),
+                            retry_after,
+                        })
+                    }
                 }
             }
         }
-        let key = (priority, st.next_seq);
+        let seq = st.next_seq;
         st.next_seq += 1;
         let (tx, rx) = oneshot::channel();
-        st.waiters.insert(key, tx);
+        st.tenants.enqueue(&claim.tenant);
+        st.waiters.insert(
+            seq,
+            Waiter {
+                claim: claim.clone(),
+                queued: Instant::now(),
+                tx,
+            },
+        );
         self.publish(&st);
         Ok(Entry::Queued(Ticket {
             admission: self.clone(),
-            key,
+            seq,
+            claim,
             rx,
             resolved: false,
         }))
+    }
+
+    /// On a full queue, the waiter that gives way to `claim` when `claim`'s tenant is within its
+    /// share: of the tenant holding the most waiters beyond its share, the least urgent and most
+    /// recent one, provided it is not more urgent than `claim`.
+    fn over_share_victim(&self, st: &State, claim: &Claim, now: Instant) -> Option<u64> {
+        let limit = self.shared.fairness.tenant_limit?;
+        if st.tenants.waiting(&claim.tenant) >= limit {
+            return None;
+        }
+        st.waiters
+            .iter()
+            .filter_map(|(seq, w)| {
+                let held = st.tenants.waiting(&w.claim.tenant);
+                (held > limit).then(|| (held, self.effective(w, now), *seq))
+            })
+            .max()
+            .filter(|(_, urgency, _)| claim.priority <= *urgency)
+            .map(|(_, _, seq)| seq)
+    }
+
+    /// A waiter's priority after aging: one level more urgent for every `aging` waited.
+    fn effective(&self, w: &Waiter, now: Instant) -> i64 {
+        let Some(step) = self.shared.fairness.aging else {
+            return w.claim.priority;
+        };
+        let levels = now.saturating_duration_since(w.queued).as_nanos() / step.as_nanos();
+        w.claim
+            .priority
+            .saturating_sub(i64::try_from(levels).unwrap_or(i64::MAX))
+    }
+
+    /// The waiter served next: most urgent, then least-served tenant, then first come.
+    fn next_waiter(&self, st: &State, now: Instant) -> Option<u64> {
+        st.waiters
+            .iter()
+            .map(|(seq, w)| {
+                let counter = st.tenants.counter(&w.claim.tenant);
+                (self.effective(w, now), counter, *seq)
+            })
+            .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))
+            .map(|(_, _, seq)| seq)
     }
 
     /// Turns every waiter away and refuses new ones; slots already held drain normally.
     pub fn close(&self, retry_after: u64) {
         let mut st = self.lock();
         st.closed = true;
-        for (_, tx) in std::mem::take(&mut st.waiters) {
-            let _ = tx.send(Grant::ShuttingDown { retry_after });
+        for (_, w) in std::mem::take(&mut st.waiters) {
+            st.tenants.dequeue(&w.claim.tenant);
+            let _ = w.tx.send(Grant::ShuttingDown { retry_after });
         }
         self.publish(&st);
     }
@@ -179,9 +332,34 @@ impl Admission {
             busy: st.busy,
             depth: st.waiters.len(),
             capacity: self.shared.capacity,
+            tenant_limit: self.shared.fairness.tenant_limit,
             service_seconds: st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS),
             closed: st.closed,
         }
+    }
+
+    /// The tenants the scheduler knows (active, or remembered for a counter above the others'), the
+    /// next to be served first, at most `limit`.
+    pub fn tenants(&self, limit: usize) -> Vec<TenantStats> {
+        let st = self.lock();
+        let mut all: Vec<TenantStats> = st
+            .tenants
+            .iter()
+            .map(|(name, t)| TenantStats {
+                tenant: name.to_owned(),
+                counter: t.counter,
+                waiting: t.waiting,
+                in_service: t.in_service,
+            })
+            .collect();
+        drop(st);
+        all.sort_by(|a, b| {
+            a.counter
+                .total_cmp(&b.counter)
+                .then_with(|| a.tenant.cmp(&b.tenant))
+        });
+        all.truncate(limit);
+        all
     }
 
     /// Seconds until the work already admitted (busy slots and every waiter) has drained:
@@ -191,11 +369,15 @@ impl Admission {
         (secs as u64).clamp(1, MAX_RETRY_AFTER_SECONDS)
     }
 
-    fn guard(&self) -> SlotGuard {
+    /// The guard of a slot already counted as busy and charged to `claim`'s tenant.
+    fn guard(&self, claim: &Claim) -> SlotGuard {
         SlotGuard {
             admission: self.clone(),
             started: Instant::now(),
             completed: false,
+            tenant: claim.tenant.clone(),
+            weight: claim.weight,
+            unsettled: Some(claim.charge()),
         }
     }
 
@@ -205,13 +387,19 @@ impl Admission {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Gives a slot back: straight to the most urgent waiter, else to the pool.
+    /// Gives a slot back: straight to the next waiter, else to the pool.
     fn release(&self, st: &mut State) {
-        while let Some((_, tx)) = st.waiters.pop_first() {
-            if tx.send(Grant::Slot).is_ok() {
+        let now = Instant::now();
+        while let Some(seq) = self.next_waiter(st, now) {
+            let Some(w) = st.waiters.remove(&seq) else {
+                break;
+            };
+            if w.tx.send(Grant::Slot).is_ok() {
+                st.tenants.promote(&w.claim.tenant, w.claim.charge());
                 self.publish(st);
                 return;
             }
+            st.tenants.dequeue(&w.claim.tenant);
         }
         st.busy = st.busy.saturating_sub(1);
         self.publish(st);
@@ -231,7 +419,8 @@ enum Entry {
 /// A place in the queue. Dropping it unresolved leaves the queue (and hands on a slot granted meanwhile).
 struct Ticket {
     admission: Admission,
-    key: (i64, u64),
+    seq: u64,
+    claim: Claim,
     rx: oneshot::Receiver<Grant>,
     resolved: bool,
 }
@@ -240,13 +429,19 @@ impl Ticket {
     /// Leaves the queue. Returns the grant if one arrived before we got the lock.
     fn leave(&mut self) -> Option<Grant> {
         let mut st = self.admission.lock();
-        if st.waiters.remove(&self.key).is_some() {
+        if let Some(w) = st.waiters.remove(&self.seq) {
+            st.tenants.dequeue(&w.claim.tenant);
             self.resolved = true;
             self.admission.publish(&st);
             return None;
         }
         drop(st);
         self.rx.try_recv().ok()
+    }
+
+    /// The slot this ticket was granted (already busy and charged when the grant was sent).
+    fn guard(&self) -> SlotGuard {
+        self.admission.guard(&self.claim)
     }
 }
 
@@ -255,11 +450,9 @@ impl Drop for Ticket {
         if self.resolved {
             return;
         }
-        if let Some(grant) = self.leave() {
-            if matches!(grant, Grant::Slot) {
-                let mut st = self.admission.lock();
-                self.admission.release(&mut st);
-            }
+        if let Some(Grant::Slot) = self.leave() {
+            // Never used: nothing was served, and the slot goes on to the next waiter.
+            self.guard().settle(0);
         }
     }
 }
@@ -269,12 +462,32 @@ pub struct SlotGuard {
     admission: Admission,
     started: Instant,
     completed: bool,
+    tenant: Arc<str>,
+    weight: f64,
+    /// The up-front charge to the tenant, until [`SlotGuard::settle`] replaces it by the real count.
+    unsettled: Option<f64>,
 }
 
 impl SlotGuard {
     /// Marks the request as served in full, so its duration feeds the service-time estimate.
     pub fn complete(&mut self) {
         self.completed = true;
+    }
+
+    /// Replaces the tenant's up-front charge by the tokens the request really used: 0 for a request
+    /// that never reached the upstream. Once; a request never settled stays charged its estimate.
+    pub fn settle(&mut self, actual_tokens: u64) {
+        let Some(charged) = self.unsettled.take() else {
+            return;
+        };
+        let mut st = self.admission.lock();
+        st.tenants
+            .settle(&self.tenant, charged, actual_tokens as f64 / self.weight);
+        if actual_tokens > 0 {
+            let label = st.labels.label(&self.tenant);
+            drop(st);
+            metrics::counter!(m::TENANT_TOKENS_TOTAL, "tenant" => label).increment(actual_tokens);
+        }
     }
 
     /// Releases the slot `after` from now instead of at once: for a request abandoned while its
@@ -300,6 +513,8 @@ impl Drop for SlotGuard {
                 None => sample,
             });
         }
+        st.tenants
+            .finish(&self.tenant, self.unsettled.unwrap_or(0.0));
         self.admission.release(&mut st);
     }
 }
@@ -312,16 +527,21 @@ mod tests {
         Instant::now() + Duration::from_secs(3600)
     }
 
+    /// One tenant's claim at `priority`.
+    fn c(priority: i64) -> Claim {
+        Claim::test("t", priority)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn serves_by_priority_then_arrival_and_hands_slots_on() {
         let adm = Admission::new(1, 8);
-        let (first, _) = adm.acquire(0, far()).await.unwrap();
+        let (first, _) = adm.acquire(c(0), far()).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (name, prio) in [("a5", 5), ("b1", 1), ("c5", 5), ("d1", 1)] {
             let (adm, order) = (adm.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let (slot, _) = adm.acquire(prio, far()).await.unwrap();
+                let (slot, _) = adm.acquire(c(prio), far()).await.unwrap();
                 order.lock().unwrap().push(name);
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(slot);
@@ -341,18 +561,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn full_queue_rejects_or_displaces_the_least_urgent_newest() {
         let adm = Admission::new(1, 2);
-        let (_held, _) = adm.acquire(0, far()).await.unwrap();
+        let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
         let a = tokio::spawn({
             let adm = adm.clone();
-            async move { adm.acquire(5, far()).await.map(|_| ()) }
+            async move { adm.acquire(c(5), far()).await.map(|_| ()) }
         });
         tokio::time::sleep(Duration::from_millis(1)).await;
         let b = tokio::spawn({
             let adm = adm.clone();
-            async move { adm.acquire(5, far()).await.map(|_| ()) }
+            async move { adm.acquire(c(5), far()).await.map(|_| ()) }
         });
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let err = adm.acquire(5, far()).await.err().unwrap();
+        let err = adm.acquire(c(5), far()).await.err().unwrap();
         assert!(
             matches!(err, GateError::QueueFull { depth: 2, .. }),
             "{err:?}"
@@ -361,7 +581,7 @@ mod tests {
 
         let urgent = tokio::spawn({
             let adm = adm.clone();
-            async move { adm.acquire(0, far()).await.map(|_| ()) }
+            async move { adm.acquire(c(0), far()).await.map(|_| ()) }
         });
         let displaced = b.await.unwrap().err().unwrap();
         assert!(
@@ -383,9 +603,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn deadline_and_cancellation_leave_the_queue() {
         let adm = Admission::new(1, 4);
-        let (held, _) = adm.acquire(0, far()).await.unwrap();
+        let (held, _) = adm.acquire(c(0), far()).await.unwrap();
         let err = adm
-            .acquire(0, Instant::now() + Duration::from_millis(50))
+            .acquire(c(0), Instant::now() + Duration::from_millis(50))
             .await
             .err()
             .unwrap();
@@ -393,7 +613,7 @@ mod tests {
 
         let waiting = tokio::spawn({
             let adm = adm.clone();
-            async move { adm.acquire(0, far()).await.map(|_| ()) }
+            async move { adm.acquire(c(0), far()).await.map(|_| ()) }
         });
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(adm.stats().depth, 1);
@@ -407,8 +627,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_grant_racing_a_cancellation_is_handed_on() {
         let adm = Admission::new(1, 4);
-        let (held, _) = adm.acquire(0, far()).await.unwrap();
-        let Entry::Queued(ticket) = adm.enqueue(0).unwrap() else {
+        let (held, _) = adm.acquire(c(0), far()).await.unwrap();
+        let Entry::Queued(ticket) = adm.enqueue(c(0)).unwrap() else {
             panic!("expected to queue")
         };
         drop(held); // grants the slot to `ticket`, which never looks at it
@@ -422,19 +642,332 @@ mod tests {
     async fn retry_after_follows_measured_service_time() {
         let adm = Admission::new(1, 1);
         for _ in 0..20 {
-            let (mut slot, _) = adm.acquire(0, far()).await.unwrap();
+            let (mut slot, _) = adm.acquire(c(0), far()).await.unwrap();
             tokio::time::sleep(Duration::from_secs(3)).await;
             slot.complete();
         }
         assert!((adm.stats().service_seconds - 3.0).abs() < 0.01);
-        let (_held, _) = adm.acquire(0, far()).await.unwrap();
+        let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
         let _waiting = tokio::spawn({
             let adm = adm.clone();
-            async move { adm.acquire(0, far()).await.map(|_| ()) }
+            async move { adm.acquire(c(0), far()).await.map(|_| ()) }
         });
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let err = adm.acquire(0, far()).await.err().unwrap();
+        let err = adm.acquire(c(0), far()).await.err().unwrap();
         // One busy slot and one waiter ahead, 3 s each.
         assert_eq!(err.retry_after(), Some(6));
+    }
+
+    type Log = Arc<Mutex<Vec<(&'static str, Instant)>>>;
+
+    fn claim(tenant: &str, priority: i64, cost: u64) -> Claim {
+        Claim {
+            cost,
+            ..Claim::test(tenant, priority)
+        }
+    }
+
+    /// A request for `claim` that logs `tag` when it gets its slot, holds it for `hold`, then settles
+    /// `actual` tokens (the charge itself when `None`).
+    fn request(
+        adm: &Admission,
+        log: &Log,
+        tag: &'static str,
+        claim: Claim,
+        hold: Duration,
+        actual: Option<u64>,
+    ) -> tokio::task::JoinHandle<Result<(), GateError>> {
+        let (adm, log) = (adm.clone(), log.clone());
+        let actual = actual.unwrap_or(claim.cost);
+        tokio::spawn(async move {
+            let (mut slot, _) = adm.acquire(claim, far()).await?;
+            log.lock().unwrap().push((tag, Instant::now()));
+            tokio::time::sleep(hold).await;
+            slot.settle(actual);
+            Ok(())
+        })
+    }
+
+    fn tags(log: &Log) -> Vec<&'static str> {
+        log.lock().unwrap().iter().map(|(t, _)| *t).collect()
+    }
+
+    /// Holds the only slot, queues `queued` (tag, claim, actual tokens) one by one, frees the slot and
+    /// returns the order they were served in.
+    async fn served_order(
+        adm: &Admission,
+        queued: Vec<(&'static str, Claim, Option<u64>)>,
+    ) -> Vec<&'static str> {
+        let log = Log::default();
+        let (held, _) = adm.acquire(claim("holder", 0, 1), far()).await.unwrap();
+        let mut tasks = Vec::new();
+        for (tag, claim, actual) in queued {
+            tasks.push(request(
+                adm,
+                &log,
+                tag,
+                claim,
+                Duration::from_millis(10),
+                actual,
+            ));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(held);
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let s = adm.stats();
+        assert_eq!((s.busy, s.depth), (0, 0));
+        tags(&log)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tenants_take_turns_within_a_priority_each_in_its_own_order() {
+        let adm = Admission::new(1, 16);
+        let queued = ["a1", "a2", "a3", "b1", "b2"]
+            .into_iter()
+            .map(|tag| (tag, claim(&tag[..1], 0, 10), None))
+            .collect();
+        assert_eq!(
+            served_order(&adm, queued).await,
+            ["a1", "b1", "a2", "b2", "a3"]
+        );
+        // Priority still comes first: fairness only orders requests of the same urgency.
+        let queued = vec![
+            ("a5", claim("a", 5, 10), None),
+            ("b5", claim("b", 5, 10), None),
+            ("a0", claim("a", 0, 10), None),
+            ("a0'", claim("a", 0, 10), None),
+        ];
+        assert_eq!(served_order(&adm, queued).await, ["a0", "a0'", "b5", "a5"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_real_token_count_replaces_the_estimate() {
+        // a1 is charged 100 up front. Settled at 1 token, a is the less served tenant again after b1;
+        // left at its estimate, b is served until it has caught up.
+        let queued = |actual| {
+            vec![
+                ("a1", claim("a", 0, 100), Some(actual)),
+                ("b1", claim("b", 0, 10), None),
+                ("a2", claim("a", 0, 100), None),
+                ("b2", claim("b", 0, 10), None),
+                ("b3", claim("b", 0, 10), None),
+            ]
+        };
+        let adm = Admission::new(1, 16);
+        assert_eq!(
+            served_order(&adm, queued(1)).await,
+            ["a1", "b1", "a2", "b2", "b3"]
+        );
+        let adm = Admission::new(1, 16);
+        assert_eq!(
+            served_order(&adm, queued(100)).await,
+            ["a1", "b1", "b2", "b3", "a2"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_tenant_waits_for_one_request_at_most_and_banks_no_idle_time() {
+        let adm = Admission::new(1, 64);
+        let log = Log::default();
+        let hold = Duration::from_millis(100);
+        let flood: Vec<_> = (0..20)
+            .map(|_| request(&adm, &log, "a", claim("a", 0, 10), hold, None))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        // b has been idle while a was served: it goes next, but only once before a's next turn.
+        let arrived = Instant::now();
+        let b: Vec<_> = (0..3)
+            .map(|_| request(&adm, &log, "b", claim("b", 0, 10), hold, None))
+            .collect();
+        for t in flood.into_iter().chain(b) {
+            t.await.unwrap().unwrap();
+        }
+        let log = log.lock().unwrap().clone();
+        let first_b = log.iter().find(|(t, _)| *t == "b").unwrap().1;
+        assert!(first_b - arrived <= hold, "{:?}", first_b - arrived);
+        let order: String = log.iter().map(|(t, _)| *t).collect();
+        assert!(order.contains("abababa"), "{order}");
+        assert!(!order.contains("bb"), "{order}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn weights_divide_the_charge() {
+        let adm = Admission::new(1, 64);
+        let heavy = |tag| {
+            let c = Claim {
+                weight: 2.0,
+                ..claim("h", 0, 10)
+            };
+            (tag, c, None)
+        };
+        let light = |tag| (tag, claim("l", 0, 10), None);
+        let queued = vec![
+            heavy("h1"),
+            heavy("h2"),
+            heavy("h3"),
+            heavy("h4"),
+            light("l1"),
+            light("l2"),
+        ];
+        assert_eq!(
+            served_order(&adm, queued).await,
+            ["h1", "l1", "h2", "h3", "l2", "h4"]
+        );
+    }
+
+    /// A priority-3 request of tenant `l` behind three clients of tenant `h` that keep sending
+    /// priority-0 requests (each holding the slot 400 ms) for 10 s: returns how long it waited.
+    async fn low_priority_wait(aging: Option<Duration>) -> Duration {
+        let fairness = Fairness {
+            aging,
+            tenant_limit: None,
+        };
+        let adm = Admission::with_fairness(1, 64, fairness);
+        let log = Log::default();
+        let hold = Duration::from_millis(400);
+        let stop = Instant::now() + Duration::from_secs(10);
+        let mut tasks: Vec<_> = (0..3)
+            .map(|_| {
+                let (adm, log) = (adm.clone(), log.clone());
+                tokio::spawn(async move {
+                    while Instant::now() < stop {
+                        request(&adm, &log, "h", claim("h", 0, 10), hold, None)
+                            .await
+                            .unwrap()?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let arrived = Instant::now();
+        tasks.push(request(&adm, &log, "low", claim("l", 3, 10), hold, None));
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let log = log.lock().unwrap().clone();
+        log.iter().find(|(t, _)| *t == "low").unwrap().1 - arrived
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn aging_lets_a_low_priority_request_through_a_stream_of_urgent_ones() {
+        // The stream's requests wait under 1 s, so they stay at level 0; priority 3 reaches it after
+        // 3 s, and its tenant is the less served one: it gets the next slot.
+        let waited = low_priority_wait(Some(Duration::from_secs(1))).await;
+        assert!(
+            waited >= Duration::from_secs(3) && waited <= Duration::from_millis(3400),
+            "{waited:?}"
+        );
+        let starved = low_priority_wait(None).await;
+        assert!(starved >= Duration::from_secs(9), "{starved:?}");
+    }
+
+    fn with_share(capacity: usize, limit: usize) -> Admission {
+        let fairness = Fairness {
+            aging: None,
+            tenant_limit: Some(limit),
+        };
+        Admission::with_fairness(1, capacity, fairness)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn beside_others_a_tenant_may_hold_only_its_share_of_the_queue() {
+        let adm = with_share(4, 2);
+        let log = Log::default();
+        let (held, _) = adm.acquire(claim("b", 0, 1), far()).await.unwrap();
+        let hold = Duration::from_millis(10);
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            tasks.push(request(&adm, &log, "a", claim("a", 0, 1), hold, None));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // b is active (in service): a may not take a third place although the queue has room.
+        let err = adm.acquire(claim("a", 0, 1), far()).await.err().unwrap();
+        assert!(
+            matches!(err, GateError::TenantQueueFull { waiting: 2, .. }),
+            "{err:?}"
+        );
+        assert!(err.retry_after().unwrap() >= 1);
+        tasks.push(request(&adm, &log, "c", claim("c", 0, 1), hold, None));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(adm.stats().depth, 3);
+        let listed = adm.tenants(10);
+        let a = listed.iter().find(|t| t.tenant == "a").unwrap();
+        assert_eq!((a.waiting, a.in_service), (2, 0));
+        drop(held);
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!(tags(&log), ["a", "c", "a"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn alone_a_tenant_may_fill_the_queue_until_another_needs_a_place() {
+        let adm = with_share(4, 2);
+        let log = Log::default();
+        let (held, _) = adm.acquire(claim("a", 0, 1), far()).await.unwrap();
+        let hold = Duration::from_millis(10);
+        let mut tasks = Vec::new();
+        for tag in ["a1", "a2", "a3", "a4"] {
+            tasks.push(request(&adm, &log, tag, claim("a", 0, 1), hold, None));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(adm.stats().depth, 4);
+        // b's arrival takes a's newest place; a is now held to its share.
+        tasks.push(request(&adm, &log, "b", claim("b", 0, 1), hold, None));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let over = tasks.swap_remove(3).await.unwrap().unwrap_err();
+        assert!(
+            matches!(over, GateError::TenantQueueFull { waiting: 4, .. }),
+            "{over:?}"
+        );
+        let err = adm.acquire(claim("a", 0, 1), far()).await.err().unwrap();
+        assert!(matches!(err, GateError::TenantQueueFull { .. }), "{err:?}");
+        // A less urgent arrival does not take the place of a more urgent waiter.
+        let err = adm.acquire(claim("c", 5, 1), far()).await.err().unwrap();
+        assert!(matches!(err, GateError::QueueFull { .. }), "{err:?}");
+        drop(held);
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!(tags(&log), ["b", "a1", "a2", "a3"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn displacement_weighs_aged_priority() {
+        let fairness = Fairness {
+            aging: Some(Duration::from_secs(1)),
+            tenant_limit: None,
+        };
+        let adm = Admission::with_fairness(1, 2, fairness);
+        let (_held, _) = adm.acquire(claim("x", 0, 1), far()).await.unwrap();
+        let spawn = |prio| {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.acquire(claim("y", prio, 1), far()).await.map(|_| ()) })
+        };
+        let old = spawn(5);
+        tokio::time::sleep(Duration::from_secs(3)).await; // old is at level 2 now
+        let young = spawn(5);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let urgent = spawn(3);
+        let displaced = young.await.unwrap().unwrap_err();
+        assert!(
+            matches!(displaced, GateError::Displaced { .. }),
+            "{displaced:?}"
+        );
+        // Left: old (level 2) and urgent (level 3). Another 3 is not more urgent than either.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let err = adm.acquire(claim("y", 3, 1), far()).await.err().unwrap();
+        assert!(matches!(err, GateError::QueueFull { .. }), "{err:?}");
+        adm.close(1);
+        for t in [old, urgent] {
+            assert!(matches!(
+                t.await.unwrap(),
+                Err(GateError::ShuttingDown { .. })
+            ));
+        }
+        assert_eq!(adm.tenants(10).iter().map(|t| t.waiting).sum::<usize>(), 0);
     }
 }

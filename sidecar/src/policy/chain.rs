@@ -6,6 +6,7 @@
 //! - `priority`: the largest (least urgent) any policy set, so no policy can lift a request above what
 //!   another allows;
 //! - `tenant`: the first policy that names one (put the identity policy first);
+//! - `weight`: the smallest any policy set, so no policy can give a tenant more than another allows;
 //! - mutations: the smallest `cap_max_tokens`; `disable_prompt_cache` and `strip_id_slot` if any
 //!   policy asks; response headers merged, a later policy winning a name both set.
 
@@ -88,6 +89,10 @@ pub fn fold<'a>(steps: impl IntoIterator<Item = Step<'a>>) -> ChainOutcome {
         }
         combined.cost = max_opt(combined.cost, decision.cost);
         combined.priority = max_opt(combined.priority, decision.priority);
+        combined.weight = match (combined.weight, decision.weight) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if !tenant_set && decision.tenant.is_some() {
             combined.tenant = decision.tenant;
             tenant_set = true;
@@ -179,6 +184,26 @@ mod tests {
             (Some(30), Some(1), Some("team-a"))
         );
         assert_eq!(d.mutations.cap_max_tokens, Some(128));
+    }
+
+    #[test]
+    fn the_smallest_weight_wins() {
+        let weighted = |w: Option<f64>| {
+            Ok(Decision {
+                weight: w,
+                ..Decision::allow()
+            })
+        };
+        let out = fold([
+            step("a", Mode::Enforce, OnError::Deny, weighted(Some(4.0))),
+            step("b", Mode::Enforce, OnError::Deny, weighted(None)),
+            step("c", Mode::Enforce, OnError::Deny, weighted(Some(2.0))),
+            step("m", Mode::Monitor, OnError::Deny, weighted(Some(0.5))),
+        ]);
+        let ChainOutcome::Allow(d) = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(d.weight, Some(2.0));
     }
 
     #[test]

@@ -234,6 +234,14 @@ impl Policy {
                 decision.status
             )));
         }
+        if let Some(w) = decision.weight {
+            // JSON cannot carry NaN or infinity, but a weight must also be usable as a divisor.
+            if !(w.is_finite() && w > 0.0) {
+                return Err(EvalError::InvalidOutput(format!(
+                    "weight must be a positive number, not {w}"
+                )));
+            }
+        }
         Ok((decision, ev))
     }
 
@@ -605,6 +613,29 @@ mod tests {
             Some(&br#"{"verdict":"allow","cost":7}"#[..])
         );
         assert!(ev.fuel_used > 0);
+    }
+
+    #[test]
+    fn a_weight_must_be_a_positive_number() {
+        for (decision, valid) in [
+            (r#"{"verdict":"allow","weight":2.5}"#, true),
+            (r#"{"verdict":"allow","weight":0}"#, false),
+            (r#"{"verdict":"allow","weight":-1.0}"#, false),
+        ] {
+            let src = wat(1, "", "")
+                .replace(
+                    r#"{\"verdict\":\"allow\",\"cost\":7}"#,
+                    &decision.replace('"', "\\\""),
+                )
+                .replace("(i64.const 28)", &format!("(i64.const {})", decision.len()));
+            let got = load(&src, PolicyLimits::default())
+                .unwrap()
+                .evaluate(&EvaluateInput::default());
+            match got {
+                Ok((d, _)) => assert!(valid && d.weight == Some(2.5), "{decision}: {d:?}"),
+                Err(e) => assert!(!valid && e.kind() == "invalid_output", "{decision}: {e}"),
+            }
+        }
     }
 
     #[test]

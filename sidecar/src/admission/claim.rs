@@ -1,0 +1,110 @@
+//! What a request asks of the scheduler: whose it is (tenant), what it is expected to cost in tokens,
+//! its tenant's weight and its priority. Built once per request, after the policy chain.
+
+use std::sync::Arc;
+
+use slotgate_sdk::{Decision, RequestSummary};
+
+/// Completion tokens assumed for a request that sets no bound (llama-server's own default is larger,
+/// but most answers are short; the charge is corrected to the real count when the response ends).
+pub const DEFAULT_MAX_TOKENS: u64 = 256;
+
+/// One request's claim on a slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The tenant whose fair share the request is served from.
+    pub tenant: Arc<str>,
+    /// Tokens charged to the tenant when the request is admitted.
+    pub cost: u64,
+    /// The tenant's weight: its counter grows by `cost / weight`. Positive.
+    pub weight: f64,
+    /// Lower is served earlier.
+    pub priority: i64,
+}
+
+impl Claim {
+    /// The claim of `request`: the policies' tenant, cost and weight where the chain set them
+    /// (`decision`), else the caller's identity, [`estimated_cost`] and 1.
+    pub fn new(request: &RequestSummary, decision: Option<&Decision>, priority: i64) -> Claim {
+        let tenant = match decision.and_then(|d| d.tenant.as_deref()) {
+            Some(t) => Arc::from(t),
+            None => Arc::from(request.identity().to_string()),
+        };
+        Claim {
+            tenant,
+            cost: decision
+                .and_then(|d| d.cost)
+                .unwrap_or_else(|| estimated_cost(request)),
+            weight: decision
+                .and_then(|d| d.weight)
+                .filter(|w| w.is_finite() && *w > 0.0)
+                .unwrap_or(1.0),
+            priority,
+        }
+    }
+
+    /// What the tenant's counter grows by when the request is admitted.
+    pub fn charge(&self) -> f64 {
+        self.cost as f64 / self.weight
+    }
+
+    /// A claim with weight 1 and cost 1, for tests of the queue.
+    #[cfg(test)]
+    pub fn test(tenant: &str, priority: i64) -> Claim {
+        Claim {
+            tenant: Arc::from(tenant),
+            cost: 1,
+            weight: 1.0,
+            priority,
+        }
+    }
+}
+
+/// The tokens a request is charged at admission when no policy names a cost: its reservation (the
+/// exact prompt plus the most it may generate within its slot, see `cost::reservation`), else its
+/// prompt (exact when counted, else estimated) plus `max_tokens` or a default.
+pub fn estimated_cost(request: &RequestSummary) -> u64 {
+    request.reserved_tokens.unwrap_or_else(|| {
+        request
+            .prompt_tokens_best()
+            .saturating_add(request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use slotgate_sdk::Peer;
+
+    use super::*;
+
+    #[test]
+    fn policy_values_win_over_identity_and_estimate() {
+        let mut r = RequestSummary {
+            prompt_tokens_estimate: 40,
+            max_tokens: Some(100),
+            peer: Some(Peer {
+                uid: 7,
+                gid: 7,
+                pid: None,
+            }),
+            ..RequestSummary::default()
+        };
+        let c = Claim::new(&r, None, 3);
+        assert_eq!(
+            (&*c.tenant, c.cost, c.weight, c.priority),
+            ("uid:7", 140, 1.0, 3)
+        );
+        r.max_tokens = None;
+        r.api_key = Some("sha256:ab".into());
+        let c = Claim::new(&r, Some(&Decision::allow()), 0);
+        assert_eq!((&*c.tenant, c.cost), ("sha256:ab", 40 + DEFAULT_MAX_TOKENS));
+        let d = Decision {
+            tenant: Some("team-a".into()),
+            cost: Some(9),
+            weight: Some(2.5),
+            ..Decision::allow()
+        };
+        let c = Claim::new(&r, Some(&d), 0);
+        assert_eq!((&*c.tenant, c.cost, c.weight), ("team-a", 9, 2.5));
+    }
+}
