@@ -20,6 +20,7 @@ pub const TENANT_TOKENS_TOTAL: &str = "slotgate_tenant_tokens_total";
 pub const UPSTREAM_READY: &str = "slotgate_upstream_ready";
 pub const UPSTREAM_RETRIES_TOTAL: &str = "slotgate_upstream_retries_total";
 pub const PROMPT_COUNTS_TOTAL: &str = "slotgate_prompt_counts_total";
+pub const RETRY_AFTER_SECONDS: &str = "slotgate_retry_after_seconds";
 pub const TOKENS_RESERVED_TOTAL: &str = "slotgate_tokens_reserved_total";
 pub const TOKENS_REFUNDED_TOTAL: &str = "slotgate_tokens_refunded_total";
 pub const COST_ESTIMATE_ERROR_RATIO: &str = "slotgate_cost_estimate_error_ratio";
@@ -48,6 +49,10 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// (with HELP and TYPE) from the first scrape on.
 pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     let mut builder = PrometheusBuilder::new();
+    builder = builder.set_buckets_for_metric(
+        Matcher::Full(RETRY_AFTER_SECONDS.to_owned()),
+        &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0],
+    )?;
     for name in [QUEUE_WAIT_SECONDS, UPSTREAM_SECONDS, TTFB_SECONDS] {
         builder =
             builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), LATENCY_BUCKETS)?;
@@ -99,6 +104,11 @@ fn describe() {
     describe_counter!(
         TOKENS_TOTAL,
         "Tokens reported by the upstream's `usage`, by kind (prompt, completion)."
+    );
+    describe_histogram!(
+        RETRY_AFTER_SECONDS,
+        Unit::Seconds,
+        "Retry-After handed out, by error code (queue_full, tenant_queue_full, displaced, ...)."
     );
     describe_counter!(
         PROMPT_COUNTS_TOTAL,

@@ -23,6 +23,8 @@ pub fn error(e: &GateError) -> Response<Body> {
     });
     let mut resp = json(e.status(), &body);
     if let Some(secs) = e.retry_after() {
+        metrics::histogram!(crate::metrics::RETRY_AFTER_SECONDS, "code" => e.code())
+            .record(secs as f64);
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
