@@ -214,3 +214,64 @@ async fn a_prompt_that_can_never_fit_is_refused_without_a_slot() {
     counted(&gate.client().post_json(CHAT, &ok).await);
     gate.assert_idle().await;
 }
+
+/// A stream is charged its real tokens whether or not its client asked for usage: without
+/// `stream_options.include_usage` llama-server sends no `usage`, and slotgate takes the counts from
+/// the `timings` on the last chunk. The reservation is refunded down to exactly what was used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_is_charged_its_real_tokens_with_or_without_usage() {
+    const ANSWER: u64 = 24;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let llama = LlamaServer::start(1).await;
+    let gate = gate_for(&llama).await;
+    wait_slot_context(&gate).await;
+    for include_usage in [false, true] {
+        let mut body = json!({"messages": [{"role": "user", "content": "Count to ten."}],
+                              "max_tokens": ANSWER, "ignore_eos": true, "stream": true});
+        if include_usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let m = gate.metrics().await;
+        let tokens =
+            |m: &Metrics, kind: &str| m.value_or_zero("slotgate_tokens_total", &[("kind", kind)]);
+        let (prompt0, completion0) = (tokens(&m, "prompt"), tokens(&m, "completion"));
+        let (reserved0, refunded0) = (
+            m.value_or_zero("slotgate_tokens_reserved_total", &[]),
+            m.value_or_zero("slotgate_tokens_refunded_total", &[]),
+        );
+        let stream = gate.client().stream(CHAT, &body).await;
+        let exact: f64 = stream
+            .header(PROMPT_HEADER)
+            .expect("counted")
+            .parse()
+            .unwrap();
+        let sse = stream.read_sse(Duration::from_secs(30)).await;
+        assert!(sse.complete(), "{sse:?}");
+        assert_eq!(
+            sse.raw.contains("\"usage\""),
+            include_usage,
+            "llama-server sends usage only when asked"
+        );
+        gate.assert_idle().await;
+        let m = gate.metrics().await;
+        assert_eq!(
+            tokens(&m, "completion") - completion0,
+            ANSWER as f64,
+            "include_usage {include_usage}"
+        );
+        assert_eq!(
+            tokens(&m, "prompt") - prompt0,
+            exact,
+            "include_usage {include_usage}"
+        );
+        let reserved = m.value_or_zero("slotgate_tokens_reserved_total", &[]) - reserved0;
+        let refunded = m.value_or_zero("slotgate_tokens_refunded_total", &[]) - refunded0;
+        assert_eq!(
+            reserved,
+            exact + ANSWER as f64,
+            "prompt + max_tokens reserved"
+        );
+        assert_eq!(refunded, 0.0, "everything reserved was used");
+        eprintln!("stream (include_usage {include_usage}): charged {} prompt + {ANSWER} completion tokens", exact);
+    }
+}
