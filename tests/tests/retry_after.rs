@@ -1,6 +1,7 @@
 //! How honest Retry-After is: clients turned away by a full queue retry exactly at the Retry-After
-//! they were given, and the test reports how many got in on that retry (the hit rate), and checks
-//! that by then everything that was ahead of them had drained, so the wait was not too short.
+//! they were given. The test reports how many got in on that retry (the hit rate), and checks that by
+//! then everything that was ahead of them had drained (not too short) and that no client was told
+//! much more than the whole burst needs (not too long).
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,7 @@ async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
     let (mut retried, mut hits) = (0, 0);
+    let mut told = Vec::new();
     for round in 0..ROUNDS {
         let start = Instant::now();
         let tasks: Vec<_> = (0..BURST)
@@ -56,6 +58,7 @@ async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
             };
             retried += 1;
             hits += usize::from(*status == 200);
+            told.push(*wait);
             // Not too short: the three ahead (at most 3 x SERVICE) were done by the retry.
             let drained = SERVICE * 3;
             assert!(
@@ -67,15 +70,18 @@ async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
     }
     let rate = hits as f64 / retried as f64;
     eprintln!(
-        "Retry-After hit rate: {hits} of {retried} clients retrying exactly at Retry-After got in ({:.0}%)",
+        "Retry-After hit rate: {hits} of {retried} clients retrying exactly at Retry-After got in ({:.0}%); told {told:?} s",
         rate * 100.0
     );
-    // The rejected clients of a burst all come back at the same second: one slot and two queue places
-    // take three of them; the rest are turned away again. Fewer than that means Retry-After was wrong.
-    let per_round = BURST - 3;
+    // The clients of one burst are told successive seconds (each counts as coming back), so nearly
+    // all find room; were they all told the same second, at most 3 of each 5 could.
+    assert!(rate >= 0.8, "{hits} of {retried} retries got in");
+    // Not needlessly long either: the whole burst drains in BURST x SERVICE.
+    let longest = told.iter().max().copied().unwrap_or(0);
     assert!(
-        hits >= ROUNDS * per_round.min(3),
-        "{hits} of {retried} retries got in"
+        Duration::from_secs(longest) <= SERVICE * BURST as u32 + Duration::from_secs(2),
+        "Retry-After up to {longest} s for a burst that drains in {:?}",
+        SERVICE * BURST as u32
     );
     let m = gate.metrics().await;
     assert!(m.has_samples("slotgate_retry_after_seconds"), "{}", m.text);

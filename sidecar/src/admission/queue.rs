@@ -67,6 +67,57 @@ struct State {
     next_seq: u64,
     closed: bool,
     service_ewma: Option<f64>,
+    /// The token model of the drain: see [`Drain`].
+    drain: Drain,
+}
+
+/// What the work ahead of a request costs in time, measured in tokens: the tokens charged to the
+/// requests in service and waiting, plus those of clients told to come back (so the clients of one
+/// burst are not all sent back for the same second), scaled by how much of a charge requests really
+/// use, divided by the measured token throughput.
+#[derive(Default)]
+struct Drain {
+    /// Tokens charged (claim costs) to the requests in service.
+    in_service: f64,
+    /// Tokens per second one slot delivers (prompt + completion over the time from forwarding to the
+    /// end of the response), EWMA over completed requests that reported usage.
+    rate: Option<f64>,
+    /// Used / charged tokens, EWMA over the same requests (a reservation is an upper bound).
+    fill: Option<f64>,
+    /// Charged tokens of clients given a Retry-After, not yet due back, and when that was updated.
+    returning: f64,
+    returning_at: Option<Instant>,
+}
+
+impl Drain {
+    /// Seconds for `ahead` charged tokens to drain through `slots`, once a throughput is known.
+    fn seconds(&self, ahead: f64, slots: usize) -> Option<f64> {
+        let rate = self.rate.filter(|r| *r > 0.0)?;
+        Some(ahead * self.fill.unwrap_or(1.0) / (rate * slots as f64))
+    }
+
+    /// Ages the returning clients' tokens by the drain rate since they were last counted.
+    fn decay(&mut self, now: Instant, slots: usize) {
+        if let (Some(at), Some(rate)) = (self.returning_at, self.rate) {
+            let per_second = rate * slots as f64 / self.fill.unwrap_or(1.0).max(1e-6);
+            let elapsed = now.saturating_duration_since(at).as_secs_f64();
+            self.returning = (self.returning - elapsed * per_second).max(0.0);
+        }
+        self.returning_at = Some(now);
+    }
+
+    fn learn(&mut self, charged: u64, used: u64, seconds: f64) {
+        if used == 0 || seconds <= 0.0 {
+            return;
+        }
+        let ewma = |old: Option<f64>, sample: f64| {
+            Some(old.map_or(sample, |avg| avg + EWMA_ALPHA * (sample - avg)))
+        };
+        self.rate = ewma(self.rate, used as f64 / seconds);
+        if charged > 0 {
+            self.fill = ewma(self.fill, (used as f64 / charged as f64).min(1.0));
+        }
+    }
 }
 
 struct Waiter {
@@ -101,14 +152,15 @@ pub struct QueueStats {
     pub capacity: usize,
     pub tenant_limit: Option<usize>,
     pub service_seconds: f64,
+    /// Estimated wait for a request queued now (see `Admission::wait_seconds`).
+    pub wait_seconds: f64,
     pub closed: bool,
 }
 
 impl QueueStats {
-    /// Seconds until the work already admitted (busy slots and every waiter) has drained:
-    /// `(busy + queued) * service_time / slots`.
+    /// Seconds until the work already admitted (in service and waiting) has drained.
     pub fn drain_seconds(&self) -> f64 {
-        (self.busy + self.depth) as f64 * self.service_seconds / self.slots as f64
+        self.wait_seconds
     }
 }
 
@@ -141,6 +193,7 @@ impl Admission {
                     next_seq: 0,
                     closed: false,
                     service_ewma: None,
+                    drain: Drain::default(),
                 }),
             }),
         }
@@ -197,6 +250,7 @@ impl Admission {
         }
         if st.busy < self.shared.slots && st.waiters.is_empty() {
             st.busy += 1;
+            st.drain.in_service += claim.cost as f64;
             st.tenants.admit(&claim.tenant, claim.charge());
             self.publish(&st);
             return Ok(Entry::Admitted(self.guard(&claim)));
@@ -207,18 +261,18 @@ impl Admission {
             if waiting >= limit && st.tenants.others_active(&claim.tenant) {
                 return Err(GateError::TenantQueueFull {
                     waiting,
-                    retry_after: self.retry_after(&st),
+                    retry_after: self.retry_after(&mut st, claim.cost),
                 });
             }
         }
         if st.waiters.len() >= self.shared.capacity {
-            let retry_after = self.retry_after(&st);
             let now = Instant::now();
             if let Some(seq) = self.over_share_victim(&st, &claim, now) {
                 // A tenant beyond its share gives up its newest place to one within its share.
                 if let Some(w) = st.waiters.remove(&seq) {
                     let waiting = st.tenants.waiting(&w.claim.tenant);
                     st.tenants.dequeue(&w.claim.tenant);
+                    let retry_after = self.retry_after(&mut st, w.claim.cost);
                     let _ = w.tx.send(Grant::OverShare {
                         waiting,
                         retry_after,
@@ -235,13 +289,14 @@ impl Admission {
                     Some((urgency, seq)) if claim.priority < urgency => {
                         if let Some(w) = st.waiters.remove(&seq) {
                             st.tenants.dequeue(&w.claim.tenant);
+                            let retry_after = self.retry_after(&mut st, w.claim.cost);
                             let _ = w.tx.send(Grant::Displaced { retry_after });
                         }
                     }
                     _ => {
                         return Err(GateError::QueueFull {
                             depth: st.waiters.len(),
-                            retry_after,
+                            retry_after: self.retry_after(&mut st, claim.cost),
                         })
                     }
                 }
@@ -334,8 +389,27 @@ impl Admission {
             capacity: self.shared.capacity,
             tenant_limit: self.shared.fairness.tenant_limit,
             service_seconds: st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS),
+            wait_seconds: self.wait_seconds(st),
             closed: st.closed,
         }
+    }
+
+    /// Seconds until the work ahead of a newcomer has drained: by tokens once a throughput has been
+    /// measured, else `(busy + queued) * service_ewma / slots`.
+    fn wait_seconds(&self, st: &State) -> f64 {
+        let ahead = st.drain.in_service
+            + st.waiters
+                .values()
+                .map(|w| w.claim.cost as f64)
+                .sum::<f64>()
+            + st.drain.returning;
+        st.drain
+            .seconds(ahead, self.shared.slots)
+            .unwrap_or_else(|| {
+                (st.busy + st.waiters.len()) as f64
+                    * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
+                    / self.shared.slots as f64
+            })
     }
 
     /// The tenants the scheduler knows (active, or remembered for a counter above the others'), the
@@ -362,11 +436,16 @@ impl Admission {
         all
     }
 
-    /// Seconds until the work already admitted (busy slots and every waiter) has drained:
-    /// `ceil((busy + queued) * service_ewma / slots)`, clamped to `1..=3600`.
-    fn retry_after(&self, st: &State) -> u64 {
-        let secs = self.stats_of(st).drain_seconds().ceil();
-        (secs as u64).clamp(1, MAX_RETRY_AFTER_SECONDS)
+    /// Whole seconds after which a client turned away should find room: the wait for the work ahead
+    /// (see [`Admission::wait_seconds`]), rounded up, clamped to `1..=3600`. The client's own
+    /// `cost` then counts as coming back, so the next client turned away is told a later time.
+    fn retry_after(&self, st: &mut State, cost: u64) -> u64 {
+        st.drain.decay(Instant::now(), self.shared.slots);
+        let secs = (self.wait_seconds(st).ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
+        if st.drain.rate.is_some() {
+            st.drain.returning += cost as f64;
+        }
+        secs
     }
 
     /// The guard of a slot already counted as busy and charged to `claim`'s tenant.
@@ -378,6 +457,8 @@ impl Admission {
             tenant: claim.tenant.clone(),
             weight: claim.weight,
             unsettled: Some(claim.charge()),
+            cost: claim.cost,
+            used: None,
         }
     }
 
@@ -396,6 +477,7 @@ impl Admission {
             };
             if w.tx.send(Grant::Slot).is_ok() {
                 st.tenants.promote(&w.claim.tenant, w.claim.charge());
+                st.drain.in_service += w.claim.cost as f64;
                 self.publish(st);
                 return;
             }
@@ -466,6 +548,9 @@ pub struct SlotGuard {
     weight: f64,
     /// The up-front charge to the tenant, until [`SlotGuard::settle`] replaces it by the real count.
     unsettled: Option<f64>,
+    /// Tokens charged up front, and really used once known.
+    cost: u64,
+    used: Option<u64>,
 }
 
 impl SlotGuard {
@@ -480,6 +565,7 @@ impl SlotGuard {
         let Some(charged) = self.unsettled.take() else {
             return;
         };
+        self.used = Some(actual_tokens);
         let mut st = self.admission.lock();
         st.tenants
             .settle(&self.tenant, charged, actual_tokens as f64 / self.weight);
@@ -506,12 +592,14 @@ impl SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         let mut st = self.admission.lock();
+        st.drain.in_service = (st.drain.in_service - self.cost as f64).max(0.0);
         if self.completed {
             let sample = self.started.elapsed().as_secs_f64();
             st.service_ewma = Some(match st.service_ewma {
                 Some(avg) => avg + EWMA_ALPHA * (sample - avg),
                 None => sample,
             });
+            st.drain.learn(self.cost, self.used.unwrap_or(0), sample);
         }
         st.tenants
             .finish(&self.tenant, self.unsettled.unwrap_or(0.0));
@@ -656,6 +744,43 @@ mod tests {
         let err = adm.acquire(c(0), far()).await.err().unwrap();
         // One busy slot and one waiter ahead, 3 s each.
         assert_eq!(err.retry_after(), Some(6));
+    }
+
+    /// Once requests have reported their usage, Retry-After is the tokens ahead over the measured
+    /// token throughput, scaled by how much of a charge is really used; and each client turned away
+    /// counts as coming back, so the next one is told a later second.
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_counts_tokens_ahead_and_spreads_a_burst() {
+        let adm = Admission::new(1, 1);
+        // Charged 400 tokens each, used 200 in 2 s: 100 tokens/s, half of each charge used.
+        for _ in 0..10 {
+            let (mut slot, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            slot.settle(200);
+            slot.complete();
+        }
+        let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+        let _waiting = tokio::spawn({
+            let adm = adm.clone();
+            async move { adm.acquire(claim("a", 0, 1000), far()).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Ahead: 400 in service + 1000 waiting, half used: 700 tokens at 100/s = 7 s.
+        assert!(
+            (adm.stats().wait_seconds - 7.0).abs() < 0.01,
+            "{:?}",
+            adm.stats()
+        );
+        let told: Vec<u64> = (0..3)
+            .map(|_| {
+                adm.enqueue(claim("b", 0, 200))
+                    .err()
+                    .and_then(|e| e.retry_after())
+                    .expect("turned away with a Retry-After")
+            })
+            .collect();
+        // Each turned-away client's 200 (100 used) comes back: one second more for the next.
+        assert_eq!(told, [7, 8, 9]);
     }
 
     type Log = Arc<Mutex<Vec<(&'static str, Instant)>>>;
