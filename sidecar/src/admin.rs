@@ -81,6 +81,7 @@ pub fn status(app: &App) -> serde_json::Value {
         "inflight": app.upstream.inflight(),
         "upstream": { "ready": app.upstream.is_ready(), "target": app.upstream.target().to_string() },
         "service_time_seconds": q.service_seconds,
+        "estimated_wait_seconds": q.wait_seconds,
         "draining": q.closed,
         "policies": {
             "generation": chain.generation(),

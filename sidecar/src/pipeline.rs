@@ -231,9 +231,13 @@ impl Drop for CancelGrace {
 /// refused here, before it could queue or take a slot.
 async fn count_prompt(app: &App, intake: &mut Intake) -> Result<(), GateError> {
     let s = &mut intake.summary;
+    // With every slot busy and the queue full, the request will most likely be turned away: keep
+    // that 429 fast and do not ask llama-server (the estimate stands).
+    let q = app.admission.stats();
+    let full = q.busy >= q.slots && q.depth >= q.capacity;
     let (exact, source) = match &intake.json {
-        Some(json) => app.cost.prompt_tokens(&s.path, json).await,
-        None => (None, cost::Source::Estimate),
+        Some(json) if !full => app.cost.prompt_tokens(&s.path, json).await,
+        _ => (None, cost::Source::Estimate),
     };
     cost::record(source, s.prompt_tokens_estimate, exact);
     s.prompt_tokens = exact;

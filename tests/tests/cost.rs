@@ -160,3 +160,34 @@ async fn reservations_are_counted_and_what_was_not_used_is_refunded() {
         (111.0 - 41.0) + (1000.0 - 16.0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_queue_answers_429_without_asking_llama_server_to_count() {
+    let (up, gate) = Gate::one_slot(1).start_with(FakeUpstream::instant()).await;
+    let held = gate
+        .hold_slot(&Req::chat("busy").delay(std::time::Duration::from_millis(800)))
+        .await;
+    let queued = gate.enqueue(&Req::chat("queued")).await;
+    let counted = up
+        .internal_seen()
+        .iter()
+        .filter(|p| *p == "/tokenize")
+        .count();
+    let resp = gate
+        .client()
+        .post_json(CHAT, &chat("a different prompt, never counted"))
+        .await;
+    assert_error(&resp, 429, "queue_full");
+    assert_eq!(
+        up.internal_seen()
+            .iter()
+            .filter(|p| *p == "/tokenize")
+            .count(),
+        counted,
+        "the turned-away request was not counted"
+    );
+    for (resp, _) in join_all(vec![held, queued]).await {
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    gate.assert_settled(&up, 1).await;
+}
