@@ -37,6 +37,7 @@ pub struct Exchange {
     outcome: Option<Outcome>,
     usage: Option<Usage>,
     reserved: Option<u64>,
+    prompt_tokens: u64,
     completion: Option<CompletionHook>,
 }
 
@@ -55,6 +56,7 @@ impl Exchange {
             outcome: None,
             usage: None,
             reserved: None,
+            prompt_tokens: 0,
             completion: None,
         }
     }
@@ -86,6 +88,15 @@ impl Exchange {
     pub fn set_reserved(&mut self, tokens: u64) {
         metrics::counter!(m::TOKENS_RESERVED_TOTAL).increment(tokens);
         self.reserved = Some(tokens);
+    }
+
+    /// The request's prompt tokens as counted before admission (exact, else estimated).
+    pub fn set_prompt_tokens(&mut self, n: u64) {
+        self.prompt_tokens = n;
+    }
+
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
     }
 
     pub fn set_usage(&mut self, usage: Usage) {

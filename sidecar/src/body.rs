@@ -15,7 +15,7 @@ use crate::error::Outcome;
 use crate::metrics as m;
 use crate::respond::{self, Body, BodyError};
 use crate::upstream::InflightGuard;
-use crate::usage::UsageScanner;
+use crate::usage::{Usage, UsageScanner};
 
 /// How long a slot stays held after its client left: the upstream connection is closed on the pooled
 /// client's own task, a moment after we drop it.
@@ -80,6 +80,28 @@ impl GuardedBody {
                 if let Some(u) = usage {
                     slot.settle(u.prompt_tokens.saturating_add(u.completion_tokens));
                 }
+            }
+        }
+        if outcome == Outcome::ClientGone {
+            // Charged only what it was served: the tokens streamed before it left, and the prompt
+            // once llama-server had begun answering.
+            let completion = self.usage.generated();
+            let prompt = if self.first_byte {
+                held.exchange.prompt_tokens()
+            } else {
+                0
+            };
+            if completion > 0 {
+                let u = Usage {
+                    prompt_tokens: prompt,
+                    completion_tokens: completion,
+                };
+                held.exchange.set_usage(u);
+                metrics::counter!(m::TOKENS_TOTAL, "kind" => "prompt").increment(prompt);
+                metrics::counter!(m::TOKENS_TOTAL, "kind" => "completion").increment(completion);
+            }
+            if let Some(slot) = held.slot.as_mut() {
+                slot.settle(prompt + completion);
             }
         }
         held.exchange.finish(outcome);

@@ -145,6 +145,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
             .reserved_tokens
             .unwrap_or_else(|| s.prompt_tokens_best() + s.max_tokens.unwrap_or(0));
         ex.set_reserved(reserved);
+        ex.set_prompt_tokens(s.prompt_tokens_best());
     }
 
     let inflight = app.upstream.inflight_guard();

@@ -37,6 +37,8 @@ pub struct UsageScanner {
     reported: Option<Usage>,
     /// The last usage derived from `timings` (cumulative in llama-server, so the last is the total).
     timings: Option<Usage>,
+    /// Stream events that carried generated text: one token each in llama-server's streams.
+    generated: u64,
 }
 
 impl UsageScanner {
@@ -49,6 +51,7 @@ impl UsageScanner {
             gave_up: false,
             reported: None,
             timings: None,
+            generated: 0,
         }
     }
 
@@ -74,7 +77,11 @@ impl UsageScanner {
         }
         let mut start = 0;
         while let Some(nl) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let found = sse_line_usage(&self.buf[start..start + nl]);
+            let line = &self.buf[start..start + nl];
+            if line.starts_with(b"data:") && contains(line, b"\"content\":\"") {
+                self.generated += 1;
+            }
+            let found = sse_line_usage(line);
             self.record(found);
             start += nl + 1;
         }
@@ -82,6 +89,12 @@ impl UsageScanner {
         if self.buf.len() > MAX_SSE_LINE {
             self.buf.clear();
         }
+    }
+
+    /// Tokens of a stream so far, counted by its text-carrying events: what a client that left
+    /// before the end was served.
+    pub fn generated(&self) -> u64 {
+        self.generated
     }
 
     /// The last usage seen (streams), or the usage of the whole body (JSON). A reported `usage`
@@ -102,6 +115,10 @@ impl UsageScanner {
         }
         self.reported.or(self.timings)
     }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn sse_line_usage(line: &[u8]) -> Option<(Source, Usage)> {
@@ -209,6 +226,16 @@ mod tests {
     }
 
     /// A chat stream as llama-server sends it when the client did not ask for
+    #[test]
+    fn text_carrying_events_are_counted_as_generated_tokens() {
+        let mut s = UsageScanner::new(Some("text/event-stream"));
+        for piece in CHAT_STREAM_TIMINGS_ONLY.chunks(5) {
+            s.feed(piece);
+        }
+        // The role chunk (content null) and the finishing chunk carry no text: one token streamed.
+        assert_eq!(s.generated(), 1);
+    }
+
     /// `stream_options.include_usage`: no `usage` anywhere, `timings` on the finishing chunk.
     const CHAT_STREAM_TIMINGS_ONLY: &[u8] = b"data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}],\"created\":1,\"id\":\"chatcmpl-x\",\"model\":\"m\",\"system_fingerprint\":\"b1\",\"object\":\"chat.completion.chunk\"}\n\n\
 data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\"Hi\"}}],\"created\":1,\"id\":\"chatcmpl-x\",\"model\":\"m\",\"system_fingerprint\":\"b1\",\"object\":\"chat.completion.chunk\"}\n\n\

@@ -70,3 +70,43 @@ async fn leaving_before_the_response_head_cancels_upstream_and_frees_the_slot() 
     gate.assert_settled(&up, 1).await;
     gate.wait_outcome("client_gone", 1).await;
 }
+
+/// A client that leaves mid-stream is charged what it was served: the prompt and the tokens streamed
+/// before it left (one per text-carrying event), not its reservation and not zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_leaves_is_charged_only_what_was_generated() {
+    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let client = gate.client();
+    let body = Req::chat("leaver")
+        .chunks(40, ms(50))
+        .set("max_tokens", 100)
+        .json();
+    let mut stream = client.stream(CHAT, &body).await;
+    let prompt: f64 = stream
+        .header("x-slotgate-prompt-tokens")
+        .expect("counted")
+        .parse()
+        .unwrap();
+    for _ in 0..5 {
+        stream.next_chunk_within(Duration::from_secs(2)).await;
+    }
+    drop(stream);
+    gate.wait_outcome("client_gone", 1).await;
+    gate.assert_settled(&up, 1).await;
+    let m = gate.metrics().await;
+    let completion = m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]);
+    assert!(
+        (5.0..=10.0).contains(&completion),
+        "charged {completion} completion tokens for about 5 streamed"
+    );
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_total", &[("kind", "prompt")]),
+        prompt
+    );
+    let reserved = m.value_or_zero("slotgate_tokens_reserved_total", &[]);
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_refunded_total", &[]),
+        reserved - prompt - completion,
+        "everything not served is refunded"
+    );
+}
