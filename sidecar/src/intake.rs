@@ -278,6 +278,45 @@ impl Intake {
     }
 }
 
+impl Intake {
+    /// For a chat stream whose client did not ask for `stream_options.include_usage`: asks for it in
+    /// the forwarded body, so the stream reports its usage. Returns whether it did (the client's
+    /// stream must then lose the usage chunk again, see `stream_usage`).
+    pub fn ask_for_stream_usage(&mut self) -> Result<bool, GateError> {
+        if !self.summary.stream
+            || !crate::stream_usage::CHAT_PATHS.contains(&self.summary.path.as_str())
+        {
+            return Ok(false);
+        }
+        let Some(Value::Object(obj)) = self.json.as_mut() else {
+            return Ok(false);
+        };
+        let asked = obj
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        if asked {
+            return Ok(false);
+        }
+        match obj.get_mut("stream_options") {
+            Some(Value::Object(opts)) => {
+                opts.insert("include_usage".into(), Value::Bool(true));
+            }
+            _ => {
+                obj.insert(
+                    "stream_options".into(),
+                    serde_json::json!({"include_usage": true}),
+                );
+            }
+        }
+        self.body = Bytes::from(
+            serde_json::to_vec(&self.json).map_err(|e| GateError::InvalidJson(e.to_string()))?,
+        );
+        Ok(true)
+    }
+}
+
 /// Characters of text in a prompt-like value: a string, an array of strings or of messages
 /// (`content` as a string or as parts with `text`).
 fn text_chars(v: Option<&Value>) -> u64 {

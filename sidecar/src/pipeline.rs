@@ -31,6 +31,7 @@ use crate::metrics as m;
 use crate::policy::chain::ChainOutcome;
 use crate::policy::{Chain, EvalError};
 use crate::respond::{self, Body};
+use crate::stream_usage::StripUsage;
 use crate::upstream::{copy_end_to_end, SendError};
 
 /// Response header with the time the request waited for a slot.
@@ -148,6 +149,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         ex.set_prompt_tokens(s.prompt_tokens_best());
     }
 
+    // Every chat stream reports its usage; the client still gets the stream it asked for.
+    let strip_usage = match kind {
+        Kind::Slot => match intake.ask_for_stream_usage() {
+            Ok(asked) => asked,
+            Err(e) => return reject(ex, &e),
+        },
+        Kind::Passthrough => false,
+    };
     let inflight = app.upstream.inflight_guard();
     let forwarded_at = Instant::now();
     let held = CancelGrace(slot);
@@ -203,6 +212,9 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         forwarded_at,
         content_type.as_deref(),
     );
+    if strip_usage {
+        return out.map(|()| StripUsage::new(guarded.boxed_unsync()).boxed_unsync());
+    }
     out.map(|()| guarded.boxed_unsync())
 }
 

@@ -191,3 +191,45 @@ async fn a_full_queue_answers_429_without_asking_llama_server_to_count() {
     }
     gate.assert_settled(&up, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_streams_always_ask_llama_server_for_usage() {
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .start_with(FakeUpstream::instant())
+        .await;
+    let client = gate.client();
+    let plain = Req::chat("plain").chunks(2, ms(5));
+    let sse = client
+        .stream(CHAT, &plain.json())
+        .await
+        .read_sse(std::time::Duration::from_secs(3))
+        .await;
+    assert!(sse.complete(), "{sse:?}");
+    let asked = Req::chat("asked")
+        .chunks(2, ms(5))
+        .set("stream_options", json!({"include_usage": true}));
+    let sse = client
+        .stream(CHAT, &asked.json())
+        .await
+        .read_sse(std::time::Duration::from_secs(3))
+        .await;
+    assert!(sse.complete(), "{sse:?}");
+    let whole = client.post_json(CHAT, &Req::chat("whole").json()).await;
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    let seen = up.requests_seen();
+    let include = |tag: &str| {
+        seen.iter()
+            .find(|r| r.tag.as_deref() == Some(tag))
+            .map(|r| r.body["stream_options"]["include_usage"].clone())
+            .unwrap()
+    };
+    assert_eq!(include("plain"), true, "slotgate asked for the client");
+    assert_eq!(include("asked"), true, "the client's own request kept");
+    assert_eq!(
+        include("whole"),
+        serde_json::Value::Null,
+        "not a stream: untouched"
+    );
+    gate.assert_settled(&up, 1).await;
+}

@@ -215,9 +215,10 @@ async fn a_prompt_that_can_never_fit_is_refused_without_a_slot() {
     gate.assert_idle().await;
 }
 
-/// A stream is charged its real tokens whether or not its client asked for usage: without
-/// `stream_options.include_usage` llama-server sends no `usage`, and slotgate takes the counts from
-/// the `timings` on the last chunk. The reservation is refunded down to exactly what was used.
+/// A stream is charged its real tokens whether or not its client asked for usage: slotgate always
+/// asks llama-server for it (`stream_options.include_usage`) and takes the usage chunk out of the
+/// stream of a client that did not ask, moving its `timings` onto the finishing chunk. The
+/// reservation is refunded down to exactly what was used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_is_charged_its_real_tokens_with_or_without_usage() {
     const ANSWER: u64 = 24;
@@ -247,10 +248,19 @@ async fn a_stream_is_charged_its_real_tokens_with_or_without_usage() {
             .unwrap();
         let sse = stream.read_sse(Duration::from_secs(30)).await;
         assert!(sse.complete(), "{sse:?}");
+        // slotgate asks llama-server for usage either way; a client that did not ask never sees the
+        // usage chunk, and still gets llama-server's `timings` on its last chunk.
         assert_eq!(
             sse.raw.contains("\"usage\""),
             include_usage,
-            "llama-server sends usage only when asked"
+            "the client sees usage only when it asked: {}",
+            sse.raw
+        );
+        assert!(sse.raw.contains("\"timings\""), "timings kept: {}", sse.raw);
+        assert!(
+            include_usage || !sse.raw.contains("\"choices\":[]"),
+            "no empty-choices chunk the client did not ask for: {}",
+            sse.raw
         );
         gate.assert_idle().await;
         let m = gate.metrics().await;
