@@ -89,6 +89,7 @@
 
 #![cfg_attr(not(test), warn(missing_docs))]
 
+pub mod bucket;
 mod dispatch;
 mod export;
 pub mod host;

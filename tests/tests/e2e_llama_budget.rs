@@ -57,19 +57,7 @@ struct Tenant {
 impl Tenant {
     /// The hash comes from `slotgate hash-key`, the form the README tells operators to configure.
     fn new(name: &'static str, key: &'static str) -> Self {
-        let out = slotgate_tests::gate::command()
-            .args(["hash-key", key])
-            .output()
-            .expect("run slotgate hash-key");
-        assert!(
-            out.status.success(),
-            "slotgate hash-key failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let hashed = String::from_utf8(out.stdout)
-            .expect("hash-key prints UTF-8")
-            .trim()
-            .to_owned();
+        let hashed = slotgate_tests::gate::hash_key(key);
         assert!(
             hashed.starts_with("sha256:") && hashed.len() == 7 + 64,
             "hash-key printed {hashed:?}"

@@ -64,21 +64,16 @@ pub(super) fn now_ms() -> i64 {
 pub(super) fn bucket_take(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
     with(|h| {
         let b = h.bucket(key, capacity, refill);
-        if b.level >= amount {
-            b.level -= amount;
-            return 0.0;
-        }
-        if refill <= 0.0 || amount > capacity {
-            return f64::INFINITY;
-        }
-        (amount - b.level) / refill
+        let (level, wait) = crate::bucket::take(b.level, capacity, refill, amount);
+        b.level = level;
+        wait
     })
 }
 
 pub(super) fn bucket_refund(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
     with(|h| {
         let b = h.bucket(key, capacity, refill);
-        b.level = (b.level + amount).min(capacity);
+        b.level = crate::bucket::refund(b.level, capacity, amount);
         b.level
     })
 }
@@ -111,7 +106,7 @@ impl Emulator {
             updated_ms: now,
         });
         let dt = (now - b.updated_ms) as f64 / 1000.0;
-        b.level = (b.level + dt * refill.max(0.0)).min(capacity);
+        b.level = crate::bucket::refilled(b.level, dt, capacity, refill);
         b.updated_ms = now;
         b
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dashmap::DashMap;
+use slotgate_sdk::bucket;
 use wasmtime::StoreLimits;
 
 /// State shared by all evaluations of all policies.
@@ -36,16 +37,10 @@ impl SharedState {
         refill: f64,
         amount: f64,
     ) -> f64 {
-        let mut b = self.bucket(policy, key, capacity);
-        refill_now(&mut b, capacity, refill);
-        if b.level >= amount {
-            b.level -= amount;
-            return 0.0;
-        }
-        if refill <= 0.0 || amount > capacity {
-            return f64::INFINITY;
-        }
-        (amount - b.level) / refill
+        let mut b = self.bucket(policy, key, capacity, refill);
+        let (level, wait) = bucket::take(b.level, capacity, refill, amount);
+        b.level = level;
+        wait
     }
 
     /// Gives `amount` back (a negative amount charges more); returns the new level.
@@ -57,9 +52,8 @@ impl SharedState {
         refill: f64,
         amount: f64,
     ) -> f64 {
-        let mut b = self.bucket(policy, key, capacity);
-        refill_now(&mut b, capacity, refill);
-        b.level = (b.level + amount).min(capacity);
+        let mut b = self.bucket(policy, key, capacity, refill);
+        b.level = bucket::refund(b.level, capacity, amount);
         b.level
     }
 
@@ -88,26 +82,27 @@ impl SharedState {
         w.total
     }
 
+    /// The bucket, created full and refilled up to now.
     fn bucket(
         &self,
         policy: &Arc<str>,
         key: &str,
         capacity: f64,
+        refill: f64,
     ) -> dashmap::mapref::one::RefMut<'_, (Arc<str>, String), Bucket> {
-        self.buckets
+        let now = Instant::now();
+        let mut b = self
+            .buckets
             .entry((policy.clone(), key.to_owned()))
             .or_insert_with(|| Bucket {
                 level: capacity,
-                updated: Instant::now(),
-            })
+                updated: now,
+            });
+        let dt = now.duration_since(b.updated).as_secs_f64();
+        b.level = bucket::refilled(b.level, dt, capacity, refill);
+        b.updated = now;
+        b
     }
-}
-
-fn refill_now(b: &mut Bucket, capacity: f64, refill: f64) {
-    let now = Instant::now();
-    let dt = now.duration_since(b.updated).as_secs_f64();
-    b.level = (b.level + dt * refill.max(0.0)).min(capacity);
-    b.updated = now;
 }
 
 /// What one store carries: its limits, the shared state and who it is evaluating for.
