@@ -14,6 +14,7 @@ use crate::cost::Counter;
 use crate::intake::Limits;
 use crate::policy::{PolicyLoadError, PolicySet};
 use crate::reload::{self, ConfigSource};
+use crate::server::conn::LINGER_EXTRA_BYTES;
 use crate::server::{self, BindError, Listener, ServeOpts};
 use crate::upstream::Upstream;
 use crate::{admin, pipeline, shutdown};
@@ -61,6 +62,7 @@ impl App {
                 Fairness {
                     aging: config.priority_aging,
                     tenant_limit: config.tenant_queue_limit(),
+                    reject_doomed: config.reject_doomed_waits,
                 },
             ),
             upstream,
@@ -109,6 +111,8 @@ pub async fn run(
         conns: conns.clone(),
         stop: stop_rx,
         header_timeout: cfg.header_timeout,
+        stall_timeout: cfg.client_stall_timeout,
+        linger_bytes: cfg.max_body as u64 + LINGER_EXTRA_BYTES,
     };
 
     let background = [
@@ -135,6 +139,8 @@ pub async fn run(
             conns: Arc::new(Semaphore::new(ADMIN_CONNECTIONS)),
             stop: admin_stop_rx,
             header_timeout: cfg.header_timeout,
+            stall_timeout: cfg.client_stall_timeout,
+            linger_bytes: LINGER_EXTRA_BYTES,
         };
         tokio::spawn(server::accept_loop(listener, handler, admin_opts))
     });

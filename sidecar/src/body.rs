@@ -1,19 +1,21 @@
 //! GuardedBody: streams the upstream's response to the client while holding the request's slot,
 //! in-flight count and access record, and settles all three when the stream ends, fails or is dropped.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::access::Exchange;
 use crate::admission::SlotGuard;
 use crate::error::Outcome;
 use crate::metrics as m;
 use crate::respond::{self, Body, BodyError};
+use crate::stall::WriteWatch;
 use crate::upstream::InflightGuard;
 use crate::usage::{Usage, UsageScanner};
 
@@ -28,7 +30,46 @@ pub struct GuardedBody {
     forwarded_at: Instant,
     first_byte: bool,
     usage: UsageScanner,
+    /// Why the client's connection may go away: cut for not reading, rather than gone.
+    watch: Option<WriteWatch>,
+    idle: Option<IdleTimer>,
 }
+
+/// `--upstream-idle-timeout`: armed at the last frame, checked only while waiting for the next one.
+/// The timer is moved on lazily, when it fires, rather than reset for every streamed token.
+struct IdleTimer {
+    limit: Duration,
+    last_frame: Instant,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl IdleTimer {
+    fn new(limit: Duration) -> Self {
+        let now = Instant::now();
+        IdleTimer {
+            limit,
+            last_frame: now,
+            sleep: Box::pin(tokio::time::sleep_until(now + limit)),
+        }
+    }
+
+    /// Ready once llama-server has been silent for the whole limit.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            std::task::ready!(self.sleep.as_mut().poll(cx));
+            let due = self.last_frame + self.limit;
+            if Instant::now() >= due {
+                return Poll::Ready(());
+            }
+            self.sleep.as_mut().reset(due);
+        }
+    }
+}
+
+/// The error that aborts a client's response when llama-server went silent.
+#[derive(Debug, thiserror::Error)]
+#[error("llama-server sent nothing for {0:?} mid-answer (upstream idle timeout)")]
+pub struct UpstreamIdle(Duration);
 
 struct Held {
     slot: Option<SlotGuard>,
@@ -55,7 +96,17 @@ impl GuardedBody {
             forwarded_at,
             first_byte: false,
             usage: UsageScanner::new(content_type),
+            watch: None,
+            idle: None,
         }
+    }
+
+    /// Arms the stall and silence guards: `watch` tells a client cut for not reading from one that
+    /// left, and `idle_timeout` bounds llama-server's silence mid-answer.
+    pub fn guarded(mut self, watch: Option<WriteWatch>, idle_timeout: Option<Duration>) -> Self {
+        self.watch = watch;
+        self.idle = idle_timeout.map(IdleTimer::new);
+        self
     }
 
     /// Releases the slot and records the request's fate. Runs at most once.
@@ -82,7 +133,13 @@ impl GuardedBody {
                 }
             }
         }
-        if outcome == Outcome::ClientGone {
+        // Ended before llama-server finished: it may still be generating until it sees the closed
+        // connection.
+        let abandoned = matches!(
+            outcome,
+            Outcome::ClientGone | Outcome::ClientStalled | Outcome::UpstreamTimeout
+        );
+        if abandoned {
             // Charged only what it was served: the tokens streamed before it left, and the prompt
             // once llama-server had begun answering.
             let completion = self.usage.generated();
@@ -105,7 +162,7 @@ impl GuardedBody {
             }
         }
         held.exchange.finish(outcome);
-        if outcome == Outcome::ClientGone {
+        if abandoned {
             if let Some(slot) = held.slot.take() {
                 slot.release_after(ABANDON_GRACE);
             }
@@ -127,6 +184,9 @@ impl HttpBody for GuardedBody {
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(idle) = this.idle.as_mut() {
+                    idle.last_frame = Instant::now();
+                }
                 if let Some(data) = frame.data_ref() {
                     if !this.first_byte {
                         this.first_byte = true;
@@ -144,7 +204,21 @@ impl HttpBody for GuardedBody {
                 this.settle(Outcome::UpstreamError);
             }
             Poll::Ready(None) => this.settle(Outcome::Ok),
-            Poll::Pending => {}
+            Poll::Pending => {
+                if let Some(idle) = this.idle.as_mut() {
+                    if idle.poll_expired(cx).is_ready() {
+                        let limit = idle.limit;
+                        tracing::warn!(
+                            idle_ms = limit.as_millis() as u64,
+                            "llama-server went silent mid-answer; aborting the client's response"
+                        );
+                        // Close the upstream connection first, then hand the slot on.
+                        this.inner = respond::full(Bytes::new());
+                        this.settle(Outcome::UpstreamTimeout);
+                        return Poll::Ready(Some(Err(Box::new(UpstreamIdle(limit)))));
+                    }
+                }
+            }
         }
         polled
     }
@@ -163,6 +237,8 @@ impl Drop for GuardedBody {
         // hyper stops polling once `is_end_stream` says so, and never polls an empty body at all.
         let outcome = if self.inner.is_end_stream() {
             Outcome::Ok
+        } else if self.watch.as_ref().is_some_and(WriteWatch::is_stalled) {
+            Outcome::ClientStalled
         } else {
             Outcome::ClientGone
         };

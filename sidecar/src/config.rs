@@ -87,6 +87,32 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_timeout: Option<Dur>,
 
+    /// A client that takes no byte of a waiting response for this long is cut: its slot is released at
+    /// once and llama-server stops generating for it. A slow reader that keeps taking bytes is never
+    /// cut. `0s` turns the guard off. [default: 30s]
+    #[arg(long, env = "SLOTGATE_CLIENT_STALL_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_stall_timeout: Option<Dur>,
+
+    /// Longest silence from llama-server once its answer has begun (between streamed tokens); then
+    /// the client's response is aborted and the slot released. `0s` turns it off. [default: 60s]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_IDLE_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_idle_timeout: Option<Dur>,
+
+    /// Longest wait for llama-server's response to begin once a request is forwarded. It covers the
+    /// prompt's prefill and, for a non-streamed request, the whole generation, so the default is
+    /// long enough for a full context on a CPU. `0s` turns it off. [default: 10m]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_FIRST_BYTE_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_first_byte_timeout: Option<Dur>,
+
+    /// Refuse at arrival, with 429 and Retry-After, a request whose estimated wait for a slot is
+    /// already longer than its queue timeout, instead of letting it wait for a 504. [default: true]
+    #[arg(long, env = "SLOTGATE_REJECT_DOOMED_WAITS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reject_doomed_waits: Option<bool>,
+
     /// Open client connections across all listeners; further ones wait in the kernel backlog. [default: 1024]
     #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS", value_name = "N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -262,6 +288,10 @@ impl Settings {
             max_body,
             header_timeout,
             body_timeout,
+            client_stall_timeout,
+            upstream_idle_timeout,
+            upstream_first_byte_timeout,
+            reject_doomed_waits,
             max_connections,
             drain_timeout,
             health_interval,
@@ -304,6 +334,11 @@ pub struct Config {
     pub max_body: usize,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    /// `None` when the guard is off.
+    pub client_stall_timeout: Option<Duration>,
+    pub upstream_idle_timeout: Option<Duration>,
+    pub upstream_first_byte_timeout: Option<Duration>,
+    pub reject_doomed_waits: bool,
     pub max_connections: usize,
     pub drain_timeout: Duration,
     pub health_interval: Duration,
@@ -386,15 +421,18 @@ impl Config {
             queue_depth: s.queue_depth.unwrap_or(8),
             queue_timeout: positive("queue-timeout", s.queue_timeout, Duration::from_secs(60))?,
             trust_client_priority: s.trust_client_priority.unwrap_or(false),
-            priority_aging: match s.priority_aging {
-                Some(Dur(d)) if d.is_zero() => None,
-                Some(Dur(d)) => Some(d),
-                None => Some(Duration::from_secs(10)),
-            },
+            priority_aging: zero_is_off(s.priority_aging, Duration::from_secs(10)),
             tenant_queue_share,
             max_body,
             header_timeout: positive("header-timeout", s.header_timeout, Duration::from_secs(10))?,
             body_timeout: positive("body-timeout", s.body_timeout, Duration::from_secs(30))?,
+            client_stall_timeout: zero_is_off(s.client_stall_timeout, Duration::from_secs(30)),
+            upstream_idle_timeout: zero_is_off(s.upstream_idle_timeout, Duration::from_secs(60)),
+            upstream_first_byte_timeout: zero_is_off(
+                s.upstream_first_byte_timeout,
+                Duration::from_secs(600),
+            ),
+            reject_doomed_waits: s.reject_doomed_waits.unwrap_or(true),
             max_connections,
             drain_timeout: s.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
             health_interval: positive(
@@ -412,11 +450,7 @@ impl Config {
                 .cost_tokenizer
                 .or(s.cost.and_then(|c| c.tokenizer))
                 .unwrap_or(Tokenizer::Upstream),
-            policy_watch: match s.policy_watch {
-                Some(Dur(d)) if d.is_zero() => None,
-                Some(Dur(d)) => Some(d),
-                None => Some(Duration::from_secs(2)),
-            },
+            policy_watch: zero_is_off(s.policy_watch, Duration::from_secs(2)),
             policy_cache_dir: s.policy_cache_dir,
             policies: policy_chain(s.policy, s.policy_flags)?,
         })
@@ -433,11 +467,15 @@ impl Config {
             queue_depth: Some(self.queue_depth),
             queue_timeout: Some(Dur(self.queue_timeout)),
             trust_client_priority: Some(self.trust_client_priority),
-            priority_aging: Some(Dur(self.priority_aging.unwrap_or(Duration::ZERO))),
+            priority_aging: Some(off_is_zero(self.priority_aging)),
             tenant_queue_share: Some(self.tenant_queue_share),
             max_body: Some(ByteSize(self.max_body)),
             header_timeout: Some(Dur(self.header_timeout)),
             body_timeout: Some(Dur(self.body_timeout)),
+            client_stall_timeout: Some(off_is_zero(self.client_stall_timeout)),
+            upstream_idle_timeout: Some(off_is_zero(self.upstream_idle_timeout)),
+            upstream_first_byte_timeout: Some(off_is_zero(self.upstream_first_byte_timeout)),
+            reject_doomed_waits: Some(self.reject_doomed_waits),
             max_connections: Some(self.max_connections),
             drain_timeout: Some(Dur(self.drain_timeout)),
             health_interval: Some(Dur(self.health_interval)),
@@ -447,7 +485,7 @@ impl Config {
             cost: Some(CostTable {
                 tokenizer: Some(self.tokenizer),
             }),
-            policy_watch: Some(Dur(self.policy_watch.unwrap_or(Duration::ZERO))),
+            policy_watch: Some(off_is_zero(self.policy_watch)),
             policy_cache_dir: self.policy_cache_dir.clone(),
             policy_paths: None,
             policy_settings: None,
@@ -455,6 +493,19 @@ impl Config {
             policy: (!self.policies.is_empty()).then(|| self.policies.clone()),
         }
     }
+}
+
+/// A duration where `0s` means off; unset means `default`.
+fn zero_is_off(d: Option<Dur>, default: Duration) -> Option<Duration> {
+    match d {
+        Some(Dur(d)) if d.is_zero() => None,
+        Some(Dur(d)) => Some(d),
+        None => Some(default),
+    }
+}
+
+fn off_is_zero(d: Option<Duration>) -> Dur {
+    Dur(d.unwrap_or(Duration::ZERO))
 }
 
 impl Config {
@@ -664,8 +715,15 @@ impl FromStr for UpstreamAddr {
         let (host, port) = authority
             .rsplit_once(':')
             .ok_or_else(|| format!("`{s}` needs an explicit port"))?;
-        if host.is_empty() || port.parse::<u16>().is_err() {
+        // Digits only: `u16` parsing alone takes `+80`, which a URI does not read as a port.
+        let digits = port.bytes().all(|b| b.is_ascii_digit());
+        if host.is_empty() || !digits || port.parse::<u16>().is_err() {
             return Err(format!("`{s}` needs a host and a numeric port"));
+        }
+        // The upstream client puts the address into every request's URI; one that cannot be a URI
+        // (`http://a b:1`) would pass this check and then send every request nowhere.
+        if format!("http://{authority}/").parse::<http::Uri>().is_err() {
+            return Err(format!("`{s}` is not a valid http://HOST:PORT"));
         }
         Ok(UpstreamAddr::Tcp(authority.to_owned()))
     }

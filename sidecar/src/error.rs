@@ -30,8 +30,18 @@ pub enum GateError {
         "a more urgent request took this request's place in the queue; retry after {retry_after}s"
     )]
     Displaced { retry_after: u64 },
+    #[error(
+        "the estimated wait for a slot ({estimate}s) is longer than the queue timeout ({limit}s); retry after {retry_after}s"
+    )]
+    WaitTooLong {
+        estimate: u64,
+        limit: u64,
+        retry_after: u64,
+    },
     #[error("waited {0:?} in the queue without getting a slot")]
     QueueTimeout(Duration),
+    #[error("llama-server did not begin its answer within {0:?} (upstream first-byte timeout)")]
+    UpstreamTimeout(Duration),
     #[error("the upstream did not become available before the request's deadline: {reason}")]
     UpstreamUnavailable { reason: String, retry_after: u64 },
     #[error("upstream request failed: {0}")]
@@ -59,24 +69,30 @@ pub enum Outcome {
     QueueFull,
     TenantQueueFull,
     Displaced,
+    WaitTooLong,
     QueueTimeout,
     ClientGone,
+    ClientStalled,
     UpstreamError,
+    UpstreamTimeout,
     ShuttingDown,
     PolicyDenied,
     PolicyError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 14] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
         Outcome::TenantQueueFull,
         Outcome::Displaced,
+        Outcome::WaitTooLong,
         Outcome::QueueTimeout,
         Outcome::ClientGone,
+        Outcome::ClientStalled,
         Outcome::UpstreamError,
+        Outcome::UpstreamTimeout,
         Outcome::ShuttingDown,
         Outcome::PolicyDenied,
         Outcome::PolicyError,
@@ -89,9 +105,12 @@ impl Outcome {
             Outcome::QueueFull => "queue_full",
             Outcome::TenantQueueFull => "tenant_queue_full",
             Outcome::Displaced => "displaced",
+            Outcome::WaitTooLong => "wait_too_long",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::ClientGone => "client_gone",
+            Outcome::ClientStalled => "client_stalled",
             Outcome::UpstreamError => "upstream_error",
+            Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::ShuttingDown => "shutting_down",
             Outcome::PolicyDenied => "policy_denied",
             Outcome::PolicyError => "policy_error",
@@ -111,8 +130,9 @@ impl GateError {
             | GateError::ContextTooLong { .. } => 400,
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
-            | GateError::Displaced { .. } => 429,
-            GateError::QueueTimeout(_) => 504,
+            | GateError::Displaced { .. }
+            | GateError::WaitTooLong { .. } => 429,
+            GateError::QueueTimeout(_) | GateError::UpstreamTimeout(_) => 504,
             GateError::Upstream(_) => 502,
             GateError::UpstreamUnavailable { .. } | GateError::ShuttingDown { .. } => 503,
             GateError::PolicyDenied { status, .. } => *status,
@@ -132,8 +152,9 @@ impl GateError {
             | GateError::ContextTooLong { .. } => "invalid_request_error",
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
-            | GateError::Displaced { .. } => "rate_limit_error",
-            GateError::QueueTimeout(_) => "timeout_error",
+            | GateError::Displaced { .. }
+            | GateError::WaitTooLong { .. } => "rate_limit_error",
+            GateError::QueueTimeout(_) | GateError::UpstreamTimeout(_) => "timeout_error",
             GateError::Upstream(_)
             | GateError::UpstreamUnavailable { .. }
             | GateError::ShuttingDown { .. }
@@ -156,7 +177,9 @@ impl GateError {
             GateError::QueueFull { .. } => "queue_full",
             GateError::TenantQueueFull { .. } => "tenant_queue_full",
             GateError::Displaced { .. } => "displaced",
+            GateError::WaitTooLong { .. } => "estimated_wait_too_long",
             GateError::QueueTimeout(_) => "queue_timeout",
+            GateError::UpstreamTimeout(_) => "upstream_timeout",
             GateError::UpstreamUnavailable { .. } => "upstream_unavailable",
             GateError::Upstream(_) => "upstream_error",
             GateError::ShuttingDown { .. } => "shutting_down",
@@ -177,7 +200,9 @@ impl GateError {
             GateError::QueueFull { .. } => Outcome::QueueFull,
             GateError::TenantQueueFull { .. } => Outcome::TenantQueueFull,
             GateError::Displaced { .. } => Outcome::Displaced,
+            GateError::WaitTooLong { .. } => Outcome::WaitTooLong,
             GateError::QueueTimeout(_) => Outcome::QueueTimeout,
+            GateError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
             GateError::Upstream(_) | GateError::UpstreamUnavailable { .. } => {
                 Outcome::UpstreamError
             }
@@ -193,6 +218,7 @@ impl GateError {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
+            | GateError::WaitTooLong { retry_after, .. }
             | GateError::UpstreamUnavailable { retry_after, .. }
             | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
             GateError::PolicyDenied { retry_after, .. } => retry_after.map(|s| s.max(1)),

@@ -37,6 +37,7 @@ pub mod reload;
 pub mod respond;
 pub mod server;
 pub mod shutdown;
+pub mod stall;
 pub mod stream_usage;
 pub mod upstream;
 pub mod usage;

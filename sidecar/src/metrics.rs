@@ -76,7 +76,7 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
 }
 
 fn describe() {
-    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, queue_full, tenant_queue_full, displaced, queue_timeout, client_gone, upstream_error, bad_request, shutting_down).");
+    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, shutting_down, policy_denied, policy_error).");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a slot.");
     describe_gauge!(
         INFLIGHT,

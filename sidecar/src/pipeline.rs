@@ -31,6 +31,7 @@ use crate::metrics as m;
 use crate::policy::chain::ChainOutcome;
 use crate::policy::{Chain, EvalError};
 use crate::respond::{self, Body};
+use crate::stall::WriteWatch;
 use crate::stream_usage::StripUsage;
 use crate::upstream::{copy_end_to_end, SendError};
 
@@ -48,14 +49,24 @@ const UNAVAILABLE_RETRY_AFTER: u64 = 5;
 pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -> Response<Body> {
     let arrived = Instant::now();
     let mut ex = Exchange::new(req.method().clone(), req.uri().path(), peer);
+    let watch = req.extensions().get::<WriteWatch>().cloned();
+    // Answered before the body was read to its end: the connection closes lingering, so a client
+    // still writing its body gets to read the answer.
+    let early = |ex, e: &GateError| {
+        if let Some(w) = &watch {
+            w.mark_unread_body();
+        }
+        reject(ex, e)
+    };
 
     let kind = match intake::route(req.method(), req.uri().path()) {
         Ok(kind) => kind,
-        Err(e) => return reject(ex, &e),
+        Err(e) => return early(ex, &e),
     };
     let mut intake = match intake::read(req, &app.limits, peer).await {
         Ok(i) => i,
-        Err(e) => return reject(ex, &e),
+        Err(e @ (GateError::InvalidJson(_) | GateError::BodyTimeout(_))) => return reject(ex, &e),
+        Err(e) => return early(ex, &e),
     };
     if kind == Kind::Slot {
         if let Err(e) = count_prompt(&app, &mut intake).await {
@@ -161,13 +172,18 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     let forwarded_at = Instant::now();
     let held = CancelGrace(slot);
     let resp = forward(&app, &intake, deadline, kind == Kind::Slot).await;
-    let mut slot = held.disarm();
+    let slot = held.disarm();
     let resp = match resp {
         Ok(resp) => resp,
         Err(e) => {
-            if let (Some(slot), GateError::UpstreamUnavailable { .. }) = (slot.as_mut(), &e) {
-                // Never reached the upstream: nothing was served.
-                slot.settle(0);
+            match (slot, &e) {
+                (Some(mut slot), GateError::UpstreamUnavailable { .. }) => {
+                    // Never reached the upstream: nothing was served.
+                    slot.settle(0);
+                }
+                // llama-server may still be working on it until it sees the closed connection.
+                (Some(slot), GateError::UpstreamTimeout(_)) => slot.release_after(ABANDON_GRACE),
+                _ => {}
             }
             return reject(ex, &e);
         }
@@ -211,7 +227,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         ex,
         forwarded_at,
         content_type.as_deref(),
-    );
+    )
+    .guarded(watch, app.config.upstream_idle_timeout);
     if strip_usage {
         return out.map(|()| StripUsage::new(guarded.boxed_unsync()).boxed_unsync());
     }
@@ -321,16 +338,21 @@ async fn forward(
         .map_or("/", |pq| pq.as_str());
     let mut attempt: u32 = 0;
     loop {
-        let sent = app
-            .upstream
-            .send(
-                &intake.parts.method,
-                path_and_query,
-                &intake.parts.headers,
-                intake.body.clone(),
-                generation,
-            )
-            .await;
+        let send = app.upstream.send(
+            &intake.parts.method,
+            path_and_query,
+            &intake.parts.headers,
+            intake.body.clone(),
+            generation,
+        );
+        // Dropping the attempt closes its connection: llama-server stops once it notices.
+        let sent = match app.config.upstream_first_byte_timeout {
+            Some(limit) => match tokio::time::timeout(limit, send).await {
+                Ok(sent) => sent,
+                Err(_) => return Err(GateError::UpstreamTimeout(limit)),
+            },
+            None => send.await,
+        };
         let err = match sent {
             Ok(resp) => return Ok(resp),
             Err(e @ SendError::Failed(_)) => return Err(GateError::Upstream(e.to_string())),

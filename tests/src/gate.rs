@@ -364,6 +364,7 @@ impl Gate {
             admin,
             admin_listen,
             stderr_path,
+            fd_baseline: 0,
         };
 
         let deadline = Instant::now() + LIVE_TIMEOUT;
@@ -403,6 +404,9 @@ impl Gate {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        // Once the start-up probes' connections have closed: what an idle gate holds open.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gate.fd_baseline = gate.open_fds();
         Ok(gate)
     }
 
@@ -451,9 +455,37 @@ pub struct RunningGate {
     admin: Client,
     admin_listen: String,
     stderr_path: PathBuf,
+    /// Open file descriptors once started (see [`RunningGate::assert_fds_settled`]).
+    fd_baseline: usize,
 }
 
 impl RunningGate {
+    /// The process's open file descriptors, from `/proc`.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map_or(0, |d| d.count())
+    }
+
+    /// Waits up to 5 s for the open descriptors to come back to what the idle gate held after start.
+    /// One more is allowed: the health probe's pooled upstream connection comes and goes.
+    pub async fn assert_fds_settled(&self) {
+        let baseline = self.fd_baseline;
+        let mut last = 0;
+        let settled = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                last = self.open_fds();
+                if last <= baseline + 1 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(
+            settled.is_ok(),
+            "slotgate holds {last} file descriptors, {baseline} after start: a connection or file leaked"
+        );
+    }
+
     pub fn pid(&self) -> u32 {
         self.pid
     }
@@ -638,6 +670,7 @@ impl RunningGate {
     /// generation requests at once.
     pub async fn assert_settled(&self, up: &RunningUpstream, slots: usize) {
         self.assert_idle().await;
+        self.assert_fds_settled().await;
         assert!(
             up.max_concurrency() <= slots,
             "upstream saw {} concurrent generation requests with --slots {slots}",

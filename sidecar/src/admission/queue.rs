@@ -49,6 +49,9 @@ pub struct Fairness {
     pub aging: Option<Duration>,
     /// The most waiters one tenant may hold; `None`: no limit but the queue's.
     pub tenant_limit: Option<usize>,
+    /// Refuse at arrival a request whose estimated wait already passes its deadline (429
+    /// `estimated_wait_too_long`) rather than let it wait for a 504.
+    pub reject_doomed: bool,
 }
 
 struct Shared {
@@ -209,7 +212,7 @@ impl Admission {
         deadline: Instant,
     ) -> Result<(SlotGuard, Duration), GateError> {
         let arrived = Instant::now();
-        let mut ticket = match self.enqueue(claim)? {
+        let mut ticket = match self.enqueue(claim, deadline)? {
             Entry::Admitted(slot) => return Ok((slot, Duration::ZERO)),
             Entry::Queued(ticket) => ticket,
         };
@@ -243,7 +246,7 @@ impl Admission {
         }
     }
 
-    fn enqueue(&self, claim: Claim) -> Result<Entry, GateError> {
+    fn enqueue(&self, claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
         let mut st = self.lock();
         if st.closed {
             return Err(GateError::ShuttingDown { retry_after: 1 });
@@ -254,6 +257,19 @@ impl Admission {
             st.tenants.admit(&claim.tenant, claim.charge());
             self.publish(&st);
             return Ok(Entry::Admitted(self.guard(&claim)));
+        }
+        if self.shared.fairness.reject_doomed {
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now).as_secs_f64();
+            if let Some(estimate) = self.wait_before(&st, &claim, now) {
+                if estimate > left {
+                    return Err(GateError::WaitTooLong {
+                        estimate: estimate.ceil() as u64,
+                        limit: left.ceil() as u64,
+                        retry_after: self.retry_after(&mut st, claim.cost),
+                    });
+                }
+            }
         }
         if let Some(limit) = self.shared.fairness.tenant_limit {
             // Alone, a tenant may use the whole queue; beside others, only its share.
@@ -410,6 +426,27 @@ impl Admission {
                     * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
                     / self.shared.slots as f64
             })
+    }
+
+    /// Seconds `claim` would wait if queued now: the work in service plus the waiters that would be
+    /// served before it (more urgent; as urgent and of its own tenant, or of a tenant served no more
+    /// than its own). `None` until a service time or token rate has been measured: no estimate is no
+    /// ground to refuse.
+    fn wait_before(&self, st: &State, claim: &Claim, now: Instant) -> Option<f64> {
+        let mine = st.tenants.counter(&claim.tenant);
+        let first = |w: &Waiter| {
+            let p = self.effective(w, now);
+            p < claim.priority
+                || (p == claim.priority
+                    && (w.claim.tenant == claim.tenant
+                        || st.tenants.counter(&w.claim.tenant) <= mine))
+        };
+        let ahead: Vec<&Waiter> = st.waiters.values().filter(|w| first(w)).collect();
+        let tokens = st.drain.in_service + ahead.iter().map(|w| w.claim.cost as f64).sum::<f64>();
+        st.drain.seconds(tokens, self.shared.slots).or_else(|| {
+            st.service_ewma
+                .map(|s| (st.busy + ahead.len()) as f64 * s / self.shared.slots as f64)
+        })
     }
 
     /// The tenants the scheduler knows (active, or remembered for a counter above the others'), the
@@ -716,7 +753,7 @@ mod tests {
     async fn a_grant_racing_a_cancellation_is_handed_on() {
         let adm = Admission::new(1, 4);
         let (held, _) = adm.acquire(c(0), far()).await.unwrap();
-        let Entry::Queued(ticket) = adm.enqueue(c(0)).unwrap() else {
+        let Entry::Queued(ticket) = adm.enqueue(c(0), far()).unwrap() else {
             panic!("expected to queue")
         };
         drop(held); // grants the slot to `ticket`, which never looks at it
@@ -773,7 +810,7 @@ mod tests {
         );
         let told: Vec<u64> = (0..3)
             .map(|_| {
-                adm.enqueue(claim("b", 0, 200))
+                adm.enqueue(claim("b", 0, 200), far())
                     .err()
                     .and_then(|e| e.retry_after())
                     .expect("turned away with a Retry-After")
@@ -948,6 +985,7 @@ mod tests {
         let fairness = Fairness {
             aging,
             tenant_limit: None,
+            ..Fairness::default()
         };
         let adm = Admission::with_fairness(1, 64, fairness);
         let log = Log::default();
@@ -993,6 +1031,7 @@ mod tests {
         let fairness = Fairness {
             aging: None,
             tenant_limit: Some(limit),
+            ..Fairness::default()
         };
         Admission::with_fairness(1, capacity, fairness)
     }
@@ -1065,6 +1104,7 @@ mod tests {
         let fairness = Fairness {
             aging: Some(Duration::from_secs(1)),
             tenant_limit: None,
+            ..Fairness::default()
         };
         let adm = Admission::with_fairness(1, 2, fairness);
         let (_held, _) = adm.acquire(claim("x", 0, 1), far()).await.unwrap();

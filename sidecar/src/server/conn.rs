@@ -1,8 +1,11 @@
-//! One client connection: HTTP/1.1 with a header-read deadline, the peer's credentials attached to
-//! every request, and a graceful close when the server stops.
+//! One client connection: HTTP/1.1 with a header-read deadline and bounded buffers, the peer's
+//! credentials and write watch attached to every request, a cut when the client stops reading, a
+//! lingering close after an early answer, and a graceful close when the server stops.
 
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::os::fd::AsFd;
+use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -10,11 +13,26 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use slotgate_sdk::Peer;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 
 use super::listener::Stream;
 use super::ServeOpts;
 use crate::respond::Body;
+use crate::stall::{Watched, WriteWatch};
+
+/// hyper's read and write buffers per connection (its default is ~400 KiB). Bounds what one response
+/// holds in slotgate's memory, and the request head (larger heads get 431).
+pub const CONN_BUFFER: usize = 64 * 1024;
+/// The kernel send buffer asked for on client sockets (Linux doubles it). With it, a client that
+/// stops reading blocks writes after ~128 KiB, and one that reads slowly unblocks them every
+/// ~64 KiB it takes: both well inside a stall timeout.
+pub const CLIENT_SNDBUF: usize = 64 * 1024;
+/// After an early answer, the longest time spent reading and discarding what the client still sends.
+pub const LINGER_TIME: Duration = Duration::from_secs(5);
+/// ... and the most bytes discarded beyond the body limit.
+pub const LINGER_EXTRA_BYTES: u64 = 4 * 1024 * 1024;
 
 pub async fn serve<H, F>(
     stream: Stream,
@@ -23,41 +41,96 @@ pub async fn serve<H, F>(
     permit: OwnedSemaphorePermit,
     opts: ServeOpts,
 ) where
-    H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + Unpin + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     match stream {
-        Stream::Unix(s) => run(TokioIo::new(s), peer, handler, opts).await,
-        Stream::Tcp(s) => run(TokioIo::new(s), peer, handler, opts).await,
+        Stream::Unix(s) => run(s, peer, handler, opts).await,
+        Stream::Tcp(s) => run(s, peer, handler, opts).await,
     }
     drop(permit);
 }
 
-async fn run<IO, H, F>(io: IO, peer: Option<Peer>, handler: H, opts: ServeOpts)
+async fn run<S, H, F>(stream: S, peer: Option<Peer>, handler: H, opts: ServeOpts)
 where
-    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + 'static,
+    S: AsyncRead + AsyncWrite + AsFd + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + Unpin + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let svc = service_fn(move |req| {
-        let fut = handler(req, peer);
-        async move { Ok::<_, Infallible>(fut.await) }
-    });
-    let conn = http1::Builder::new()
+    if let Err(e) = rustix::net::sockopt::set_socket_send_buffer_size(&stream, CLIENT_SNDBUF) {
+        tracing::debug!(error = %e, "could not size the client socket's send buffer");
+    }
+    let watch = WriteWatch::new();
+    let io = TokioIo::new(Watched::new(stream, watch.clone()));
+    let svc = {
+        let watch = watch.clone();
+        service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(watch.clone());
+            let fut = handler(req, peer);
+            // Boxed: the connection is polled without hyper's shutdown, which needs an `Unpin` future.
+            Box::pin(async move { Ok::<_, Infallible>(fut.await) })
+        })
+    };
+    let mut conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(opts.header_timeout)
+        .max_buf_size(CONN_BUFFER)
         .keep_alive(true)
         .serve_connection(io, svc);
-    tokio::pin!(conn);
     let mut stop = opts.stop;
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = super::stopped(&mut stop) => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let stall = async {
+        match opts.stall_timeout {
+            Some(t) => watch.stalled(t).await,
+            None => std::future::pending().await,
         }
     };
-    if let Err(e) = result {
+    tokio::pin!(stall);
+    let mut stopping = false;
+    // Polled without hyper's own shutdown, so the socket comes back for a lingering close.
+    let result = loop {
+        tokio::select! {
+            r = poll_fn(|cx| conn.poll_without_shutdown(cx)) => break r,
+            _ = super::stopped(&mut stop), if !stopping => {
+                stopping = true;
+                std::pin::Pin::new(&mut conn).graceful_shutdown();
+            }
+            () = &mut stall => {
+                // Dropping the connection drops the response body: the slot is released and the
+                // upstream connection closed, and the body records `client_stalled`.
+                tracing::warn!(peer_uid = ?peer.map(|p| p.uid), "client stopped reading; connection closed");
+                return;
+            }
+        }
+    };
+    if let Err(e) = &result {
         tracing::debug!(error = %e, peer_uid = ?peer.map(|p| p.uid), "connection ended with an error");
     }
+    let mut stream = conn.into_parts().io.into_inner().into_inner();
+    if result.is_ok() && watch.has_unread_body() {
+        linger(&mut stream, opts.linger_bytes).await;
+    } else {
+        let _ = tokio::time::timeout(LINGER_TIME, stream.shutdown()).await;
+    }
+}
+
+/// nginx's lingering close: after an answer sent before the request body was read, stop writing
+/// and read (discarding) what the client still sends, so a client that writes its whole body before
+/// it reads gets to read the answer instead of a broken pipe. Bounded in time and bytes.
+async fn linger<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, max_bytes: u64) {
+    let until = Instant::now() + LINGER_TIME;
+    if tokio::time::timeout_at(until, stream.shutdown())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut scratch = vec![0u8; 16 * 1024];
+    let mut discarded = 0u64;
+    while discarded < max_bytes {
+        match tokio::time::timeout_at(until, stream.read(&mut scratch)).await {
+            Ok(Ok(n)) if n > 0 => discarded += n as u64,
+            _ => break,
+        }
+    }
+    tracing::debug!(discarded, "lingering close done");
 }

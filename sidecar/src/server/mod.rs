@@ -27,11 +27,15 @@ pub struct ServeOpts {
     /// Flips to `true` once: stop accepting, finish the request in progress, close.
     pub stop: watch::Receiver<bool>,
     pub header_timeout: Duration,
+    /// A client that takes no byte of a waiting response for this long is cut (`None`: never).
+    pub stall_timeout: Option<Duration>,
+    /// Most bytes read and discarded in a lingering close.
+    pub linger_bytes: u64,
 }
 
 pub async fn accept_loop<H, F>(listener: Listener, handler: H, opts: ServeOpts)
 where
-    H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + Unpin + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let name = listener.describe();
