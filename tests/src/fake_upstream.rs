@@ -441,6 +441,20 @@ impl RunningUpstream {
             .collect()
     }
 
+    /// Every tagged generation request reached the fake at most once: nothing was forwarded twice.
+    pub fn assert_forwarded_once(&self) {
+        let mut tags = self.tags();
+        tags.sort_unstable();
+        let before = tags.len();
+        tags.dedup();
+        assert_eq!(
+            before,
+            tags.len(),
+            "a request was forwarded more than once: {:?}",
+            self.tags()
+        );
+    }
+
     pub fn saw_tag(&self, tag: &str) -> bool {
         self.tags().iter().any(|t| t == tag)
     }

@@ -666,11 +666,13 @@ impl RunningGate {
         .await;
     }
 
-    /// The checks every scenario ends with: the gate is idle and the upstream never saw more than `slots`
-    /// generation requests at once.
+    /// The checks every scenario ends with: the gate is idle (queue, busy slots and in-flight at 0),
+    /// its file descriptors are back to their baseline, nothing was forwarded twice, and the upstream
+    /// never saw more than `slots` generation requests at once.
     pub async fn assert_settled(&self, up: &RunningUpstream, slots: usize) {
         self.assert_idle().await;
         self.assert_fds_settled().await;
+        up.assert_forwarded_once();
         assert!(
             up.max_concurrency() <= slots,
             "upstream saw {} concurrent generation requests with --slots {slots}",
