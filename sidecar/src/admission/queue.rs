@@ -783,6 +783,50 @@ mod tests {
         assert_eq!(err.retry_after(), Some(6));
     }
 
+    /// A request whose estimated wait already passes its deadline is refused at arrival (429 with
+    /// Retry-After), not queued to time out; one that can make it, or any request before a service
+    /// time has been measured, queues as before.
+    #[tokio::test(start_paused = true)]
+    async fn a_doomed_wait_is_refused_at_arrival() {
+        let fairness = Fairness {
+            reject_doomed: true,
+            ..Fairness::default()
+        };
+        let adm = Admission::with_fairness(1, 8, fairness);
+        let deadline = |secs| Instant::now() + Duration::from_secs(secs);
+        // Nothing measured yet: no ground to refuse.
+        let (held, _) = adm.acquire(c(0), far()).await.unwrap();
+        let early = adm.enqueue(c(0), deadline(1)).unwrap();
+        drop(early);
+        drop(held);
+        // 3 s a request.
+        for _ in 0..5 {
+            let (mut slot, _) = adm.acquire(c(0), far()).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            slot.complete();
+        }
+        let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+        let first = adm.enqueue(c(0), deadline(10)).unwrap();
+        // One in service and one waiting ahead: ~6 s. A 5 s deadline is doomed, 10 s is not.
+        let err = adm.enqueue(c(0), deadline(5)).err().unwrap();
+        assert!(
+            matches!(err, GateError::WaitTooLong { estimate: 6, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), 429);
+        assert!(err.retry_after().unwrap() >= 6, "{err:?}");
+        let ok = adm.enqueue(c(0), deadline(10));
+        assert!(ok.is_ok());
+        // A more urgent request waits only for the one in service.
+        let urgent = adm.enqueue(c(-1), deadline(5));
+        assert!(urgent.is_ok());
+        // Off: it queues (and would time out).
+        let off = Admission::new(1, 8);
+        let (_h, _) = off.acquire(c(0), far()).await.unwrap();
+        drop(first);
+        assert!(off.enqueue(c(0), deadline(1)).is_ok());
+    }
+
     /// Once requests have reported their usage, Retry-After is the tokens ahead over the measured
     /// token throughput, scaled by how much of a charge is really used; and each client turned away
     /// counts as coming back, so the next one is told a later second.

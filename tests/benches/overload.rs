@@ -1,0 +1,266 @@
+//! Overload, measured on the real llama-server (and on the fake, for comparison): not a test, it
+//! prints figures and ratios and asserts nothing about time.
+//!
+//! 1. Retry-After hit rate: bursts of 8 against one slot and two queue places; every client turned
+//!    away retries exactly at the Retry-After it was told. Answers are of mixed length, as in real
+//!    traffic. The figure: the share of retries that got in.
+//! 2. Goodput under overload: open-loop (Poisson) arrivals at 1x and at 10x the rate the slot can
+//!    serve, for the same time each. Goodput is requests answered 200 (so within their queue timeout)
+//!    per second; the ratio 10x / 1x shows whether overload costs served work.
+//!
+//! Run with `bash scripts/bench-overload.sh` (release binary), or by hand:
+//! `SLOTGATE_BIN=target/release/slotgate cargo bench -p slotgate-tests --bench overload`.
+//! `OVERLOAD_SECONDS` sets the length of each goodput run (default 30).
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use slotgate_tests::llama::{LlamaServer, RunningLlama, PROMPT};
+use slotgate_tests::*;
+
+const BURST: usize = 8;
+const ROUNDS: usize = 8;
+const QUEUE_TIMEOUT: &str = "10s";
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+/// What one request of a scenario asks for: its body, given a draw in `0..1`.
+trait Workload: Sync {
+    fn body(&self, tag: &str, draw: f64) -> Value;
+}
+
+/// The real llama-server: `max_tokens` between 0.5x and 1.5x of a length taking ~`target`.
+struct Llama {
+    tokens: u64,
+}
+
+impl Workload for Llama {
+    fn body(&self, _tag: &str, draw: f64) -> Value {
+        let n = ((self.tokens as f64) * (0.5 + draw)).round().max(1.0) as u64;
+        llama::chat(PROMPT, n, false)
+    }
+}
+
+/// The fake: service time between 0.5x and 1.5x of `service`, usage in proportion.
+struct Fake {
+    service: Duration,
+}
+
+impl Workload for Fake {
+    fn body(&self, tag: &str, draw: f64) -> Value {
+        let d = self.service.mul_f64(0.5 + draw);
+        Req::chat(tag)
+            .delay(d)
+            .set("max_tokens", 200)
+            .completion_tokens((d.as_millis() as u64 / 2).max(1))
+            .json()
+    }
+}
+
+async fn run() {
+    let seconds: u64 = std::env::var("OVERLOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    println!(
+        "slotgate {}; 1 slot; {} cores\n",
+        gate::binary_path().display(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    let fake = FakeUpstream::instant().start().await;
+    let fake_work = Fake {
+        service: Duration::from_millis(300),
+    };
+    let llama = LlamaServer::start(1).await;
+    let tokens = llama
+        .tokens_for(Duration::from_millis(300), (16, 1500))
+        .await;
+    let llama_work = Llama { tokens };
+
+    println!("== Retry-After hit rate ({ROUNDS} bursts of {BURST}, 1 slot + 2 queue places, clients retry exactly at Retry-After)");
+    let g = gate_for(Gate::new().slots(1).queue_depth(2).upstream(&fake)).await;
+    let (hits, tries) = retry_rounds(&g, &fake_work).await;
+    println!(
+        "fake llama-server : {hits} of {tries} retries got in ({:.1}%)",
+        pct(hits, tries)
+    );
+    drop(g);
+    let g = gate_for(
+        Gate::new()
+            .slots(1)
+            .queue_depth(2)
+            .upstream_path(llama.socket()),
+    )
+    .await;
+    let (hits, tries) = retry_rounds(&g, &llama_work).await;
+    println!(
+        "real llama-server : {hits} of {tries} retries got in ({:.1}%)",
+        pct(hits, tries)
+    );
+    drop(g);
+
+    println!("\n== Goodput (answered 200 per second), open-loop arrivals for {seconds} s per run, queue 4, queue timeout {QUEUE_TIMEOUT}");
+    for (name, work, up) in [
+        ("fake", &fake_work as &dyn Workload, Upstream::Fake(&fake)),
+        (
+            "real",
+            &llama_work as &dyn Workload,
+            Upstream::Llama(&llama),
+        ),
+    ] {
+        let g = gate_for(
+            up.gate(
+                Gate::new()
+                    .slots(1)
+                    .queue_depth(4)
+                    .queue_timeout(QUEUE_TIMEOUT),
+            ),
+        )
+        .await;
+        let service = mean_service(&g, work).await;
+        let capacity = 1.0 / service.as_secs_f64();
+        let one = goodput(&g, work, capacity, seconds).await;
+        let ten = goodput(&g, work, capacity * 10.0, seconds).await;
+        println!(
+            "{name} llama-server: service {:.0} ms ({capacity:.2}/s);  1x: {}  10x: {}  goodput 10x / 1x = {:.2}",
+            service.as_secs_f64() * 1000.0,
+            one.line(),
+            ten.line(),
+            ten.goodput / one.goodput
+        );
+        g.assert_idle().await;
+    }
+}
+
+enum Upstream<'a> {
+    Fake(&'a RunningUpstream),
+    Llama(&'a RunningLlama),
+}
+
+impl Upstream<'_> {
+    fn gate(&self, g: Gate) -> Gate {
+        match self {
+            Upstream::Fake(up) => g.upstream(up),
+            Upstream::Llama(l) => g.upstream_path(l.socket()),
+        }
+    }
+}
+
+async fn gate_for(g: Gate) -> RunningGate {
+    g.start().await
+}
+
+fn pct(a: usize, b: usize) -> f64 {
+    100.0 * a as f64 / b.max(1) as f64
+}
+
+/// Bursts of `BURST` at once; the ones turned away sleep their Retry-After and try once more.
+async fn retry_rounds(gate: &RunningGate, work: &dyn Workload) -> (usize, usize) {
+    let client = gate.client();
+    // Teach the drain estimate what a request costs.
+    for i in 0..3 {
+        let resp = client
+            .post_json(CHAT, &work.body(&format!("warm{i}"), 0.5))
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    let (mut hits, mut tries) = (0, 0);
+    for round in 0..ROUNDS {
+        let tasks: Vec<_> = (0..BURST)
+            .map(|i| {
+                let client = client.clone();
+                let body = work.body(&format!("b{round}-{i}"), fastrand::f64());
+                tokio::spawn(async move {
+                    let first = client.post_json(CHAT, &body).await;
+                    if first.status == 200 {
+                        return None;
+                    }
+                    let wait = retry_after(&first);
+                    tokio::time::sleep(Duration::from_secs(wait)).await;
+                    let second = client.post_json(CHAT, &body).await;
+                    Some(second.status == 200)
+                })
+            })
+            .collect();
+        for r in join_all(tasks).await.into_iter().flatten() {
+            tries += 1;
+            hits += usize::from(r);
+        }
+        gate.assert_idle().await;
+    }
+    (hits, tries)
+}
+
+/// Mean service time of a request, one at a time.
+async fn mean_service(gate: &RunningGate, work: &dyn Workload) -> Duration {
+    let client = gate.client();
+    let n = 6;
+    let t0 = Instant::now();
+    for i in 0..n {
+        let resp = client
+            .post_json(
+                CHAT,
+                &work.body(&format!("m{i}"), (i as f64 + 0.5) / n as f64),
+            )
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    t0.elapsed() / n
+}
+
+struct Goodput {
+    sent: usize,
+    ok: usize,
+    rejected: usize,
+    timed_out: usize,
+    goodput: f64,
+}
+
+impl Goodput {
+    fn line(&self) -> String {
+        format!(
+            "{:.2}/s ({} sent, {} ok, {} 429, {} 504)",
+            self.goodput, self.sent, self.ok, self.rejected, self.timed_out
+        )
+    }
+}
+
+/// Poisson arrivals at `rate` per second for `seconds`; waits for every answer.
+async fn goodput(gate: &RunningGate, work: &dyn Workload, rate: f64, seconds: u64) -> Goodput {
+    let client = gate.client();
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    let mut next = Instant::now();
+    let mut i = 0;
+    while next < end {
+        tokio::time::sleep_until(next.into()).await;
+        let (client, body) = (client.clone(), work.body(&format!("g{i}"), fastrand::f64()));
+        tasks.push(tokio::spawn(async move {
+            client.post_json(CHAT, &body).await.status.as_u16()
+        }));
+        i += 1;
+        // Exponential gaps: the arrivals of independent clients.
+        let gap = -(1.0 - fastrand::f64()).ln() / rate;
+        next += Duration::from_secs_f64(gap);
+    }
+    let statuses = join_all(tasks).await;
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let result = Goodput {
+        sent: statuses.len(),
+        ok,
+        rejected: statuses.iter().filter(|s| **s == 429).count(),
+        timed_out: statuses.iter().filter(|s| **s == 504).count(),
+        // Answers that arrive after the window still count; the window is what was offered.
+        goodput: ok as f64 / seconds as f64,
+    };
+    gate.assert_idle().await;
+    result
+}
