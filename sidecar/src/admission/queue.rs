@@ -90,6 +90,13 @@ struct Drain {
     /// Charged tokens of clients given a Retry-After, not yet due back, and when that was updated.
     returning: f64,
     returning_at: Option<Instant>,
+    /// How far one request's throughput strays from `rate`: EWMA of `|sample / rate - 1|`. On a real
+    /// llama-server it moves with the machine's load; Retry-After leaves that much room.
+    spread: f64,
+    /// Clients told to come back, by the whole second (since `epoch`) they are due: no second gets
+    /// more of them than there are places (slots + queue), or the later ones would find it full.
+    calendar: BTreeMap<u64, usize>,
+    epoch: Option<Instant>,
 }
 
 impl Drain {
@@ -97,6 +104,32 @@ impl Drain {
     fn seconds(&self, ahead: f64, slots: usize) -> Option<f64> {
         let rate = self.rate.filter(|r| *r > 0.0)?;
         Some(ahead * self.fill.unwrap_or(1.0) / (rate * slots as f64))
+    }
+
+    /// [`Drain::seconds`] with room for the measured spread of throughput (at most doubled): a
+    /// client told to come back should find the work ahead drained even if it runs slower than usual.
+    fn cautious_seconds(&self, ahead: f64, slots: usize) -> Option<f64> {
+        Some(self.seconds(ahead, slots)? * (1.0 + self.spread.min(1.0)))
+    }
+
+    /// Books a return `secs` from `now`, moved later while that second already has `places` clients
+    /// due. Returns the seconds to tell the client.
+    fn book(&mut self, now: Instant, secs: u64, places: usize, max: u64) -> u64 {
+        let epoch = *self.epoch.get_or_insert(now);
+        let base = now.saturating_duration_since(epoch).as_secs();
+        // Seconds already past need no booking.
+        self.calendar = self.calendar.split_off(&base);
+        let mut secs = secs;
+        while secs < max
+            && self
+                .calendar
+                .get(&(base + secs))
+                .is_some_and(|n| *n >= places)
+        {
+            secs += 1;
+        }
+        *self.calendar.entry(base + secs).or_default() += 1;
+        secs
     }
 
     /// Ages the returning clients' tokens by the drain rate since they were last counted.
@@ -116,7 +149,12 @@ impl Drain {
         let ewma = |old: Option<f64>, sample: f64| {
             Some(old.map_or(sample, |avg| avg + EWMA_ALPHA * (sample - avg)))
         };
-        self.rate = ewma(self.rate, used as f64 / seconds);
+        let sample = used as f64 / seconds;
+        if let Some(rate) = self.rate.filter(|r| *r > 0.0) {
+            let off = (sample / rate - 1.0).abs();
+            self.spread += EWMA_ALPHA * (off - self.spread);
+        }
+        self.rate = ewma(self.rate, sample);
         if charged > 0 {
             self.fill = ewma(self.fill, (used as f64 / charged as f64).min(1.0));
         }
@@ -413,19 +451,23 @@ impl Admission {
     /// Seconds until the work ahead of a newcomer has drained: by tokens once a throughput has been
     /// measured, else `(busy + queued) * service_ewma / slots`.
     fn wait_seconds(&self, st: &State) -> f64 {
-        let ahead = st.drain.in_service
-            + st.waiters
-                .values()
-                .map(|w| w.claim.cost as f64)
-                .sum::<f64>()
-            + st.drain.returning;
         st.drain
-            .seconds(ahead, self.shared.slots)
+            .seconds(self.tokens_ahead(st), self.shared.slots)
             .unwrap_or_else(|| {
                 (st.busy + st.waiters.len()) as f64
                     * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
                     / self.shared.slots as f64
             })
+    }
+
+    /// Charged tokens ahead of a newcomer: in service, waiting, and due back.
+    fn tokens_ahead(&self, st: &State) -> f64 {
+        st.drain.in_service
+            + st.waiters
+                .values()
+                .map(|w| w.claim.cost as f64)
+                .sum::<f64>()
+            + st.drain.returning
     }
 
     /// Seconds `claim` would wait if queued now: the work in service plus the waiters that would be
@@ -477,12 +519,20 @@ impl Admission {
     /// (see [`Admission::wait_seconds`]), rounded up, clamped to `1..=3600`. The client's own
     /// `cost` then counts as coming back, so the next client turned away is told a later time.
     fn retry_after(&self, st: &mut State, cost: u64) -> u64 {
-        st.drain.decay(Instant::now(), self.shared.slots);
-        let secs = (self.wait_seconds(st).ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
-        if st.drain.rate.is_some() {
-            st.drain.returning += cost as f64;
+        let now = Instant::now();
+        st.drain.decay(now, self.shared.slots);
+        let ahead = self.tokens_ahead(st);
+        let wait = st
+            .drain
+            .cautious_seconds(ahead, self.shared.slots)
+            .unwrap_or_else(|| self.wait_seconds(st));
+        let secs = (wait.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
+        if st.drain.rate.is_none() {
+            return secs;
         }
-        secs
+        st.drain.returning += cost as f64;
+        let places = self.shared.slots + self.shared.capacity;
+        st.drain.book(now, secs, places, MAX_RETRY_AFTER_SECONDS)
     }
 
     /// The guard of a slot already counted as busy and charged to `claim`'s tenant.
@@ -781,6 +831,56 @@ mod tests {
         let err = adm.acquire(c(0), far()).await.err().unwrap();
         // One busy slot and one waiter ahead, 3 s each.
         assert_eq!(err.retry_after(), Some(6));
+    }
+
+    /// Clients turned away are never told to come back in a second that already has as many clients
+    /// due as there are places (slots + queue): the later ones would find it full again.
+    #[tokio::test(start_paused = true)]
+    async fn no_second_gets_more_returning_clients_than_places() {
+        let adm = Admission::new(1, 1);
+        // Cheap requests: 10 tokens in 10 ms, so the work ahead is far under a second.
+        for _ in 0..10 {
+            let (mut slot, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            slot.settle(10);
+            slot.complete();
+        }
+        let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
+        let _waiting = adm.enqueue(claim("a", 0, 10), far()).unwrap();
+        let told: Vec<u64> = (0..6)
+            .map(|_| {
+                adm.enqueue(claim("a", 0, 10), far())
+                    .err()
+                    .and_then(|e| e.retry_after())
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(told, [1, 1, 2, 2, 3, 3]);
+    }
+
+    /// A throughput that varies from request to request makes Retry-After leave room for it.
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_leaves_room_for_a_varying_throughput() {
+        let told = |steady: bool| async move {
+            let adm = Admission::new(1, 1);
+            for i in 0..20u64 {
+                let (mut slot, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+                // 400 tokens in 2 s on average; unsteady: 1 s and 3 s in turn.
+                let secs = if steady { 2 } else { 1 + 2 * (i % 2) };
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                slot.settle(400);
+                slot.complete();
+            }
+            let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+            let _waiting = adm.enqueue(claim("a", 0, 400), far()).unwrap();
+            adm.enqueue(claim("a", 0, 400), far())
+                .err()
+                .and_then(|e| e.retry_after())
+                .unwrap()
+        };
+        let (steady, unsteady) = (told(true).await, told(false).await);
+        assert_eq!(steady, 4, "two requests of 2 s ahead");
+        assert!(unsteady > steady, "steady {steady}, unsteady {unsteady}");
     }
 
     /// A request whose estimated wait already passes its deadline is refused at arrival (429 with
