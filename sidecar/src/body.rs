@@ -33,6 +33,8 @@ pub struct GuardedBody {
     /// Why the client's connection may go away: cut for not reading, rather than gone.
     watch: Option<WriteWatch>,
     idle: Option<IdleTimer>,
+    /// Takes the slot after an upstream timeout, instead of the usual hand-over.
+    on_upstream_timeout: Option<Box<dyn FnOnce(SlotGuard) + Send>>,
 }
 
 /// `--upstream-idle-timeout`: armed at the last frame, checked only while waiting for the next one.
@@ -98,7 +100,14 @@ impl GuardedBody {
             usage: UsageScanner::new(content_type),
             watch: None,
             idle: None,
+            on_upstream_timeout: None,
         }
+    }
+
+    /// Who takes the slot when llama-server went silent mid-answer: it may still hold the request.
+    pub fn on_upstream_timeout(mut self, hold: impl FnOnce(SlotGuard) + Send + 'static) -> Self {
+        self.on_upstream_timeout = Some(Box::new(hold));
+        self
     }
 
     /// Arms the stall and silence guards: `watch` tells a client cut for not reading from one that
@@ -164,7 +173,10 @@ impl GuardedBody {
         held.exchange.finish(outcome);
         if abandoned {
             if let Some(slot) = held.slot.take() {
-                slot.release_after(ABANDON_GRACE);
+                match self.on_upstream_timeout.take() {
+                    Some(hold) if outcome == Outcome::UpstreamTimeout => hold(slot),
+                    _ => slot.release_after(ABANDON_GRACE),
+                }
             }
         }
         // `held` drops here: the slot goes to the next waiter, in-flight is decremented, the

@@ -103,7 +103,11 @@ pub struct Settings {
     /// Longest wait for llama-server's response to begin once a request is forwarded. It covers the
     /// prompt's prefill and, for a non-streamed request, the whole generation, so the default is
     /// long enough for a full context on a CPU. `0s` turns it off. [default: 10m]
-    #[arg(long, env = "SLOTGATE_UPSTREAM_FIRST_BYTE_TIMEOUT", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "SLOTGATE_UPSTREAM_FIRST_BYTE_TIMEOUT",
+        value_name = "DURATION"
+    )]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_first_byte_timeout: Option<Dur>,
 

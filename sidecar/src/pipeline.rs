@@ -43,6 +43,8 @@ pub const PROMPT_TOKENS_HEADER: &str = "x-slotgate-prompt-tokens";
 /// First and largest pause between upstream attempts while it is down or loading.
 const RETRY_BASE: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Longest hold of a slot whose request llama-server may still run after an upstream timeout.
+const QUARANTINE_CAP: Duration = Duration::from_secs(30);
 /// Retry-After when the upstream stayed unavailable for a whole queue deadline.
 const UNAVAILABLE_RETRY_AFTER: u64 = 5;
 
@@ -181,8 +183,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
                     // Never reached the upstream: nothing was served.
                     slot.settle(0);
                 }
-                // llama-server may still be working on it until it sees the closed connection.
-                (Some(slot), GateError::UpstreamTimeout(_)) => slot.release_after(ABANDON_GRACE),
+                // llama-server may still hold it, unread, if it is stopped rather than slow.
+                (Some(slot), GateError::UpstreamTimeout(_)) => hold_until_dropped(&app, slot),
                 _ => {}
             }
             return reject(ex, &e);
@@ -228,7 +230,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         forwarded_at,
         content_type.as_deref(),
     )
-    .guarded(watch, app.config.upstream_idle_timeout);
+    .guarded(watch, app.config.upstream_idle_timeout)
+    .on_upstream_timeout({
+        let app = app.clone();
+        move |slot| hold_until_dropped(&app, slot)
+    });
     if strip_usage {
         return out.map(|()| StripUsage::new(guarded.boxed_unsync()).boxed_unsync());
     }
@@ -254,6 +260,20 @@ impl Drop for CancelGrace {
             slot.release_after(ABANDON_GRACE);
         }
     }
+}
+
+/// After an upstream timeout: the slot is handed on only once llama-server has dropped the request
+/// slotgate gave up on (see `Upstream::dropped_below`), at most `QUARANTINE_CAP` later.
+fn hold_until_dropped(app: &Arc<App>, slot: SlotGuard) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ABANDON_GRACE).await;
+        let admission = app.admission.clone();
+        app.upstream
+            .dropped_below(move || admission.stats().busy, QUARANTINE_CAP)
+            .await;
+        drop(slot);
+    });
 }
 
 /// Counts the prompt with llama-server's own tokenizer (the estimate stands when it cannot) and

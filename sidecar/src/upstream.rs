@@ -41,6 +41,11 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Identifies slotgate's own requests (token counting, `/props`) in llama-server's logs.
 const USER_AGENT: &str = concat!("slotgate/", env!("CARGO_PKG_VERSION"));
 
+/// Time allowed for one `/slots` or `/health` probe while waiting for a dropped request.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Without `/slots`: how long after `/health` answers again a request given up on is assumed gone.
+const NO_SLOTS_GRACE: Duration = Duration::from_millis(500);
+
 /// Largest 503 body read to tell "Loading model" from other failures.
 const PROBE_BODY_LIMIT: usize = 64 * 1024;
 
@@ -51,7 +56,10 @@ pub struct Upstream {
 
 struct Inner {
     target: UpstreamAddr,
+    /// Keep-alive pool for passthroughs (model lists, tokenizer, props).
     client: Pool,
+    /// No idle connections kept: every generation request connects afresh (see `send`).
+    fresh: Pool,
     ready: AtomicBool,
     inflight: AtomicUsize,
 }
@@ -59,6 +67,34 @@ struct Inner {
 enum Pool {
     Tcp(Client<HttpConnector, Full<Bytes>>),
     Unix(Client<UnixConnector, Full<Bytes>>),
+}
+
+impl Pool {
+    fn new(target: &UpstreamAddr, connect_timeout: Duration, idle: usize) -> Pool {
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(idle);
+        match target {
+            UpstreamAddr::Tcp(_) => {
+                let mut http = HttpConnector::new();
+                http.set_connect_timeout(Some(connect_timeout));
+                http.set_nodelay(true);
+                Pool::Tcp(builder.build(http))
+            }
+            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(UnixConnector)),
+        }
+    }
+
+    async fn request(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+        match self {
+            Pool::Tcp(c) => c.request(req).await,
+            Pool::Unix(c) => c.request(req).await,
+        }
+    }
 }
 
 /// Why an attempt failed, and whether it may be retried.
@@ -83,25 +119,17 @@ impl SendError {
 
 impl Upstream {
     pub fn new(target: UpstreamAddr, connect_timeout: Duration, pool_size: usize) -> Self {
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s),
-            // so a reused connection is rarely one the server is closing at that moment.
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(pool_size);
-        let client = match &target {
-            UpstreamAddr::Tcp(_) => {
-                let mut http = HttpConnector::new();
-                http.set_connect_timeout(Some(connect_timeout));
-                http.set_nodelay(true);
-                Pool::Tcp(builder.build(http))
-            }
-            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(UnixConnector)),
-        };
+        // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s), so
+        // a reused connection is rarely one the server is closing at that moment.
+        let client = Pool::new(&target, connect_timeout, pool_size);
+        // hyper's pool hands an idle connection to any request, whatever its `Connection` header
+        // says; only a pool that keeps none guarantees a connection of its own.
+        let fresh = Pool::new(&target, connect_timeout, 0);
         Upstream {
             inner: Arc::new(Inner {
                 target,
                 client,
+                fresh,
                 ready: AtomicBool::new(false),
                 inflight: AtomicUsize::new(0),
             }),
@@ -166,11 +194,11 @@ impl Upstream {
             req.headers_mut()
                 .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
         }
-        let result = match &self.inner.client {
-            Pool::Tcp(c) => c.request(req).await,
-            Pool::Unix(c) => c.request(req).await,
+        let pool = match own_connection {
+            true => &self.inner.fresh,
+            false => &self.inner.client,
         };
-        let resp = result.map_err(classify)?;
+        let resp = pool.request(req).await.map_err(classify)?;
         if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
             return self.check_loading(resp).await;
         }
@@ -215,11 +243,12 @@ impl Upstream {
                 .header(header::CONNECTION, "close")
                 .body(Full::new(bytes))
                 .map_err(|e| e.to_string())?;
-            let resp = match &self.inner.client {
-                Pool::Tcp(c) => c.request(req).await,
-                Pool::Unix(c) => c.request(req).await,
-            }
-            .map_err(|e| error_chain(&e))?;
+            let resp = self
+                .inner
+                .fresh
+                .request(req)
+                .await
+                .map_err(|e| error_chain(&e))?;
             let status = resp.status();
             let bytes = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
                 .collect()
@@ -236,19 +265,49 @@ impl Upstream {
             .unwrap_or_else(|_| Err(format!("{path}: no answer within {timeout:?}")))
     }
 
+    /// Resolves once llama-server works on fewer requests than `busy()` (slotgate's own count of
+    /// slots in use, including the one given up on): it has dropped a request slotgate gave up on.
+    /// Without `/slots` (started without it) it waits for `/health` to answer, then a moment more.
+    /// Gives up after `cap`. A stopped (SIGSTOP) llama-server still holds a request it has not
+    /// read yet and starts it once it runs again; handing its slot on before then would put two
+    /// requests on one llama-server slot.
+    pub async fn dropped_below(&self, busy: impl Fn() -> usize, cap: Duration) {
+        let poll = async {
+            loop {
+                match self.json(Method::GET, "/slots", None, PROBE_TIMEOUT).await {
+                    Ok(serde_json::Value::Array(slots)) => {
+                        let processing = slots
+                            .iter()
+                            .filter(|s| s["is_processing"].as_bool() == Some(true))
+                            .count();
+                        if processing < busy() {
+                            return;
+                        }
+                    }
+                    // Running again, but without a slot list to tell.
+                    _ if self.probe_health(PROBE_TIMEOUT).await => {
+                        tokio::time::sleep(NO_SLOTS_GRACE).await;
+                        return;
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        let _ = tokio::time::timeout(cap, poll).await;
+    }
+
     /// Probes `GET /health` once and records readiness.
     pub async fn probe_health(&self, timeout: Duration) -> bool {
         let attempt = async {
+            // A connection of its own each time: a probe riding an old connection would still
+            // answer after llama-server's socket is gone and new connections fail.
             let req = Request::get(self.uri("/health"))
+                .header(header::CONNECTION, "close")
                 .body(Full::new(Bytes::new()))
                 .ok()?;
-            let resp = match &self.inner.client {
-                Pool::Tcp(c) => c.request(req).await,
-                Pool::Unix(c) => c.request(req).await,
-            }
-            .ok()?;
+            let resp = self.inner.fresh.request(req).await.ok()?;
             let ok = resp.status() == http::StatusCode::OK;
-            // Drain so the connection goes back to the pool.
             let _ = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
                 .collect()
                 .await;

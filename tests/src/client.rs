@@ -470,3 +470,158 @@ pub fn raw_body(bytes: &[u8]) -> String {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default()
 }
+
+/// A raw HTTP/1.1 POST with a JSON body and `Content-Length`; `extra` header lines (without CRLF)
+/// go after `Host` and `Content-Type`.
+pub fn raw_post(path: &str, body: &str, extra: &[&str]) -> Vec<u8> {
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for line in extra {
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    head.push_str(body);
+    head.into_bytes()
+}
+
+/// One response parsed out of raw bytes by [`raw_responses`].
+#[derive(Clone)]
+pub struct RawResponse {
+    /// `HTTP/1.1` or `HTTP/1.0`.
+    pub version: String,
+    pub status: u16,
+    /// Header names lower-cased, in arrival order.
+    pub headers: Vec<(String, String)>,
+    /// The body with any chunked framing removed.
+    pub body: Vec<u8>,
+    /// Whether the body came in chunked encoding, and its terminating chunk arrived.
+    pub chunked: bool,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// The body as text: a failing assertion should show what arrived, not a list of byte values.
+impl std::fmt::Debug for RawResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawResponse")
+            .field("version", &self.version)
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.text())
+            .field("chunked", &self.chunked)
+            .finish()
+    }
+}
+
+/// Splits what a raw connection received into its responses, in order. Each body is framed by
+/// `Content-Length`, by chunked encoding, or (for a response with neither) by the connection's close;
+/// 1xx, 204 and 304 responses have none. Panics on bytes that are not whole HTTP/1.x responses, so
+/// a test cannot mistake a cut answer for a complete one.
+pub fn raw_responses(bytes: &[u8]) -> Vec<RawResponse> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let end = rest
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| {
+                panic!(
+                    "an incomplete response head: {:?}",
+                    String::from_utf8_lossy(rest)
+                )
+            });
+        let head = String::from_utf8_lossy(&rest[..end]).into_owned();
+        rest = &rest[end + 4..];
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next().unwrap_or_default();
+        let mut parts = status_line.split_whitespace();
+        let version = parts.next().unwrap_or_default().to_owned();
+        let status: u16 = parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .filter(|_| version.starts_with("HTTP/1."))
+            .unwrap_or_else(|| panic!("not an HTTP/1.x status line: {status_line:?}"));
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        let mut resp = RawResponse {
+            version,
+            status,
+            headers,
+            body: Vec::new(),
+            chunked: false,
+        };
+        let bodiless = (100..200).contains(&status) || status == 204 || status == 304;
+        let chunked = resp
+            .header("transfer-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+        let length = resp
+            .header("content-length")
+            .map(|v| v.parse::<usize>().expect("a numeric Content-Length"));
+        if bodiless {
+            // Nothing follows the head of these, whatever their headers say.
+        } else if chunked {
+            rest = dechunk(rest, &mut resp.body);
+            resp.chunked = true;
+        } else if let Some(len) = length {
+            assert!(
+                rest.len() >= len,
+                "a body cut short: {} of {len} bytes",
+                rest.len()
+            );
+            resp.body = rest[..len].to_vec();
+            rest = &rest[len..];
+        } else {
+            resp.body = rest.to_vec();
+            rest = &[];
+        }
+        out.push(resp);
+    }
+    out
+}
+
+/// Appends the data of the chunked body at the start of `bytes` to `body`; returns what follows it.
+fn dechunk<'a>(mut bytes: &'a [u8], body: &mut Vec<u8>) -> &'a [u8] {
+    loop {
+        let eol = bytes
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .unwrap_or_else(|| panic!("a chunked body cut short after {} bytes", body.len()));
+        let size_text = String::from_utf8_lossy(&bytes[..eol]);
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .unwrap_or_else(|_| panic!("a bad chunk size {size_text:?}"));
+        bytes = &bytes[eol + 2..];
+        if size == 0 {
+            // No trailers are expected: the terminating chunk ends with an empty line.
+            assert!(
+                bytes.starts_with(b"\r\n"),
+                "no empty line after the last chunk"
+            );
+            return &bytes[2..];
+        }
+        assert!(
+            bytes.len() >= size + 2,
+            "a chunk cut short: {} of {size} bytes",
+            bytes.len()
+        );
+        body.extend_from_slice(&bytes[..size]);
+        assert_eq!(&bytes[size..size + 2], b"\r\n", "a chunk without its CRLF");
+        bytes = &bytes[size + 2..];
+    }
+}

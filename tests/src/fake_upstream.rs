@@ -77,6 +77,10 @@ pub struct FakeUpstream {
     path: Option<PathBuf>,
     one_per_conn: bool,
     n_ctx: u64,
+    /// Answers for the first generation requests, in arrival order; see [`FakeUpstream::errors`].
+    script: Vec<Scripted>,
+    /// How long `POST /tokenize` takes to answer.
+    tokenize_delay: Duration,
 }
 
 /// One generation request as the fake received it.
@@ -103,6 +107,8 @@ struct Counters {
     connections: AtomicUsize,
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
+    /// Generation POSTs received once ready, whatever they were answered.
+    attempts: AtomicUsize,
 }
 
 struct State {
@@ -224,6 +230,8 @@ impl Default for FakeUpstream {
             path: None,
             one_per_conn: false,
             n_ctx: 4096,
+            script: Vec::new(),
+            tokenize_delay: Duration::ZERO,
         }
     }
 }
@@ -635,6 +643,10 @@ async fn handle(
     }
 
     if generation && parts.method == Method::POST {
+        let attempt = state.counters.attempts.fetch_add(1, Ordering::SeqCst);
+        if let Some(scripted) = cfg.script.get(attempt) {
+            return Ok(scripted.answer(&state, path, &bytes));
+        }
         let resp = generate(state, cfg.clone(), path, &bytes).await;
         if matches!(cfg.mode, Mode::Reset) {
             // An error from the service makes hyper close the connection without answering.
@@ -660,6 +672,9 @@ async fn handle(
         }
         (&Method::POST, "/tokenize" | "/detokenize" | "/apply-template") => {
             seen(&state, &path);
+            if path == "/tokenize" && !cfg.tokenize_delay.is_zero() {
+                tokio::time::sleep(cfg.tokenize_delay).await;
+            }
             let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             let answer = match path.as_str() {
                 // One token per 4 characters, plus one for BOS: near the estimate, never equal.
@@ -699,20 +714,7 @@ async fn generate(
     let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
     let tag = tag_of(&body);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let guard = {
-        let mut seen = state.seen.lock().unwrap();
-        let seq = seen.len();
-        seen.push(SeenRequest {
-            seq,
-            path: path.clone(),
-            body: body.clone(),
-            tag: tag.clone(),
-            stream,
-            arrived: Instant::now(),
-            finished: None,
-        });
-        InFlight::enter(&state, seq)
-    };
+    let guard = record_seen(&state, &path, &body);
 
     if matches!(cfg.mode, Mode::Hang) {
         let _guard = guard;
@@ -884,4 +886,84 @@ fn stream_response(
             on_done: None,
         })
         .expect("valid response")
+}
+
+/// Records a generation request that reached the fake and counts it in flight until the guard drops.
+fn record_seen(state: &Arc<State>, path: &str, body: &Value) -> InFlight {
+    let mut seen = state.seen.lock().unwrap();
+    let seq = seen.len();
+    seen.push(SeenRequest {
+        seq,
+        path: path.to_owned(),
+        body: body.clone(),
+        tag: tag_of(body),
+        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        arrived: Instant::now(),
+        finished: None,
+    });
+    InFlight::enter(state, seq)
+}
+
+/// A scripted failure for one generation request (see [`FakeUpstream::errors`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scripted {
+    /// 500 `server_error`: llama-server may have started the work, so it must reach the client as is.
+    ServerError,
+    /// A 503 that is not "Loading model" (an overloaded server, a proxy in between): may have started
+    /// work too, so it must reach the client as is.
+    Busy,
+    /// 503 "Loading model": nothing was started; slotgate retries it.
+    Loading,
+}
+
+/// The body of a [`Scripted::ServerError`] answer (plus `fake_tag`).
+pub const SERVER_ERROR_MESSAGE: &str = "fake internal error";
+/// The body of a [`Scripted::Busy`] answer (plus `fake_tag`): neither "Loading model" nor
+/// `unavailable_error`, which is how slotgate recognises a load.
+pub const BUSY_MESSAGE: &str = "fake server busy";
+
+impl Scripted {
+    fn answer(self, state: &Arc<State>, path: String, raw: &[u8]) -> Response<FakeBody> {
+        let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+        let (status, message) = match self {
+            Scripted::Loading => {
+                // Turned away before any work: not a request the fake served.
+                state.rejected_loading.lock().unwrap().push(Instant::now());
+                return json_response(StatusCode::SERVICE_UNAVAILABLE, LOADING_BODY, None);
+            }
+            Scripted::ServerError => (StatusCode::INTERNAL_SERVER_ERROR, SERVER_ERROR_MESSAGE),
+            Scripted::Busy => (StatusCode::SERVICE_UNAVAILABLE, BUSY_MESSAGE),
+        };
+        let guard = record_seen(state, &path, &body);
+        let answer = json!({"error": {"code": status.as_u16(), "message": message, "type": "server_error"},
+                            "fake_tag": tag_of(&body)});
+        json_response(status, answer.to_string(), Some(guard))
+    }
+}
+
+/// Scripted failures and a slow tokenizer.
+impl FakeUpstream {
+    /// The first generation requests, in arrival order, get `script`'s answers, one each; later ones
+    /// are served normally. A failed request counts in [`RunningUpstream::requests_seen`] (it reached
+    /// the fake and may have started work) unless it was answered [`Scripted::Loading`].
+    pub fn errors(script: impl IntoIterator<Item = Scripted>) -> Self {
+        Self {
+            script: script.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// `POST /tokenize` answers only after `d` (slotgate's prompt count before admission).
+    pub fn tokenize_delay(mut self, d: Duration) -> Self {
+        self.tokenize_delay = d;
+        self
+    }
+}
+
+impl RunningUpstream {
+    /// Generation POSTs received once ready, however they were answered (served, scripted failure,
+    /// "Loading model"): what slotgate sent, retries included.
+    pub fn attempts(&self) -> usize {
+        self.state.counters.attempts.load(Ordering::SeqCst)
+    }
 }

@@ -114,39 +114,10 @@ impl LlamaServer {
     /// Starts llama-server with `np` slots on a fresh Unix socket and waits until `/health` answers 200
     /// (it answers 503 while the model loads). Panics with the server's log if it exits or never gets ready.
     pub async fn start(np: usize) -> RunningLlama {
-        let paths = LlamaPaths::get();
         let dir = unique_dir("llama");
         let socket = dir.join("llama.sock");
         let log = dir.join("llama-server.log");
-        let log_file = File::create(&log).expect("create llama-server log");
-        let bin_dir = paths
-            .server
-            .parent()
-            .expect("llama-server has a parent dir");
-        let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
-            Some(old) if !old.is_empty() => {
-                let mut p = bin_dir.as_os_str().to_owned();
-                p.push(":");
-                p.push(old);
-                p
-            }
-            _ => bin_dir.as_os_str().to_owned(),
-        };
-        let child = Command::new(&paths.server)
-            .arg("-m")
-            .arg(&paths.model)
-            // A --host ending in `.sock` makes llama-server listen on that Unix socket.
-            .arg("--host")
-            .arg(&socket)
-            .args(["-np", &np.to_string()])
-            .args(["-c", &(CTX_PER_SLOT * np).to_string()])
-            .args(["--metrics", "--slots", "--no-webui"])
-            .env("LD_LIBRARY_PATH", ld_path)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("clone log fd"))
-            .stderr(log_file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.server.display()));
+        let child = spawn_server(&socket, &log, np);
         let client = Client::unix(&socket);
         let mut llama = RunningLlama {
             child,
@@ -154,10 +125,46 @@ impl LlamaServer {
             socket,
             log,
             client,
+            np,
+            starts: 1,
         };
         llama.wait_healthy().await;
         llama
     }
+}
+
+/// Spawns llama-server with `np` slots listening on `socket`, its stdout and stderr in `log`.
+fn spawn_server(socket: &Path, log: &Path, np: usize) -> Child {
+    let paths = LlamaPaths::get();
+    let log_file = File::create(log).expect("create llama-server log");
+    let bin_dir = paths
+        .server
+        .parent()
+        .expect("llama-server has a parent dir");
+    let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(old) if !old.is_empty() => {
+            let mut p = bin_dir.as_os_str().to_owned();
+            p.push(":");
+            p.push(old);
+            p
+        }
+        _ => bin_dir.as_os_str().to_owned(),
+    };
+    Command::new(&paths.server)
+        .arg("-m")
+        .arg(&paths.model)
+        // A --host ending in `.sock` makes llama-server listen on that Unix socket.
+        .arg("--host")
+        .arg(socket)
+        .args(["-np", &np.to_string()])
+        .args(["-c", &(CTX_PER_SLOT * np).to_string()])
+        .args(["--metrics", "--slots", "--no-webui"])
+        .env("LD_LIBRARY_PATH", ld_path)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("clone log fd"))
+        .stderr(log_file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.server.display()))
 }
 
 /// A running llama-server; killed and its temp dir removed on Drop.
@@ -167,6 +174,10 @@ pub struct RunningLlama {
     socket: PathBuf,
     log: PathBuf,
     client: Client,
+    /// Slots (`-np`), kept for [`RunningLlama::restart`].
+    np: usize,
+    /// Processes started so far; each one logs to a file of its own.
+    starts: usize,
 }
 
 impl RunningLlama {
@@ -420,4 +431,125 @@ fn get_request(path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> 
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Faults done to llama-server itself: a crash (`kill -9`) and a restart on the same socket path, and a
+/// hang (`kill -STOP`) undone by a guard. Signals go through `kill(1)`: the workspace forbids `unsafe`.
+impl RunningLlama {
+    /// The llama-server process id (of the current process, after a restart).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills llama-server with SIGKILL, the way an OOM kill or a crash ends it, and reaps it. Nothing is
+    /// cleaned up: its socket file stays behind, stale. The temp dir and logs are kept for `restart`.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let status = self.child.wait().expect("reap llama-server");
+        eprintln!("llama-server {} killed: {status}", self.child.id());
+    }
+
+    /// Starts a new llama-server (same model and `-np`) on the same socket path, as a supervisor would
+    /// after a crash, and waits until it is healthy. A process still running is killed first; a stale
+    /// socket file is removed, since llama-server binds the path without unlinking it.
+    pub async fn restart(&mut self) {
+        if self.child.try_wait().expect("poll llama-server").is_none() {
+            self.kill();
+        }
+        match std::fs::remove_file(&self.socket) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("remove stale socket {}: {e}", self.socket.display()),
+        }
+        self.starts += 1;
+        self.log = self.dir.join(format!("llama-server.{}.log", self.starts));
+        self.child = spawn_server(&self.socket, &self.log, self.np);
+        self.wait_healthy().await;
+    }
+
+    /// Stops llama-server with SIGSTOP: it hangs with every connection open and answers nothing, while
+    /// the kernel still accepts connections into its listen backlog. It runs again when the returned
+    /// guard is dropped or [`Frozen::thaw`]ed, so a failing test never leaves a stopped process behind.
+    pub fn freeze(&self) -> Frozen {
+        signal(self.pid(), "STOP");
+        Frozen {
+            pid: Some(self.pid()),
+        }
+    }
+}
+
+/// One look at llama-server's load: `llamacpp:requests_processing`, `llamacpp:requests_deferred`, and
+/// the slots `/slots` shows processing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LlamaSample {
+    pub load: LlamaLoad,
+    pub busy_slots: usize,
+}
+
+/// Samples the llama-server listening at `socket`, or `None` if it does not answer both `/metrics` and
+/// `/slots` within `timeout` (stopped, dead or restarting). Takes a path, not a [`RunningLlama`], so a
+/// sampler task can run through a test's kills and restarts; [`RunningLlama::load`] would panic there.
+pub async fn try_sample(socket: &Path, timeout: Duration) -> Option<LlamaSample> {
+    let client = Client::unix(socket);
+    let ask = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            let r = tokio::time::timeout(timeout, client.try_send(get_request(path)))
+                .await
+                .ok()?
+                .ok()?;
+            (r.status == 200).then_some(r)
+        }
+    };
+    let (metrics, slots) = tokio::join!(ask("/metrics"), ask("/slots"));
+    let m = Metrics::parse(&metrics?.body);
+    let load = LlamaLoad {
+        requests_processing: m.value("llamacpp:requests_processing", &[])?,
+        requests_deferred: m.value("llamacpp:requests_deferred", &[])?,
+    };
+    let busy_slots = match slots?.json() {
+        Value::Array(slots) => slots
+            .iter()
+            .filter(|s| s["is_processing"].as_bool().unwrap_or(false))
+            .count(),
+        _ => return None,
+    };
+    Some(LlamaSample { load, busy_slots })
+}
+
+/// A llama-server stopped by [`RunningLlama::freeze`]; continued (SIGCONT) on drop.
+#[must_use = "dropping the guard resumes llama-server at once"]
+pub struct Frozen {
+    pid: Option<u32>,
+}
+
+impl Frozen {
+    /// Resumes llama-server now.
+    pub fn thaw(mut self) {
+        if let Some(pid) = self.pid.take() {
+            signal(pid, "CONT");
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            // Also when the test panics: whatever runs after (llama-server's own Drop, the log
+            // tail, other tests' servers on these cores) finds it running, not stopped.
+            let _ = Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Sends signal `name` (`STOP`, `CONT`) to `pid` through `kill(1)`.
+fn signal(pid: u32, name: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -{name} {pid} failed");
 }

@@ -75,6 +75,9 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(opts.header_timeout)
         .max_buf_size(CONN_BUFFER)
+        // The buffer limit alone is checked only while a head is incomplete: a large head that
+        // arrives in one read would pass it.
+        .max_header_size(CONN_BUFFER)
         .keep_alive(true)
         .serve_connection(io, svc);
     let mut stop = opts.stop;
