@@ -233,6 +233,27 @@ impl Goodput {
     }
 }
 
+/// `slotgate_requests_total` by outcome.
+async fn outcomes(gate: &RunningGate) -> Vec<(&'static str, f64)> {
+    let mut out = Vec::new();
+    for k in [
+        "ok",
+        "queue_full",
+        "wait_too_long",
+        "queue_timeout",
+        "upstream_error",
+        "upstream_timeout",
+    ] {
+        out.push((
+            k,
+            gate.metric("slotgate_requests_total", &[("outcome", k)])
+                .await
+                .unwrap_or(0.0),
+        ));
+    }
+    out
+}
+
 /// Poisson arrivals at `rate` per second for `seconds`; waits for every answer.
 async fn goodput(gate: &RunningGate, work: &dyn Workload, rate: f64, seconds: u64) -> Goodput {
     let client = gate.client();
@@ -251,7 +272,16 @@ async fn goodput(gate: &RunningGate, work: &dyn Workload, rate: f64, seconds: u6
         let gap = -(1.0 - fastrand::f64()).ln() / rate;
         next += Duration::from_secs_f64(gap);
     }
+    let before = outcomes(gate).await;
     let statuses = join_all(tasks).await;
+    let after = outcomes(gate).await;
+    let delta: Vec<String> = after
+        .iter()
+        .zip(&before)
+        .filter(|((_, a), (_, b))| a > b)
+        .map(|((k, a), (_, b))| format!("{k} {}", a - b))
+        .collect();
+    println!("    outcomes at {rate:.1}/s: {}", delta.join(", "));
     let ok = statuses.iter().filter(|s| **s == 200).count();
     let result = Goodput {
         sent: statuses.len(),

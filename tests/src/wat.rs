@@ -156,3 +156,21 @@ pub fn data(offset: u32, text: &[u8]) -> String {
     let escaped: String = text.iter().map(|b| format!("\\{b:02x}")).collect();
     format!("(data (i32.const {offset}) \"{escaped}\")")
 }
+
+/// An allowing policy that stamps `x-policy-version: <version>` on every response.
+pub fn versioned(dir: &Path, version: u32) -> PathBuf {
+    fixed(
+        dir,
+        &format!("v{version}"),
+        &format!(
+            r#"{{"verdict":"allow","mutations":{{"response_headers":{{"x-policy-version":"{version}"}}}}}}"#
+        ),
+    )
+}
+
+/// Replaces `live` with `source`'s bytes in one rename, as deploy tools do.
+pub fn install(source: &Path, live: &Path) {
+    let tmp = live.with_extension("tmp");
+    std::fs::copy(source, &tmp).unwrap();
+    std::fs::rename(&tmp, live).unwrap();
+}

@@ -12,30 +12,12 @@
 //! invariants of [`RunningGate::assert_settled`] that still mean something are checked one by one
 //! on the fake (forwarded once, never over `--slots`, nothing left running there).
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use slotgate_tests::wat::{install, versioned};
 use slotgate_tests::*;
-
-/// An allowing policy that stamps `x-policy-version: <version>` on every response.
-fn versioned(dir: &Path, version: u32) -> PathBuf {
-    wat::fixed(
-        dir,
-        &format!("v{version}"),
-        &format!(
-            r#"{{"verdict":"allow","mutations":{{"response_headers":{{"x-policy-version":"{version}"}}}}}}"#
-        ),
-    )
-}
-
-/// Replaces `live` with `source`'s bytes in one rename, as deploy tools do.
-fn install(source: &Path, live: &Path) {
-    let tmp = live.with_extension("tmp");
-    std::fs::copy(source, &tmp).unwrap();
-    std::fs::rename(&tmp, live).unwrap();
-}
 
 /// How one request of the load ended.
 #[derive(Debug)]

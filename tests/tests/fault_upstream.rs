@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use slotgate_tests::fake_upstream::{Scripted, BUSY_MESSAGE, SERVER_ERROR_MESSAGE};
-use slotgate_tests::llama::{self, chat_usage, LlamaSample, LlamaServer, RunningLlama, PROMPT};
+use slotgate_tests::llama::{
+    self, chat_usage, Frozen, LlamaSample, LlamaServer, RunningLlama, PROMPT,
+};
 use slotgate_tests::*;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
@@ -291,20 +293,27 @@ async fn llama_stopped_before_its_first_byte_gets_504_then_recovers() {
     // The slot stays held while llama-server is stopped: it still holds the request, unread.
     assert_eq!(gate.status().await["slots"]["busy"].as_u64(), Some(1));
 
+    thaw_and_serve_next(frozen, &gate, &llama, sampler).await;
+}
+/// Resumes a stopped llama-server and sends the next request at once, as a queued one would be:
+/// it is served, and llama-server never held it back behind the one slotgate gave up on (it reads
+/// that one from its socket only once it runs again).
+async fn thaw_and_serve_next(
+    frozen: Frozen,
+    gate: &RunningGate,
+    llama: &RunningLlama,
+    sampler: Sampler,
+) {
     frozen.thaw();
-    // At once, as a queued request would be: llama-server is running again.
     let next = tokio::time::timeout(
         ANSWER_TIMEOUT,
         gate.client().post_json(CHAT, &chat(SHORT, false)),
     )
     .await
     .expect("the next request hangs");
-    eprintln!("next request: {}", next.status);
-    // First the cause: llama-server must not have held the next request back behind the one slotgate
-    // gave up on (it reads that one from its socket only once it runs again).
     sampler.finish(1).await;
     chat_usage(&next, SHORT);
-    assert_llama_settled(&gate, &llama).await;
+    assert_llama_settled(gate, llama).await;
     gate.wait_outcome("ok", 1).await;
 }
 
@@ -346,17 +355,7 @@ async fn llama_stopped_mid_stream_is_cut_by_the_idle_timeout_then_recovers() {
     // The slot stays held while llama-server is stopped: it may still hold the abandoned request.
     assert_eq!(gate.status().await["slots"]["busy"].as_u64(), Some(1));
 
-    frozen.thaw();
-    let next = tokio::time::timeout(
-        ANSWER_TIMEOUT,
-        gate.client().post_json(CHAT, &chat(SHORT, false)),
-    )
-    .await
-    .expect("the next request hangs");
-    sampler.finish(1).await;
-    chat_usage(&next, SHORT);
-    assert_llama_settled(&gate, &llama).await;
-    gate.wait_outcome("ok", 1).await;
+    thaw_and_serve_next(frozen, &gate, &llama, sampler).await;
 }
 
 /// Row 4: llama-server's socket file is removed while it runs (a careless cleanup, a tmpfiles rule).

@@ -14,30 +14,12 @@ use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
 use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::{eventually, unique_dir};
-use slotgate_tests::wat;
+use slotgate_tests::wat::{self, install, versioned};
 
 /// Clients sending back to back while the policies change under them.
 const LOAD_CLIENTS: usize = 4;
 /// Generous bound for a reload to show in responses (compile + canary in a debug build).
 const RELOAD_SEEN: Duration = Duration::from_secs(20);
-
-/// An allowing policy that stamps `x-policy-version: <version>` on every response.
-fn versioned(dir: &Path, version: u32) -> PathBuf {
-    wat::fixed(
-        dir,
-        &format!("v{version}"),
-        &format!(
-            r#"{{"verdict":"allow","mutations":{{"response_headers":{{"x-policy-version":"{version}"}}}}}}"#
-        ),
-    )
-}
-
-/// Replaces `live` with `source`'s bytes in one rename, as deploy tools do.
-fn install(source: &Path, live: &Path) {
-    let tmp = live.with_extension("tmp");
-    std::fs::copy(source, &tmp).unwrap();
-    std::fs::rename(&tmp, live).unwrap();
-}
 
 /// One response under load: status, `x-policy-version`, body.
 type Sample = (u16, Option<String>, String);
