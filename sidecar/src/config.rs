@@ -724,10 +724,12 @@ impl FromStr for UpstreamAddr {
         if host.is_empty() || !digits || port.parse::<u16>().is_err() {
             return Err(format!("`{s}` needs a host and a numeric port"));
         }
-        // The upstream client puts the address into every request's URI; one that cannot be a URI
-        // (`http://a b:1`) would pass this check and then send every request nowhere.
-        if format!("http://{authority}/").parse::<http::Uri>().is_err() {
-            return Err(format!("`{s}` is not a valid http://HOST:PORT"));
+        // The upstream client puts the address into every request's URI, so it must be a URI
+        // authority as it stands: `http://a b:1` would send every request nowhere, and in
+        // `http://h#x:1` a URI sees host `h` and no port at all.
+        match authority.parse::<http::uri::Authority>() {
+            Ok(a) if a.as_str() == authority && a.port_u16().is_some() => {}
+            _ => return Err(format!("`{s}` is not a valid http://HOST:PORT")),
         }
         Ok(UpstreamAddr::Tcp(authority.to_owned()))
     }

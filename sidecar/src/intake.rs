@@ -115,16 +115,7 @@ pub async fn read(
         }
         Err(e) => return Err(GateError::BodyRead(e.to_string())),
     };
-    let json = if parts.method == Method::POST {
-        let value: Value =
-            serde_json::from_slice(&body).map_err(|e| GateError::InvalidJson(e.to_string()))?;
-        if !value.is_object() {
-            return Err(GateError::InvalidJson("expected a JSON object".into()));
-        }
-        Some(value)
-    } else {
-        None
-    };
+    let json = parse_body(&parts.method, &body)?;
     let summary = summarize(&parts, json.as_ref(), peer);
     Ok(Intake {
         parts,
@@ -134,7 +125,24 @@ pub async fn read(
     })
 }
 
-fn summarize(parts: &request::Parts, json: Option<&Value>, peer: Option<Peer>) -> RequestSummary {
+/// The body as JSON: a POST's must be one JSON object; other methods' bodies are not parsed.
+pub(crate) fn parse_body(method: &Method, body: &[u8]) -> Result<Option<Value>, GateError> {
+    if method != Method::POST {
+        return Ok(None);
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| GateError::InvalidJson(e.to_string()))?;
+    if !value.is_object() {
+        return Err(GateError::InvalidJson("expected a JSON object".into()));
+    }
+    Ok(Some(value))
+}
+
+pub(crate) fn summarize(
+    parts: &request::Parts,
+    json: Option<&Value>,
+    peer: Option<Peer>,
+) -> RequestSummary {
     let null = Value::Null;
     let j = json.unwrap_or(&null);
     let prompt_chars =
@@ -234,6 +242,11 @@ impl Intake {
     /// Applies a policy's request changes. The body is rewritten only when something changes.
     pub fn apply(&mut self, m: &Mutations) -> Result<(), GateError> {
         if m.cap_max_tokens.is_none() && !m.disable_prompt_cache && !m.strip_id_slot {
+            return Ok(());
+        }
+        // Only a POST has a JSON body to change. A GET's (empty, or anything) is forwarded as it
+        // came: parsing it would turn a policy's changes into a 400 for every `GET /v1/models`.
+        if self.json.is_none() {
             return Ok(());
         }
         let mut v: Value = serde_json::from_slice(&self.body)
@@ -489,6 +502,27 @@ mod tests {
             (&json!(32), None)
         );
         assert_eq!(summary, Some(32));
+    }
+
+    #[test]
+    fn mutations_leave_a_request_without_a_json_body_alone() {
+        // Found by fuzzing: a GET with a policy's changes was refused as invalid JSON.
+        let (parts, ()) = Request::get("/v1/models").body(()).unwrap().into_parts();
+        let summary = summarize(&parts, None, None);
+        let mut i = Intake {
+            parts,
+            body: Bytes::new(),
+            json: None,
+            summary,
+        };
+        let m = Mutations {
+            cap_max_tokens: Some(16),
+            disable_prompt_cache: true,
+            strip_id_slot: true,
+            ..Default::default()
+        };
+        i.apply(&m).unwrap();
+        assert_eq!((&i.body[..], i.summary.max_tokens), (&b""[..], None));
     }
 
     #[test]

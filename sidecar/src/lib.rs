@@ -28,6 +28,8 @@ pub mod cli;
 pub mod config;
 pub mod cost;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod intake;
 pub mod metrics;
 pub mod pipeline;

@@ -102,11 +102,15 @@ impl Filter {
         if self.passthrough {
             return Bytes::copy_from_slice(data);
         }
+        // The buffer holds no whole event, so the next end begins at its last byte at the earliest:
+        // searching it all again for every chunk is quadratic in an event trickled in small chunks.
+        let mut from = self.buf.len().saturating_sub(1);
         self.buf.extend_from_slice(data);
         let mut out = Vec::new();
-        while let Some(end) = find(&self.buf, b"\n\n") {
+        while let Some(end) = find(&self.buf[from..], b"\n\n").map(|at| from + at) {
             let event: Vec<u8> = self.buf.drain(..end + 2).collect();
             self.event(event, &mut out);
+            from = 0;
         }
         if self.buf.len() > MAX_EVENT {
             self.passthrough = true;
@@ -151,7 +155,12 @@ fn with_timings_of(held: Vec<u8>, usage_event: &[u8]) -> Vec<u8> {
     let Some(timings) = usage.get("timings") else {
         return held;
     };
-    finishing["timings"] = timings.clone();
+    // llama-server's chunks are objects; any other JSON (an array holding a `finish_reason`) is
+    // passed on as it came, where indexing it by key would panic.
+    let Some(fields) = finishing.as_object_mut() else {
+        return held;
+    };
+    fields.insert("timings".into(), timings.clone());
     format!("data: {finishing}\n\n").into_bytes()
 }
 
@@ -198,6 +207,15 @@ mod tests {
             assert_eq!(v["timings"]["predicted_n"], 1, "{out}");
             assert_eq!(v["choices"][0]["finish_reason"], "length");
         }
+    }
+
+    #[test]
+    fn a_finishing_chunk_that_is_no_object_keeps_its_shape() {
+        // Reproduced with the sse_usage fuzz target: the timings were set by indexing, which panics
+        // on an array.
+        let finishing = r#"data: [{"finish_reason":"stop"}]"#;
+        let input = stream(&[finishing, USAGE, "data: [DONE]"]);
+        assert_eq!(filtered(&input, 4), stream(&[finishing, "data: [DONE]"]));
     }
 
     #[test]

@@ -67,6 +67,9 @@ impl UsageScanner {
         if self.gave_up {
             return;
         }
+        // The buffer holds no whole line: only the new bytes can end one (searching it all again for
+        // every chunk is quadratic in a line trickled in small chunks).
+        let old_len = self.buf.len();
         self.buf.extend_from_slice(chunk);
         if !self.sse {
             if self.buf.len() > MAX_JSON_BUFFER {
@@ -75,15 +78,16 @@ impl UsageScanner {
             }
             return;
         }
-        let mut start = 0;
-        while let Some(nl) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let line = &self.buf[start..start + nl];
+        let (mut start, mut from) = (0, old_len);
+        while let Some(nl) = self.buf[from..].iter().position(|&b| b == b'\n') {
+            let line = &self.buf[start..from + nl];
             if line.starts_with(b"data:") && contains(line, b"\"content\":\"") {
                 self.generated += 1;
             }
             let found = sse_line_usage(line);
             self.record(found);
-            start += nl + 1;
+            start = from + nl + 1;
+            from = start;
         }
         self.buf.drain(..start);
         if self.buf.len() > MAX_SSE_LINE {

@@ -257,6 +257,7 @@ async fn outcomes(gate: &RunningGate) -> Vec<(&'static str, f64)> {
 /// Poisson arrivals at `rate` per second for `seconds`; waits for every answer.
 async fn goodput(gate: &RunningGate, work: &dyn Workload, rate: f64, seconds: u64) -> Goodput {
     let client = gate.client();
+    let before = outcomes(gate).await;
     let end = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     let mut next = Instant::now();
@@ -272,7 +273,6 @@ async fn goodput(gate: &RunningGate, work: &dyn Workload, rate: f64, seconds: u6
         let gap = -(1.0 - fastrand::f64()).ln() / rate;
         next += Duration::from_secs_f64(gap);
     }
-    let before = outcomes(gate).await;
     let statuses = join_all(tasks).await;
     let after = outcomes(gate).await;
     let delta: Vec<String> = after

@@ -108,8 +108,10 @@ impl Sampler {
         assert!(
             samples
                 .iter()
-                .any(|s| s.llama.is_some_and(|l| l.busy_slots > 0)),
-            "the sampler never saw llama-server busy, so it proves nothing: {samples:?}"
+                .any(|s| s.llama.is_some_and(|l| l.busy_slots > 0) || s.gate_busy > 0),
+            // A llama-server busy with a stream may answer no probe in time: then slotgate's own
+            // count shows the sampler ran while work was in flight.
+            "the sampler never saw work in flight, so it proves nothing: {samples:?}"
         );
     }
 }

@@ -204,15 +204,7 @@ impl Policy {
         let out = ev
             .output
             .ok_or_else(|| EvalError::InvalidOutput("validate_settings returned nothing".into()))?;
-        let v: SettingsValidation = serde_json::from_slice(&out)
-            .map_err(|e| EvalError::InvalidOutput(format!("validate_settings output: {e}")))?;
-        if v.valid {
-            Ok(())
-        } else {
-            Err(LoadError::Settings(
-                v.message.unwrap_or_else(|| "invalid settings".into()),
-            ))
-        }
+        settings_verdict(&out)
     }
 
     /// Evaluates one request: the decision, checked against the ABI, and what it cost.
@@ -223,26 +215,7 @@ impl Policy {
             .output
             .take()
             .ok_or_else(|| EvalError::InvalidOutput("evaluate returned nothing".into()))?;
-        let decision: Decision = serde_json::from_slice(&out).map_err(|e| {
-            EvalError::InvalidOutput(format!("decision is not valid JSON for ABI v1: {e}"))
-        })?;
-        if decision.verdict == Verdict::Deny
-            && !matches!(decision.status, None | Some(403) | Some(429))
-        {
-            return Err(EvalError::InvalidOutput(format!(
-                "a deny's status must be 403 or 429, not {:?}",
-                decision.status
-            )));
-        }
-        if let Some(w) = decision.weight {
-            // JSON cannot carry NaN or infinity, but a weight must also be usable as a divisor.
-            if !(w.is_finite() && w > 0.0) {
-                return Err(EvalError::InvalidOutput(format!(
-                    "weight must be a positive number, not {w}"
-                )));
-            }
-        }
-        Ok((decision, ev))
+        Ok((parse_decision(&out)?, ev))
     }
 
     /// Tells the policy what really happened (`slotgate_on_complete`, when exported).
@@ -308,6 +281,49 @@ impl Policy {
             .instantiate(&mut store)
             .map_err(|e| classify(&store, e))?;
         Ok((store, instance))
+    }
+}
+
+/// The smallest weight a policy may give. A request's charge is `cost / weight` virtual tokens; with
+/// a cost up to 2^64 a smaller weight (1e-300, say) makes it infinite, and the fair-share counters it
+/// is added to and subtracted from turn infinite and then NaN, which sorts that tenant first or last
+/// for good. From 1e-6 the largest charge, 2^84, leaves the counters ample room.
+pub const MIN_WEIGHT: f64 = 1e-6;
+
+/// A policy's `evaluate` output as the host accepts it: ABI v1 JSON, a deny's status 403 or 429, a
+/// weight usable as a divisor. Apart from [`Policy`] so the fuzz target reaches it without wasm.
+pub fn parse_decision(out: &[u8]) -> Result<Decision, EvalError> {
+    let decision: Decision = serde_json::from_slice(out).map_err(|e| {
+        EvalError::InvalidOutput(format!("decision is not valid JSON for ABI v1: {e}"))
+    })?;
+    if decision.verdict == Verdict::Deny && !matches!(decision.status, None | Some(403) | Some(429))
+    {
+        return Err(EvalError::InvalidOutput(format!(
+            "a deny's status must be 403 or 429, not {:?}",
+            decision.status
+        )));
+    }
+    if let Some(w) = decision.weight {
+        // JSON cannot carry NaN or infinity, but a weight must also be usable as a divisor.
+        if !(w.is_finite() && w >= MIN_WEIGHT) {
+            return Err(EvalError::InvalidOutput(format!(
+                "weight must be a positive number of at least {MIN_WEIGHT}, not {w}"
+            )));
+        }
+    }
+    Ok(decision)
+}
+
+/// A policy's `validate_settings` output: `Ok` when it accepts its settings.
+pub fn settings_verdict(out: &[u8]) -> Result<(), LoadError> {
+    let v: SettingsValidation = serde_json::from_slice(out)
+        .map_err(|e| EvalError::InvalidOutput(format!("validate_settings output: {e}")))?;
+    if v.valid {
+        Ok(())
+    } else {
+        Err(LoadError::Settings(
+            v.message.unwrap_or_else(|| "invalid settings".into()),
+        ))
     }
 }
 
@@ -621,6 +637,8 @@ mod tests {
             (r#"{"verdict":"allow","weight":2.5}"#, true),
             (r#"{"verdict":"allow","weight":0}"#, false),
             (r#"{"verdict":"allow","weight":-1.0}"#, false),
+            // Found by fuzzing: a cost over so small a weight is an infinite charge.
+            (r#"{"verdict":"allow","weight":1e-300}"#, false),
         ] {
             let src = wat(1, "", "")
                 .replace(
