@@ -1,7 +1,7 @@
 //! Entry points for the fuzz targets and their corpus replay: each takes arbitrary bytes, runs the
-//! code slotgate runs on untrusted input (request bodies, upstream streams, policy output, config) and
-//! panics when an invariant breaks. `fuzz/` drives them under libFuzzer; `slotgate-tests` replays the
-//! committed corpus under `cargo test`. See `docs/fuzzing.md`.
+//! code slotgate runs on untrusted input (request bodies, upstream streams, policy output, config)
+//! and panics when an invariant breaks. `fuzz/` drives them under libFuzzer; `slotgate-tests`
+//! replays the committed corpus under `cargo test`. See `docs/fuzzing.md`.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -124,8 +124,8 @@ pub fn summary(data: &[u8]) {
             );
         }
     }
-    // Whatever was rewritten, the body forwarded is the JSON slotgate holds, and the summary a policy
-    // saw still describes it.
+    // Whatever was rewritten, the body forwarded is the JSON slotgate holds, and the summary a
+    // policy saw still describes it.
     let Some(held) = &intake.json else {
         assert_eq!(&intake.body[..], body);
         return;
@@ -168,9 +168,9 @@ const FILTER_SPLIT_INVARIANT_BELOW: usize = 256 * 1024;
 /// Likewise for the usage scanner's longest kept line (1 MiB).
 const SCANNER_SPLIT_INVARIANT_BELOW: usize = 1 << 20;
 
-/// An upstream response as the usage filter (`StripUsage`) and the usage scanner see it. Byte 0 picks
-/// the content type (bits 0-1); byte 1 seeds where the rest is cut into chunks. Both must give the
-/// same result whether the bytes arrive whole, cut there, or one at a time.
+/// An upstream response as the usage filter (`StripUsage`) and the usage scanner see it. Byte 0
+/// picks the content type (bits 0-1); byte 1 seeds where the rest is cut into chunks. Both must
+/// give the same result whether the bytes arrive whole, cut there, or one at a time.
 pub fn sse_usage(data: &[u8]) {
     let [sel, seed, stream @ ..] = data else {
         return;
@@ -403,9 +403,9 @@ fn json_field(data: &[u8], key: &str) -> Option<Value> {
         .cloned()
 }
 
-/// A config file: `Settings` from TOML, validated into a `Config` whose effective settings print and
-/// read back to the same; and every line through the value parsers, each of which must read back
-/// what it displays.
+/// A config file: `Settings` from TOML, validated into a `Config` whose effective settings print
+/// and read back to the same; and every line through the value parsers, each of which must read
+/// back what it displays.
 pub fn config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
