@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -34,7 +35,13 @@ pub struct GuardedBody {
     watch: Option<WriteWatch>,
     idle: Option<IdleTimer>,
     /// Takes the slot after an upstream timeout, instead of the usual hand-over.
-    on_upstream_timeout: Option<Box<dyn FnOnce(SlotGuard) + Send>>,
+    on_upstream_timeout: Option<Arc<dyn HoldSlot>>,
+}
+
+/// Who keeps a slot after an upstream timeout until llama-server has dropped the request: shared,
+/// so arming it costs a reference count rather than an allocation per response.
+pub trait HoldSlot: Send + Sync {
+    fn hold(self: Arc<Self>, slot: SlotGuard);
 }
 
 /// `--upstream-idle-timeout`: armed at the last frame, checked only while waiting for the next one.
@@ -105,8 +112,8 @@ impl GuardedBody {
     }
 
     /// Who takes the slot when llama-server went silent mid-answer: it may still hold the request.
-    pub fn on_upstream_timeout(mut self, hold: impl FnOnce(SlotGuard) + Send + 'static) -> Self {
-        self.on_upstream_timeout = Some(Box::new(hold));
+    pub fn on_upstream_timeout(mut self, hold: Arc<dyn HoldSlot>) -> Self {
+        self.on_upstream_timeout = Some(hold);
         self
     }
 
@@ -174,7 +181,7 @@ impl GuardedBody {
         if abandoned {
             if let Some(slot) = held.slot.take() {
                 match self.on_upstream_timeout.take() {
-                    Some(hold) if outcome == Outcome::UpstreamTimeout => hold(slot),
+                    Some(h) if outcome == Outcome::UpstreamTimeout => h.hold(slot),
                     _ => slot.release_after(ABANDON_GRACE),
                 }
             }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::access::{CompletionHook, Exchange};
 use crate::admission::{Claim, SlotGuard};
 use crate::app::App;
-use crate::body::{GuardedBody, ABANDON_GRACE};
+use crate::body::{GuardedBody, HoldSlot, ABANDON_GRACE};
 use crate::cost;
 use crate::error::{GateError, Outcome};
 use crate::intake::{self, Intake, Kind};
@@ -231,10 +231,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         content_type.as_deref(),
     )
     .guarded(watch, app.config.upstream_idle_timeout)
-    .on_upstream_timeout({
-        let app = app.clone();
-        move |slot| hold_until_dropped(&app, slot)
-    });
+    .on_upstream_timeout(app.clone());
     if strip_usage {
         return out.map(|()| StripUsage::new(guarded.boxed_unsync()).boxed_unsync());
     }
@@ -266,6 +263,7 @@ impl Drop for CancelGrace {
 /// slotgate gave up on (see `Upstream::dropped_below`), at most `QUARANTINE_CAP` later.
 fn hold_until_dropped(app: &Arc<App>, slot: SlotGuard) {
     let app = app.clone();
+    // The task owns the slot: it is released by its guard's Drop, also if the task never finishes.
     tokio::spawn(async move {
         tokio::time::sleep(ABANDON_GRACE).await;
         let admission = app.admission.clone();
@@ -274,6 +272,12 @@ fn hold_until_dropped(app: &Arc<App>, slot: SlotGuard) {
             .await;
         drop(slot);
     });
+}
+
+impl HoldSlot for App {
+    fn hold(self: Arc<Self>, slot: SlotGuard) {
+        hold_until_dropped(&self, slot);
+    }
 }
 
 /// Counts the prompt with llama-server's own tokenizer (the estimate stands when it cannot) and

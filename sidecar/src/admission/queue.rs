@@ -483,11 +483,15 @@ impl Admission {
                     && (w.claim.tenant == claim.tenant
                         || st.tenants.counter(&w.claim.tenant) <= mine))
         };
-        let ahead: Vec<&Waiter> = st.waiters.values().filter(|w| first(w)).collect();
-        let tokens = st.drain.in_service + ahead.iter().map(|w| w.claim.cost as f64).sum::<f64>();
+        let (ahead, ahead_tokens) = st
+            .waiters
+            .values()
+            .filter(|w| first(w))
+            .fold((0, 0.0), |(n, t), w| (n + 1, t + w.claim.cost as f64));
+        let tokens = st.drain.in_service + ahead_tokens;
         st.drain.seconds(tokens, self.shared.slots).or_else(|| {
             st.service_ewma
-                .map(|s| (st.busy + ahead.len()) as f64 * s / self.shared.slots as f64)
+                .map(|s| (st.busy + ahead) as f64 * s / self.shared.slots as f64)
         })
     }
 
