@@ -45,9 +45,12 @@ pub fn validate_settings<P: Policy>(input: &[u8]) -> Vec<u8> {
     let result = serde_json::from_slice::<Value>(input)
         .map_err(|e| format!("settings are not JSON: {e}"))
         .and_then(|raw| settings::<P::Settings>(&raw))
-        .and_then(|s| P::validate(&s));
+        .and_then(|s| P::validate(&s).map(|()| P::needs_prompt_tokens(&s)));
     let answer = match result {
-        Ok(()) => SettingsValidation::ok(),
+        Ok(needs_prompt_tokens) => SettingsValidation {
+            needs_prompt_tokens,
+            ..SettingsValidation::ok()
+        },
         Err(message) => SettingsValidation::invalid(message),
     };
     serde_json::to_vec(&answer).expect("a SettingsValidation always serializes")

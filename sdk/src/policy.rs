@@ -24,6 +24,19 @@ pub trait Policy {
         Ok(())
     }
 
+    /// Whether, with these settings, [`evaluate`](Policy::evaluate) needs the exact prompt count
+    /// (`request.prompt_tokens`) to decide. Asked once at load, in `slotgate_validate_settings`.
+    ///
+    /// By default `false`: a request that can be forwarded at once is then decided on the estimate
+    /// (`prompt_tokens` absent) and forwarded without waiting for llama-server to count it; its real
+    /// usage reaches [`on_complete`](Policy::on_complete). Say `true` only when a decision depends on
+    /// the exact count (a hard prompt limit, say): every request through the chain then waits for
+    /// the count (two llama-server round trips, about 1-2 ms) before it is decided.
+    fn needs_prompt_tokens(settings: &Self::Settings) -> bool {
+        let _ = settings;
+        false
+    }
+
     /// Decides one request.
     fn evaluate(input: &EvaluateInput, settings: &Self::Settings) -> Decision;
 

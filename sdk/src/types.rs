@@ -170,6 +170,10 @@ pub struct SettingsValidation {
     /// Why not, for the operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The policy decides on the exact prompt count: slotgate counts every request before the
+    /// chain runs, instead of only those that wait (see `Policy::needs_prompt_tokens`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_prompt_tokens: bool,
 }
 
 /// What `slotgate_on_complete` receives once the response has ended: what really happened.
@@ -244,6 +248,7 @@ impl SettingsValidation {
         SettingsValidation {
             valid: true,
             message: None,
+            needs_prompt_tokens: false,
         }
     }
 
@@ -252,6 +257,7 @@ impl SettingsValidation {
         SettingsValidation {
             valid: false,
             message: Some(message.into()),
+            needs_prompt_tokens: false,
         }
     }
 }

@@ -6,8 +6,8 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::json;
 
-use crate::app::App;
 use crate::respond::{self, Body};
+use crate::state::App;
 
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -86,6 +86,7 @@ pub fn status(app: &App) -> serde_json::Value {
         "policies": {
             "generation": chain.generation(),
             "chain": policies,
+            "evaluated": if chain.runs_inline() { "inline" } else { "blocking_pool" },
             "compile_cache": app.policies.cache_status(),
         },
     })

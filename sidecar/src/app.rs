@@ -8,33 +8,18 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 
-use crate::admission::{Admission, Fairness};
 use crate::config::{AdminAddr, Config, ListenAddr};
-use crate::cost::Counter;
-use crate::intake::Limits;
 use crate::policy::{PolicyLoadError, PolicySet};
 use crate::reload::{self, ConfigSource};
 use crate::server::conn::LINGER_EXTRA_BYTES;
 use crate::server::{self, BindError, Listener, ServeOpts};
-use crate::upstream::Upstream;
+use crate::state::App;
 use crate::{admin, pipeline, shutdown};
 
 /// Connections the admin listener serves at once.
 const ADMIN_CONNECTIONS: usize = 64;
 /// How often histogram summaries are compacted.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
-
-/// Shared, read-only after start (the counters inside are atomics or behind short locks).
-pub struct App {
-    pub config: Config,
-    pub admission: Admission,
-    pub upstream: Upstream,
-    pub limits: Limits,
-    pub prometheus: PrometheusHandle,
-    pub policies: PolicySet,
-    /// Exact prompt counts and the slot context, from llama-server.
-    pub cost: Counter,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -44,36 +29,6 @@ pub enum StartError {
     Signals(std::io::Error),
     #[error(transparent)]
     Policy(#[from] PolicyLoadError),
-}
-
-impl App {
-    pub fn new(config: Config, prometheus: PrometheusHandle, policies: PolicySet) -> Self {
-        let upstream = Upstream::new(
-            config.upstream.clone(),
-            config.connect_timeout,
-            config.slots * 2,
-        );
-        App {
-            policies,
-            cost: Counter::new(config.tokenizer, upstream.clone()),
-            admission: Admission::with_fairness(
-                config.slots,
-                config.queue_depth,
-                Fairness {
-                    aging: config.priority_aging,
-                    tenant_limit: config.tenant_queue_limit(),
-                    reject_doomed: config.reject_doomed_waits,
-                },
-            ),
-            upstream,
-            limits: Limits {
-                max_body: config.max_body,
-                body_timeout: config.body_timeout,
-            },
-            prometheus,
-            config,
-        }
-    }
 }
 
 /// Runs until SIGTERM/SIGINT, then shuts down gracefully. SIGHUP (and a change to a watched file)

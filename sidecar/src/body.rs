@@ -253,8 +253,10 @@ impl HttpBody for GuardedBody {
 
 impl Drop for GuardedBody {
     fn drop(&mut self) {
-        // hyper stops polling once `is_end_stream` says so, and never polls an empty body at all.
-        let outcome = if self.inner.is_end_stream() {
+        // hyper stops polling once `is_end_stream` says so, and never polls an empty body at all. A
+        // client that closes once it has read `data: [DONE]` (many SDKs do, before the stream's
+        // end reaches it) got the whole answer.
+        let outcome = if self.inner.is_end_stream() || self.usage.done() {
             Outcome::Ok
         } else if self.watch.as_ref().is_some_and(WriteWatch::is_stalled) {
             Outcome::ClientStalled

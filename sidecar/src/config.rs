@@ -142,9 +142,9 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
 
-    /// How prompt tokens are counted: `upstream` (llama-server's own template and tokenizer, before
-    /// admission; the estimate when it cannot answer) or `estimate` (characters / 4). TOML:
-    /// `cost.tokenizer`. [default: upstream]
+    /// How prompt tokens are counted: `upstream` (llama-server's own template and tokenizer, while a
+    /// request waits for a slot or before the chain when a policy asks; the estimate when it cannot
+    /// answer) or `estimate` (characters / 4). TOML: `cost.tokenizer`. [default: upstream]
     #[arg(
         long = "cost-tokenizer",
         env = "SLOTGATE_COST_TOKENIZER",
@@ -152,6 +152,14 @@ pub struct Settings {
     )]
     #[serde(skip)]
     pub cost_tokenizer: Option<Tokenizer>,
+
+    /// Count every generation request's prompt before the policy chain, as if a policy had asked:
+    /// exact counts on every request, at the price of two llama-server round trips before a request
+    /// with a free slot is forwarded. Off: counted only while a request waits. TOML:
+    /// `cost.count-first`. [default: false]
+    #[arg(long = "cost-count-first", env = "SLOTGATE_COST_COUNT_FIRST", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(skip)]
+    pub cost_count_first: Option<bool>,
 
     /// The `[cost]` table of the config file.
     #[arg(skip)]
@@ -302,6 +310,7 @@ impl Settings {
             connect_timeout,
             log_format,
             cost_tokenizer,
+            cost_count_first,
             cost,
             policy_watch,
             policy_cache_dir,
@@ -350,6 +359,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How prompt tokens are counted.
     pub tokenizer: Tokenizer,
+    /// Count every generation request before the chain, not only those that wait.
+    pub count_first: bool,
     /// Poll interval for policy file changes; `None` when off.
     pub policy_watch: Option<Duration>,
     /// On-disk cache of compiled policy modules.
@@ -452,8 +463,12 @@ impl Config {
             log_format: s.log_format.unwrap_or(LogFormat::Text),
             tokenizer: s
                 .cost_tokenizer
-                .or(s.cost.and_then(|c| c.tokenizer))
+                .or(s.cost.as_ref().and_then(|c| c.tokenizer))
                 .unwrap_or(Tokenizer::Upstream),
+            count_first: s
+                .cost_count_first
+                .or(s.cost.as_ref().and_then(|c| c.count_first))
+                .unwrap_or(false),
             policy_watch: zero_is_off(s.policy_watch, Duration::from_secs(2)),
             policy_cache_dir: s.policy_cache_dir,
             policies: policy_chain(s.policy, s.policy_flags)?,
@@ -486,8 +501,10 @@ impl Config {
             connect_timeout: Some(Dur(self.connect_timeout)),
             log_format: Some(self.log_format),
             cost_tokenizer: None,
+            cost_count_first: None,
             cost: Some(CostTable {
                 tokenizer: Some(self.tokenizer),
+                count_first: Some(self.count_first),
             }),
             policy_watch: Some(off_is_zero(self.policy_watch)),
             policy_cache_dir: self.policy_cache_dir.clone(),
@@ -833,6 +850,9 @@ pub struct CostTable {
     /// `upstream` or `estimate` (see `--cost-tokenizer`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<Tokenizer>,
+    /// Count every request before the chain (see `--cost-count-first`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count_first: Option<bool>,
 }
 
 /// How prompt tokens are counted.

@@ -69,6 +69,8 @@ pub enum Source {
     Upstream,
     Cache,
     Estimate,
+    /// Not counted: a slot was free, so it was forwarded at once on the estimate (see `pipeline`).
+    Forwarded,
 }
 
 impl Source {
@@ -77,6 +79,7 @@ impl Source {
             Source::Upstream => "upstream",
             Source::Cache => "cache",
             Source::Estimate => "estimate",
+            Source::Forwarded => "forwarded",
         }
     }
 }

@@ -292,7 +292,7 @@ pub fn policy_output(data: &[u8]) {
     // checking its strings are UTF-8, so the typed parse accepts a little more than `Value`'s.
     let valid = json_field(data, "valid");
     match settings_verdict(data) {
-        Ok(()) => assert!(matches!(valid, None | Some(Value::Bool(true))), "{valid:?}"),
+        Ok(_) => assert!(matches!(valid, None | Some(Value::Bool(true))), "{valid:?}"),
         Err(LoadError::Settings(_)) => {
             assert!(
                 matches!(valid, None | Some(Value::Bool(false))),

@@ -13,6 +13,7 @@
 //!                                        llama-server
 //!
 //!  admin listener: /metrics /livez /readyz /status        app: wiring, signal, drain
+//!  state: the `App` every request, the admin endpoints and the reloader share
 //!  reload: SIGHUP / file watch ─▶ policy::set builds a new chain off the request path, swaps it
 //! ```
 //!
@@ -40,6 +41,7 @@ pub mod respond;
 pub mod server;
 pub mod shutdown;
 pub mod stall;
+pub mod state;
 pub mod stream_usage;
 pub mod upstream;
 pub mod usage;

@@ -40,6 +40,9 @@ const ERROR_RATIO_BUCKETS: &[f64] = &[
     0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0,
 ];
 
+/// Fuel consumed, in buckets from a trivial policy to the default budget.
+pub const FUEL_BUCKETS: &[f64] = &[1e2, 1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7, 1e8];
+
 /// Seconds, from a fast 429 to a long generation.
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -62,10 +65,7 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
             Matcher::Full(POLICY_EVAL_SECONDS.to_owned()),
             POLICY_BUCKETS,
         )?
-        .set_buckets_for_metric(
-            Matcher::Full(POLICY_FUEL_CONSUMED.to_owned()),
-            crate::policy::set::FUEL_BUCKETS,
-        )?
+        .set_buckets_for_metric(Matcher::Full(POLICY_FUEL_CONSUMED.to_owned()), FUEL_BUCKETS)?
         .set_buckets_for_metric(
             Matcher::Full(COST_ESTIMATE_ERROR_RATIO.to_owned()),
             ERROR_RATIO_BUCKETS,

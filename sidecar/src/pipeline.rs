@@ -6,23 +6,30 @@
 //!       -> upstream (retry only while nothing was sent) -> GuardedBody (stream, then release)
 //! ```
 //!
+//! The exact prompt count (llama-server's `/apply-template` and `/tokenize`, see `cost`) stays off the
+//! path of a request that gets a slot at once: it is forwarded on the estimate and settled from the
+//! usage llama-server reports. A request that has to wait is counted while it waits, and its place in
+//! the queue is re-costed. Only a chain with a policy that asks for the count (`needs_prompt_tokens`)
+//! has every request counted before the chain runs.
+//!
 //! Each stage either hands the request on or ends it with a `GateError`, which `respond::error`
 //! turns into the client's one response. No stage calls back into an earlier one.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use std::collections::BTreeMap;
 
-use http::{header, HeaderName, HeaderValue, Request, Response};
+use bytes::Bytes;
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use slotgate_sdk::{Decision, Peer, QueueSnapshot};
 use tokio::time::Instant;
 
 use crate::access::{CompletionHook, Exchange};
-use crate::admission::{Claim, SlotGuard};
-use crate::app::App;
+use crate::admission::{Claim, Entry, SlotGuard};
 use crate::body::{GuardedBody, HoldSlot, ABANDON_GRACE};
 use crate::cost;
 use crate::error::{GateError, Outcome};
@@ -32,6 +39,7 @@ use crate::policy::chain::ChainOutcome;
 use crate::policy::{Chain, EvalError};
 use crate::respond::{self, Body};
 use crate::stall::WriteWatch;
+use crate::state::App;
 use crate::stream_usage::StripUsage;
 use crate::upstream::{copy_end_to_end, SendError};
 
@@ -70,8 +78,12 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         Err(e @ (GateError::InvalidJson(_) | GateError::BodyTimeout(_))) => return reject(ex, &e),
         Err(e) => return early(ex, &e),
     };
-    if kind == Kind::Slot {
-        if let Err(e) = count_prompt(&app, &mut intake).await {
+    // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
+    let chain = app.policies.current();
+    let counted_first =
+        kind == Kind::Slot && (app.config.count_first || chain.needs_prompt_tokens());
+    if counted_first {
+        if let Err(e) = count_prompt(&app, &mut intake, Before::Chain).await {
             return reject(ex, &e);
         }
     }
@@ -81,8 +93,6 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     };
     let mut response_headers = BTreeMap::new();
     let mut decided = None;
-    // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
-    let chain = app.policies.current();
     if !chain.is_empty() {
         let (outcome, own) = decide(&app, &intake, chain.clone()).await;
         // Every policy that allowed hears how the request ended, even when a later one refused it:
@@ -146,10 +156,13 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     // share the one budget the client was promised.
     let deadline = arrived + app.config.queue_timeout;
     let (slot, queue_wait) = match kind {
-        Kind::Slot => match app.admission.acquire(claim, deadline).await {
-            Ok((slot, wait)) => (Some(slot), wait),
-            Err(e) => return reject(ex, &e),
-        },
+        Kind::Slot => {
+            let admitted = admit(&app, &mut intake, claim, decided.as_ref(), deadline);
+            match admitted.await {
+                Ok((slot, wait)) => (Some(slot), wait),
+                Err(e) => return reject(ex, &e),
+            }
+        }
         Kind::Passthrough => (None, Duration::ZERO),
     };
     ex.set_queue_wait(queue_wait);
@@ -174,7 +187,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     let forwarded_at = Instant::now();
     let held = CancelGrace(slot);
     let resp = forward(&app, &intake, deadline, kind == Kind::Slot).await;
-    let slot = held.disarm();
+    let mut slot = held.disarm();
     let resp = match resp {
         Ok(resp) => resp,
         Err(e) => {
@@ -189,6 +202,24 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
             }
             return reject(ex, &e);
         }
+    };
+
+    // Forwarded before it was counted, a prompt that cannot fit a slot is refused by llama-server
+    // itself: the client gets the same 400 slotgate gives when it counted first.
+    let resp = match slot {
+        Some(mut held) if resp.status() == StatusCode::BAD_REQUEST => {
+            match context_refusal(resp).await {
+                Ok(e) => {
+                    held.settle(0);
+                    return reject(ex, &e);
+                }
+                Err(resp) => {
+                    slot = Some(held);
+                    resp
+                }
+            }
+        }
+        _ => resp,
     };
 
     let (upstream_parts, body) = resp.into_parts();
@@ -280,15 +311,68 @@ impl HoldSlot for App {
     }
 }
 
+/// A slot for the request. Free, with nobody waiting: at once, charged on the estimate (the slot
+/// settles from llama-server's usage). Else the request queues, and its prompt is counted while it
+/// waits (unless the chain had it counted already): its place is then re-costed, so the fair-share
+/// charge at admission and the wait estimates (Retry-After, doomed waits) of those behind it are
+/// exact, and a prompt that cannot fit a slot leaves the queue with 400 instead of reaching
+/// llama-server. A slot granted before the count is back is taken at once, on the estimate.
+async fn admit(
+    app: &App,
+    intake: &mut Intake,
+    claim: Claim,
+    decided: Option<&Decision>,
+    deadline: Instant,
+) -> Result<(SlotGuard, Duration), GateError> {
+    let counted = intake.summary.prompt_tokens.is_some();
+    let forwarded = |s: &slotgate_sdk::RequestSummary| {
+        if !counted {
+            cost::record(cost::Source::Forwarded, s.prompt_tokens_estimate, None);
+        }
+    };
+    let mut ticket = match app.admission.enter(claim, deadline)? {
+        Entry::Admitted(slot) => {
+            forwarded(&intake.summary);
+            return Ok((slot, Duration::ZERO));
+        }
+        Entry::Queued(ticket) => ticket,
+    };
+    if !counted {
+        tokio::select! {
+            biased;
+            granted = ticket.wait(deadline) => {
+                if granted.is_ok() {
+                    forwarded(&intake.summary);
+                }
+                return granted;
+            }
+            done = count_prompt(app, intake, Before::Slot) => done?,
+        }
+        if intake.summary.prompt_tokens.is_some() {
+            ticket.recost(Claim::cost_of(&intake.summary, decided));
+        }
+    }
+    ticket.wait(deadline).await
+}
+
+/// When a prompt is counted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Before {
+    /// Before the chain runs, because a policy asked for the count.
+    Chain,
+    /// While the request waits in the queue.
+    Slot,
+}
+
 /// Counts the prompt with llama-server's own tokenizer (the estimate stands when it cannot) and
 /// bounds the reservation by the slot's context. A prompt that exactly counted cannot fit a slot is
-/// refused here, before it could queue or take a slot.
-async fn count_prompt(app: &App, intake: &mut Intake) -> Result<(), GateError> {
+/// refused here, before it could take a slot.
+async fn count_prompt(app: &App, intake: &mut Intake, when: Before) -> Result<(), GateError> {
     let s = &mut intake.summary;
-    // With every slot busy and the queue full, the request will most likely be turned away: keep
-    // that 429 fast and do not ask llama-server (the estimate stands).
+    // Before the chain, with every slot busy and the queue full, the request will most likely be
+    // turned away: keep that 429 fast and do not ask llama-server (the estimate stands).
     let q = app.admission.stats();
-    let full = q.busy >= q.slots && q.depth >= q.capacity;
+    let full = when == Before::Chain && q.busy >= q.slots && q.depth >= q.capacity;
     let (exact, source) = match &intake.json {
         Some(json) if !full => app.cost.prompt_tokens(&s.path, json).await,
         _ => (None, cost::Source::Estimate),
@@ -310,12 +394,15 @@ async fn count_prompt(app: &App, intake: &mut Intake) -> Result<(), GateError> {
     Ok(())
 }
 
-/// Runs the policy chain on the blocking pool, never on an async worker. Measured by
-/// `sidecar/benches/policy_eval.rs` on 2 cores: inline evaluation made a 1 ms timer on the runtime
-/// ~20 ms late while runaway policies ran (a whole deadline); `block_in_place` had no hand-off cost
-/// but still let a runaway evaluation hold the runtime's driver now and then (worst case a whole
-/// deadline late); `spawn_blocking` costs ~35 us per request at p50 and kept the timer within ~2 ms.
-/// A stalled runtime would delay every connection, so the hand-off is worth its price.
+/// Runs the policy chain: inline on this async worker (inside `block_in_place`, so the worker's other
+/// tasks move to another thread meanwhile) while the chain has always been fast
+/// ([`Chain::runs_inline`]), else on the blocking pool. Measured by `sidecar/benches/policy_eval.rs`
+/// on 2 cores: the hand-off to the blocking pool costs ~35-50 us per request at p50, inline nothing;
+/// a plain inline call let a runaway policy hold up the other connections of its worker for a whole
+/// deadline (`tests/tests/fault_clients.rs` fails that way), `block_in_place` does not. A chain runs
+/// inline until one evaluation takes more than `INLINE_LIMIT` (3 ms of CPU) or runs out of fuel or
+/// time, then on the blocking pool, the classic runaway protection, for good; and at most one
+/// evaluation per spare worker (cores − 1, at least 1) runs inline at a time.
 async fn decide(
     app: &App,
     intake: &Intake,
@@ -330,19 +417,98 @@ async fn decide(
         estimated_wait_seconds: q.drain_seconds(),
     };
     let turn = app.policies.turn().await;
+    let inline = chain.runs_inline().then(InlineTurn::take).flatten();
     let evaluate = move || {
         let _turn = turn;
         chain.evaluate_each(&summary)
     };
-    match tokio::task::spawn_blocking(evaluate).await {
-        Ok(evaluated) => evaluated,
-        Err(_) => (
+    let evaluated = if let Some(_inline) = inline {
+        // The worker's other tasks move to another thread for the duration, so even a runaway
+        // evaluation inline holds up no other connection.
+        tokio::task::block_in_place(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(evaluate)).map_err(|_| ())
+        })
+    } else {
+        tokio::task::spawn_blocking(evaluate).await.map_err(|_| ())
+    };
+    evaluated.unwrap_or_else(|()| {
+        (
             ChainOutcome::Failed {
                 policy: "-".into(),
                 error: EvalError::Trap("the policy host panicked".into()),
             },
             Vec::new(),
-        ),
+        )
+    })
+}
+
+/// Largest upstream 400 body read to look for a context-size refusal; larger ones pass through.
+const REFUSAL_BODY_LIMIT: usize = 64 * 1024;
+
+/// llama-server's refusal of a prompt longer than a slot's context (`exceed_context_size_error`, with
+/// `n_prompt_tokens` and `n_ctx`) as slotgate's own `context_length_exceeded`; any other 400 is
+/// handed back whole.
+async fn context_refusal(resp: Response<Body>) -> Result<GateError, Response<Body>> {
+    // llama-server's error answers are small and carry a Content-Length; anything else passes.
+    let small = resp
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .is_some_and(|n| n <= REFUSAL_BODY_LIMIT);
+    if !small {
+        return Err(resp);
+    }
+    let (mut parts, body) = resp.into_parts();
+    let bytes = match body.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            // Broken mid-body: the client gets the status and no body.
+            tracing::debug!(error = %e, "upstream 400 body unreadable");
+            parts.headers.remove(header::CONTENT_LENGTH);
+            return Err(Response::from_parts(parts, respond::full(Bytes::new())));
+        }
+    };
+    let refusal = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| {
+            let e = v.get("error")?;
+            (e.get("type")?.as_str()? == "exceed_context_size_error").then(|| {
+                GateError::ContextTooLong {
+                    prompt: e
+                        .get("n_prompt_tokens")
+                        .and_then(|n| n.as_u64())
+                        .unwrap_or(0),
+                    n_ctx: e.get("n_ctx").and_then(|n| n.as_u64()).unwrap_or(0),
+                }
+            })
+        });
+    refusal.ok_or_else(|| Response::from_parts(parts, respond::full(bytes)))
+}
+
+/// Evaluations running inline on the async workers now.
+static INLINE_RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// A turn to evaluate inline: at most one per spare worker at once (see [`decide`]).
+struct InlineTurn;
+
+impl InlineTurn {
+    fn take() -> Option<InlineTurn> {
+        static AT_ONCE: OnceLock<usize> = OnceLock::new();
+        let at_once = *AT_ONCE.get_or_init(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+        });
+        INLINE_RUNNING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < at_once).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InlineTurn)
+    }
+}
+
+impl Drop for InlineTurn {
+    fn drop(&mut self) {
+        INLINE_RUNNING.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

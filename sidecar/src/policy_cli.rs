@@ -12,7 +12,7 @@ use slotgate_sdk::{EvaluateInput, RequestSummary, ABI_VERSION};
 
 use crate::config::PolicySpec;
 use crate::config::{ByteSize, Dur};
-use crate::policy::set::{canary_input, hex, spec_limits};
+use crate::policy::set::{canary_input, hex, read_settings, spec_limits};
 use crate::policy::{EngineLimits, LoadError, Policy, PolicyEngine, PolicySet};
 
 #[derive(Debug, Subcommand)]
@@ -71,7 +71,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             let chain = set.current();
             let p = chain.policies().next().context("the policy is loaded")?;
             println!(
-                "ok: {} speaks ABI v{ABI_VERSION}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}",
+                "ok: {} speaks ABI v{ABI_VERSION}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}",
                 a.policy.display(),
                 hex(&p.sha256),
                 if p.policy.has_validate() {
@@ -83,6 +83,11 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
                     "exported"
                 } else {
                     "not exported"
+                },
+                if p.needs_prompt_tokens {
+                    "needed (every request is counted first)"
+                } else {
+                    "not needed"
                 },
             );
             Ok(())
@@ -154,21 +159,6 @@ fn load(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::
             e.error
         )
     })
-}
-
-/// Settings from a JSON or TOML file; `null` when none.
-pub fn read_settings(path: Option<&Path>) -> anyhow::Result<Value> {
-    let Some(path) = path else {
-        return Ok(Value::Null);
-    };
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    if path.extension().is_some_and(|e| e == "toml") {
-        let t: toml::Value =
-            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        return Ok(serde_json::to_value(t)?);
-    }
-    serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))
 }
 
 fn read_input(path: &Path, settings: Value) -> anyhow::Result<EvaluateInput> {

@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use tokio::signal::unix::Signal;
 
-use crate::app::App;
 use crate::config::{Config, PolicySpec};
 use crate::metrics as m;
 use crate::policy::{set::hex, Reload};
+use crate::state::App;
 
 /// Where the configuration comes from, so a reload can read it again exactly as the start did
 /// (the same flags and environment over the file as it is now).

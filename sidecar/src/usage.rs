@@ -39,6 +39,9 @@ pub struct UsageScanner {
     timings: Option<Usage>,
     /// Stream events that carried generated text: one token each in llama-server's streams.
     generated: u64,
+    /// The stream's `data: [DONE]` went past: the answer is complete, whatever happens to the
+    /// connection afterwards.
+    done: bool,
 }
 
 impl UsageScanner {
@@ -52,6 +55,7 @@ impl UsageScanner {
             reported: None,
             timings: None,
             generated: 0,
+            done: false,
         }
     }
 
@@ -84,6 +88,9 @@ impl UsageScanner {
             if line.starts_with(b"data:") && contains(line, b"\"content\":\"") {
                 self.generated += 1;
             }
+            if line.strip_prefix(b"data:").map(<[u8]>::trim_ascii) == Some(b"[DONE]") {
+                self.done = true;
+            }
             let found = sse_line_usage(line);
             self.record(found);
             start = from + nl + 1;
@@ -93,6 +100,11 @@ impl UsageScanner {
         if self.buf.len() > MAX_SSE_LINE {
             self.buf.clear();
         }
+    }
+
+    /// Whether an OpenAI stream's closing `data: [DONE]` has gone past.
+    pub fn done(&self) -> bool {
+        self.done
     }
 
     /// Tokens of a stream so far, counted by its text-carrying events: what a client that left

@@ -4,6 +4,7 @@
 //! - `fake_tag` (string or number): echoed back as `"fake_tag"` in every JSON object and SSE chunk;
 //! - `fake_delay_ms`: service time of a non-stream answer (default: the builder's `.delay()`);
 //! - `fake_chunks` (count) and `fake_chunk_delay_ms`: shape of a `"stream": true` answer;
+//! - `fake_linger_ms`: how long a stream stays open after its `data: [DONE]`;
 //! - `fake_prompt_tokens` / `fake_completion_tokens`: the `usage` reported (defaults 10 / chunk count or 5).
 //! - `fake_usage: "timings"`: report those counts only as llama-server's `timings` (`prompt_n`,
 //!   `cache_n`, `predicted_n`), with no `usage`, the way llama-server ends a stream whose client did not
@@ -77,6 +78,8 @@ pub struct FakeUpstream {
     path: Option<PathBuf>,
     one_per_conn: bool,
     n_ctx: u64,
+    /// Refuse a prompt of `n_ctx` tokens or more as llama-server does (set by [`FakeUpstream::n_ctx`]).
+    refuse_over_ctx: bool,
     /// Answers for the first generation requests, in arrival order; see [`FakeUpstream::errors`].
     script: Vec<Scripted>,
     /// How long `POST /tokenize` takes to answer.
@@ -230,6 +233,7 @@ impl Default for FakeUpstream {
             path: None,
             one_per_conn: false,
             n_ctx: 4096,
+            refuse_over_ctx: false,
             script: Vec::new(),
             tokenize_delay: Duration::ZERO,
         }
@@ -311,9 +315,12 @@ impl FakeUpstream {
         self
     }
 
-    /// The context size per slot `/props` reports.
+    /// The context size per slot `/props` reports. A generation request whose prompt has `n` tokens
+    /// or more (counted as `/tokenize` counts them) is then refused as llama-server refuses it: 400
+    /// `exceed_context_size_error` with `n_prompt_tokens` and `n_ctx`.
     pub fn n_ctx(mut self, n: u64) -> Self {
         self.n_ctx = n;
+        self.refuse_over_ctx = true;
         self
     }
 
@@ -677,22 +684,11 @@ async fn handle(
             }
             let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             let answer = match path.as_str() {
-                // One token per 4 characters, plus one for BOS: near the estimate, never equal.
                 "/tokenize" => {
-                    let chars = body["content"].as_str().map_or(0, |s| s.chars().count());
-                    json!({"tokens": vec![1; chars.div_ceil(4) + 1]})
+                    json!({"tokens": vec![1; fake_tokens(body["content"].as_str().unwrap_or(""))]})
                 }
                 "/detokenize" => json!({"content": "fake"}),
-                // The messages' text, joined: what a template would wrap.
-                _ => {
-                    let text: Vec<&str> = body["messages"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|m| m["content"].as_str())
-                        .collect();
-                    json!({"prompt": text.join("\n")})
-                }
+                _ => json!({"prompt": fake_template(&body)}),
             };
             json_response(StatusCode::OK, answer.to_string(), None)
         }
@@ -703,6 +699,23 @@ async fn handle(
         ),
     };
     Ok(resp)
+}
+
+/// The fake's token count of `text`: one token per 4 characters, plus one for BOS (near the estimate,
+/// never equal).
+fn fake_tokens(text: &str) -> usize {
+    text.chars().count().div_ceil(4) + 1
+}
+
+/// The fake's chat template: the messages' text, joined.
+fn fake_template(body: &Value) -> String {
+    let text: Vec<&str> = body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    text.join("\n")
 }
 
 async fn generate(
@@ -728,6 +741,19 @@ async fn generate(
         );
     }
 
+    if cfg.refuse_over_ctx {
+        let text = match body.get("prompt").and_then(Value::as_str) {
+            Some(p) => p.to_owned(),
+            None => fake_template(&body),
+        };
+        let n = fake_tokens(&text) as u64;
+        if n >= cfg.n_ctx {
+            let refusal = json!({"error": {"code": 400, "type": "exceed_context_size_error",
+                "message": format!("request ({n} tokens) exceeds the available context size ({} tokens), try increasing it", cfg.n_ctx),
+                "n_prompt_tokens": n, "n_ctx": cfg.n_ctx}});
+            return json_response(StatusCode::BAD_REQUEST, refusal.to_string(), Some(guard));
+        }
+    }
     let prompt_tokens = num(&body, "fake_prompt_tokens").unwrap_or(10);
     if stream {
         return stream_response(state, cfg, path, body, tag, prompt_tokens, guard);
@@ -802,6 +828,7 @@ fn stream_response(
         .map(Duration::from_millis)
         .unwrap_or(cfg.chunk_delay);
     let completion_tokens = num(&body, "fake_completion_tokens").unwrap_or(chunks.len() as u64);
+    let linger_ms = num(&body, "fake_linger_ms");
     let report = Report::of(&body);
     let chat = path.contains("chat");
     let crash_after = match cfg.mode {
@@ -874,6 +901,11 @@ fn stream_response(
             .is_err()
         {
             cancelled();
+            return;
+        }
+        // The stream ends only after this: a client may close between `[DONE]` and the end.
+        if let Some(ms) = linger_ms {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
     });
 
@@ -914,7 +946,12 @@ pub enum Scripted {
     Busy,
     /// 503 "Loading model": nothing was started; slotgate retries it.
     Loading,
+    /// 400 `invalid_request_error` (not a context-size refusal): must reach the client as is.
+    BadRequest,
 }
+
+/// The body of a [`Scripted::BadRequest`] answer (plus `fake_tag`).
+pub const BAD_REQUEST_MESSAGE: &str = "fake refused the request";
 
 /// The body of a [`Scripted::ServerError`] answer (plus `fake_tag`).
 pub const SERVER_ERROR_MESSAGE: &str = "fake internal error";
@@ -933,9 +970,14 @@ impl Scripted {
             }
             Scripted::ServerError => (StatusCode::INTERNAL_SERVER_ERROR, SERVER_ERROR_MESSAGE),
             Scripted::Busy => (StatusCode::SERVICE_UNAVAILABLE, BUSY_MESSAGE),
+            Scripted::BadRequest => (StatusCode::BAD_REQUEST, BAD_REQUEST_MESSAGE),
+        };
+        let kind = match self {
+            Scripted::BadRequest => "invalid_request_error",
+            _ => "server_error",
         };
         let guard = record_seen(state, &path, &body);
-        let answer = json!({"error": {"code": status.as_u16(), "message": message, "type": "server_error"},
+        let answer = json!({"error": {"code": status.as_u16(), "message": message, "type": kind},
                             "fake_tag": tag_of(&body)});
         json_response(status, answer.to_string(), Some(guard))
     }

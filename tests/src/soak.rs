@@ -333,11 +333,16 @@ fn fmt_counts(m: &BTreeMap<String, u64>) -> String {
 
 /// Resident memory of `pid` in KiB (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_kib(pid: u32) -> u64 {
+    proc_status(pid, "VmRSS")
+}
+
+/// A numeric field of `/proc/<pid>/status` (`VmRSS`, `RssAnon`, `RssFile`, `Threads`), 0 if absent.
+pub fn proc_status(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
@@ -667,7 +672,15 @@ async fn quiet(shared: &Shared, when: &str) -> (u64, usize) {
         fds = fds.min(shared.gate.open_fds());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    (rss_kib(shared.gate.pid()), fds)
+    let pid = shared.gate.pid();
+    println!(
+        "soak: idle at {when}: RSS {} (anon {}, file {}), threads {}, fds {fds}",
+        mib(rss_kib(pid)),
+        mib(proc_status(pid, "RssAnon")),
+        mib(proc_status(pid, "RssFile")),
+        proc_status(pid, "Threads")
+    );
+    (rss_kib(pid), fds)
 }
 
 async fn sample(shared: &Shared, t0: Instant, before: &BTreeMap<String, u64>) -> Sample {
@@ -681,10 +694,14 @@ async fn sample(shared: &Shared, t0: Instant, before: &BTreeMap<String, u64>) ->
         .iter()
         .map(|(k, s)| format!("{} {}", k.label(), s.sent))
         .collect();
+    let pid = shared.gate.pid();
     let line = format!(
-        "[{}] rss {:>9} fds {:>3} | sent {sent}: {} | outcomes: {}",
+        "[{}] rss {:>9} (anon {}, file {}) threads {} fds {:>3} | sent {sent}: {} | outcomes: {}",
         clock(elapsed),
         mib(rss),
+        mib(proc_status(pid, "RssAnon")),
+        mib(proc_status(pid, "RssFile")),
+        proc_status(pid, "Threads"),
         fds,
         by_kind.join(" "),
         fmt_counts(&outcomes)

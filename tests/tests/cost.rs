@@ -1,7 +1,14 @@
-//! Prompt counting before admission, against the fake llama-server (whose tokenizer counts one token
-//! per 4 characters plus one): exact counts reach the response header and the cache, the estimate
-//! mode asks llama-server nothing, and a prompt longer than a slot's context is refused with 400
-//! before it could queue. The real tokenizer's agreement with llama-server is e2e_llama_cost.rs.
+//! Exact prompt counting, against the fake llama-server (whose tokenizer counts one token per 4
+//! characters plus one): a request with a free slot is forwarded at once, uncounted, and settled from
+//! its usage; a request that waits is counted while it waits (the count reaches the response header,
+//! the cache and its place in the queue); a chain with a policy that asks for the count has every
+//! request counted first; the estimate mode asks llama-server nothing; and a prompt longer than a
+//! slot's context gets the same 400 whichever way it went. The real tokenizer's agreement with
+//! llama-server is e2e_llama_cost.rs.
+
+use std::time::Duration;
+
+use slotgate_tests::fake_upstream::{Scripted, BAD_REQUEST_MESSAGE};
 
 use serde_json::json;
 use slotgate_tests::*;
@@ -33,15 +40,79 @@ async fn start_with_slot_context(n_ctx: u64) -> (RunningUpstream, RunningGate) {
     (up, gate)
 }
 
+/// Sends `body` while the one slot is held by a slow request, so it waits (and is counted meanwhile).
+async fn post_behind_busy_slot(gate: &RunningGate, body: &serde_json::Value) -> Response {
+    static HOLDERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = HOLDERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let held = gate
+        .hold_slot(&Req::chat(&format!("busy{n}")).delay(Duration::from_millis(300)))
+        .await;
+    let resp = gate.client().post_json(CHAT, body).await;
+    let (busy, _) = held.await.expect("slot holder");
+    assert_eq!(busy.status, 200, "{}", busy.body);
+    resp
+}
+
+fn counts(up: &RunningUpstream, path: &str) -> usize {
+    up.internal_seen().iter().filter(|p| *p == path).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_with_a_free_slot_is_forwarded_at_once_uncounted_and_settled_from_usage() {
+    let (up, gate) = start_with_slot_context(1000).await;
+    let body = Req::chat("now")
+        .set(
+            "messages",
+            json!([{"role": "user", "content": "z".repeat(40)}]),
+        )
+        .set("max_tokens", 100)
+        .prompt_tokens(11)
+        .completion_tokens(30);
+    let resp = gate.client().post_json(CHAT, &body.json()).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(resp.header(PROMPT_HEADER), None, "not counted");
+    assert_eq!(
+        (counts(&up, "/apply-template"), counts(&up, "/tokenize")),
+        (0, 0),
+        "no round trip to llama-server before forwarding: {:?}",
+        up.internal_seen()
+    );
+    gate.assert_settled(&up, 1).await;
+    let m = gate.metrics().await;
+    assert_eq!(
+        m.value_or_zero("slotgate_prompt_counts_total", &[("source", "forwarded")]),
+        1.0
+    );
+    // Reserved on the estimate (40 chars / 4 = 10, + 100), refunded to the usage (11 + 30).
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_reserved_total", &[]),
+        110.0
+    );
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_refunded_total", &[]),
+        110.0 - 41.0
+    );
+    // The tenant is charged what was used, not what was estimated.
+    assert_eq!(
+        m.samples
+            .iter()
+            .filter(|s| s.name == "slotgate_tenant_tokens_total")
+            .map(|s| s.value)
+            .sum::<f64>(),
+        41.0,
+        "{}",
+        m.text
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
     let (up, gate) = Gate::new()
         .slots(1)
         .start_with(FakeUpstream::instant())
         .await;
-    let client = gate.client();
     let text = "twelve chars";
-    let first = client.post_json(CHAT, &chat(text)).await;
+    let first = post_behind_busy_slot(&gate, &chat(text)).await;
     assert_eq!(first.status, 200, "{}", first.body);
     assert_eq!(
         first.header(PROMPT_HEADER).as_deref(),
@@ -55,7 +126,7 @@ async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
     // Only max_tokens differs: the same prompt, counted from the cache.
     let mut again = chat(text);
     again["max_tokens"] = 99.into();
-    let second = client.post_json(CHAT, &again).await;
+    let second = post_behind_busy_slot(&gate, &again).await;
     assert_eq!(second.header(PROMPT_HEADER).as_deref(), Some("4"));
     let calls: Vec<_> = up
         .internal_seen()
@@ -76,6 +147,11 @@ async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
         m.value_or_zero("slotgate_prompt_counts_total", &[("source", "cache")]),
         1.0
     );
+    assert_eq!(
+        m.value_or_zero("slotgate_prompt_counts_total", &[("source", "forwarded")]),
+        2.0,
+        "the two slot holders went at once"
+    );
     gate.assert_settled(&up, 1).await;
 }
 
@@ -86,7 +162,7 @@ async fn the_estimate_mode_asks_llama_server_nothing() {
         .opt("--cost-tokenizer", "estimate")
         .start_with(FakeUpstream::instant())
         .await;
-    let resp = gate.client().post_json(CHAT, &chat("hello there")).await;
+    let resp = post_behind_busy_slot(&gate, &chat("hello there")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.header(PROMPT_HEADER), None);
     assert!(
@@ -103,20 +179,79 @@ async fn the_estimate_mode_asks_llama_server_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_prompt_longer_than_a_slot_is_refused_before_it_queues() {
+async fn a_waiting_prompt_longer_than_a_slot_leaves_the_queue_with_400() {
     let (up, gate) = start_with_slot_context(64).await;
-    let client = gate.client();
-    // 400 characters: 101 tokens, more than the 64 a slot holds.
-    let resp = client.post_json(CHAT, &chat(&"x".repeat(400))).await;
+    // 400 characters: 101 tokens, more than the 64 a slot holds; counted while it waits.
+    let resp = post_behind_busy_slot(&gate, &chat(&"x".repeat(400))).await;
     assert_error(&resp, 400, "context_length_exceeded");
     assert!(
         resp.body.contains("101 tokens") && resp.body.contains("64"),
         "{}",
         resp.body
     );
+    assert_eq!(
+        up.count(),
+        1,
+        "only the slot holder reached the upstream, never the refused request"
+    );
     // 40 characters: 11 tokens, served.
-    let ok = client.post_json(CHAT, &chat(&"y".repeat(40))).await;
+    let ok = post_behind_busy_slot(&gate, &chat(&"y".repeat(40))).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.header(PROMPT_HEADER).as_deref(), Some("11"));
+    gate.assert_settled(&up, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prompt_forwarded_at_once_that_cannot_fit_gets_the_same_400_from_llama_server() {
+    let (up, gate) = start_with_slot_context(64).await;
+    let resp = gate.client().post_json(CHAT, &chat(&"x".repeat(400))).await;
+    assert_error(&resp, 400, "context_length_exceeded");
+    assert!(
+        resp.body.contains("101 tokens") && resp.body.contains("64"),
+        "llama-server's counts carried over: {}",
+        resp.body
+    );
+    assert_eq!(up.count(), 1, "forwarded once, refused by the upstream");
+    gate.wait_outcome("bad_request", 1).await;
+    gate.assert_settled(&up, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_other_400_from_llama_server_reaches_the_client_unchanged() {
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .start_with(FakeUpstream::errors([Scripted::BadRequest]))
+        .await;
+    let resp = gate.client().post_json(CHAT, &chat("hello")).await;
+    assert_eq!(resp.status, 400, "{}", resp.body);
+    let body: serde_json::Value = serde_json::from_str(&resp.body).expect("JSON");
+    assert_eq!(body["error"]["message"], BAD_REQUEST_MESSAGE, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    gate.assert_settled(&up, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_that_asks_for_the_exact_count_has_every_request_counted_first() {
+    let guard = wat::built("request-guard");
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .policies(&[(&guard, Some("{ max_prompt_tokens = 20 }"))])
+        .start_with(FakeUpstream::instant().n_ctx(1000))
+        .await;
+    // A free slot, and still counted before the chain: 40 characters are 11 tokens exactly.
+    let ok = gate.client().post_json(CHAT, &chat(&"y".repeat(40))).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.header(PROMPT_HEADER).as_deref(), Some("11"));
+    assert_eq!(counts(&up, "/tokenize"), 1);
+    // 80 characters: 20 tokens by the estimate (within the limit), 21 exactly: refused on the exact
+    // count, which the policy's message shows (no "about").
+    let over = gate.client().post_json(CHAT, &chat(&"w".repeat(80))).await;
+    assert_error(&over, 403, "policy_denied");
+    assert!(
+        over.body.contains("has 21 tokens"),
+        "decided on the exact count: {}",
+        over.body
+    );
     assert_eq!(
         up.count(),
         1,
@@ -129,7 +264,8 @@ async fn a_prompt_longer_than_a_slot_is_refused_before_it_queues() {
 async fn reservations_are_counted_and_what_was_not_used_is_refunded() {
     let (up, gate) = start_with_slot_context(1000).await;
     let client = gate.client();
-    // 40 characters: 11 prompt tokens; 100 more reserved for the answer, of which it uses 30.
+    // Forwarded at once, so reserved on the estimate: 40 characters are 10 tokens; 100 more reserved
+    // for the answer. It uses 11 + 30.
     let body = Req::chat("r")
         .set(
             "messages",
@@ -153,11 +289,11 @@ async fn reservations_are_counted_and_what_was_not_used_is_refunded() {
     let m = gate.metrics().await;
     assert_eq!(
         m.value_or_zero("slotgate_tokens_reserved_total", &[]),
-        111.0 + 1000.0
+        110.0 + 1000.0
     );
     assert_eq!(
         m.value_or_zero("slotgate_tokens_refunded_total", &[]),
-        (111.0 - 41.0) + (1000.0 - 16.0)
+        (110.0 - 41.0) + (1000.0 - 16.0)
     );
 }
 
@@ -168,11 +304,12 @@ async fn a_full_queue_answers_429_without_asking_llama_server_to_count() {
         .hold_slot(&Req::chat("busy").delay(std::time::Duration::from_millis(800)))
         .await;
     let queued = gate.enqueue(&Req::chat("queued")).await;
-    let counted = up
-        .internal_seen()
-        .iter()
-        .filter(|p| *p == "/tokenize")
-        .count();
+    // The waiter is counted while it waits.
+    eventually(Duration::from_secs(5), "the waiter counted", || async {
+        (counts(&up, "/tokenize") == 1).then_some(())
+    })
+    .await;
+    let counted = 1;
     let resp = gate
         .client()
         .post_json(CHAT, &chat("a different prompt, never counted"))

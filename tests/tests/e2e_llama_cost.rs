@@ -1,8 +1,10 @@
-//! Exact prompt cost against a real llama-server (`-np 1`, the tiny generated model): slotgate counts
-//! a prompt with llama-server's own template and tokenizer before admission, and the count equals
-//! what llama-server then reports as the prompt's tokens, for chat and completion requests; counting
-//! never takes the generation slot; and a prompt that can never fit a slot's context is refused with
-//! 400 before it queues or takes a slot.
+//! Exact prompt cost against a real llama-server (`-np 1`, the tiny generated model): with
+//! `--cost-count-first`, slotgate counts every prompt with llama-server's own template and tokenizer
+//! before admission, and the count equals what llama-server then reports as the prompt's tokens, for
+//! chat and completion requests; counting never takes the generation slot; a prompt that can never fit
+//! a slot's context is refused with 400 before it queues or takes a slot. By default a request with a
+//! free slot goes at once, uncounted, and a prompt that cannot fit gets the same 400, mapped from
+//! llama-server's own refusal.
 
 use std::time::{Duration, Instant};
 
@@ -16,11 +18,13 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 const PROMPT_COUNTS: &str = "slotgate_prompt_counts_total";
 const PROMPT_HEADER: &str = "x-slotgate-prompt-tokens";
 
+/// A gate that counts every prompt first (`--cost-count-first`), so each answer says what was counted.
 async fn gate_for(llama: &RunningLlama) -> RunningGate {
     Gate::new()
         .upstream_path(llama.socket())
         .slots(1)
         .queue_depth(4)
+        .arg("--cost-count-first")
         .start()
         .await
 }
@@ -219,6 +223,61 @@ async fn a_prompt_that_can_never_fit_is_refused_without_a_slot() {
 /// asks llama-server for it (`stream_options.include_usage`) and takes the usage chunk out of the
 /// stream of a client that did not ask, moving its `timings` onto the finishing chunk. The
 /// reservation is refunded down to exactly what was used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_is_mapped() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let llama = LlamaServer::start(1).await;
+    let gate = Gate::new()
+        .upstream_path(llama.socket())
+        .slots(1)
+        .queue_depth(4)
+        .start()
+        .await;
+    wait_slot_context(&gate).await;
+    let ok = json!({"messages": [{"role": "user", "content": "Tell me about lighthouses."}], "max_tokens": 4});
+    let resp = gate.client().post_json(CHAT, &ok).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(resp.header(PROMPT_HEADER), None, "went uncounted");
+    let m = gate.metrics().await;
+    assert_eq!(
+        m.value_or_zero(PROMPT_COUNTS, &[("source", "forwarded")]),
+        1.0
+    );
+    assert_eq!(
+        m.value_or_zero(PROMPT_COUNTS, &[("source", "upstream")]),
+        0.0
+    );
+    // Settled from llama-server's usage: the tenant is charged what llama-server reported.
+    let used = u64_at(&resp.json(), "/usage/total_tokens") as f64;
+    gate.wait_metric("slotgate_tokens_total", &[("kind", "completion")], 4.0)
+        .await;
+    let charged: f64 = gate
+        .metrics()
+        .await
+        .samples
+        .iter()
+        .filter(|s| s.name == "slotgate_tenant_tokens_total")
+        .map(|s| s.value)
+        .sum();
+    assert_eq!(charged, used);
+
+    // Far more tokens than a slot's context holds, with the slot free: llama-server refuses it, and
+    // the client gets slotgate's error, with llama-server's counts.
+    let words = "lighthouse keeper ".repeat(CTX_PER_SLOT);
+    let body = json!({"messages": [{"role": "user", "content": words}], "max_tokens": 4});
+    let resp = gate.client().post_json(CHAT, &body).await;
+    assert_error(&resp, 400, "context_length_exceeded");
+    assert!(
+        resp.body.contains(&CTX_PER_SLOT.to_string()),
+        "{}",
+        resp.body
+    );
+    eprintln!("mapped: {}", resp.body);
+    gate.wait_outcome("bad_request", 1).await;
+    gate.assert_idle().await;
+    assert_eq!(llama.busy_slots().await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_is_charged_its_real_tokens_with_or_without_usage() {
     const ANSWER: u64 = 24;

@@ -517,10 +517,10 @@ async fn a_storm_of_500s_and_503s_is_passed_through_without_retry_amplification(
     gate.assert_settled(&up, SLOTS).await;
 }
 
-/// Row 6: llama-server's `/tokenize` is too slow to wait for. slotgate counts a prompt before admission
-/// with a 1 s limit; past it the characters/4 estimate stands and the request goes on: every request is
-/// served in about that second, none hangs, and `slotgate_prompt_counts_total{source="estimate"}` counts
-/// each.
+/// Row 6: llama-server's `/tokenize` is too slow to wait for. A request that waits for a slot is counted
+/// meanwhile, with a 1 s limit; past it the characters/4 estimate stands and the request waits on: every
+/// request is served once the slot frees, none hangs on the tokenizer, and
+/// `slotgate_prompt_counts_total{source="estimate"}` counts each that waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_tokenizer_falls_back_to_the_estimate_within_the_count_timeout() {
     const CLIENTS: usize = 4;
@@ -529,6 +529,10 @@ async fn a_slow_tokenizer_falls_back_to_the_estimate_within_the_count_timeout() 
         .start_with(FakeUpstream::instant().tokenize_delay(DELAY))
         .await;
     let client = gate.client();
+    // Holds the slot past the count's 1 s, so the others wait and are counted meanwhile.
+    let holder = gate
+        .hold_slot(&Req::chat("holder").delay(Duration::from_millis(1500)))
+        .await;
     // Different prompts: none can be counted from the cache.
     let handles: Vec<_> = (0..CLIENTS)
         .map(|i| {
@@ -540,6 +544,8 @@ async fn a_slow_tokenizer_falls_back_to_the_estimate_within_the_count_timeout() 
         })
         .collect();
     let answers = join_all(handles).await;
+    let (held, _) = holder.await.expect("holder");
+    assert_eq!(held.status, 200, "{}", held.body);
     for (i, (resp, took)) in answers.iter().enumerate() {
         eprintln!("t{i}: {} after {took:?}", resp.status);
         assert_eq!(resp.status, 200, "{}", resp.body);
@@ -573,6 +579,11 @@ async fn a_slow_tokenizer_falls_back_to_the_estimate_within_the_count_timeout() 
         "{}",
         m.text
     );
-    gate.wait_outcome("ok", CLIENTS as u64).await;
+    // The holder went at once, uncounted.
+    assert_eq!(
+        m.value_or_zero("slotgate_prompt_counts_total", &[("source", "forwarded")]),
+        1.0
+    );
+    gate.wait_outcome("ok", CLIENTS as u64 + 1).await;
     gate.assert_settled(&up, 1).await;
 }

@@ -71,22 +71,26 @@ async fn leaving_before_the_response_head_cancels_upstream_and_frees_the_slot() 
     gate.wait_outcome("client_gone", 1).await;
 }
 
-/// A client that leaves mid-stream is charged what it was served: the prompt and the tokens streamed
-/// before it left (one per text-carrying event), not its reservation and not zero.
+/// A client that leaves mid-stream is charged what it was served: the prompt (exact when it was
+/// counted, else the estimate) and the tokens streamed before it left (one per text-carrying event),
+/// not its reservation and not zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_is_charged_only_what_was_generated() {
     let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
     let client = gate.client();
+    // Forwarded at once (the slot is free), so its prompt is not counted: a leaver, which gets no
+    // usage from llama-server, is charged the estimate (40 characters / 4).
     let body = Req::chat("leaver")
         .chunks(40, ms(50))
         .set("max_tokens", 100)
+        .set(
+            "messages",
+            serde_json::json!([{"role": "user", "content": "z".repeat(40)}]),
+        )
         .json();
     let mut stream = client.stream(CHAT, &body).await;
-    let prompt: f64 = stream
-        .header("x-slotgate-prompt-tokens")
-        .expect("counted")
-        .parse()
-        .unwrap();
+    assert_eq!(stream.header("x-slotgate-prompt-tokens"), None);
+    let prompt = 10.0;
     for _ in 0..5 {
         stream.next_chunk_within(Duration::from_secs(2)).await;
     }
@@ -109,4 +113,47 @@ async fn a_client_that_leaves_is_charged_only_what_was_generated() {
         reserved - prompt - completion,
         "everything not served is refunded"
     );
+}
+
+/// A client that closes as soon as it has read `data: [DONE]` (many SDKs do), before the end of the
+/// stream reaches it, got the whole answer: counted `ok` (not `client_gone`), charged its reported
+/// usage, and its slot handed on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_closes_right_after_done_got_the_whole_answer() {
+    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let body = Req::chat("done-then-close")
+        .chunks(3, ms(5))
+        .completion_tokens(3)
+        .set("fake_linger_ms", 5000)
+        .json();
+    let mut stream = gate.client().stream(CHAT, &body).await;
+    let mut text = String::new();
+    while !text.contains("data: [DONE]") {
+        let chunk = stream
+            .next_chunk_within(Duration::from_secs(3))
+            .await
+            .expect("the stream goes on to [DONE]")
+            .expect("a chunk");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let closed = Instant::now();
+    drop(stream);
+    gate.wait_outcome("ok", 1).await;
+    assert!(
+        closed.elapsed() < Duration::from_secs(3),
+        "counted at once, not when the upstream's stream ended"
+    );
+    let m = gate.metrics().await;
+    assert_eq!(
+        m.value_or_zero("slotgate_requests_total", &[("outcome", "client_gone")]),
+        0.0,
+        "{}",
+        m.text
+    );
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]),
+        3.0,
+        "charged its reported usage"
+    );
+    gate.assert_settled(&up, 1).await;
 }

@@ -540,6 +540,90 @@ async fn ordinary_requests_are_served_while_a_runaway_evaluation_runs() {
     assert_settled_and_alive(&mut gate, &up).await;
 }
 
+/// 1d. A fast chain is evaluated inline on the async worker that serves the request (no hand-off to
+/// the blocking pool; the worker's other tasks move to another thread meanwhile). Its first runaway
+/// evaluation, inline, holds up no ordinary request, ends by its deadline and moves that chain
+/// version to the blocking pool for good, so later runaways, even several at once, are evaluated
+/// there: ordinary requests are served while they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runaway_evaluation_moves_an_inline_chain_to_the_blocking_pool() {
+    let dir = unique_dir("hostile-inline");
+    let deadline = Duration::from_millis(400);
+    let entry = Entry::hostile(&dir, "sometimes", "(loop $spin (br $spin))", "")
+        .limits("fuel = 100000000000\ndeadline = \"400ms\"");
+    let (up, mut gate) = start(&dir, &[&entry], "deny").await;
+    let client = gate.client();
+    let evaluated = |s: serde_json::Value| s["policies"]["evaluated"].as_str().map(str::to_owned);
+    for i in 0..5 {
+        let resp = client
+            .post_json(CHAT, &normal_req(&format!("fast-{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    let status = gate.status().await;
+    assert_eq!(
+        evaluated(status.clone()).as_deref(),
+        Some("inline"),
+        "{status} {}",
+        gate.stderr_text()
+    );
+
+    let started = Instant::now();
+    let first = spawn_post(&client, CHAT, &hostile_req("first"));
+    tokio::time::sleep(ms(50)).await;
+    for i in 0..6 {
+        let resp = client
+            .post_json(CHAT, &normal_req(&format!("beside-{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    let served_in = started.elapsed();
+    assert!(
+        served_in < deadline && !first.is_finished(),
+        "ordinary requests took {served_in:?}: they waited for the inline runaway ({deadline:?})"
+    );
+    let (resp, _) = first.await.expect("first runaway");
+    assert_error(&resp, 503, "policy_error");
+    assert_eq!(
+        evaluated(gate.status().await).as_deref(),
+        Some("blocking_pool"),
+        "the runaway moved the chain"
+    );
+    assert!(gate
+        .stderr_text()
+        .contains("policy chain now evaluated on the blocking pool"));
+
+    // Two runaways at once, as many as the gate has workers: on the blocking pool, so ordinary
+    // requests are all served before either ends.
+    let started = Instant::now();
+    let stuck: Vec<_> = (0..2)
+        .map(|i| spawn_post(&client, CHAT, &hostile_req(&format!("later-{i}"))))
+        .collect();
+    tokio::time::sleep(ms(50)).await;
+    for i in 0..6 {
+        let resp = client
+            .post_json(CHAT, &normal_req(&format!("meanwhile-{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    let served_in = started.elapsed();
+    assert!(
+        served_in < deadline && stuck.iter().all(|h| !h.is_finished()),
+        "ordinary requests took {served_in:?}: they waited for the runaway evaluations ({deadline:?})"
+    );
+    for (resp, _) in join_all(stuck).await {
+        assert_error(&resp, 503, "policy_error");
+    }
+    let m = gate.metrics().await;
+    assert_eq!(
+        m.value_or_zero(ERRORS, &[("policy", "sometimes"), ("kind", "timeout")]),
+        3.0,
+        "{}",
+        m.text
+    );
+    assert_settled_and_alive(&mut gate, &up).await;
+}
+
 /// 1c. A flood of runaway evaluations, more than the engine's pool of 256 instances, all end as
 /// `timeout` (evaluations take turns, at most 64 at once, so none can fail for want of an instance),
 /// and an ordinary request sent in the middle of it is served.

@@ -32,15 +32,20 @@ impl Claim {
         };
         Claim {
             tenant,
-            cost: decision
-                .and_then(|d| d.cost)
-                .unwrap_or_else(|| estimated_cost(request)),
+            cost: Claim::cost_of(request, decision),
             weight: decision
                 .and_then(|d| d.weight)
                 .filter(|w| w.is_finite() && *w > 0.0)
                 .unwrap_or(1.0),
             priority,
         }
+    }
+
+    /// The tokens charged up front: the cost the chain set, else [`estimated_cost`].
+    pub fn cost_of(request: &RequestSummary, decision: Option<&Decision>) -> u64 {
+        decision
+            .and_then(|d| d.cost)
+            .unwrap_or_else(|| estimated_cost(request))
     }
 
     /// What the tenant's counter grows by when the request is admitted.

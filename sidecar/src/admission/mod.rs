@@ -6,4 +6,4 @@ mod fair;
 mod queue;
 
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
-pub use queue::{Admission, Fairness, QueueStats, SlotGuard, TenantStats};
+pub use queue::{Admission, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket};

@@ -249,39 +249,17 @@ impl Admission {
         claim: Claim,
         deadline: Instant,
     ) -> Result<(SlotGuard, Duration), GateError> {
-        let arrived = Instant::now();
-        let mut ticket = match self.enqueue(claim, deadline)? {
-            Entry::Admitted(slot) => return Ok((slot, Duration::ZERO)),
-            Entry::Queued(ticket) => ticket,
-        };
-        let grant = match tokio::time::timeout_at(deadline, &mut ticket.rx).await {
-            Ok(Ok(grant)) => grant,
-            // The sender is only dropped unsent by a leaked ticket; treat it like a shutdown.
-            Ok(Err(_)) => Grant::ShuttingDown { retry_after: 1 },
-            Err(_) => match ticket.leave() {
-                Some(grant) => grant,
-                None => return Err(GateError::QueueTimeout(arrived.elapsed())),
-            },
-        };
-        ticket.resolved = true;
-        match grant {
-            // Granted in the same instant as the deadline passed: the promise was "never forwarded
-            // after the timeout", so the slot goes straight on to the next waiter.
-            Grant::Slot if Instant::now() > deadline => {
-                ticket.guard().settle(0);
-                Err(GateError::QueueTimeout(arrived.elapsed()))
-            }
-            Grant::Slot => Ok((ticket.guard(), arrived.elapsed())),
-            Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
-            Grant::OverShare {
-                waiting,
-                retry_after,
-            } => Err(GateError::TenantQueueFull {
-                waiting,
-                retry_after,
-            }),
-            Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),
+        match self.enter(claim, deadline)? {
+            Entry::Admitted(slot) => Ok((slot, Duration::ZERO)),
+            Entry::Queued(mut ticket) => ticket.wait(deadline).await,
         }
+    }
+
+    /// A slot at once when one is free and nobody waits, else a place in the queue (or the refusal:
+    /// full, doomed, over the tenant's share, shutting down). The caller may use the time queued
+    /// (e.g. to count the prompt and [`Ticket::recost`]) before it [`Ticket::wait`]s.
+    pub fn enter(&self, claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
+        self.enqueue(claim, deadline)
     }
 
     fn enqueue(&self, claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
@@ -373,6 +351,7 @@ impl Admission {
             admission: self.clone(),
             seq,
             claim,
+            queued: Instant::now(),
             rx,
             resolved: false,
         }))
@@ -584,21 +563,70 @@ impl Admission {
     }
 }
 
-enum Entry {
+/// What [`Admission::enter`] gives: a slot now, or a place in the queue.
+pub enum Entry {
     Admitted(SlotGuard),
     Queued(Ticket),
 }
 
 /// A place in the queue. Dropping it unresolved leaves the queue (and hands on a slot granted meanwhile).
-struct Ticket {
+pub struct Ticket {
     admission: Admission,
     seq: u64,
     claim: Claim,
+    queued: Instant,
     rx: oneshot::Receiver<Grant>,
     resolved: bool,
 }
 
 impl Ticket {
+    /// Waits for the slot until `deadline`; returns it and how long the request queued in all.
+    ///
+    /// Cancel-safe: it may be dropped (e.g. in a `select!`) and called again; dropping the ticket
+    /// itself is what leaves the queue.
+    pub async fn wait(&mut self, deadline: Instant) -> Result<(SlotGuard, Duration), GateError> {
+        let grant = match tokio::time::timeout_at(deadline, &mut self.rx).await {
+            Ok(Ok(grant)) => grant,
+            // The sender is only dropped unsent by a leaked ticket; treat it like a shutdown.
+            Ok(Err(_)) => Grant::ShuttingDown { retry_after: 1 },
+            Err(_) => match self.leave() {
+                Some(grant) => grant,
+                None => return Err(GateError::QueueTimeout(self.queued.elapsed())),
+            },
+        };
+        self.resolved = true;
+        match grant {
+            // Granted in the same instant as the deadline passed: the promise was "never forwarded
+            // after the timeout", so the slot goes straight on to the next waiter.
+            Grant::Slot if Instant::now() > deadline => {
+                self.guard().settle(0);
+                Err(GateError::QueueTimeout(self.queued.elapsed()))
+            }
+            Grant::Slot => Ok((self.guard(), self.queued.elapsed())),
+            Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
+            Grant::OverShare {
+                waiting,
+                retry_after,
+            } => Err(GateError::TenantQueueFull {
+                waiting,
+                retry_after,
+            }),
+            Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),
+        }
+    }
+
+    /// Replaces the up-front cost of a request still waiting (its prompt was counted while it
+    /// waited): what its tenant is charged when it is admitted, and what the wait estimates of those
+    /// behind it count. A waiter already granted keeps the cost it was charged; its slot settles
+    /// from the real usage.
+    pub fn recost(&mut self, cost: u64) {
+        let mut st = self.admission.lock();
+        if let Some(w) = st.waiters.get_mut(&self.seq) {
+            w.claim.cost = cost;
+            self.claim.cost = cost;
+        }
+    }
+
     /// Leaves the queue. Returns the grant if one arrived before we got the lock.
     fn leave(&mut self) -> Option<Grant> {
         let mut st = self.admission.lock();

@@ -3,7 +3,7 @@
 
 use wasmtime::{AsContext, AsContextMut, Instance, Memory};
 
-use super::module::EvalError;
+use super::error::EvalError;
 
 pub const ABI_VERSION: i32 = 1;
 pub const EXPORT_MEMORY: &str = "memory";

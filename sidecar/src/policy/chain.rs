@@ -12,7 +12,7 @@
 
 use slotgate_sdk::{Decision, Verdict};
 
-use super::module::EvalError;
+use super::error::EvalError;
 
 /// Whether a policy's decision counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 mod abi;
 pub mod chain;
 pub mod engine;
+mod error;
 pub mod module;
 pub mod set;
 pub mod state;

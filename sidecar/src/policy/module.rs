@@ -13,6 +13,7 @@ use slotgate_sdk::{Completion, Decision, EvaluateInput, SettingsValidation, Verd
 
 use super::abi::{self, ABI_VERSION, IMPORT_MODULE};
 use super::engine::{PolicyEngine, EPOCH_TICK};
+pub use super::error::{EvalError, LoadError};
 use super::state::{HostState, SharedState};
 
 /// Fuel one host call costs, on top of the instructions around it: a loop of host calls runs out.
@@ -43,50 +44,6 @@ impl Default for PolicyLimits {
             memory_bytes: 16 << 20,
             max_module_bytes: 8 << 20,
             max_output_bytes: 64 << 10,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("module is {size} bytes, over the {limit}-byte limit")]
-    TooLarge { size: usize, limit: usize },
-    #[error("not a valid wasm module: {0}")]
-    Compile(String),
-    #[error("ABI: {0}")]
-    Abi(String),
-    #[error("settings rejected: {0}")]
-    Settings(String),
-    #[error(transparent)]
-    Eval(#[from] EvalError),
-}
-
-/// Why one evaluation failed. Its store is discarded either way.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EvalError {
-    #[error("trapped: {0}")]
-    Trap(String),
-    #[error("deadline exceeded")]
-    Timeout,
-    #[error("fuel exhausted")]
-    Fuel,
-    #[error("memory limit exceeded")]
-    Memory,
-    #[error("invalid output: {0}")]
-    InvalidOutput(String),
-    #[error("ABI violation: {0}")]
-    Abi(String),
-}
-
-impl EvalError {
-    /// The `kind` label of `slotgate_policy_errors_total`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            EvalError::Trap(_) => "trap",
-            EvalError::Timeout => "timeout",
-            EvalError::Fuel => "fuel",
-            EvalError::Memory => "memory",
-            EvalError::InvalidOutput(_) | EvalError::Abi(_) => "invalid_output",
         }
     }
 }
@@ -194,10 +151,11 @@ impl Policy {
         Ok(())
     }
 
-    /// Runs `slotgate_validate_settings` (when exported) on `settings`.
-    pub fn validate_settings(&self, settings: &serde_json::Value) -> Result<(), LoadError> {
+    /// Runs `slotgate_validate_settings` (when exported) on `settings`. `Ok(true)` when the policy,
+    /// so configured, decides on the exact prompt count (`needs_prompt_tokens` in its answer).
+    pub fn validate_settings(&self, settings: &serde_json::Value) -> Result<bool, LoadError> {
         if !self.has_validate {
-            return Ok(());
+            return Ok(false);
         }
         let input = serde_json::to_vec(settings).map_err(|e| LoadError::Settings(e.to_string()))?;
         let ev = self.call(abi::EXPORT_VALIDATE, &input)?;
@@ -314,12 +272,13 @@ pub fn parse_decision(out: &[u8]) -> Result<Decision, EvalError> {
     Ok(decision)
 }
 
-/// A policy's `validate_settings` output: `Ok` when it accepts its settings.
-pub fn settings_verdict(out: &[u8]) -> Result<(), LoadError> {
+/// A policy's `validate_settings` output: `Ok` when it accepts its settings, with whether it needs
+/// the exact prompt count to decide.
+pub fn settings_verdict(out: &[u8]) -> Result<bool, LoadError> {
     let v: SettingsValidation = serde_json::from_slice(out)
         .map_err(|e| EvalError::InvalidOutput(format!("validate_settings output: {e}")))?;
     if v.valid {
-        Ok(())
+        Ok(v.needs_prompt_tokens)
     } else {
         Err(LoadError::Settings(
             v.message.unwrap_or_else(|| "invalid settings".into()),
@@ -333,7 +292,7 @@ fn ticks(d: Duration) -> u64 {
 }
 
 /// CPU time this thread has used.
-fn thread_cpu() -> Duration {
+pub fn thread_cpu() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(
         t.tv_sec.max(0) as u64,

@@ -4,7 +4,10 @@
 //! policy in it is broken, keeps serving the old one.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,7 +18,7 @@ use wasmtime::Module;
 
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
 use super::engine::{EngineLimits, PolicyEngine};
-use super::module::{LoadError, Policy, PolicyLimits, LOAD_DEADLINE};
+use super::module::{thread_cpu, EvalError, LoadError, Policy, PolicyLimits, LOAD_DEADLINE};
 use super::state::SharedState;
 use crate::config::{PolicyMode, PolicyOnError, PolicySpec};
 use crate::metrics as m;
@@ -24,9 +27,6 @@ use crate::metrics as m;
 /// instances of loads and reloads.
 pub const MAX_RUNNING: usize = 64;
 const _: () = assert!(MAX_RUNNING * 2 <= EngineLimits::DEFAULT_INSTANCES as usize);
-
-/// Fuel consumed, in buckets from a trivial policy to the default budget.
-pub const FUEL_BUCKETS: &[f64] = &[1e2, 1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7, 1e8];
 
 #[derive(Debug, thiserror::Error)]
 #[error("policy `{name}` ({path}): {error}")]
@@ -46,6 +46,8 @@ pub struct Loaded {
     pub settings: Value,
     pub mode: Mode,
     pub on_error: OnError,
+    /// Its `validate_settings` asked for the exact prompt count before it decides.
+    pub needs_prompt_tokens: bool,
 }
 
 /// One version of the whole chain. Requests hold it for as long as they run, so a reload never
@@ -53,7 +55,15 @@ pub struct Loaded {
 pub struct Chain {
     policies: Vec<Arc<Loaded>>,
     generation: u64,
+    /// Set once an evaluation of this version took longer than [`INLINE_LIMIT`] or failed by fuel or
+    /// deadline: from then on it runs on the blocking pool (see [`Chain::runs_inline`]).
+    offloaded: AtomicBool,
 }
+
+/// Most CPU time one evaluation of a whole chain may take and the chain still run inline on an async
+/// worker. The example policies take 10-50 us (a debug build several times that), the default
+/// deadline is 20 ms.
+pub const INLINE_LIMIT: Duration = Duration::from_millis(3);
 
 /// The live policy chain: cheap to clone, shared by every connection.
 #[derive(Clone)]
@@ -112,10 +122,7 @@ impl PolicySet {
                 shared: Arc::new(SharedState::default()),
                 engine: Mutex::new(None),
                 modules: Mutex::new(HashMap::new()),
-                current: RwLock::new(Arc::new(Chain {
-                    policies: Vec::new(),
-                    generation: 0,
-                })),
+                current: RwLock::new(Arc::new(Chain::new(Vec::new(), 0))),
                 reloading: Mutex::new(()),
                 running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING)),
             }),
@@ -213,10 +220,7 @@ impl PolicySet {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         let generation = current.generation + 1;
-        *current = Arc::new(Chain {
-            policies,
-            generation,
-        });
+        *current = Arc::new(Chain::new(policies, generation));
         generation
     }
 
@@ -280,7 +284,7 @@ impl PolicySet {
             ..limits
         };
         let probe = Policy::link(&engine, scratch, name, &module, lenient)?;
-        probe.validate_settings(&settings)?;
+        let needs_prompt_tokens = probe.validate_settings(&settings)?;
         probe.evaluate(&canary_input(&settings))?;
         let policy = Policy::link(&engine, self.inner.shared.clone(), name, &module, limits)?;
         Ok((
@@ -298,6 +302,7 @@ impl PolicySet {
                     PolicyOnError::Deny => OnError::Deny,
                     PolicyOnError::Allow => OnError::Allow,
                 },
+                needs_prompt_tokens,
             }),
             true,
         ))
@@ -370,6 +375,34 @@ struct Built {
 }
 
 impl Chain {
+    fn new(policies: Vec<Arc<Loaded>>, generation: u64) -> Chain {
+        Chain {
+            policies,
+            generation,
+            offloaded: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether evaluations of this version may run inline on the async worker that serves the
+    /// request, saving the hand-off to the blocking pool (~40-50 us). True until one evaluation took
+    /// longer than [`INLINE_LIMIT`] or ran out of fuel or time: such a chain (a slow or runaway
+    /// policy) is evaluated on the blocking pool from then on, so it cannot hold up the connections
+    /// of a worker again. A new version (a reload) starts inline again.
+    pub fn runs_inline(&self) -> bool {
+        !self.offloaded.load(Ordering::Relaxed)
+    }
+
+    /// Moves this version to the blocking pool for good, saying why once.
+    fn offload(&self, why: &str) {
+        if !self.offloaded.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                generation = self.generation,
+                reason = why,
+                "policy chain now evaluated on the blocking pool"
+            );
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.policies.is_empty()
     }
@@ -383,6 +416,12 @@ impl Chain {
         self.policies.iter().map(|p| &**p)
     }
 
+    /// Whether a policy of this chain decides on the exact prompt count: then every request is
+    /// counted before the chain runs, not only those that wait for a slot.
+    pub fn needs_prompt_tokens(&self) -> bool {
+        self.policies.iter().any(|p| p.needs_prompt_tokens)
+    }
+
     /// Evaluates every policy on `request` and folds the decisions. Synchronous and CPU-bound
     /// (bounded by each policy's fuel and deadline): run it off the async workers.
     pub fn evaluate(&self, request: &RequestSummary) -> ChainOutcome {
@@ -392,6 +431,19 @@ impl Chain {
     /// [`Chain::evaluate`], and also each policy's own decision (`None` where it failed), in chain
     /// order, for [`Chain::complete`].
     pub fn evaluate_each(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
+        // CPU time, not wall-clock: a busy machine that preempts a fast evaluation does not make it slow.
+        let cpu0 = thread_cpu();
+        let evaluated = self.evaluate_steps(request);
+        let took = thread_cpu().saturating_sub(cpu0);
+        if took > INLINE_LIMIT {
+            self.offload(&format!(
+                "an evaluation took {took:?} of CPU, over {INLINE_LIMIT:?}"
+            ));
+        }
+        evaluated
+    }
+
+    fn evaluate_steps(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
         let now = unix_ms();
         let mut own = Vec::with_capacity(self.policies.len());
         let steps: Vec<Step<'_>> = self
@@ -417,6 +469,9 @@ impl Chain {
                             .increment(1);
                     }
                     Err(e) => {
+                        if matches!(e, EvalError::Timeout | EvalError::Fuel) {
+                            self.offload(&format!("policy `{}` failed: {e}", p.name));
+                        }
                         metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => label.clone(), "kind" => e.kind())
                             .increment(1);
                         metrics::counter!(m::POLICY_DECISIONS_TOTAL, "policy" => label, "decision" => "error")
@@ -504,8 +559,22 @@ fn settings_of(spec: &PolicySpec) -> Result<Value, LoadError> {
     if let Some(inline) = &spec.settings {
         return serde_json::to_value(inline).map_err(|e| LoadError::Settings(e.to_string()));
     }
-    crate::policy_cli::read_settings(spec.settings_file.as_deref())
-        .map_err(|e| LoadError::Settings(format!("{e:#}")))
+    read_settings(spec.settings_file.as_deref()).map_err(|e| LoadError::Settings(format!("{e:#}")))
+}
+
+/// Settings from a JSON or TOML file; `null` when none.
+pub fn read_settings(path: Option<&Path>) -> anyhow::Result<Value> {
+    let Some(path) = path else {
+        return Ok(Value::Null);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "toml") {
+        let t: toml::Value =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        return Ok(serde_json::to_value(t)?);
+    }
+    serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))
 }
 
 fn unix_ms() -> u64 {
