@@ -111,6 +111,14 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_first_byte_timeout: Option<Dur>,
 
+    /// Let generation requests that are not streamed reuse idle upstream connections (idle at most
+    /// 2 s, below llama-server's 5 s keep-alive). Streamed ones always get a connection of their own
+    /// (llama-server closes it after a stream while announcing keep-alive). Turn it off for an
+    /// upstream that closes idle connections silently. [default: true]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_REUSE_CONNECTIONS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_reuse_connections: Option<bool>,
+
     /// Refuse at arrival, with 429 and Retry-After, a request whose estimated wait for a slot is
     /// already longer than its queue timeout, instead of letting it wait for a 504. [default: true]
     #[arg(long, env = "SLOTGATE_REJECT_DOOMED_WAITS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
@@ -303,6 +311,7 @@ impl Settings {
             client_stall_timeout,
             upstream_idle_timeout,
             upstream_first_byte_timeout,
+            upstream_reuse_connections,
             reject_doomed_waits,
             max_connections,
             drain_timeout,
@@ -351,6 +360,8 @@ pub struct Config {
     pub client_stall_timeout: Option<Duration>,
     pub upstream_idle_timeout: Option<Duration>,
     pub upstream_first_byte_timeout: Option<Duration>,
+    /// Non-streamed generation requests may reuse idle upstream connections.
+    pub upstream_reuse_connections: bool,
     pub reject_doomed_waits: bool,
     pub max_connections: usize,
     pub drain_timeout: Duration,
@@ -447,6 +458,7 @@ impl Config {
                 s.upstream_first_byte_timeout,
                 Duration::from_secs(600),
             ),
+            upstream_reuse_connections: s.upstream_reuse_connections.unwrap_or(true),
             reject_doomed_waits: s.reject_doomed_waits.unwrap_or(true),
             max_connections,
             drain_timeout: s.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
@@ -494,6 +506,7 @@ impl Config {
             client_stall_timeout: Some(off_is_zero(self.client_stall_timeout)),
             upstream_idle_timeout: Some(off_is_zero(self.upstream_idle_timeout)),
             upstream_first_byte_timeout: Some(off_is_zero(self.upstream_first_byte_timeout)),
+            upstream_reuse_connections: Some(self.upstream_reuse_connections),
             reject_doomed_waits: Some(self.reject_doomed_waits),
             max_connections: Some(self.max_connections),
             drain_timeout: Some(Dur(self.drain_timeout)),

@@ -32,6 +32,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod intake;
+pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy;

@@ -9,6 +9,7 @@ use slotgate::config::{Config, LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    slotgate::memory::limit_arenas();
     let cli = slotgate::cli::parse();
     let (check, args) = match cli.command {
         Some(Command::Check(args)) => (true, args),

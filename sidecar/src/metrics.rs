@@ -19,6 +19,7 @@ pub const TOKENS_TOTAL: &str = "slotgate_tokens_total";
 pub const TENANT_TOKENS_TOTAL: &str = "slotgate_tenant_tokens_total";
 pub const UPSTREAM_READY: &str = "slotgate_upstream_ready";
 pub const UPSTREAM_RETRIES_TOTAL: &str = "slotgate_upstream_retries_total";
+pub const UPSTREAM_CONNECTIONS_TOTAL: &str = "slotgate_upstream_connections_total";
 pub const PROMPT_COUNTS_TOTAL: &str = "slotgate_prompt_counts_total";
 pub const RETRY_AFTER_SECONDS: &str = "slotgate_retry_after_seconds";
 pub const TOKENS_RESERVED_TOTAL: &str = "slotgate_tokens_reserved_total";
@@ -139,6 +140,10 @@ fn describe() {
         UPSTREAM_RETRIES_TOTAL,
         "Upstream attempts retried because the upstream was down or loading."
     );
+    describe_counter!(
+        UPSTREAM_CONNECTIONS_TOTAL,
+        "Connections opened to the upstream (streams and slotgate's own calls each open one; whole answers reuse idle ones)."
+    );
 
     // Zero-initialise so dashboards and alerts see every series before the first event.
     for outcome in Outcome::ALL {
@@ -148,9 +153,10 @@ fn describe() {
         metrics::counter!(TOKENS_TOTAL, "kind" => kind).absolute(0);
     }
     metrics::counter!(UPSTREAM_RETRIES_TOTAL).absolute(0);
+    metrics::counter!(UPSTREAM_CONNECTIONS_TOTAL).absolute(0);
     metrics::counter!(TOKENS_RESERVED_TOTAL).absolute(0);
     metrics::counter!(TOKENS_REFUNDED_TOTAL).absolute(0);
-    for source in ["upstream", "cache", "estimate"] {
+    for source in ["upstream", "cache", "estimate", "forwarded"] {
         metrics::counter!(PROMPT_COUNTS_TOTAL, "source" => source).absolute(0);
     }
     metrics::gauge!(QUEUE_DEPTH).set(0.0);

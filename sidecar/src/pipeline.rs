@@ -186,7 +186,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     let inflight = app.upstream.inflight_guard();
     let forwarded_at = Instant::now();
     let held = CancelGrace(slot);
-    let resp = forward(&app, &intake, deadline, kind == Kind::Slot).await;
+    // A generation request goes out on a connection of its own when it streams (llama-server closes
+    // it after the stream), or when reuse is off; a whole answer may reuse an idle one.
+    let own_connection =
+        kind == Kind::Slot && (intake.summary.stream || !app.config.upstream_reuse_connections);
+    let resp = forward(&app, &intake, deadline, own_connection).await;
     let mut slot = held.disarm();
     let resp = match resp {
         Ok(resp) => resp,
@@ -422,12 +426,17 @@ async fn decide(
         let _turn = turn;
         chain.evaluate_each(&summary)
     };
-    let evaluated = if let Some(_inline) = inline {
+    let evaluated = if let Some(inline) = inline {
         // The worker's other tasks move to another thread for the duration, so even a runaway
         // evaluation inline holds up no other connection.
-        tokio::task::block_in_place(|| {
+        let evaluated = tokio::task::block_in_place(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(evaluate)).map_err(|_| ())
-        })
+        });
+        drop(inline);
+        // This task could not notice its client leave while it evaluated: one yield lets hyper see
+        // a closed connection (and drop this request) before it can be admitted and forwarded.
+        tokio::task::yield_now().await;
+        evaluated
     } else {
         tokio::task::spawn_blocking(evaluate).await.map_err(|_| ())
     };
@@ -513,13 +522,13 @@ impl Drop for InlineTurn {
 }
 
 /// Sends the request, retrying with exponential backoff and jitter only while the upstream is
-/// unreachable or loading (nothing was processed), until the request's deadline. A generation request
-/// (`generation`) goes out on a connection of its own (see `Upstream::send`).
+/// unreachable or loading (nothing was processed), until the request's deadline. With
+/// `own_connection` it goes out on a connection of its own (see `Upstream::send`).
 async fn forward(
     app: &App,
     intake: &Intake,
     deadline: Instant,
-    generation: bool,
+    own_connection: bool,
 ) -> Result<Response<Body>, GateError> {
     let path_and_query = intake
         .parts
@@ -533,7 +542,7 @@ async fn forward(
             path_and_query,
             &intake.parts.headers,
             intake.body.clone(),
-            generation,
+            own_connection,
         );
         // Dropping the attempt closes its connection: llama-server stops once it notices.
         let sent = match app.config.upstream_first_byte_timeout {

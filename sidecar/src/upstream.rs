@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyperlocal::UnixConnector;
 
 use crate::config::UpstreamAddr;
@@ -65,24 +65,27 @@ struct Inner {
 }
 
 enum Pool {
-    Tcp(Client<HttpConnector, Full<Bytes>>),
-    Unix(Client<UnixConnector, Full<Bytes>>),
+    Tcp(Client<Counted<HttpConnector>, Full<Bytes>>),
+    Unix(Client<Counted<UnixConnector>, Full<Bytes>>),
 }
 
 impl Pool {
     fn new(target: &UpstreamAddr, connect_timeout: Duration, idle: usize) -> Pool {
         let mut builder = Client::builder(TokioExecutor::new());
+        // The timer drives the idle reaper: without it an idle connection is only found expired when
+        // it would be checked out, and stays open (an fd here, a thread in llama-server) until then.
         builder
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(idle);
+            .pool_max_idle_per_host(idle)
+            .pool_timer(TokioTimer::new());
         match target {
             UpstreamAddr::Tcp(_) => {
                 let mut http = HttpConnector::new();
                 http.set_connect_timeout(Some(connect_timeout));
                 http.set_nodelay(true);
-                Pool::Tcp(builder.build(http))
+                Pool::Tcp(builder.build(Counted(http)))
             }
-            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(UnixConnector)),
+            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(Counted(UnixConnector))),
         }
     }
 
@@ -94,6 +97,29 @@ impl Pool {
             Pool::Tcp(c) => c.request(req).await,
             Pool::Unix(c) => c.request(req).await,
         }
+    }
+}
+
+/// A connector that counts the connections it opens (`slotgate_upstream_connections_total`): with
+/// reuse, far fewer than requests.
+#[derive(Clone)]
+struct Counted<C>(C);
+
+impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for Counted<C> {
+    type Response = C::Response;
+    type Error = C::Error;
+    type Future = C::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        metrics::counter!(m::UPSTREAM_CONNECTIONS_TOTAL).increment(1);
+        self.0.call(uri)
     }
 }
 
@@ -168,14 +194,17 @@ impl Upstream {
 
     /// One attempt. A fresh request is built every time from the parts the client sent.
     ///
-    /// An `own_connection` request (every generation request) goes out on a new connection with
-    /// `Connection: close`. Reusing a pooled one is unsafe for them: if llama-server is closing that
-    /// idle connection just as the request is written (it does after every streamed answer, and on
-    /// its keep-alive timeout), the request fails with "connection closed before message completed",
-    /// which cannot be told apart from a server that read the request and died, so it could be
-    /// neither retried nor answered honestly. On a connection of its own, a close before the answer
-    /// always means the server failed. A connect costs tens of microseconds against a generation's
-    /// hundreds of milliseconds. Other requests (model lists, tokenizer, props) reuse the pool.
+    /// An `own_connection` request (a streamed generation request, or any with reuse off) goes out on
+    /// a new connection with `Connection: close`. Reusing a pooled one is unsafe for it: llama-server
+    /// closes the connection after every streamed answer while announcing keep-alive, and a request
+    /// written onto a connection at the instant it closes fails with "connection closed before
+    /// message completed", which cannot be told apart from a server that read the request and died,
+    /// so it could be neither retried nor answered honestly. On a connection of its own, a close
+    /// before the answer always means the server failed. Other requests reuse the pool: llama-server
+    /// (cpp-httplib) keeps a connection alive for 5 s after a whole answer, up to 100 requests (the
+    /// last says `Connection: close`), and the pool drops a connection idle for 2 s, so a reused
+    /// connection is never one the server is closing for idleness; one closed by a dying server
+    /// before it read the request fails with EPIPE or ECONNRESET, which is retried as never sent.
     pub async fn send(
         &self,
         method: &Method,

@@ -10,7 +10,8 @@
 //!
 //! Run with `bash scripts/bench-overload.sh` (release binary), or by hand:
 //! `SLOTGATE_BIN=target/release/slotgate cargo bench -p slotgate-tests --bench overload`.
-//! `OVERLOAD_SECONDS` sets the length of each goodput run (default 30).
+//! `OVERLOAD_SECONDS` sets the length of each goodput run (default 30), `OVERLOAD_ROUNDS` the bursts
+//! of each Retry-After run (default 8, about 40 retries).
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use slotgate_tests::llama::{LlamaServer, RunningLlama, PROMPT};
 use slotgate_tests::*;
 
 const BURST: usize = 8;
+/// Bursts per Retry-After run; `OVERLOAD_ROUNDS` sets it (each burst gives about 5 retries).
 const ROUNDS: usize = 8;
 const QUEUE_TIMEOUT: &str = "10s";
 
@@ -85,9 +87,13 @@ async fn run() {
         .await;
     let llama_work = Llama { tokens };
 
-    println!("== Retry-After hit rate ({ROUNDS} bursts of {BURST}, 1 slot + 2 queue places, clients retry exactly at Retry-After)");
+    let rounds: usize = std::env::var("OVERLOAD_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(ROUNDS);
+    println!("== Retry-After hit rate ({rounds} bursts of {BURST}, 1 slot + 2 queue places, clients retry exactly at Retry-After)");
     let g = gate_for(Gate::new().slots(1).queue_depth(2).upstream(&fake)).await;
-    let (hits, tries) = retry_rounds(&g, &fake_work).await;
+    let (hits, tries) = retry_rounds(&g, &fake_work, rounds).await;
     println!(
         "fake llama-server : {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
@@ -100,7 +106,7 @@ async fn run() {
             .upstream_path(llama.socket()),
     )
     .await;
-    let (hits, tries) = retry_rounds(&g, &llama_work).await;
+    let (hits, tries) = retry_rounds(&g, &llama_work, rounds).await;
     println!(
         "real llama-server : {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
@@ -163,7 +169,7 @@ fn pct(a: usize, b: usize) -> f64 {
 }
 
 /// Bursts of `BURST` at once; the ones turned away sleep their Retry-After and try once more.
-async fn retry_rounds(gate: &RunningGate, work: &dyn Workload) -> (usize, usize) {
+async fn retry_rounds(gate: &RunningGate, work: &dyn Workload, rounds: usize) -> (usize, usize) {
     let client = gate.client();
     // Teach the drain estimate what a request costs.
     for i in 0..3 {
@@ -173,7 +179,7 @@ async fn retry_rounds(gate: &RunningGate, work: &dyn Workload) -> (usize, usize)
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
     let (mut hits, mut tries) = (0, 0);
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let tasks: Vec<_> = (0..BURST)
             .map(|i| {
                 let client = client.clone();

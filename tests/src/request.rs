@@ -26,6 +26,14 @@ impl Req {
         }
     }
 
+    /// Exactly `body`, as for the real llama-server (no fake knobs).
+    pub fn from_json(body: Value) -> Self {
+        Self {
+            body,
+            headers: Vec::new(),
+        }
+    }
+
     /// Adds a request header.
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_owned(), value.to_owned()));

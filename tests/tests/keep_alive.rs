@@ -1,5 +1,6 @@
 //! Keep-alive: several requests on one client connection each take and release the slot; towards the
-//! upstream, generation requests each get a connection of their own and everything else reuses the pool.
+//! upstream, streamed generation requests each get a connection of their own, and whole answers and
+//! everything else reuse the pool (unless `--upstream-reuse-connections false`).
 
 use std::time::Duration;
 
@@ -58,27 +59,32 @@ async fn one_connection_carries_many_requests() {
     gate.assert_settled(&up, 1).await;
 }
 
+/// Connections the fake accepted for forwarded requests: slotgate's own calls (reading /props,
+/// counting a prompt) use and close one each and are left out. With an hourly health probe, only the
+/// first one runs.
+fn forwarding(up: &RunningUpstream) -> usize {
+    up.connections() - up.internal_seen().len()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn generation_requests_get_their_own_upstream_connection_and_the_rest_reuse_the_pool() {
-    // The fake counts every connection it accepts; slotgate's own calls (reading /props, counting a
-    // prompt) use and close one each, and are left out of the count below. With an hourly health
-    // probe, only the first one runs.
+async fn streams_get_their_own_upstream_connection_and_whole_answers_reuse_the_pool() {
     let (up, gate) = Gate::new()
         .slots(1)
         .health_interval("1h")
         .start_with(FakeUpstream::instant())
         .await;
     let client = gate.client();
-    let forwarding = || up.connections() - up.internal_seen().len();
+    let opened = || async {
+        gate.metrics()
+            .await
+            .value_or_zero("slotgate_upstream_connections_total", &[])
+    };
 
-    // Every generation request, whole or streamed, opens a connection of its own and closes it after
-    // (`Connection: close`), so none can be written on a pooled connection llama-server is closing.
-    let start = forwarding();
+    // Every streamed request opens a connection of its own and closes it after (`Connection:
+    // close`): llama-server closes it after a stream anyway, while announcing keep-alive.
+    let start = forwarding(&up);
+    let metric_start = opened().await;
     for i in 0..5 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("u{i}")).json())
-            .await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
         let sse = client
             .stream(CHAT, &Req::chat(&format!("s{i}")).chunks(3, ms(5)).json())
             .await
@@ -86,22 +92,48 @@ async fn generation_requests_get_their_own_upstream_connection_and_the_rest_reus
             .await;
         assert!(sse.complete(), "{sse:?}");
     }
-    assert_eq!(up.count(), 10);
-    assert_eq!(
-        forwarding(),
-        start + 10,
-        "one connection per generation request"
-    );
+    assert_eq!(forwarding(&up), start + 5, "one connection per stream");
 
-    // Passthroughs (model lists and the like) reuse one pooled connection.
-    let before = forwarding();
-    for _ in 0..5 {
+    // Whole answers reuse one pooled connection, and so do passthroughs.
+    let before = forwarding(&up);
+    for i in 0..5 {
+        let resp = client
+            .post_json(CHAT, &Req::chat(&format!("u{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
         assert_eq!(client.get("/v1/models").await.status, 200);
     }
     assert!(
-        forwarding() <= before + 1,
-        "5 passthroughs opened {} connections",
-        forwarding() - before
+        forwarding(&up) <= before + 1,
+        "5 whole answers and 5 passthroughs opened {} connections",
+        forwarding(&up) - before
     );
+    assert_eq!(up.count(), 10);
+    // slotgate's own count agrees: 5 streams, at most one pooled connection.
+    let metric = opened().await - metric_start;
+    assert!(
+        (5.0..=6.0).contains(&metric),
+        "counted {metric} connections"
+    );
+    gate.assert_settled(&up, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_reuse_off_every_generation_request_gets_its_own_upstream_connection() {
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .health_interval("1h")
+        .opt("--upstream-reuse-connections", "false")
+        .start_with(FakeUpstream::instant())
+        .await;
+    let client = gate.client();
+    let start = forwarding(&up);
+    for i in 0..5 {
+        let resp = client
+            .post_json(CHAT, &Req::chat(&format!("u{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    assert_eq!(forwarding(&up), start + 5, "one connection per request");
     gate.assert_settled(&up, 1).await;
 }

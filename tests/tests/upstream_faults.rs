@@ -250,23 +250,38 @@ async fn client_leaving_during_upstream_retries_frees_the_slot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An upstream that closes every connection after its response without saying so (no `Connection:
+/// close`), as llama-server does after a stream: queued requests forwarded at the instant of each close
+/// all get through. With reuse off every request gets a connection of its own (what such an upstream
+/// needs); with reuse on, streams still do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_closing_each_connection_after_its_response_is_harmless() {
+    closing_upstream_serves_every_handover("false", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upstream_closing_each_connection_after_a_stream_is_harmless_with_reuse_on() {
+    closing_upstream_serves_every_handover("true", true).await;
+}
+
+async fn closing_upstream_serves_every_handover(reuse: &str, stream: bool) {
     let (up, gate) = Gate::one_slot(32)
+        .opt("--upstream-reuse-connections", reuse)
         .start_with(FakeUpstream::instant().one_request_per_connection())
         .await;
     // Each hand-over is one chance for the race; two dozen make it show up reliably.
     const QUEUED: u64 = 24;
+    let req = |tag: &str| match stream {
+        true => Req::chat(tag).chunks(2, ms(5)),
+        false => Req::chat(tag).delay(ms(10)),
+    };
 
     // Queued requests are forwarded the instant the previous response ends: exactly when the
     // upstream's close of the previous connection is in flight.
     // The first holds the slot long enough for all of them to queue, even on a loaded machine.
     let mut handles = vec![gate.hold_slot(&Req::chat("r0").delay(ms(2500))).await];
     for i in 1..=QUEUED {
-        handles.push(
-            gate.enqueue(&Req::chat(&format!("r{i}")).delay(ms(10)))
-                .await,
-        );
+        handles.push(gate.enqueue(&req(&format!("r{i}"))).await);
     }
     let results = join_all(handles).await;
     let failed: Vec<String> = results

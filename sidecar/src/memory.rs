@@ -1,0 +1,35 @@
+//! What the allocator keeps. glibc's malloc gives each thread that allocates an arena of its own, up
+//! to eight per core, and an arena holds on to what was freed in it. slotgate's threads come and go
+//! (the blocking pool, the `block_in_place` hand-offs), so the number of arenas, and with it the idle
+//! RSS, crept up to what the busiest moment had created: +1.6 MiB over an 8-minute soak with the
+//! default, +0.6 MiB with two arenas (`docs/soak.md`). Two arenas serve the two async workers of a
+//! 2-core machine; the few threads beyond them share.
+
+/// Arenas glibc may create.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const ARENAS: libc::c_int = 2;
+
+/// Caps glibc's arenas at [`ARENAS`], unless the operator chose (`MALLOC_ARENA_MAX`, or
+/// `GLIBC_TUNABLES` naming `arena_max`). Call first thing in `main`, before any thread exists. A
+/// no-op on other C libraries.
+pub fn limit_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let chosen = std::env::var_os("MALLOC_ARENA_MAX").is_some()
+            || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"));
+        if !chosen {
+            set_arena_max(ARENAS);
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn set_arena_max(arenas: libc::c_int) {
+    // SAFETY: `mallopt` only sets one of malloc's tuning parameters; it takes no pointers and is
+    // called before any other thread could be allocating.
+    let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+    if ok != 1 {
+        eprintln!("slotgate: could not cap malloc arenas (mallopt returned {ok}); continuing");
+    }
+}
