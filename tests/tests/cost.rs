@@ -53,6 +53,19 @@ async fn post_behind_busy_slot(gate: &RunningGate, body: &serde_json::Value) -> 
     resp
 }
 
+/// 40 characters of prompt (10 tokens by the estimate, 11 by the fake's tokenizer) and `max_tokens`
+/// 100; the fake reports a usage of 11 + 30.
+fn forty_chars_using_41(tag: &str) -> Req {
+    Req::chat(tag)
+        .set(
+            "messages",
+            json!([{"role": "user", "content": "z".repeat(40)}]),
+        )
+        .set("max_tokens", 100)
+        .prompt_tokens(11)
+        .completion_tokens(30)
+}
+
 fn counts(up: &RunningUpstream, path: &str) -> usize {
     up.internal_seen().iter().filter(|p| *p == path).count()
 }
@@ -60,15 +73,10 @@ fn counts(up: &RunningUpstream, path: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_request_with_a_free_slot_is_forwarded_at_once_uncounted_and_settled_from_usage() {
     let (up, gate) = start_with_slot_context(1000).await;
-    let body = Req::chat("now")
-        .set(
-            "messages",
-            json!([{"role": "user", "content": "z".repeat(40)}]),
-        )
-        .set("max_tokens", 100)
-        .prompt_tokens(11)
-        .completion_tokens(30);
-    let resp = gate.client().post_json(CHAT, &body.json()).await;
+    let resp = gate
+        .client()
+        .post_json(CHAT, &forty_chars_using_41("now").json())
+        .await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.header(PROMPT_HEADER), None, "not counted");
     assert_eq!(
@@ -266,15 +274,9 @@ async fn reservations_are_counted_and_what_was_not_used_is_refunded() {
     let client = gate.client();
     // Forwarded at once, so reserved on the estimate: 40 characters are 10 tokens; 100 more reserved
     // for the answer. It uses 11 + 30.
-    let body = Req::chat("r")
-        .set(
-            "messages",
-            json!([{"role": "user", "content": "z".repeat(40)}]),
-        )
-        .set("max_tokens", 100)
-        .prompt_tokens(11)
-        .completion_tokens(30);
-    let resp = client.post_json(CHAT, &body.json()).await;
+    let resp = client
+        .post_json(CHAT, &forty_chars_using_41("r").json())
+        .await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     // No max_tokens: the rest of the slot's context is reserved (1000 in all).
     let open = Req::chat("open")

@@ -39,6 +39,22 @@ async fn wait_slot_context(gate: &RunningGate) {
     .await;
 }
 
+/// A chat prompt of far more tokens than a slot's context holds.
+fn never_fits() -> Value {
+    let words = "lighthouse keeper ".repeat(CTX_PER_SLOT);
+    json!({"messages": [{"role": "user", "content": words}], "max_tokens": 4})
+}
+
+/// 400 `context_length_exceeded`, naming the slot's context size.
+fn assert_refused_as_too_long(resp: &Response) {
+    assert_error(resp, 400, "context_length_exceeded");
+    assert!(
+        resp.body.contains(&CTX_PER_SLOT.to_string()),
+        "{}",
+        resp.body
+    );
+}
+
 fn counted(resp: &Response) -> u64 {
     assert_eq!(resp.status, 200, "{}", resp.body);
     resp.header(PROMPT_HEADER)
@@ -182,17 +198,9 @@ async fn a_prompt_that_can_never_fit_is_refused_without_a_slot() {
     let gate = gate_for(&llama).await;
     wait_slot_context(&gate).await;
     let before = llama.metrics().await;
-    // Far more tokens than a slot's context holds.
-    let words = "lighthouse keeper ".repeat(CTX_PER_SLOT);
-    let body = json!({"messages": [{"role": "user", "content": words}], "max_tokens": 4});
     let t0 = Instant::now();
-    let resp = gate.client().post_json(CHAT, &body).await;
-    assert_error(&resp, 400, "context_length_exceeded");
-    assert!(
-        resp.body.contains(&CTX_PER_SLOT.to_string()),
-        "{}",
-        resp.body
-    );
+    let resp = gate.client().post_json(CHAT, &never_fits()).await;
+    assert_refused_as_too_long(&resp);
     eprintln!("refused in {:?}: {}", t0.elapsed(), resp.body);
     gate.wait_outcome("bad_request", 1).await;
     let m = gate.metrics().await;
@@ -261,17 +269,10 @@ async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_i
         .sum();
     assert_eq!(charged, used);
 
-    // Far more tokens than a slot's context holds, with the slot free: llama-server refuses it, and
-    // the client gets slotgate's error, with llama-server's counts.
-    let words = "lighthouse keeper ".repeat(CTX_PER_SLOT);
-    let body = json!({"messages": [{"role": "user", "content": words}], "max_tokens": 4});
-    let resp = gate.client().post_json(CHAT, &body).await;
-    assert_error(&resp, 400, "context_length_exceeded");
-    assert!(
-        resp.body.contains(&CTX_PER_SLOT.to_string()),
-        "{}",
-        resp.body
-    );
+    // With the slot free: llama-server refuses it, and the client gets slotgate's error, with
+    // llama-server's counts.
+    let resp = gate.client().post_json(CHAT, &never_fits()).await;
+    assert_refused_as_too_long(&resp);
     eprintln!("mapped: {}", resp.body);
     gate.wait_outcome("bad_request", 1).await;
     gate.assert_idle().await;

@@ -33,6 +33,12 @@ async fn opened(gate: &RunningGate) -> f64 {
     gate.metrics().await.value_or_zero(CONNECTIONS, &[])
 }
 
+async fn assert_no_upstream_error(gate: &RunningGate) {
+    let m = gate.metrics().await;
+    let failed = m.value_or_zero("slotgate_requests_total", &[("outcome", "upstream_error")]);
+    assert_eq!(failed, 0.0, "{}", m.text);
+}
+
 async fn whole(gate: &RunningGate, tag: &str) {
     let resp = gate.client().post_json(CHAT, &chat(PROMPT, 2, false)).await;
     assert_eq!(resp.status, 200, "{tag}: {}", resp.body);
@@ -96,13 +102,7 @@ async fn whole_answers_reuse_connections_and_streams_do_not_on_the_real_server()
     whole(&gate, "after 2.6 s").await;
     assert_eq!(opened(&gate).await, before + 1.0, "new after 2.6 s idle");
 
-    let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero("slotgate_requests_total", &[("outcome", "upstream_error")]),
-        0.0,
-        "{}",
-        m.text
-    );
+    assert_no_upstream_error(&gate).await;
     gate.assert_idle().await;
     assert_eq!(llama.busy_slots().await, 0);
 }
@@ -122,16 +122,7 @@ async fn a_pooled_connection_to_a_killed_llama_server_costs_the_next_request_not
     for i in 0..4 {
         whole(&gate, &format!("after-{i}")).await;
     }
-    let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero("slotgate_requests_total", &[("outcome", "upstream_error")]),
-        0.0,
-        "{}",
-        m.text
-    );
-    assert_eq!(
-        m.value_or_zero("slotgate_requests_total", &[("outcome", "ok")]),
-        7.0
-    );
+    assert_no_upstream_error(&gate).await;
+    gate.wait_outcome("ok", 7).await;
     gate.assert_idle().await;
 }
