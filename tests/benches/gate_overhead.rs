@@ -19,12 +19,7 @@ const REQUESTS: usize = 3000;
 const WARMUP: usize = 300;
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(run());
+    bench_main(run());
 }
 
 async fn run() {

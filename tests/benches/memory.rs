@@ -20,12 +20,7 @@ const QUEUED: usize = 500;
 const PROMPT_BYTES: usize = 2048;
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(run());
+    bench_main(run());
 }
 
 struct Figures {

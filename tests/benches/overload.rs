@@ -25,12 +25,7 @@ const ROUNDS: usize = 8;
 const QUEUE_TIMEOUT: &str = "10s";
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(run());
+    bench_main(run());
 }
 
 /// What one request of a scenario asks for: its body, given a draw in `0..1`.

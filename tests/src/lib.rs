@@ -38,6 +38,16 @@ pub use metrics::Metrics;
 pub use request::{join_all, spawn_post, Req, CHAT};
 pub use wait::{current_uid, eventually, unique_dir};
 
+/// Runs a benchmark's `main` future on two async workers, as slotgate itself runs on this machine.
+pub fn bench_main<F: std::future::Future>(run: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(run)
+}
+
 /// Milliseconds, for terse timings in tests.
 pub fn ms(n: u64) -> std::time::Duration {
     std::time::Duration::from_millis(n)

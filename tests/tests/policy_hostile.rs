@@ -568,22 +568,9 @@ async fn a_runaway_evaluation_moves_an_inline_chain_to_the_blocking_pool() {
         gate.stderr_text()
     );
 
-    let started = Instant::now();
-    let first = spawn_post(&client, CHAT, &hostile_req("first"));
-    tokio::time::sleep(ms(50)).await;
-    for i in 0..6 {
-        let resp = client
-            .post_json(CHAT, &normal_req(&format!("beside-{i}")).json())
-            .await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
+    for (resp, _) in served_beside_runaways(&client, 1, "first", deadline).await {
+        assert_error(&resp, 503, "policy_error");
     }
-    let served_in = started.elapsed();
-    assert!(
-        served_in < deadline && !first.is_finished(),
-        "ordinary requests took {served_in:?}: they waited for the inline runaway ({deadline:?})"
-    );
-    let (resp, _) = first.await.expect("first runaway");
-    assert_error(&resp, 503, "policy_error");
     assert_eq!(
         evaluated(gate.status().await).as_deref(),
         Some("blocking_pool"),
@@ -595,23 +582,7 @@ async fn a_runaway_evaluation_moves_an_inline_chain_to_the_blocking_pool() {
 
     // Two runaways at once, as many as the gate has workers: on the blocking pool, so ordinary
     // requests are all served before either ends.
-    let started = Instant::now();
-    let stuck: Vec<_> = (0..2)
-        .map(|i| spawn_post(&client, CHAT, &hostile_req(&format!("later-{i}"))))
-        .collect();
-    tokio::time::sleep(ms(50)).await;
-    for i in 0..6 {
-        let resp = client
-            .post_json(CHAT, &normal_req(&format!("meanwhile-{i}")).json())
-            .await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
-    }
-    let served_in = started.elapsed();
-    assert!(
-        served_in < deadline && stuck.iter().all(|h| !h.is_finished()),
-        "ordinary requests took {served_in:?}: they waited for the runaway evaluations ({deadline:?})"
-    );
-    for (resp, _) in join_all(stuck).await {
+    for (resp, _) in served_beside_runaways(&client, 2, "later", deadline).await {
         assert_error(&resp, 503, "policy_error");
     }
     let m = gate.metrics().await;
@@ -622,6 +593,34 @@ async fn a_runaway_evaluation_moves_an_inline_chain_to_the_blocking_pool() {
         m.text
     );
     assert_settled_and_alive(&mut gate, &up).await;
+}
+
+/// Sends `runaways` hostile requests (tagged `tag-N`), then six ordinary ones one after another, and
+/// checks those were all served before any runaway ended (within `deadline`). Returns the runaways'
+/// answers.
+async fn served_beside_runaways(
+    client: &Client,
+    runaways: usize,
+    tag: &str,
+    deadline: Duration,
+) -> Vec<(Response, Duration)> {
+    let started = Instant::now();
+    let stuck: Vec<_> = (0..runaways)
+        .map(|i| spawn_post(client, CHAT, &hostile_req(&format!("{tag}-{i}"))))
+        .collect();
+    tokio::time::sleep(ms(50)).await;
+    for i in 0..6 {
+        let resp = client
+            .post_json(CHAT, &normal_req(&format!("beside-{tag}-{i}")).json())
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    let served_in = started.elapsed();
+    assert!(
+        served_in < deadline && stuck.iter().all(|h| !h.is_finished()),
+        "ordinary requests took {served_in:?}: they waited for the runaway evaluations ({deadline:?})"
+    );
+    join_all(stuck).await
 }
 
 /// 1c. A flood of runaway evaluations, more than the engine's pool of 256 instances, all end as
