@@ -191,7 +191,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     let own_connection =
         kind == Kind::Slot && (intake.summary.stream || !app.config.upstream_reuse_connections);
     let resp = forward(&app, &intake, deadline, own_connection).await;
-    let mut slot = held.disarm();
+    let slot = held.disarm();
     let resp = match resp {
         Ok(resp) => resp,
         Err(e) => {
@@ -211,18 +211,16 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     // Forwarded before it was counted, a prompt that cannot fit a slot is refused by llama-server
     // itself: the client gets the same 400 slotgate gives when it counted first.
     let resp = match slot {
-        Some(mut held) if resp.status() == StatusCode::BAD_REQUEST => {
-            match context_refusal(resp).await {
-                Ok(e) => {
+        Some(_) if resp.status() == StatusCode::BAD_REQUEST => match context_refusal(resp).await {
+            Ok(e) => {
+                // Nothing was served; the slot goes on when it drops here.
+                if let Some(mut held) = slot {
                     held.settle(0);
-                    return reject(ex, &e);
                 }
-                Err(resp) => {
-                    slot = Some(held);
-                    resp
-                }
+                return reject(ex, &e);
             }
-        }
+            Err(resp) => resp,
+        },
         _ => resp,
     };
 

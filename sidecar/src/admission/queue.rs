@@ -259,10 +259,6 @@ impl Admission {
     /// full, doomed, over the tenant's share, shutting down). The caller may use the time queued
     /// (e.g. to count the prompt and [`Ticket::recost`]) before it [`Ticket::wait`]s.
     pub fn enter(&self, claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
-        self.enqueue(claim, deadline)
-    }
-
-    fn enqueue(&self, claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
         let mut st = self.lock();
         if st.closed {
             return Err(GateError::ShuttingDown { retry_after: 1 });
@@ -835,7 +831,7 @@ mod tests {
     async fn a_grant_racing_a_cancellation_is_handed_on() {
         let adm = Admission::new(1, 4);
         let (held, _) = adm.acquire(c(0), far()).await.unwrap();
-        let Entry::Queued(ticket) = adm.enqueue(c(0), far()).unwrap() else {
+        let Entry::Queued(ticket) = adm.enter(c(0), far()).unwrap() else {
             panic!("expected to queue")
         };
         drop(held); // grants the slot to `ticket`, which never looks at it
@@ -878,10 +874,10 @@ mod tests {
             slot.complete();
         }
         let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
-        let _waiting = adm.enqueue(claim("a", 0, 10), far()).unwrap();
+        let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
         let told: Vec<u64> = (0..6)
             .map(|_| {
-                adm.enqueue(claim("a", 0, 10), far())
+                adm.enter(claim("a", 0, 10), far())
                     .err()
                     .and_then(|e| e.retry_after())
                     .unwrap()
@@ -904,8 +900,8 @@ mod tests {
                 slot.complete();
             }
             let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
-            let _waiting = adm.enqueue(claim("a", 0, 400), far()).unwrap();
-            adm.enqueue(claim("a", 0, 400), far())
+            let _waiting = adm.enter(claim("a", 0, 400), far()).unwrap();
+            adm.enter(claim("a", 0, 400), far())
                 .err()
                 .and_then(|e| e.retry_after())
                 .unwrap()
@@ -928,7 +924,7 @@ mod tests {
         let deadline = |secs| Instant::now() + Duration::from_secs(secs);
         // Nothing measured yet: no ground to refuse.
         let (held, _) = adm.acquire(c(0), far()).await.unwrap();
-        let early = adm.enqueue(c(0), deadline(1)).unwrap();
+        let early = adm.enter(c(0), deadline(1)).unwrap();
         drop(early);
         drop(held);
         // 3 s a request.
@@ -938,25 +934,25 @@ mod tests {
             slot.complete();
         }
         let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
-        let first = adm.enqueue(c(0), deadline(10)).unwrap();
+        let first = adm.enter(c(0), deadline(10)).unwrap();
         // One in service and one waiting ahead: ~6 s. A 5 s deadline is doomed, 10 s is not.
-        let err = adm.enqueue(c(0), deadline(5)).err().unwrap();
+        let err = adm.enter(c(0), deadline(5)).err().unwrap();
         assert!(
             matches!(err, GateError::WaitTooLong { estimate: 6, .. }),
             "{err:?}"
         );
         assert_eq!(err.status(), 429);
         assert!(err.retry_after().unwrap() >= 6, "{err:?}");
-        let ok = adm.enqueue(c(0), deadline(10));
+        let ok = adm.enter(c(0), deadline(10));
         assert!(ok.is_ok());
         // A more urgent request waits only for the one in service.
-        let urgent = adm.enqueue(c(-1), deadline(5));
+        let urgent = adm.enter(c(-1), deadline(5));
         assert!(urgent.is_ok());
         // Off: it queues (and would time out).
         let off = Admission::new(1, 8);
         let (_h, _) = off.acquire(c(0), far()).await.unwrap();
         drop(first);
-        assert!(off.enqueue(c(0), deadline(1)).is_ok());
+        assert!(off.enter(c(0), deadline(1)).is_ok());
     }
 
     /// Once requests have reported their usage, Retry-After is the tokens ahead over the measured
@@ -986,7 +982,7 @@ mod tests {
         );
         let told: Vec<u64> = (0..3)
             .map(|_| {
-                adm.enqueue(claim("b", 0, 200), far())
+                adm.enter(claim("b", 0, 200), far())
                     .err()
                     .and_then(|e| e.retry_after())
                     .expect("turned away with a Retry-After")
