@@ -25,6 +25,13 @@ macro_rules! export_policy {
     ($policy:ty) => {
         $crate::export_policy!(@check $policy);
 
+        /// The policy's settings, parsed once when the host validates them (see
+        /// `slotgate_sdk::__guest::Kept`).
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        static __SLOTGATE_SETTINGS: $crate::__guest::Kept<<$policy as $crate::Policy>::Settings> =
+            $crate::__guest::Kept::new();
+
         #[cfg(target_arch = "wasm32")]
         const _: () = {
             #[allow(unsafe_code)]
@@ -44,7 +51,7 @@ macro_rules! export_policy {
             pub extern "C" fn slotgate_evaluate(ptr: i32, len: i32) -> i64 {
                 // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
                 let input = unsafe { $crate::__guest::input(ptr, len) };
-                $crate::__guest::evaluate::<$policy>(input)
+                $crate::__guest::evaluate::<$policy>(input, &__SLOTGATE_SETTINGS)
             }
 
             #[allow(unsafe_code)]
@@ -52,7 +59,7 @@ macro_rules! export_policy {
             pub extern "C" fn slotgate_validate_settings(ptr: i32, len: i32) -> i64 {
                 // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
                 let input = unsafe { $crate::__guest::input(ptr, len) };
-                $crate::__guest::validate_settings::<$policy>(input)
+                $crate::__guest::validate_settings::<$policy>(input, &__SLOTGATE_SETTINGS)
             }
         };
     };
@@ -66,7 +73,7 @@ macro_rules! export_policy {
             pub extern "C" fn slotgate_on_complete(ptr: i32, len: i32) -> i64 {
                 // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
                 let input = unsafe { $crate::__guest::input(ptr, len) };
-                $crate::__guest::on_complete::<$policy>(input)
+                $crate::__guest::on_complete::<$policy>(input, &__SLOTGATE_SETTINGS)
             }
         };
     };

@@ -5,6 +5,8 @@
 //! copying the output, so a leaked buffer lives exactly as long as it must and no longer; a real
 //! free would only spend fuel.
 
+use std::cell::UnsafeCell;
+
 use crate::dispatch;
 use crate::host::{self, Level};
 use crate::policy::Policy;
@@ -33,9 +35,49 @@ pub unsafe fn input<'a>(ptr: i32, len: i32) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(ptr as u32 as usize as *const u8, len as u32 as usize) }
 }
 
+/// The settings `slotgate_validate_settings` parsed, kept in the instance's memory. The host
+/// snapshots that instance, so every later instance starts with them (see
+/// [`dispatch::validate_settings`]); an instance the host did not start from a snapshot has none and
+/// parses the settings in its input.
+pub struct Kept<T>(UnsafeCell<Option<T>>);
+
+// SAFETY: wasm32 policies are single-threaded (no wasm threads), and `Kept` is only reached from the
+// export functions, which never run re-entrantly.
+#[allow(unsafe_code)]
+unsafe impl<T> Sync for Kept<T> {}
+
+impl<T> Kept<T> {
+    pub const fn new() -> Self {
+        Kept(UnsafeCell::new(None))
+    }
+
+    fn get(&self) -> Option<&T> {
+        // SAFETY: single-threaded, and `set` runs only in `slotgate_validate_settings`, while no
+        // reference from `get` is alive.
+        #[allow(unsafe_code)]
+        unsafe {
+            (*self.0.get()).as_ref()
+        }
+    }
+
+    fn set(&self, value: Option<T>) {
+        // SAFETY: as for `get`.
+        #[allow(unsafe_code)]
+        unsafe {
+            *self.0.get() = value;
+        }
+    }
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Kept::new()
+    }
+}
+
 /// `slotgate_evaluate`'s answer: the decision, or 0 after logging why there is none.
-pub fn evaluate<P: Policy>(input: &[u8]) -> i64 {
-    match dispatch::evaluate::<P>(input) {
+pub fn evaluate<P: Policy>(input: &[u8], kept: &Kept<P::Settings>) -> i64 {
+    match dispatch::evaluate::<P>(input, kept.get()) {
         Ok(out) => pack(out),
         Err(e) => {
             report("slotgate_evaluate", &e);
@@ -44,14 +86,16 @@ pub fn evaluate<P: Policy>(input: &[u8]) -> i64 {
     }
 }
 
-/// `slotgate_validate_settings`'s answer.
-pub fn validate_settings<P: Policy>(input: &[u8]) -> i64 {
-    pack(dispatch::validate_settings::<P>(input))
+/// `slotgate_validate_settings`'s answer; valid settings are kept in `kept`.
+pub fn validate_settings<P: Policy>(input: &[u8], kept: &Kept<P::Settings>) -> i64 {
+    let (answer, settings) = dispatch::validate_settings::<P>(input, true);
+    kept.set(settings);
+    pack(answer)
 }
 
 /// `slotgate_on_complete`'s answer: always 0 (no output).
-pub fn on_complete<P: Policy>(input: &[u8]) -> i64 {
-    if let Err(e) = dispatch::on_complete::<P>(input) {
+pub fn on_complete<P: Policy>(input: &[u8], kept: &Kept<P::Settings>) -> i64 {
+    if let Err(e) = dispatch::on_complete::<P>(input, kept.get()) {
         report("slotgate_on_complete", &e);
     }
     0

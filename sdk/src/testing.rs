@@ -67,7 +67,7 @@ pub fn complete<P: Policy>(completion_json: &str) {
 
 /// Validates settings as the host does at load.
 pub fn validate<P: Policy>(settings_json: &str) -> SettingsValidation {
-    let out = dispatch::validate_settings::<P>(settings_json.as_bytes());
+    let out = dispatch::validate_settings::<P>(settings_json.as_bytes(), false).0;
     serde_json::from_slice(&out).expect("the SDK always emits a valid SettingsValidation")
 }
 
@@ -216,13 +216,13 @@ fn run_step<P: Policy>(step: Step, settings: Option<&Value>, at: &str) {
 
 fn evaluate_raw<P: Policy>(patch: Value) -> Result<Value, String> {
     let input = merged(DEFAULT_INPUT, patch);
-    let out = dispatch::evaluate::<P>(&serde_json::to_vec(&input).expect("JSON"))?;
+    let out = dispatch::evaluate::<P>(&serde_json::to_vec(&input).expect("JSON"), None)?;
     Ok(serde_json::from_slice(&out).expect("the SDK always emits JSON"))
 }
 
 fn complete_raw<P: Policy>(patch: Value) {
     let input = merged(DEFAULT_COMPLETION, patch);
-    dispatch::on_complete::<P>(&serde_json::to_vec(&input).expect("JSON"))
+    dispatch::on_complete::<P>(&serde_json::to_vec(&input).expect("JSON"), None)
         .unwrap_or_else(|e| panic!("policy error: {e}"));
 }
 

@@ -174,6 +174,11 @@ pub struct SettingsValidation {
     /// chain runs, instead of only those that wait (see `Policy::needs_prompt_tokens`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub needs_prompt_tokens: bool,
+    /// The policy kept its parsed settings in its memory: slotgate snapshots the instance after this
+    /// call, starts every later instance from the snapshot, and leaves `settings` out of the inputs
+    /// of `evaluate` and `on_complete` (the Rust SDK does this for every policy).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keeps_settings: bool,
 }
 
 /// What `slotgate_on_complete` receives once the response has ended: what really happened.
@@ -249,6 +254,7 @@ impl SettingsValidation {
             valid: true,
             message: None,
             needs_prompt_tokens: false,
+            keeps_settings: false,
         }
     }
 
@@ -258,6 +264,7 @@ impl SettingsValidation {
             valid: false,
             message: Some(message.into()),
             needs_prompt_tokens: false,
+            keeps_settings: false,
         }
     }
 }

@@ -68,6 +68,8 @@ pub fn status(app: &App) -> serde_json::Value {
                 "sha256": crate::policy::set::hex(&p.sha256),
                 "mode": format!("{:?}", p.mode).to_lowercase(),
                 "on_error": format!("{:?}", p.on_error).to_lowercase(),
+                // Served from a snapshot taken after it parsed its settings (`keeps_settings`).
+                "preinitialised": p.preinitialised(),
             })
         })
         .collect();

@@ -398,8 +398,15 @@ async fn compiled_modules_are_reused_from_memory_on_reload_and_from_disk_on_rest
     let (up, gate) = start(&args).await;
     let status = gate.status().await;
     assert_eq!(disk(&status, "hits"), 0, "a cold cache: {status}");
-    assert_eq!(disk(&status, "misses"), 1, "{status}");
-    // A settings change reloads the policy but reuses its compiled module from memory.
+    // The module, the module instrumented for its snapshot, and the snapshot (request-guard keeps
+    // its parsed settings, so it serves from a snapshot taken after it parsed them).
+    assert_eq!(disk(&status, "misses"), 3, "{status}");
+    assert_eq!(
+        status["policies"]["chain"][0]["preinitialised"], true,
+        "{status}"
+    );
+    // A settings change reloads the policy and compiles only the new snapshot: the module and its
+    // instrumented form come from memory.
     std::fs::write(&settings, r#"{"max_tokens": 50}"#).unwrap();
     gate.signal("HUP");
     eventually(RELOAD_SEEN, "the settings reloaded", || async {
@@ -410,15 +417,23 @@ async fn compiled_modules_are_reused_from_memory_on_reload_and_from_disk_on_rest
     assert_eq!(status["policies"]["generation"], 2, "{status}");
     assert_eq!(
         (disk(&status, "hits"), disk(&status, "misses")),
-        (0, 1),
-        "no second compile: {status}"
+        (0, 4),
+        "one compile, of the new snapshot: {status}"
     );
-    assert_eq!(status["policies"]["compile_cache"]["memory_modules"], 1);
+    // The old snapshot is dropped; the module, its instrumented form and the new snapshot stay.
+    assert_eq!(status["policies"]["compile_cache"]["memory_modules"], 3);
     assert_eq!(
         gate.stderr_text().matches("policy module ready").count(),
-        1,
-        "compiled once"
+        4,
+        "compiled four times in all"
     );
+    // The new settings are the ones in force: 60 tokens is over the new cap of 50.
+    let resp = gate
+        .client()
+        .post_json(CHAT, &Req::chat("capped").set("max_tokens", 60).json())
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(up.requests_seen()[0].body["max_tokens"], 50);
     gate.assert_settled(&up, 2).await;
     drop(gate);
     drop(up);
@@ -433,8 +448,9 @@ async fn compiled_modules_are_reused_from_memory_on_reload_and_from_disk_on_rest
     let status = gate.status().await;
     assert_eq!(
         (disk(&status, "hits"), disk(&status, "misses")),
-        (1, 0),
-        "a restart loads the compiled module from disk: {status}"
+        (3, 0),
+        "a restart loads all three compiled modules from disk (the snapshot is the same bytes \
+         for the same module and settings): {status}"
     );
     assert!(
         gate.stderr_text().contains("source=\"disk-cache\""),

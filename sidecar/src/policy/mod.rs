@@ -7,6 +7,7 @@ pub mod engine;
 mod error;
 pub mod module;
 pub mod set;
+mod snapshot;
 pub mod state;
 
 pub use engine::{EngineLimits, PolicyEngine};

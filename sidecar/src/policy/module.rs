@@ -151,24 +151,49 @@ impl Policy {
         Ok(())
     }
 
-    /// Runs `slotgate_validate_settings` (when exported) on `settings`. `Ok(true)` when the policy,
-    /// so configured, decides on the exact prompt count (`needs_prompt_tokens` in its answer).
-    pub fn validate_settings(&self, settings: &serde_json::Value) -> Result<bool, LoadError> {
-        if !self.has_validate {
-            return Ok(false);
-        }
+    /// Runs `slotgate_validate_settings` (when exported) on `settings`: what the policy, so
+    /// configured, asks of the host.
+    pub fn validate_settings(
+        &self,
+        settings: &serde_json::Value,
+    ) -> Result<SettingsVerdict, LoadError> {
+        self.validate_settings_then(settings, |_, _| ())
+            .map(|(verdict, ())| verdict)
+    }
+
+    /// [`Policy::validate_settings`], then `then` with the instance it ran in (to snapshot it).
+    pub fn validate_settings_then<R>(
+        &self,
+        settings: &serde_json::Value,
+        then: impl FnOnce(&mut Store<HostState>, &wasmtime::Instance) -> R,
+    ) -> Result<(SettingsVerdict, R), LoadError> {
         let input = serde_json::to_vec(settings).map_err(|e| LoadError::Settings(e.to_string()))?;
-        let ev = self.call(abi::EXPORT_VALIDATE, &input)?;
-        let out = ev
-            .output
-            .ok_or_else(|| EvalError::InvalidOutput("validate_settings returned nothing".into()))?;
-        settings_verdict(&out)
+        let (mut store, instance) = self.instantiate(self.limits.deadline)?;
+        if !self.has_validate {
+            return Ok((SettingsVerdict::default(), then(&mut store, &instance)));
+        }
+        let out = abi::call_json(
+            &mut store,
+            &instance,
+            abi::EXPORT_VALIDATE,
+            &input,
+            self.limits.max_output_bytes,
+        )
+        .map_err(|e| classify(&store, e))?
+        .ok_or_else(|| EvalError::InvalidOutput("validate_settings returned nothing".into()))?;
+        let verdict = settings_verdict(&out)?;
+        Ok((verdict, then(&mut store, &instance)))
     }
 
     /// Evaluates one request: the decision, checked against the ABI, and what it cost.
     pub fn evaluate(&self, input: &EvaluateInput) -> Result<(Decision, Evaluation), EvalError> {
         let bytes = serde_json::to_vec(input).map_err(|e| EvalError::Abi(e.to_string()))?;
-        let mut ev = self.call(abi::EXPORT_EVALUATE, &bytes)?;
+        self.evaluate_json(&bytes)
+    }
+
+    /// [`Policy::evaluate`] of an [`EvaluateInput`] already serialised.
+    pub fn evaluate_json(&self, input: &[u8]) -> Result<(Decision, Evaluation), EvalError> {
+        let mut ev = self.call(abi::EXPORT_EVALUATE, input)?;
         let out = ev
             .output
             .take()
@@ -231,7 +256,9 @@ impl Policy {
         store
             .set_fuel(self.limits.fuel)
             .map_err(|e| EvalError::Abi(e.to_string()))?;
-        store.set_epoch_deadline(ticks(deadline));
+        // The first check comes at the next tick, where the thread's CPU clock is first read (see
+        // `cpu_deadline`).
+        store.set_epoch_deadline(1);
         store.epoch_deadline_callback(cpu_deadline(deadline));
         // The start function runs here, under the same fuel, deadline and memory caps.
         let instance = self
@@ -272,13 +299,25 @@ pub fn parse_decision(out: &[u8]) -> Result<Decision, EvalError> {
     Ok(decision)
 }
 
+/// What a policy's `validate_settings` asked of the host along with accepting its settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SettingsVerdict {
+    /// Count every prompt before the chain runs (`needs_prompt_tokens`).
+    pub needs_prompt_tokens: bool,
+    /// The instance kept its parsed settings: snapshot it (`keeps_settings`).
+    pub keeps_settings: bool,
+}
+
 /// A policy's `validate_settings` output: `Ok` when it accepts its settings, with whether it needs
 /// the exact prompt count to decide.
-pub fn settings_verdict(out: &[u8]) -> Result<bool, LoadError> {
+pub fn settings_verdict(out: &[u8]) -> Result<SettingsVerdict, LoadError> {
     let v: SettingsValidation = serde_json::from_slice(out)
         .map_err(|e| EvalError::InvalidOutput(format!("validate_settings output: {e}")))?;
     if v.valid {
-        Ok(v.needs_prompt_tokens)
+        Ok(SettingsVerdict {
+            needs_prompt_tokens: v.needs_prompt_tokens,
+            keeps_settings: v.keeps_settings,
+        })
     } else {
         Err(LoadError::Settings(
             v.message.unwrap_or_else(|| "invalid settings".into()),
@@ -305,16 +344,26 @@ pub fn thread_cpu() -> Duration {
 /// the deadline is extended by the CPU time not yet used, so a healthy policy is not failed by
 /// someone else's load. A wall-clock ceiling of [`WALL_CEILING_FACTOR`] times the deadline (at
 /// least [`LOAD_DEADLINE`]) ends it regardless.
+///
+/// The thread's CPU clock is a system call, which would be a tenth of a fast evaluation; it is read
+/// only from the first check on, at the first epoch tick, and most evaluations end before any tick.
+/// What ran before that first check is not counted: at most one tick of CPU time (the tick comes
+/// within [`EPOCH_TICK`] of the start, and a running evaluation reaches a check as soon as it has
+/// passed), so a runaway policy gets at most one tick more than its deadline. Counting that time as
+/// wall-clock instead would fail healthy policies on a busy machine (the thread may wait for a core
+/// for many ticks before its first check).
 fn cpu_deadline(
     deadline: Duration,
 ) -> impl FnMut(wasmtime::StoreContextMut<'_, HostState>) -> wasmtime::Result<UpdateDeadline>
        + Send
        + Sync
        + 'static {
-    let (cpu0, wall0) = (thread_cpu(), Instant::now());
+    let wall0 = Instant::now();
+    let mut first: Option<Duration> = None;
     let ceiling = (deadline * WALL_CEILING_FACTOR).max(LOAD_DEADLINE);
     move |_| {
-        let used = thread_cpu().saturating_sub(cpu0);
+        let cpu = thread_cpu();
+        let used = cpu.saturating_sub(*first.get_or_insert(cpu));
         if used >= deadline || wall0.elapsed() >= ceiling {
             return Ok(UpdateDeadline::Interrupt);
         }

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use slotgate_sdk::{Completion, Decision, EvaluateInput, RequestSummary, Verdict, ABI_VERSION};
@@ -19,6 +20,7 @@ use wasmtime::Module;
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
 use super::engine::{EngineLimits, PolicyEngine};
 use super::module::{thread_cpu, EvalError, LoadError, Policy, PolicyLimits, LOAD_DEADLINE};
+use super::snapshot;
 use super::state::SharedState;
 use crate::config::{PolicyMode, PolicyOnError, PolicySpec};
 use crate::metrics as m;
@@ -48,6 +50,74 @@ pub struct Loaded {
     pub on_error: OnError,
     /// Its `validate_settings` asked for the exact prompt count before it decides.
     pub needs_prompt_tokens: bool,
+    /// `settings` as JSON text, serialised once: every evaluation's input carries it as it is. `None`
+    /// when the policy serves from a snapshot that holds them parsed (see `policy::snapshot`).
+    settings_json: Option<Box<RawValue>>,
+    /// The keys in the module cache of the compiled modules it was built from: the file's, and for
+    /// a snapshot the instrumented module's and the snapshot's (SHA-256 of each).
+    module_keys: Vec<[u8; 32]>,
+    /// Its metric series, looked up once rather than by name on every evaluation.
+    metrics: PolicyMetrics,
+}
+
+impl Loaded {
+    /// Whether it serves from a snapshot that holds its settings parsed (see `policy::snapshot`).
+    pub fn preinitialised(&self) -> bool {
+        self.settings_json.is_none()
+    }
+}
+
+/// The handles of one policy's series in the metrics registry.
+struct PolicyMetrics {
+    eval_seconds: metrics::Histogram,
+    fuel: metrics::Histogram,
+    allow: metrics::Counter,
+    deny: metrics::Counter,
+    error: metrics::Counter,
+}
+
+impl PolicyMetrics {
+    fn register(policy: &str) -> PolicyMetrics {
+        let decision = |d: &'static str| metrics::counter!(m::POLICY_DECISIONS_TOTAL, "policy" => policy.to_owned(), "decision" => d);
+        PolicyMetrics {
+            eval_seconds: metrics::histogram!(m::POLICY_EVAL_SECONDS, "policy" => policy.to_owned()),
+            fuel: metrics::histogram!(m::POLICY_FUEL_CONSUMED, "policy" => policy.to_owned()),
+            allow: decision("allow"),
+            deny: decision("deny"),
+            error: decision("error"),
+        }
+    }
+}
+
+/// An [`EvaluateInput`] as JSON, for each policy of a chain in turn: the request is serialised once,
+/// and each policy's settings (already JSON text) put in beside it.
+struct InputJson {
+    buf: Vec<u8>,
+    /// `buf[..head]` is `{"abi":1,"request":{...}`: what every policy of the chain gets.
+    head: usize,
+}
+
+impl InputJson {
+    fn new(request: &RequestSummary) -> Result<InputJson, EvalError> {
+        let mut buf = Vec::with_capacity(1024);
+        buf.extend_from_slice(format!("{{\"abi\":{ABI_VERSION},\"request\":").as_bytes());
+        serde_json::to_writer(&mut buf, request).map_err(|e| EvalError::Abi(e.to_string()))?;
+        let head = buf.len();
+        Ok(InputJson { buf, head })
+    }
+
+    /// The whole input for a policy with `settings` (`None`: it holds its own), at `now_unix_ms`.
+    fn with(&mut self, settings: Option<&RawValue>, now_unix_ms: u64) -> &[u8] {
+        use std::io::Write;
+        self.buf.truncate(self.head);
+        if let Some(s) = settings {
+            self.buf.extend_from_slice(b",\"settings\":");
+            self.buf.extend_from_slice(s.get().as_bytes());
+        }
+        // Writing to a Vec cannot fail.
+        let _ = write!(self.buf, ",\"now_unix_ms\":{now_unix_ms}}}");
+        &self.buf
+    }
 }
 
 /// One version of the whole chain. Requests hold it for as long as they run, so a reload never
@@ -58,6 +128,9 @@ pub struct Chain {
     /// Set once an evaluation of this version took longer than [`INLINE_LIMIT`] or failed by fuel or
     /// deadline: from then on it runs on the blocking pool (see [`Chain::runs_inline`]).
     offloaded: AtomicBool,
+    /// The last evaluation took longer than [`INLINE_LIMIT`] by the wall clock: measure the next by
+    /// CPU time.
+    measure_cpu: AtomicBool,
 }
 
 /// Most CPU time one evaluation of a whole chain may take and the chain still run inline on an async
@@ -283,9 +356,37 @@ impl PolicySet {
             deadline: limits.deadline.max(LOAD_DEADLINE),
             ..limits
         };
+        let probe = Policy::link(&engine, scratch.clone(), name, &module, lenient)?;
+        let verdict = probe.validate_settings(&settings)?;
+        // A policy that keeps its parsed settings serves from a snapshot taken after it parsed
+        // them; one that cannot be snapshotted still serves, parsing them on every call.
+        let snapshot = if verdict.keeps_settings {
+            match self.snapshot(&engine, name, &bytes, &settings, lenient) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(policy = name, error = %e, "cannot pre-initialise the policy: it parses its settings on every call");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let (module, module_keys, settings_json) = match snapshot {
+            Some(([instrumented, snapshot], module)) => {
+                (module, vec![sha256, instrumented, snapshot], None)
+            }
+            None => {
+                let json = serde_json::value::to_raw_value(&settings)
+                    .map_err(|e| LoadError::Settings(e.to_string()))?;
+                (module, vec![sha256], Some(json))
+            }
+        };
         let probe = Policy::link(&engine, scratch, name, &module, lenient)?;
-        let needs_prompt_tokens = probe.validate_settings(&settings)?;
-        probe.evaluate(&canary_input(&settings))?;
+        let canary_settings = match settings_json {
+            Some(_) => settings.clone(),
+            None => Value::Null,
+        };
+        probe.evaluate(&canary_input(&canary_settings))?;
         let policy = Policy::link(&engine, self.inner.shared.clone(), name, &module, limits)?;
         Ok((
             Arc::new(Loaded {
@@ -302,7 +403,10 @@ impl PolicySet {
                     PolicyOnError::Deny => OnError::Deny,
                     PolicyOnError::Allow => OnError::Allow,
                 },
-                needs_prompt_tokens,
+                needs_prompt_tokens: verdict.needs_prompt_tokens,
+                settings_json,
+                module_keys,
+                metrics: PolicyMetrics::register(name),
             }),
             true,
         ))
@@ -346,10 +450,39 @@ impl PolicySet {
         Ok(module)
     }
 
+    /// The pre-initialised module of the module `sha256` (`bytes`) with `settings`, and the keys in
+    /// the module cache of the instrumented module and of the snapshot. Both compiles go through
+    /// the caches: a change of settings compiles only the new snapshot.
+    fn snapshot(
+        &self,
+        engine: &PolicyEngine,
+        name: &str,
+        bytes: &[u8],
+        settings: &Value,
+        limits: PolicyLimits,
+    ) -> Result<([[u8; 32]; 2], Module), LoadError> {
+        let started = std::time::Instant::now();
+        let wasm = wat::parse_bytes(bytes).map_err(|e| LoadError::Compile(format!("{e}")))?;
+        let (cx, instrumented) = snapshot::instrument(&wasm)?;
+        let instrumented_key: [u8; 32] = Sha256::digest(&instrumented).into();
+        let instrumented = self.module(engine, instrumented_key, &instrumented, limits)?;
+        let wasm = snapshot::take(engine, name, &cx, &instrumented, settings, limits)?;
+        let key: [u8; 32] = Sha256::digest(&wasm).into();
+        let module = self.module(engine, key, &wasm, limits)?;
+        tracing::info!(
+            policy = name,
+            ms = started.elapsed().as_millis() as u64,
+            snapshot_bytes = wasm.len(),
+            "policy pre-initialised with its settings"
+        );
+        Ok(([instrumented_key, key], module))
+    }
+
     /// Keeps only the compiled modules the serving chain uses.
     fn prune_modules(&self) {
         let chain = self.current();
-        lock(&self.inner.modules).retain(|k, _| chain.policies.iter().any(|p| &p.sha256 == k));
+        lock(&self.inner.modules)
+            .retain(|k, _| chain.policies.iter().any(|p| p.module_keys.contains(k)));
     }
 
     /// The compile caches, for `/status`: modules held in memory, and the disk cache's directory,
@@ -380,6 +513,7 @@ impl Chain {
             policies,
             generation,
             offloaded: AtomicBool::new(false),
+            measure_cpu: AtomicBool::new(false),
         }
     }
 
@@ -431,51 +565,61 @@ impl Chain {
     /// [`Chain::evaluate`], and also each policy's own decision (`None` where it failed), in chain
     /// order, for [`Chain::complete`].
     pub fn evaluate_each(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
-        // CPU time, not wall-clock: a busy machine that preempts a fast evaluation does not make it slow.
-        let cpu0 = thread_cpu();
+        // CPU time decides, not wall-clock: a busy machine that preempts a fast evaluation does not
+        // make it slow. The thread's CPU clock is a system call (a tenth of a fast evaluation), so
+        // it is read only when the last evaluation took longer than the limit by the wall clock (CPU
+        // time never exceeds it). A chain slow by the wall clock is measured by CPU on its next
+        // evaluation, and moved to the blocking pool if that confirms it; a runaway evaluation
+        // (fuel, deadline) moves it at once.
+        let cpu0 = self.measure_cpu.load(Ordering::Relaxed).then(thread_cpu);
+        let wall0 = Instant::now();
         let evaluated = self.evaluate_steps(request);
-        let took = thread_cpu().saturating_sub(cpu0);
-        if took > INLINE_LIMIT {
-            self.offload(&format!(
-                "an evaluation took {took:?} of CPU, over {INLINE_LIMIT:?}"
-            ));
+        if let Some(cpu0) = cpu0 {
+            let took = thread_cpu().saturating_sub(cpu0);
+            if took > INLINE_LIMIT {
+                self.offload(&format!(
+                    "an evaluation took {took:?} of CPU, over {INLINE_LIMIT:?}"
+                ));
+            }
         }
+        self.measure_cpu
+            .store(wall0.elapsed() > INLINE_LIMIT, Ordering::Relaxed);
         evaluated
     }
 
     fn evaluate_steps(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
+        if self.policies.is_empty() {
+            return (chain::fold(Vec::new()), Vec::new());
+        }
         let now = unix_ms();
+        let mut input = InputJson::new(request);
         let mut own = Vec::with_capacity(self.policies.len());
         let steps: Vec<Step<'_>> = self
             .policies
             .iter()
             .map(|p| {
-                let input = EvaluateInput {
-                    abi: ABI_VERSION,
-                    request: request.clone(),
-                    settings: p.settings.clone(),
-                    now_unix_ms: now,
+                let result = match &mut input {
+                    Ok(input) => p.policy.evaluate_json(input.with(p.settings_json.as_deref(), now)),
+                    Err(e) => Err(e.clone()),
                 };
-                let result = p.policy.evaluate(&input);
-                let label = p.name.clone();
+                let pm = &p.metrics;
                 match &result {
                     Ok((decision, ev)) => {
-                        metrics::histogram!(m::POLICY_EVAL_SECONDS, "policy" => label.clone())
-                            .record(ev.elapsed.as_secs_f64());
-                        metrics::histogram!(m::POLICY_FUEL_CONSUMED, "policy" => label.clone())
-                            .record(ev.fuel_used as f64);
-                        let verdict = if decision.verdict == Verdict::Deny { "deny" } else { "allow" };
-                        metrics::counter!(m::POLICY_DECISIONS_TOTAL, "policy" => label, "decision" => verdict)
-                            .increment(1);
+                        pm.eval_seconds.record(ev.elapsed.as_secs_f64());
+                        pm.fuel.record(ev.fuel_used as f64);
+                        if decision.verdict == Verdict::Deny {
+                            pm.deny.increment(1);
+                        } else {
+                            pm.allow.increment(1);
+                        }
                     }
                     Err(e) => {
                         if matches!(e, EvalError::Timeout | EvalError::Fuel) {
                             self.offload(&format!("policy `{}` failed: {e}", p.name));
                         }
-                        metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => label.clone(), "kind" => e.kind())
+                        metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind())
                             .increment(1);
-                        metrics::counter!(m::POLICY_DECISIONS_TOTAL, "policy" => label, "decision" => "error")
-                            .increment(1);
+                        pm.error.increment(1);
                         tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy evaluation failed");
                     }
                 }
@@ -503,7 +647,11 @@ impl Chain {
                 continue;
             }
             let mine = Completion {
-                settings: p.settings.clone(),
+                // A snapshotted policy holds its settings already.
+                settings: match p.settings_json {
+                    Some(_) => p.settings.clone(),
+                    None => Value::Null,
+                },
                 decision: decision.clone(),
                 chain_decision: completion.decision.clone(),
                 ..completion.clone()
@@ -613,5 +761,113 @@ mod tests {
             turns.push(set.turn().await);
         }
         turns
+    }
+
+    /// A policy that keeps the settings' text it was validated with and answers it as its tenant,
+    /// with how many evaluations its instance has seen as the priority; it denies any input that
+    /// carries settings. `keeps`: whether its `validate_settings` says it keeps them.
+    fn keeping_policy(keeps: bool) -> String {
+        let answer = if keeps {
+            r#"{"valid":true,"keeps_settings":true}"#
+        } else {
+            r#"{"valid":true}"#
+        };
+        r#"(module
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 4096))
+  (data (i32.const 100) "{\"tenant\":")
+  (data (i32.const 120) ",\"priority\":")
+  (data (i32.const 140) "ANSWER")
+  (data (i32.const 200) "\"settings\"")
+  (data (i32.const 220) "{\"verdict\":\"deny\",\"status\":403,\"message\":\"settings in input\"}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const 1))
+  (func (export "slotgate_alloc") (param $len i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $len)))
+    (local.get $p))
+  (func $pack (param $p i32) (param $l i32) (result i64)
+    (i64.or (i64.shl (i64.extend_i32_u (local.get $p)) (i64.const 32)) (i64.extend_i32_u (local.get $l))))
+  ;; Keeps the settings' JSON text at 512 (its length at 508).
+  (func (export "slotgate_validate_settings") (param $p i32) (param $l i32) (result i64)
+    (i32.store (i32.const 508) (local.get $l))
+    (memory.copy (i32.const 512) (local.get $p) (local.get $l))
+    (call $pack (i32.const 140) (i32.const ANSWER_LEN)))
+  ;; Whether the input holds the text "settings" (quoted).
+  (func $has_settings (param $p i32) (param $l i32) (result i32)
+    (local $i i32) (local $j i32)
+    (block $none
+      (loop $outer
+        (br_if $none (i32.gt_s (i32.add (local.get $i) (i32.const 10)) (local.get $l)))
+        (local.set $j (i32.const 0))
+        (block $miss
+          (loop $inner
+            (br_if $miss (i32.ne
+              (i32.load8_u (i32.add (i32.add (local.get $p) (local.get $i)) (local.get $j)))
+              (i32.load8_u (i32.add (i32.const 200) (local.get $j)))))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br_if $inner (i32.lt_u (local.get $j) (i32.const 10))))
+          (return (i32.const 1)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $outer)))
+    (i32.const 0))
+  ;; {"tenant":<kept settings>,"priority":<evaluations this instance has seen>}
+  (func (export "slotgate_evaluate") (param $p i32) (param $l i32) (result i64)
+    (local $o i32) (local $k i32)
+    (if (call $has_settings (local.get $p) (local.get $l))
+      (then (return (call $pack (i32.const 220) (i32.const 61)))))
+    (i32.store (i32.const 500) (i32.add (i32.load (i32.const 500)) (i32.const 1)))
+    (local.set $k (i32.load (i32.const 508)))
+    (memory.copy (i32.const 2048) (i32.const 100) (i32.const 10))
+    (memory.copy (i32.const 2058) (i32.const 512) (local.get $k))
+    (local.set $o (i32.add (i32.const 2058) (local.get $k)))
+    (memory.copy (local.get $o) (i32.const 120) (i32.const 12))
+    (i32.store8 (i32.add (local.get $o) (i32.const 12)) (i32.add (i32.const 48) (i32.load (i32.const 500))))
+    (i32.store8 (i32.add (local.get $o) (i32.const 13)) (i32.const 125))
+    (call $pack (i32.const 2048) (i32.sub (i32.add (local.get $o) (i32.const 14)) (i32.const 2048)))))"#
+            .replace("ANSWER_LEN", &answer.len().to_string())
+            .replace("ANSWER", &answer.replace('"', "\\\""))
+    }
+
+    fn load_inline(wat: &str, settings: &str, tag: &str) -> PolicySet {
+        let dir = std::env::temp_dir().join(format!("slotgate-keep-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keep.wat");
+        std::fs::write(&path, wat).unwrap();
+        let settings_path = dir.join("settings.json");
+        std::fs::write(&settings_path, settings).unwrap();
+        let set = PolicySet::load(&[PolicySpec::from_path(path, Some(settings_path))], None)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        set
+    }
+
+    #[test]
+    fn a_policy_that_keeps_its_settings_serves_from_a_snapshot_and_still_fresh_instances() {
+        let set = load_inline(&keeping_policy(true), r#""gold""#, "keeps");
+        let chain = set.current();
+        assert!(chain.policies().all(Loaded::preinitialised));
+        let request = canary_input(&Value::Null).request;
+        for _ in 0..3 {
+            let (outcome, own) = chain.evaluate_each(&request);
+            let d = own[0].clone().expect("a decision");
+            // The settings it kept in `validate_settings`, and no settings in its input (it would
+            // deny): every instance starts from the snapshot.
+            assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
+            assert_eq!(d.tenant.as_deref(), Some("gold"), "{outcome:?}");
+            // Each evaluation in a fresh instance: nothing counted by the one before survives.
+            assert_eq!(d.priority, Some(1));
+        }
+    }
+
+    #[test]
+    fn a_policy_that_does_not_keep_its_settings_gets_them_in_every_input() {
+        let set = load_inline(&keeping_policy(false), r#""gold""#, "plain");
+        let chain = set.current();
+        assert!(!chain.policies().any(Loaded::preinitialised));
+        let (_, own) = chain.evaluate_each(&canary_input(&Value::Null).request);
+        let d = own[0].clone().expect("a decision");
+        assert_eq!(d.verdict, Verdict::Deny, "settings in its input: {d:?}");
+        assert_eq!(d.message.as_deref(), Some("settings in input"));
     }
 }
