@@ -97,7 +97,16 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
         .build()
         .expect("runtime");
     println!("\ninline or blocking pool (token-budget; 2 async workers, as on this machine)\n");
-    let (inline, pool, in_place) = rt.block_on(async {
+    let (inline, pool, in_place, on_fiber) = rt.block_on(async {
+        let on_fiber = {
+            let mut t = Vec::with_capacity(ITERATIONS);
+            for _ in 0..ITERATIONS {
+                let t0 = Instant::now();
+                std::hint::black_box(chain.evaluate_each_async(request).await);
+                t.push(t0.elapsed());
+            }
+            percentiles(t)
+        };
         let inline = {
             let mut t = Vec::with_capacity(ITERATIONS);
             for _ in 0..ITERATIONS {
@@ -127,11 +136,19 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
             }
             percentiles(t)
         };
-        (inline, pool, in_place)
+        (inline, pool, in_place, on_fiber)
     });
     println!(
         "{:<34} p50 {:>7.2}   p99 {:>7.2}",
         "inline, awaited from a task", inline.0, inline.1
+    );
+    println!(
+        "{:<34} p50 {:>7.2}   p99 {:>7.2}   adds {:.2} us at p50 ({:.2}x)",
+        "on a fiber (yields at each tick)",
+        on_fiber.0,
+        on_fiber.1,
+        on_fiber.0 - inline.0,
+        on_fiber.0 / inline.0.max(0.01)
     );
     println!(
         "{:<34} p50 {:>7.2}   p99 {:>7.2}   hand-off adds {:.2} us at p50 ({:.2}x)",

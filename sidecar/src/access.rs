@@ -24,6 +24,50 @@ pub struct CompletionHook {
     pub decision: Decision,
 }
 
+impl CompletionHook {
+    /// Runs the `on_complete` of every policy that allowed the request, in a task of its own, with
+    /// how the request ended: on the async worker as the evaluation was (see `pipeline::decide`), or
+    /// on the blocking pool for a chain that was moved there.
+    pub fn fire(
+        self,
+        status: u16,
+        outcome: Outcome,
+        usage: Usage,
+        queue_wait_ms: u64,
+        upstream_ms: u64,
+    ) {
+        let completion = Completion {
+            abi: ABI_VERSION,
+            request: self.request,
+            decision: self.decision,
+            chain_decision: Decision::default(),
+            settings: serde_json::Value::Null,
+            status,
+            outcome: outcome.label().to_owned(),
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            queue_wait_ms,
+            upstream_ms,
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (chain, policies, own) = (self.chain, self.policies, self.own);
+        rt.spawn(async move {
+            let turn = policies.turn().await;
+            if chain.runs_inline() {
+                chain.complete_async(&completion, &own).await;
+            } else {
+                let complete = move || {
+                    let _turn = turn;
+                    chain.complete(&completion, &own);
+                };
+                let _ = tokio::task::spawn_blocking(complete).await;
+            }
+        });
+    }
+}
+
 pub struct Exchange {
     method: http::Method,
     path: String,
@@ -128,32 +172,13 @@ impl Drop for Exchange {
             metrics::counter!(m::TOKENS_REFUNDED_TOTAL).increment(reserved.saturating_sub(used));
         }
         if let Some(hook) = self.completion.take() {
-            let usage = self.usage.unwrap_or_default();
-            let completion = Completion {
-                abi: ABI_VERSION,
-                request: hook.request,
-                decision: hook.decision,
-                chain_decision: Decision::default(),
-                settings: serde_json::Value::Null,
-                status: self.status.unwrap_or(0),
-                outcome: outcome.label().to_owned(),
-                prompt_tokens: usage.prompt_tokens,
-                completion_tokens: usage.completion_tokens,
-                queue_wait_ms: self.queue_wait.map_or(0, |d| d.as_millis() as u64),
-                upstream_ms: self.upstream.map_or(0, |d| d.as_millis() as u64),
-            };
-            // Policy code is CPU-bound and bounded by its limits: keep it off the async workers.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (chain, policies, own) = (hook.chain, hook.policies, hook.own);
-                rt.spawn(async move {
-                    let turn = policies.turn().await;
-                    let complete = move || {
-                        let _turn = turn;
-                        chain.complete(&completion, &own);
-                    };
-                    let _ = tokio::task::spawn_blocking(complete).await;
-                });
-            }
+            hook.fire(
+                self.status.unwrap_or(0),
+                outcome,
+                self.usage.unwrap_or_default(),
+                self.queue_wait.map_or(0, |d| d.as_millis() as u64),
+                self.upstream.map_or(0, |d| d.as_millis() as u64),
+            );
         }
         metrics::counter!(m::REQUESTS_TOTAL, "outcome" => outcome.label()).increment(1);
         // Absent values (no status yet, no peer on TCP) are left out of the line rather than faked,

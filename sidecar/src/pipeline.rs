@@ -15,9 +15,11 @@
 //! Each stage either hands the request on or ends it with a `GateError`, which `respond::error`
 //! turns into the client's one response. No stage calls back into an earlier one.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::FutureExt;
 
 use std::collections::BTreeMap;
 
@@ -106,6 +108,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
                 decision: outcome.decision(),
             });
         }
+        // A fast evaluation may have been over before this task was suspended, so it could not
+        // notice its client leave meanwhile: one yield lets hyper see a closed connection (and drop
+        // this request, which tells the policies) before it can be admitted and forwarded.
+        tokio::task::yield_now().await;
         match outcome {
             ChainOutcome::Allow(mut decision) => {
                 // A policy's priority replaces the client's hint (policies clamp hints themselves).
@@ -396,15 +402,14 @@ async fn count_prompt(app: &App, intake: &mut Intake, when: Before) -> Result<()
     Ok(())
 }
 
-/// Runs the policy chain: inline on this async worker (inside `block_in_place`, so the worker's other
-/// tasks move to another thread meanwhile) while the chain has always been fast
-/// ([`Chain::runs_inline`]), else on the blocking pool. Measured by `sidecar/benches/policy_eval.rs`
-/// on 2 cores: the hand-off to the blocking pool costs ~35-50 us per request at p50, inline nothing;
-/// a plain inline call let a runaway policy hold up the other connections of its worker for a whole
-/// deadline (`tests/tests/fault_clients.rs` fails that way), `block_in_place` does not. A chain runs
-/// inline until one evaluation takes more than `INLINE_LIMIT` (3 ms of CPU) or runs out of fuel or
-/// time, then on the blocking pool, the classic runaway protection, for good; and at most one
-/// evaluation per spare worker (cores − 1, at least 1) runs inline at a time.
+/// Runs the policy chain: on this async worker while the chain has always been fast
+/// ([`Chain::runs_inline`]), else on the blocking pool. On the worker each evaluation runs on a
+/// fiber and yields to the worker's other tasks at every epoch tick (1 ms), so even a runaway policy
+/// holds up no other connection for longer than that, and a fast one costs only itself: no thread
+/// hand-off (the blocking pool's cost ~35-50 us per request at p50 on 2 cores, and `block_in_place`,
+/// which hands the worker's other tasks to another thread, about as much under load; measured by
+/// `sidecar/benches/policy_eval.rs` and `scripts/bench.sh`). A chain moves to the blocking pool for
+/// good once an evaluation used more than `INLINE_LIMIT` (3 ms) of CPU or ran out of fuel or time.
 async fn decide(
     app: &App,
     intake: &Intake,
@@ -419,25 +424,42 @@ async fn decide(
         estimated_wait_seconds: q.drain_seconds(),
     };
     let turn = app.policies.turn().await;
-    let inline = chain.runs_inline().then(InlineTurn::take).flatten();
-    let evaluate = move || {
-        let _turn = turn;
-        chain.evaluate_each(&summary)
-    };
-    let evaluated = if let Some(inline) = inline {
-        // The worker's other tasks move to another thread for the duration, so even a runaway
-        // evaluation inline holds up no other connection.
-        let evaluated = tokio::task::block_in_place(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(evaluate)).map_err(|_| ())
-        });
-        drop(inline);
-        // This task could not notice its client leave while it evaluated: one yield lets hyper see
-        // a closed connection (and drop this request) before it can be admitted and forwarded.
-        tokio::task::yield_now().await;
-        evaluated
-    } else {
-        tokio::task::spawn_blocking(evaluate).await.map_err(|_| ())
-    };
+    // In a task of its own, so that a client that leaves meanwhile (its request's future is dropped)
+    // cancels nothing: a policy that has taken from a budget always finishes, and hears (`on_complete`,
+    // outcome `client_gone`) that the request was never served, so what it took is given back.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let policies = app.policies.clone();
+    let request = intake.summary.clone();
+    tokio::spawn(async move {
+        let evaluated = if chain.runs_inline() {
+            let evaluated = AssertUnwindSafe(chain.evaluate_each_async(&summary))
+                .catch_unwind()
+                .await
+                .map_err(|_| ());
+            drop(turn);
+            evaluated
+        } else {
+            let chain = chain.clone();
+            let evaluate = move || {
+                let _turn = turn;
+                chain.evaluate_each(&summary)
+            };
+            tokio::task::spawn_blocking(evaluate).await.map_err(|_| ())
+        };
+        if let Err(Ok((outcome, own))) = tx.send(evaluated) {
+            if chain.wants_completion(&own) {
+                let hook = CompletionHook {
+                    chain,
+                    own,
+                    policies,
+                    request,
+                    decision: outcome.decision(),
+                };
+                hook.fire(0, Outcome::ClientGone, Default::default(), 0, 0);
+            }
+        }
+    });
+    let evaluated = rx.await.unwrap_or(Err(()));
     evaluated.unwrap_or_else(|()| {
         (
             ChainOutcome::Failed {
@@ -490,33 +512,6 @@ async fn context_refusal(resp: Response<Body>) -> Result<GateError, Response<Bod
             })
         });
     refusal.ok_or_else(|| Response::from_parts(parts, respond::full(bytes)))
-}
-
-/// Evaluations running inline on the async workers now.
-static INLINE_RUNNING: AtomicUsize = AtomicUsize::new(0);
-
-/// A turn to evaluate inline: at most one per spare worker at once (see [`decide`]).
-struct InlineTurn;
-
-impl InlineTurn {
-    fn take() -> Option<InlineTurn> {
-        static AT_ONCE: OnceLock<usize> = OnceLock::new();
-        let at_once = *AT_ONCE.get_or_init(|| {
-            std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
-        });
-        INLINE_RUNNING
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < at_once).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| InlineTurn)
-    }
-}
-
-impl Drop for InlineTurn {
-    fn drop(&mut self) {
-        INLINE_RUNNING.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// Sends the request, retrying with exponential backoff and jitter only while the upstream is

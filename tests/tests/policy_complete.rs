@@ -2,11 +2,13 @@
 //! example refunds its estimate from the actual usage. Without the refund its bucket (no refill)
 //! could never admit a second request.
 
+use std::time::Duration;
+
 use slotgate_tests::budget::send_until_refunded;
 use slotgate_tests::errors::assert_error;
 use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::Gate;
-use slotgate_tests::request::{Req, CHAT};
+use slotgate_tests::request::{spawn_post, Req, CHAT};
 use slotgate_tests::wait::unique_dir;
 use slotgate_tests::wat;
 
@@ -78,5 +80,60 @@ async fn a_later_policys_deny_gives_the_budget_back() {
     let resp = send_until_refunded(&client, &served, "the last estimate never came back").await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(up.tags(), ["served"], "denied requests are never forwarded");
+    gate.assert_settled(&up, 1).await;
+}
+
+/// A client that leaves while its request is being evaluated cancels nothing: the evaluation runs
+/// to its end, and a policy that allowed the request (token-budget, which took ~600 of its 1000
+/// tokens) hears that it was never served (`on_complete`, outcome `client_gone`) and gives the
+/// tokens back. Were the evaluation cancelled with the request, or its result dropped, the budget
+/// would stay spent and the next 600-token request would get 429 for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_leaves_during_the_evaluation_gets_the_budget_back() {
+    let dir = unique_dir("policy-complete-leave");
+    // Spins on the marked request until its 1.5 s deadline, then fails open.
+    let slow = wat::hostile(&dir, "slow", "(loop $spin (br $spin))", "");
+    let config = dir.join("slotgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[policy]]\npath = \"{}\"\nsettings = {}\n\n[[policy]]\npath = \"{}\"\non-error = \"allow\"\nfuel = 100000000000\ndeadline = \"1500ms\"\n",
+            wat::built("token-budget").display(),
+            BUDGET.unwrap(),
+            slow.display()
+        ),
+    )
+    .unwrap();
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .opt("--config", config.display())
+        .start_with(FakeUpstream::instant())
+        .await;
+    let client = gate.client();
+    let leaver = spawn_post(
+        &client,
+        CHAT,
+        &Req::chat("left")
+            .set("model", wat::MARKER)
+            .set("max_tokens", 600),
+    );
+    // Well inside the slow policy's evaluation, after token-budget has taken its share.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    leaver.abort();
+    let _ = leaver.await;
+    gate.wait_outcome("client_gone", 1).await;
+    let served = Req::chat("served").set("max_tokens", 600).json();
+    let resp = send_until_refunded(
+        &client,
+        &served,
+        "the departed client's tokens never came back",
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(
+        up.tags(),
+        ["served"],
+        "the departed request was never forwarded"
+    );
     gate.assert_settled(&up, 1).await;
 }

@@ -34,6 +34,38 @@ pub fn call_json(
     let len = i32::try_from(input.len())
         .map_err(|_| wasmtime::Error::new(EvalError::Abi("input too large".into())))?;
     let ptr = alloc.call(&mut store, len)?;
+    write_input(&mut store, &mem, ptr, input)?;
+    let func = instance.get_typed_func::<(i32, i32), i64>(&mut store, export)?;
+    let packed = func.call(&mut store, (ptr, len))?;
+    output(&store, &mem, packed, max_output)
+}
+
+/// [`call_json`] with the calls made on a fiber, so the deadline check may yield to the async
+/// executor (`Runs::Async` in `module.rs`).
+pub async fn call_json_async<T: Send>(
+    mut store: impl AsContextMut<Data = T>,
+    instance: &Instance,
+    export: &str,
+    input: &[u8],
+    max_output: usize,
+) -> Result<Option<Vec<u8>>, wasmtime::Error> {
+    let mem = memory(&mut store, instance).map_err(wasmtime::Error::new)?;
+    let alloc = instance.get_typed_func::<i32, i32>(&mut store, EXPORT_ALLOC)?;
+    let len = i32::try_from(input.len())
+        .map_err(|_| wasmtime::Error::new(EvalError::Abi("input too large".into())))?;
+    let ptr = alloc.call_async(&mut store, len).await?;
+    write_input(&mut store, &mem, ptr, input)?;
+    let func = instance.get_typed_func::<(i32, i32), i64>(&mut store, export)?;
+    let packed = func.call_async(&mut store, (ptr, len)).await?;
+    output(&store, &mem, packed, max_output)
+}
+
+fn write_input(
+    mut store: impl AsContextMut,
+    mem: &Memory,
+    ptr: i32,
+    input: &[u8],
+) -> Result<(), wasmtime::Error> {
     if ptr == 0 {
         return Err(wasmtime::Error::new(EvalError::Abi(
             "slotgate_alloc returned 0".into(),
@@ -44,9 +76,16 @@ pub fn call_json(
             wasmtime::Error::new(EvalError::Abi(
                 "slotgate_alloc returned memory out of bounds".into(),
             ))
-        })?;
-    let func = instance.get_typed_func::<(i32, i32), i64>(&mut store, export)?;
-    let packed = func.call(&mut store, (ptr, len))?;
+        })
+}
+
+/// The output an export's packed `(ptr << 32) | len` answer points at; `None` for 0.
+fn output(
+    store: impl AsContext,
+    mem: &Memory,
+    packed: i64,
+    max_output: usize,
+) -> Result<Option<Vec<u8>>, wasmtime::Error> {
     if packed == 0 {
         return Ok(None);
     }
@@ -59,7 +98,7 @@ pub fn call_json(
             "output of {out_len} bytes is over the {max_output}-byte limit"
         ))));
     }
-    read(&store, &mem, out_ptr, out_len)
+    read(&store, mem, out_ptr, out_len)
         .map(Some)
         .map_err(wasmtime::Error::new)
 }

@@ -116,11 +116,15 @@ fn config(limits: EngineLimits) -> Config {
         .wasm_stack_switching(false)
         .wasm_custom_page_sizes(false)
         .wasm_wide_arithmetic(false)
-        .max_wasm_stack(512 << 10);
+        .max_wasm_stack(512 << 10)
+        // Calls on an async worker run on a fiber of their own (see `Runs` in module.rs): room for
+        // the wasm stack and the host frames below it.
+        .async_stack_size(1 << 20);
     let mut pool = PoolingAllocationConfig::default();
     pool.total_core_instances(limits.max_instances)
         .total_memories(limits.max_instances)
         .total_tables(limits.max_instances)
+        .total_stacks(limits.max_instances)
         .max_memory_size(limits.max_memory_bytes)
         // A fresh instance per evaluation must not pay page faults for the pages the last one
         // touched: reset them in place (only the dirty ones, found with PAGEMAP_SCAN where the

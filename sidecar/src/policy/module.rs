@@ -1,6 +1,7 @@
 //! One loaded policy: the module compiled off the request path, its exports checked against ABI v1,
 //! host functions linked, and an `InstancePre` from which every evaluation gets a fresh instance.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,19 @@ pub struct Evaluation {
     pub output: Option<Vec<u8>>,
     pub fuel_used: u64,
     pub elapsed: Duration,
+    /// CPU time the deadline check counted (see `cpu_deadline`): zero for a call that ended before
+    /// the first epoch tick, which is nearly every call of a healthy policy.
+    pub cpu: Duration,
+}
+
+/// Where a call runs, which decides what its deadline check does while the deadline is not over:
+/// on a thread of its own (the blocking pool, start-up, the CLI) it lets the call go on; on an async
+/// worker it also yields to the worker's other tasks at every tick, so even a runaway policy holds
+/// up no other connection for more than a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    Blocking,
+    Async,
 }
 
 pub struct Policy {
@@ -201,6 +215,20 @@ impl Policy {
         Ok((parse_decision(&out)?, ev))
     }
 
+    /// [`Policy::evaluate_json`] on an async worker: it yields to the worker's other tasks at every
+    /// epoch tick (see [`Runs`]).
+    pub async fn evaluate_json_async(
+        &self,
+        input: &[u8],
+    ) -> Result<(Decision, Evaluation), EvalError> {
+        let mut ev = self.call_async(abi::EXPORT_EVALUATE, input).await?;
+        let out = ev
+            .output
+            .take()
+            .ok_or_else(|| EvalError::InvalidOutput("evaluate returned nothing".into()))?;
+        Ok((parse_decision(&out)?, ev))
+    }
+
     /// Tells the policy what really happened (`slotgate_on_complete`, when exported).
     pub fn on_complete(&self, completion: &Completion) -> Result<Option<Evaluation>, EvalError> {
         if !self.has_on_complete {
@@ -210,10 +238,28 @@ impl Policy {
         self.call(abi::EXPORT_ON_COMPLETE, &bytes).map(Some)
     }
 
+    /// [`Policy::on_complete`] on an async worker (see [`Runs`]).
+    pub async fn on_complete_async(
+        &self,
+        completion: &Completion,
+    ) -> Result<Option<Evaluation>, EvalError> {
+        if !self.has_on_complete {
+            return Ok(None);
+        }
+        let bytes = serde_json::to_vec(completion).map_err(|e| EvalError::Abi(e.to_string()))?;
+        self.call_async(abi::EXPORT_ON_COMPLETE, &bytes)
+            .await
+            .map(Some)
+    }
+
     /// Calls `export` with `input` in a fresh instance under this policy's limits.
     pub fn call(&self, export: &str, input: &[u8]) -> Result<Evaluation, EvalError> {
         let started = Instant::now();
-        let (mut store, instance) = self.instantiate(self.limits.deadline)?;
+        let (mut store, clock) = self.store(self.limits.deadline, Runs::Blocking)?;
+        let instance = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| classify(&store, e))?;
         let result = abi::call_json(
             &mut store,
             &instance,
@@ -221,6 +267,35 @@ impl Policy {
             input,
             self.limits.max_output_bytes,
         );
+        self.finish(&store, &clock, started, result)
+    }
+
+    /// [`Policy::call`] on an async worker (see [`Runs`]).
+    pub async fn call_async(&self, export: &str, input: &[u8]) -> Result<Evaluation, EvalError> {
+        let started = Instant::now();
+        let (mut store, clock) = self.store(self.limits.deadline, Runs::Async)?;
+        let instance = match self.pre.instantiate_async(&mut store).await {
+            Ok(i) => i,
+            Err(e) => return Err(classify(&store, e)),
+        };
+        let result = abi::call_json_async(
+            &mut store,
+            &instance,
+            export,
+            input,
+            self.limits.max_output_bytes,
+        )
+        .await;
+        self.finish(&store, &clock, started, result)
+    }
+
+    fn finish(
+        &self,
+        store: &Store<HostState>,
+        clock: &CallClock,
+        started: Instant,
+        result: Result<Option<Vec<u8>>, wasmtime::Error>,
+    ) -> Result<Evaluation, EvalError> {
         let fuel_used = self
             .limits
             .fuel
@@ -230,8 +305,9 @@ impl Policy {
                 output,
                 fuel_used,
                 elapsed: started.elapsed(),
+                cpu: clock.counted(),
             }),
-            Err(e) => Err(classify(&store, e)),
+            Err(e) => Err(classify(store, e)),
         }
     }
 
@@ -239,6 +315,21 @@ impl Policy {
         &self,
         deadline: Duration,
     ) -> Result<(Store<HostState>, wasmtime::Instance), EvalError> {
+        let (mut store, _) = self.store(deadline, Runs::Blocking)?;
+        // The start function runs here, under the same fuel, deadline and memory caps.
+        let instance = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| classify(&store, e))?;
+        Ok((store, instance))
+    }
+
+    /// A store for one call: this policy's fuel, memory caps and deadline check.
+    fn store(
+        &self,
+        deadline: Duration,
+        runs: Runs,
+    ) -> Result<(Store<HostState>, Arc<CallClock>), EvalError> {
         let state = HostState {
             limits: StoreLimitsBuilder::new()
                 .memory_size(self.limits.memory_bytes)
@@ -258,14 +349,55 @@ impl Policy {
             .map_err(|e| EvalError::Abi(e.to_string()))?;
         // The first check comes at the next tick, where the thread's CPU clock is first read (see
         // `cpu_deadline`).
+        let clock = Arc::new(CallClock::default());
         store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(cpu_deadline(deadline));
-        // The start function runs here, under the same fuel, deadline and memory caps.
-        let instance = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| classify(&store, e))?;
-        Ok((store, instance))
+        store.epoch_deadline_callback(cpu_deadline(deadline, clock.clone(), runs));
+        Ok((store, clock))
+    }
+}
+
+/// The CPU time one call used, as its deadline check counts it: from its first check on, and on an
+/// async worker only while it ran (not while it had yielded to other tasks).
+#[derive(Debug)]
+struct CallClock {
+    /// Nanoseconds counted so far.
+    counted: AtomicU64,
+    /// The thread's CPU clock when counting last resumed (the first check, or the end of a yield);
+    /// `u64::MAX` before the first check.
+    mark: AtomicU64,
+}
+
+impl Default for CallClock {
+    fn default() -> Self {
+        CallClock {
+            counted: AtomicU64::new(0),
+            mark: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl CallClock {
+    /// Counts the CPU time since the mark up to `cpu` (the thread's clock now), moves the mark to
+    /// `cpu` and returns the total.
+    fn count(&self, cpu: Duration) -> Duration {
+        let now = cpu.as_nanos() as u64;
+        let mark = self.mark.swap(now, Ordering::Relaxed);
+        let add = if mark == u64::MAX {
+            0
+        } else {
+            now.saturating_sub(mark)
+        };
+        Duration::from_nanos(self.counted.fetch_add(add, Ordering::Relaxed) + add)
+    }
+
+    /// Counting resumes after a yield, at `cpu` (the clock of the thread that runs the call now: a
+    /// task may resume on another worker).
+    fn resume(&self, cpu: Duration) {
+        self.mark.store(cpu.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn counted(&self) -> Duration {
+        Duration::from_nanos(self.counted.load(Ordering::Relaxed))
     }
 }
 
@@ -354,20 +486,34 @@ pub fn thread_cpu() -> Duration {
 /// for many ticks before its first check).
 fn cpu_deadline(
     deadline: Duration,
+    clock: Arc<CallClock>,
+    runs: Runs,
 ) -> impl FnMut(wasmtime::StoreContextMut<'_, HostState>) -> wasmtime::Result<UpdateDeadline>
        + Send
        + Sync
        + 'static {
     let wall0 = Instant::now();
-    let mut first: Option<Duration> = None;
     let ceiling = (deadline * WALL_CEILING_FACTOR).max(LOAD_DEADLINE);
     move |_| {
-        let cpu = thread_cpu();
-        let used = cpu.saturating_sub(*first.get_or_insert(cpu));
+        let used = clock.count(thread_cpu());
         if used >= deadline || wall0.elapsed() >= ceiling {
             return Ok(UpdateDeadline::Interrupt);
         }
-        Ok(UpdateDeadline::Continue(ticks(deadline - used)))
+        Ok(match runs {
+            Runs::Blocking => UpdateDeadline::Continue(ticks(deadline - used)),
+            // Let the worker's other tasks run, then go on for another tick; what ran meanwhile is
+            // not this call's.
+            Runs::Async => {
+                let clock = clock.clone();
+                UpdateDeadline::YieldCustom(
+                    1,
+                    Box::pin(async move {
+                        tokio::task::yield_now().await;
+                        clock.resume(thread_cpu());
+                    }),
+                )
+            }
+        })
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -19,7 +19,7 @@ use wasmtime::Module;
 
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
 use super::engine::{EngineLimits, PolicyEngine};
-use super::module::{thread_cpu, EvalError, LoadError, Policy, PolicyLimits, LOAD_DEADLINE};
+use super::module::{EvalError, Evaluation, LoadError, Policy, PolicyLimits, LOAD_DEADLINE};
 use super::snapshot;
 use super::state::SharedState;
 use crate::config::{PolicyMode, PolicyOnError, PolicySpec};
@@ -128,9 +128,6 @@ pub struct Chain {
     /// Set once an evaluation of this version took longer than [`INLINE_LIMIT`] or failed by fuel or
     /// deadline: from then on it runs on the blocking pool (see [`Chain::runs_inline`]).
     offloaded: AtomicBool,
-    /// The last evaluation took longer than [`INLINE_LIMIT`] by the wall clock: measure the next by
-    /// CPU time.
-    measure_cpu: AtomicBool,
 }
 
 /// Most CPU time one evaluation of a whole chain may take and the chain still run inline on an async
@@ -513,7 +510,6 @@ impl Chain {
             policies,
             generation,
             offloaded: AtomicBool::new(false),
-            measure_cpu: AtomicBool::new(false),
         }
     }
 
@@ -557,7 +553,8 @@ impl Chain {
     }
 
     /// Evaluates every policy on `request` and folds the decisions. Synchronous and CPU-bound
-    /// (bounded by each policy's fuel and deadline): run it off the async workers.
+    /// (bounded by each policy's fuel and deadline): run it off the async workers, or use
+    /// [`Chain::evaluate_each_async`].
     pub fn evaluate(&self, request: &RequestSummary) -> ChainOutcome {
         self.evaluate_each(request).0
     }
@@ -565,100 +562,51 @@ impl Chain {
     /// [`Chain::evaluate`], and also each policy's own decision (`None` where it failed), in chain
     /// order, for [`Chain::complete`].
     pub fn evaluate_each(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
-        // CPU time decides, not wall-clock: a busy machine that preempts a fast evaluation does not
-        // make it slow. The thread's CPU clock is a system call (a tenth of a fast evaluation), so
-        // it is read only when the last evaluation took longer than the limit by the wall clock (CPU
-        // time never exceeds it). A chain slow by the wall clock is measured by CPU on its next
-        // evaluation, and moved to the blocking pool if that confirms it; a runaway evaluation
-        // (fuel, deadline) moves it at once.
-        let cpu0 = self.measure_cpu.load(Ordering::Relaxed).then(thread_cpu);
-        let wall0 = Instant::now();
-        let evaluated = self.evaluate_steps(request);
-        if let Some(cpu0) = cpu0 {
-            let took = thread_cpu().saturating_sub(cpu0);
-            if took > INLINE_LIMIT {
-                self.offload(&format!(
-                    "an evaluation took {took:?} of CPU, over {INLINE_LIMIT:?}"
-                ));
-            }
+        let mut run = Run::new(self, request);
+        for p in &self.policies {
+            let result = run.input(p).and_then(|input| p.policy.evaluate_json(input));
+            run.record(p, result);
         }
-        self.measure_cpu
-            .store(wall0.elapsed() > INLINE_LIMIT, Ordering::Relaxed);
-        evaluated
+        run.finish()
     }
 
-    fn evaluate_steps(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
-        if self.policies.is_empty() {
-            return (chain::fold(Vec::new()), Vec::new());
+    /// [`Chain::evaluate_each`] on an async worker: each evaluation yields to the worker's other
+    /// tasks at every epoch tick, so not even a runaway policy holds up another connection for more
+    /// than a tick (see `Runs` in module.rs). What it costs is only the evaluations themselves: no
+    /// hand-off to another thread.
+    pub async fn evaluate_each_async(
+        &self,
+        request: &RequestSummary,
+    ) -> (ChainOutcome, Vec<Option<Decision>>) {
+        let mut run = Run::new(self, request);
+        for p in &self.policies {
+            let result = match run.input(p) {
+                Ok(input) => p.policy.evaluate_json_async(input).await,
+                Err(e) => Err(e),
+            };
+            run.record(p, result);
         }
-        let now = unix_ms();
-        let mut input = InputJson::new(request);
-        let mut own = Vec::with_capacity(self.policies.len());
-        let steps: Vec<Step<'_>> = self
-            .policies
-            .iter()
-            .map(|p| {
-                let result = match &mut input {
-                    Ok(input) => p.policy.evaluate_json(input.with(p.settings_json.as_deref(), now)),
-                    Err(e) => Err(e.clone()),
-                };
-                let pm = &p.metrics;
-                match &result {
-                    Ok((decision, ev)) => {
-                        pm.eval_seconds.record(ev.elapsed.as_secs_f64());
-                        pm.fuel.record(ev.fuel_used as f64);
-                        if decision.verdict == Verdict::Deny {
-                            pm.deny.increment(1);
-                        } else {
-                            pm.allow.increment(1);
-                        }
-                    }
-                    Err(e) => {
-                        if matches!(e, EvalError::Timeout | EvalError::Fuel) {
-                            self.offload(&format!("policy `{}` failed: {e}", p.name));
-                        }
-                        metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind())
-                            .increment(1);
-                        pm.error.increment(1);
-                        tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy evaluation failed");
-                    }
-                }
-                if p.mode == Mode::Monitor {
-                    if let Ok((d, _)) = &result {
-                        tracing::info!(policy = %p.name, verdict = ?d.verdict, cost = ?d.cost, priority = ?d.priority, tenant = ?d.tenant, "monitor-mode decision (not enforced)");
-                    }
-                }
-                let result = result.map(|(d, _)| d);
-                own.push(result.as_ref().ok().cloned());
-                Step { policy: &p.name, mode: p.mode, on_error: p.on_error, result }
-            })
-            .collect();
-        (chain::fold(steps), own)
+        run.finish()
     }
 
     /// Runs the `on_complete` of every policy that allowed the request (`own`: each policy's decision,
     /// from [`Chain::evaluate_each`]) with the request's real outcome, so what it took from a budget
     /// can be settled, also when a later policy denied the request. `completion.decision` is the
-    /// chain's; each policy gets its own as `decision`. Synchronous: run it off the async workers.
+    /// chain's; each policy gets its own as `decision`. Synchronous: run it off the async workers, or
+    /// use [`Chain::complete_async`].
     pub fn complete(&self, completion: &Completion, own: &[Option<Decision>]) {
         for (p, decision) in self.policies.iter().zip(own) {
-            let Some(decision) = decision else { continue };
-            if decision.verdict != Verdict::Allow || !p.policy.has_on_complete() {
-                continue;
+            if let Some(mine) = completion_for(p, decision, completion) {
+                report_completion(p, p.policy.on_complete(&mine));
             }
-            let mine = Completion {
-                // A snapshotted policy holds its settings already.
-                settings: match p.settings_json {
-                    Some(_) => p.settings.clone(),
-                    None => Value::Null,
-                },
-                decision: decision.clone(),
-                chain_decision: completion.decision.clone(),
-                ..completion.clone()
-            };
-            if let Err(e) = p.policy.on_complete(&mine) {
-                metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind()).increment(1);
-                tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy on_complete failed");
+        }
+    }
+
+    /// [`Chain::complete`] on an async worker, as [`Chain::evaluate_each_async`].
+    pub async fn complete_async(&self, completion: &Completion, own: &[Option<Decision>]) {
+        for (p, decision) in self.policies.iter().zip(own) {
+            if let Some(mine) = completion_for(p, decision, completion) {
+                report_completion(p, p.policy.on_complete_async(&mine).await);
             }
         }
     }
@@ -668,6 +616,127 @@ impl Chain {
         self.policies.iter().zip(own).any(|(p, d)| {
             p.policy.has_on_complete() && d.as_ref().is_some_and(|d| d.verdict == Verdict::Allow)
         })
+    }
+}
+
+/// What `p` gets in its `on_complete`, if it allowed the request (its own decision) and exports it.
+fn completion_for(
+    p: &Loaded,
+    decision: &Option<Decision>,
+    completion: &Completion,
+) -> Option<Completion> {
+    let decision = decision.as_ref()?;
+    if decision.verdict != Verdict::Allow || !p.policy.has_on_complete() {
+        return None;
+    }
+    Some(Completion {
+        // A snapshotted policy holds its settings already.
+        settings: match p.settings_json {
+            Some(_) => p.settings.clone(),
+            None => Value::Null,
+        },
+        decision: decision.clone(),
+        chain_decision: completion.decision.clone(),
+        ..completion.clone()
+    })
+}
+
+fn report_completion(p: &Loaded, result: Result<Option<Evaluation>, EvalError>) {
+    if let Err(e) = result {
+        metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind())
+            .increment(1);
+        tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy on_complete failed");
+    }
+}
+
+/// One evaluation of a chain in progress: the input, each policy's step, and the CPU time counted.
+struct Run<'a> {
+    chain: &'a Chain,
+    input: Result<InputJson, EvalError>,
+    now: u64,
+    steps: Vec<Step<'a>>,
+    own: Vec<Option<Decision>>,
+    cpu: Duration,
+}
+
+impl<'a> Run<'a> {
+    fn new(chain: &'a Chain, request: &RequestSummary) -> Run<'a> {
+        let input = if chain.policies.is_empty() {
+            Err(EvalError::Abi("no policy".into()))
+        } else {
+            InputJson::new(request)
+        };
+        Run {
+            chain,
+            input,
+            now: unix_ms(),
+            steps: Vec::with_capacity(chain.policies.len()),
+            own: Vec::with_capacity(chain.policies.len()),
+            cpu: Duration::ZERO,
+        }
+    }
+
+    /// The input for `p`: the request, and its settings unless it holds them.
+    fn input(&mut self, p: &Loaded) -> Result<&[u8], EvalError> {
+        match &mut self.input {
+            Ok(input) => Ok(input.with(p.settings_json.as_deref(), self.now)),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// Counts `p`'s result in the metrics and keeps it for the fold.
+    fn record(&mut self, p: &'a Loaded, result: Result<(Decision, Evaluation), EvalError>) {
+        let pm = &p.metrics;
+        match &result {
+            Ok((decision, ev)) => {
+                self.cpu += ev.cpu;
+                pm.eval_seconds.record(ev.elapsed.as_secs_f64());
+                pm.fuel.record(ev.fuel_used as f64);
+                if decision.verdict == Verdict::Deny {
+                    pm.deny.increment(1);
+                } else {
+                    pm.allow.increment(1);
+                }
+            }
+            Err(e) => {
+                if matches!(e, EvalError::Timeout | EvalError::Fuel) {
+                    self.chain
+                        .offload(&format!("policy `{}` failed: {e}", p.name));
+                }
+                metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind())
+                    .increment(1);
+                pm.error.increment(1);
+                tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy evaluation failed");
+            }
+        }
+        if p.mode == Mode::Monitor {
+            if let Ok((d, _)) = &result {
+                tracing::info!(policy = %p.name, verdict = ?d.verdict, cost = ?d.cost, priority = ?d.priority, tenant = ?d.tenant, "monitor-mode decision (not enforced)");
+            }
+        }
+        let result = result.map(|(d, _)| d);
+        self.own.push(result.as_ref().ok().cloned());
+        self.steps.push(Step {
+            policy: &p.name,
+            mode: p.mode,
+            on_error: p.on_error,
+            result,
+        });
+    }
+
+    /// The folded outcome and each policy's decision. A chain whose evaluations the deadline checks
+    /// counted more than [`INLINE_LIMIT`] of CPU for moves to the blocking pool: CPU time decides,
+    /// not wall-clock, so a busy machine that preempts a fast evaluation does not make it slow; and
+    /// the clock is only read in those checks, from the first epoch tick of a call on, so a fast
+    /// evaluation never pays for it.
+    fn finish(self) -> (ChainOutcome, Vec<Option<Decision>>) {
+        if self.cpu > INLINE_LIMIT {
+            self.chain.offload(&format!(
+                "an evaluation took {:?} of CPU, over {INLINE_LIMIT:?}",
+                self.cpu
+            ));
+        }
+        (chain::fold(self.steps), self.own)
     }
 }
 
