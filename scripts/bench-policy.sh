@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What policies cost, measured against no-policy baselines in the same run (prints ratios; asserts
 # nothing about time): per evaluation (sidecar/benches/policy_eval.rs, including the inline /
-# block_in_place / spawn_blocking comparison) and per whole request through the release binary
+# fiber / block_in_place / spawn_blocking comparison) and per whole request through the release binary
 # (tests/benches/gate_overhead.rs). Builds the example policies and the release binary first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

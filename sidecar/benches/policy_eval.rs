@@ -4,11 +4,13 @@
 //!
 //! 1. One evaluation of each example policy through the chain (`Chain::evaluate`: JSON in, a fresh
 //!    instance from the pool via `InstancePre`, fuel and deadline set, JSON out, metrics recorded),
-//!    against an empty chain.
-//! 2. Inline or blocking pool: the p50 of one evaluation awaited from an async task, called inline
-//!    versus handed to `spawn_blocking`; and how long a 1 ms timer on the same runtime is late while
-//!    runaway policies (an infinite loop, cut off by the 20 ms deadline) are being evaluated, inline
-//!    versus on the blocking pool.
+//!    against an empty chain; then the three Rust examples in a chain, and all four.
+//! 2. Where it runs: the p50 of one evaluation awaited from an async task, called inline, on a fiber
+//!    that yields at every epoch tick (as slotgate runs it), inside `block_in_place`, or handed to
+//!    `spawn_blocking`; and how long a 1 ms timer on the same runtime is late while runaway policies
+//!    (an infinite loop, cut off by the 20 ms deadline) are being evaluated each of those ways.
+//!
+//! `POLICY_EVAL_LOOP=<example>` (or `chain`) evaluates just that for 5 seconds, for a profiler.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -175,12 +177,14 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
     let quiet = timer_lateness(&rt, None);
     let inline_stall = timer_lateness(&rt, Some((runaway.clone(), Mode::Inline, long.clone())));
     let in_place_stall = timer_lateness(&rt, Some((runaway.clone(), Mode::InPlace, long.clone())));
+    let fiber_stall = timer_lateness(&rt, Some((runaway.clone(), Mode::Fiber, long.clone())));
     let pool_stall = timer_lateness(&rt, Some((runaway, Mode::Pool, long)));
     println!("\nlateness of a 1 ms timer on the same runtime (p50 / p99 / max in microseconds)\n");
     for (what, l) in [
         ("no policy work (baseline)", quiet),
         ("runaway policies inline", inline_stall),
         ("runaway policies, block_in_place", in_place_stall),
+        ("runaway policies on a fiber", fiber_stall),
         ("runaway policies on blocking pool", pool_stall),
     ] {
         println!(
@@ -195,6 +199,8 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
 
 #[derive(Clone, Copy)]
 enum Mode {
+    /// As slotgate runs them: on the worker, on a fiber that yields at every epoch tick.
+    Fiber,
     Inline,
     InPlace,
     Pool,
@@ -218,6 +224,10 @@ fn timer_lateness(
                             Mode::Pool => {
                                 let (c, r) = (chain.clone(), request.clone());
                                 let _ = tokio::task::spawn_blocking(move || c.evaluate(&r)).await;
+                            }
+                            Mode::Fiber => {
+                                std::hint::black_box(chain.evaluate_each_async(&request).await);
+                                tokio::task::yield_now().await;
                             }
                             Mode::Inline => {
                                 std::hint::black_box(chain.evaluate(&request));

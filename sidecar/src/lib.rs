@@ -5,7 +5,7 @@
 //!                                              │
 //!                                              ▼
 //!                                    pipeline::handle
-//!          intake (route, bounded body, JSON) ─▶ policy chain (wasm, blocking pool; deny / allow)
+//!          intake (route, bounded body, JSON) ─▶ policy chain (wasm on a fiber; deny / allow)
 //!              ─▶ admission (slot | priority queue, tenants served fairly by tokens | 429/504)
 //!              ─▶ upstream (keep-alive pool, retry only unsent) ─▶ body::GuardedBody
 //!                  (streams, then frees slot + records; access: on_complete to the policies)

@@ -1,6 +1,6 @@
 //! What the allocator keeps. glibc's malloc gives each thread that allocates an arena of its own, up
 //! to eight per core, and an arena holds on to what was freed in it. slotgate's threads come and go
-//! (the blocking pool, the `block_in_place` hand-offs), so the number of arenas, and with it the idle
+//! (the blocking pool, which start-up, reloads and a slow policy chain use), so the number of arenas, and with it the idle
 //! RSS, crept up to what the busiest moment had created: +1.6 MiB over an 8-minute soak with the
 //! default, +0.6 MiB with two arenas (`docs/soak.md`). Two arenas serve the two async workers of a
 //! 2-core machine; the few threads beyond them share.

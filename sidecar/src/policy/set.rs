@@ -513,11 +513,11 @@ impl Chain {
         }
     }
 
-    /// Whether evaluations of this version may run inline on the async worker that serves the
-    /// request, saving the hand-off to the blocking pool (~40-50 us). True until one evaluation took
-    /// longer than [`INLINE_LIMIT`] or ran out of fuel or time: such a chain (a slow or runaway
-    /// policy) is evaluated on the blocking pool from then on, so it cannot hold up the connections
-    /// of a worker again. A new version (a reload) starts inline again.
+    /// Whether evaluations of this version run on the async worker that serves the request (on a
+    /// fiber that yields at every epoch tick, see [`Chain::evaluate_each_async`]), saving the
+    /// hand-off to the blocking pool (~30-50 us). True until one evaluation used more than
+    /// [`INLINE_LIMIT`] of CPU or ran out of fuel or time: such a chain (a slow or runaway policy)
+    /// is evaluated on the blocking pool from then on. A new version (a reload) starts inline again.
     pub fn runs_inline(&self) -> bool {
         !self.offloaded.load(Ordering::Relaxed)
     }
