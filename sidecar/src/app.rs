@@ -42,6 +42,8 @@ pub async fn run(
     let hangup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
     let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
+    // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
+    crate::memory::trim();
     let app = Arc::new(App::new(config, prometheus, policies));
     let cfg = &app.config;
 

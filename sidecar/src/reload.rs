@@ -90,6 +90,10 @@ pub async fn reload(
                 tracing::warn!("settings other than the policy chain changed; they take effect only on restart");
             }
             let outcome = app.policies.reload(&config.policies);
+            // Compiling freed megabytes into malloc's arenas: give them back (`memory::trim`).
+            if !matches!(outcome, Reload::Unchanged) {
+                crate::memory::trim();
+            }
             Ok((config.policies, outcome))
         }
     };

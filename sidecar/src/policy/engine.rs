@@ -18,6 +18,9 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// Bytes of each pooled linear memory reset in place rather than released between evaluations.
 const KEEP_RESIDENT: usize = 4 << 20;
 
+/// Idle pool slots kept warm (resident) before a used one is taken over instead of a cold one.
+const WARM_SLOTS: u32 = 8;
+
 /// Sizes of the instance pool, shared by every policy.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineLimits {
@@ -125,6 +128,11 @@ fn config(limits: EngineLimits) -> Config {
         .total_memories(limits.max_instances)
         .total_tables(limits.max_instances)
         .total_stacks(limits.max_instances)
+        // Reuse warm slots rather than touching cold ones: by default the pool prefers a never-used
+        // slot until 100 used ones sit idle, so each fiber stack (they have no module affinity)
+        // and memory slot touched once stays resident, and the idle RSS crept up over a soak.
+        // Memories still go to a slot of their own module first.
+        .max_unused_warm_slots(WARM_SLOTS)
         .max_memory_size(limits.max_memory_bytes)
         // A fresh instance per evaluation must not pay page faults for the pages the last one
         // touched: reset them in place (only the dirty ones, found with PAGEMAP_SCAN where the
