@@ -32,6 +32,13 @@ export LLAMA_SERVER LLAMA_MODEL
 echo "llama-server: $LLAMA_SERVER"
 echo "model:        $LLAMA_MODEL"
 
+step "redis-server (Debian package; each fleet test starts its own on a Unix socket)"
+if ! command -v redis-server >/dev/null; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y redis-server
+fi
+redis-server --version
+
 step "build the slotgate binary the tests drive"
 cargo build --workspace --bins
 

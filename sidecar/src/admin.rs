@@ -91,5 +91,9 @@ pub fn status(app: &App) -> serde_json::Value {
             "evaluated": if chain.runs_inline() { "inline" } else { "blocking_pool" },
             "compile_cache": app.policies.cache_status(),
         },
+        "state": app.fleet.as_ref().map_or_else(
+            || json!({ "backend": "memory" }),
+            |f| f.status(),
+        ),
     })
 }

@@ -8,7 +8,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
 
-use crate::config::{AdminAddr, Config, ListenAddr};
+use crate::config::{AdminAddr, Config, ListenAddr, StateBackend};
+use crate::fleet::Fleet;
 use crate::policy::{PolicyLoadError, PolicySet};
 use crate::reload::{self, ConfigSource};
 use crate::server::conn::LINGER_EXTRA_BYTES;
@@ -29,6 +30,8 @@ pub enum StartError {
     Signals(std::io::Error),
     #[error(transparent)]
     Policy(#[from] PolicyLoadError),
+    #[error("invalid setting `state.redis-url`: {0}")]
+    State(redis::RedisError),
 }
 
 /// Runs until SIGTERM/SIGINT, then shuts down gracefully. SIGHUP (and a change to a watched file)
@@ -44,7 +47,17 @@ pub async fn run(
     let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
     // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
     crate::memory::trim();
-    let app = Arc::new(App::new(config, prometheus, policies));
+    // With the redis backend, budgets are the fleet's: leases, synced in the background. The store
+    // need not be up to start: the failure mode applies until it is.
+    let fleet = match config.state.backend {
+        StateBackend::Redis => {
+            let fleet = Fleet::new(&config.state).map_err(StartError::State)?;
+            policies.shared().use_fleet(fleet.clone());
+            Some(fleet)
+        }
+        StateBackend::Memory => None,
+    };
+    let app = Arc::new(App::new(config, prometheus, policies, fleet.clone()));
     let cfg = &app.config;
 
     // Bind everything first, so a bad address fails the start before anything is served.
@@ -72,11 +85,15 @@ pub async fn run(
         linger_bytes: cfg.max_body as u64 + LINGER_EXTRA_BYTES,
     };
 
-    let background = [
+    let mut background = vec![
         tokio::spawn(health_loop(app.clone())),
         tokio::spawn(upkeep_loop(app.prometheus.clone())),
         tokio::spawn(reload::run(app.clone(), source, hangup)),
     ];
+    if let Some(fleet) = &app.fleet {
+        tracing::info!(fleet = %cfg.state.fleet, on_unavailable = %cfg.state.on_unavailable, "policy budgets shared by the fleet (state backend: redis)");
+        background.push(tokio::spawn(fleet.clone().run()));
+    }
     let mut accepting = Vec::new();
     for listener in listeners {
         tracing::info!(listen = %listener.describe(), "accepting clients");
@@ -133,6 +150,10 @@ pub async fn run(
             still_open = cfg.max_connections - conns.available_permits(),
             "drain timeout reached; closing the remaining connections"
         ),
+    }
+    // Unused leased tokens go back to the fleet.
+    if let Some(fleet) = &app.fleet {
+        fleet.release_all(Duration::from_secs(1)).await;
     }
     let _ = admin_stop_tx.send(true);
     if let Some(task) = admin_task {

@@ -174,6 +174,62 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostTable>,
 
+    /// Where policy budgets live: `memory` (each sidecar its own) or `redis` (shared by every sidecar
+    /// of the fleet, on Redis or Valkey, through leases; see "Running a fleet"). TOML:
+    /// `state.backend`. [default: memory]
+    #[arg(
+        long = "state-backend",
+        env = "SLOTGATE_STATE_BACKEND",
+        value_name = "BACKEND"
+    )]
+    #[serde(skip)]
+    pub state_backend: Option<StateBackend>,
+
+    /// The store of the `redis` backend: `redis://HOST:PORT/DB`, `rediss://...` or
+    /// `unix:///path/redis.sock`. TOML: `state.redis-url`.
+    #[arg(
+        long = "state-redis-url",
+        env = "SLOTGATE_STATE_REDIS_URL",
+        value_name = "URL"
+    )]
+    #[serde(skip)]
+    pub state_redis_url: Option<String>,
+
+    /// Prefix of every key slotgate writes in the store. TOML: `state.prefix`. [default: slotgate]
+    #[arg(
+        long = "state-prefix",
+        env = "SLOTGATE_STATE_PREFIX",
+        value_name = "PREFIX"
+    )]
+    #[serde(skip)]
+    pub state_prefix: Option<String>,
+
+    /// The name the sidecars of one model share: their budgets are one. TOML: `state.fleet`.
+    /// [default: default]
+    #[arg(
+        long = "state-fleet",
+        env = "SLOTGATE_STATE_FLEET",
+        value_name = "NAME"
+    )]
+    #[serde(skip)]
+    pub state_fleet: Option<String>,
+
+    /// What a budget does while the store is unreachable: `local-share` (each sidecar enforces the
+    /// capacity divided by the live sidecars), `allow` or `deny`. TOML: `state.on-unavailable`.
+    /// [default: local-share]
+    #[arg(
+        long = "state-on-unavailable",
+        env = "SLOTGATE_STATE_ON_UNAVAILABLE",
+        value_name = "MODE"
+    )]
+    #[serde(skip)]
+    pub state_on_unavailable: Option<OnUnavailable>,
+
+    /// The `[state]` table of the config file.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateTable>,
+
     /// How often policy modules, their settings files and the config file are checked for changes;
     /// a change reloads the chain (as SIGHUP does). `0s` turns the watch off. [default: 2s]
     #[arg(long, env = "SLOTGATE_POLICY_WATCH", value_name = "DURATION")]
@@ -321,6 +377,12 @@ impl Settings {
             cost_tokenizer,
             cost_count_first,
             cost,
+            state_backend,
+            state_redis_url,
+            state_prefix,
+            state_fleet,
+            state_on_unavailable,
+            state,
             policy_watch,
             policy_cache_dir,
             policy_paths,
@@ -376,6 +438,8 @@ pub struct Config {
     pub policy_watch: Option<Duration>,
     /// On-disk cache of compiled policy modules.
     pub policy_cache_dir: Option<PathBuf>,
+    /// Where policy budgets live.
+    pub state: StateConfig,
     /// The policy chain, in evaluation order (file entries first, then `--policy` flags).
     pub policies: Vec<PolicySpec>,
 }
@@ -483,6 +547,14 @@ impl Config {
                 .unwrap_or(false),
             policy_watch: zero_is_off(s.policy_watch, Duration::from_secs(2)),
             policy_cache_dir: s.policy_cache_dir,
+            state: StateConfig::from_settings(
+                s.state_backend,
+                s.state_redis_url,
+                s.state_prefix,
+                s.state_fleet,
+                s.state_on_unavailable,
+                s.state,
+            )?,
             policies: policy_chain(s.policy, s.policy_flags)?,
         })
     }
@@ -519,6 +591,12 @@ impl Config {
                 tokenizer: Some(self.tokenizer),
                 count_first: Some(self.count_first),
             }),
+            state_backend: None,
+            state_redis_url: None,
+            state_prefix: None,
+            state_fleet: None,
+            state_on_unavailable: None,
+            state: Some(self.state.table()),
             policy_watch: Some(off_is_zero(self.policy_watch)),
             policy_cache_dir: self.policy_cache_dir.clone(),
             policy_paths: None,
@@ -867,6 +945,159 @@ pub struct CostTable {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count_first: Option<bool>,
 }
+
+/// The `[state]` table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct StateTable {
+    /// `memory` or `redis` (see `--state-backend`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<StateBackend>,
+    /// See `--state-redis-url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<String>,
+    /// See `--state-prefix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// See `--state-fleet`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<String>,
+    /// See `--state-on-unavailable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_unavailable: Option<OnUnavailable>,
+}
+
+/// Where policy budgets live, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateConfig {
+    pub backend: StateBackend,
+    /// Set when the backend is `redis`.
+    pub redis_url: Option<String>,
+    pub prefix: String,
+    pub fleet: String,
+    pub on_unavailable: OnUnavailable,
+}
+
+impl StateConfig {
+    fn from_settings(
+        backend: Option<StateBackend>,
+        redis_url: Option<String>,
+        prefix: Option<String>,
+        fleet: Option<String>,
+        on_unavailable: Option<OnUnavailable>,
+        table: Option<StateTable>,
+    ) -> Result<StateConfig, ConfigError> {
+        let t = table.unwrap_or_default();
+        let backend = backend.or(t.backend).unwrap_or(StateBackend::Memory);
+        let redis_url = redis_url.or(t.redis_url).filter(|u| !u.is_empty());
+        if backend == StateBackend::Redis && redis_url.is_none() {
+            return Err(invalid(
+                "state.redis-url",
+                "the redis backend needs the store's URL (redis://HOST:PORT, rediss://... or unix:///path/redis.sock)",
+            ));
+        }
+        if let Some(url) = &redis_url {
+            redis::Client::open(url.as_str())
+                .map_err(|e| invalid("state.redis-url", format!("`{url}`: {e}")))?;
+        }
+        let name = |key: &'static str, v: Option<String>, default: &str| {
+            let v = v.unwrap_or_else(|| default.to_owned());
+            if v.is_empty() || v.contains(char::is_whitespace) {
+                Err(invalid(
+                    key,
+                    format!("`{v}` must be a non-empty name without spaces"),
+                ))
+            } else {
+                Ok(v)
+            }
+        };
+        Ok(StateConfig {
+            backend,
+            redis_url,
+            prefix: name("state.prefix", prefix.or(t.prefix), "slotgate")?,
+            fleet: name("state.fleet", fleet.or(t.fleet), "default")?,
+            on_unavailable: on_unavailable
+                .or(t.on_unavailable)
+                .unwrap_or(OnUnavailable::LocalShare),
+        })
+    }
+
+    fn table(&self) -> StateTable {
+        StateTable {
+            backend: Some(self.backend),
+            redis_url: self.redis_url.clone(),
+            prefix: Some(self.prefix.clone()),
+            fleet: Some(self.fleet.clone()),
+            on_unavailable: Some(self.on_unavailable),
+        }
+    }
+}
+
+/// Where policy budgets live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateBackend {
+    /// In each sidecar's memory.
+    Memory,
+    /// On Redis or Valkey, shared by the fleet.
+    Redis,
+}
+
+impl FromStr for StateBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "memory" => Ok(StateBackend::Memory),
+            "redis" => Ok(StateBackend::Redis),
+            _ => Err(format!("`{s}` is not a state backend; use memory or redis")),
+        }
+    }
+}
+
+impl fmt::Display for StateBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StateBackend::Memory => "memory",
+            StateBackend::Redis => "redis",
+        })
+    }
+}
+
+string_serde!(StateBackend);
+
+/// What a fleet budget does while the store is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnavailable {
+    /// Each sidecar enforces the capacity (and refill) divided by the live sidecars.
+    LocalShare,
+    Allow,
+    Deny,
+}
+
+impl FromStr for OnUnavailable {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "local-share" => Ok(OnUnavailable::LocalShare),
+            "allow" => Ok(OnUnavailable::Allow),
+            "deny" => Ok(OnUnavailable::Deny),
+            _ => Err(format!(
+                "`{s}` is not a failure mode; use local-share, allow or deny"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OnUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OnUnavailable::LocalShare => "local-share",
+            OnUnavailable::Allow => "allow",
+            OnUnavailable::Deny => "deny",
+        })
+    }
+}
+
+string_serde!(OnUnavailable);
 
 /// How prompt tokens are counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,6 +29,7 @@ pub mod cli;
 pub mod config;
 pub mod cost;
 pub mod error;
+pub mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod intake;

@@ -30,6 +30,16 @@ pub const POLICY_DECISIONS_TOTAL: &str = "slotgate_policy_decisions_total";
 pub const POLICY_ERRORS_TOTAL: &str = "slotgate_policy_errors_total";
 pub const POLICY_FUEL_CONSUMED: &str = "slotgate_policy_fuel_consumed";
 pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
+pub const STATE_UP: &str = "slotgate_state_up";
+pub const STATE_SYNC_SECONDS: &str = "slotgate_state_sync_seconds";
+pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
+pub const STATE_LEASE_TOKENS: &str = "slotgate_state_lease_tokens";
+
+/// Seconds of one round trip to the state store: a Unix socket's tens of microseconds to a remote
+/// store's milliseconds, and the fetch timeout.
+const STATE_SYNC_BUCKETS: &[f64] = &[
+    5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05, 0.25,
+];
 
 /// Seconds of one policy evaluation: microseconds normally, the deadline at worst.
 const POLICY_BUCKETS: &[f64] = &[
@@ -68,6 +78,10 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         )?
         .set_buckets_for_metric(Matcher::Full(POLICY_FUEL_CONSUMED.to_owned()), FUEL_BUCKETS)?
         .set_buckets_for_metric(
+            Matcher::Full(STATE_SYNC_SECONDS.to_owned()),
+            STATE_SYNC_BUCKETS,
+        )?
+        .set_buckets_for_metric(
             Matcher::Full(COST_ESTIMATE_ERROR_RATIO.to_owned()),
             ERROR_RATIO_BUCKETS,
         )?;
@@ -79,6 +93,23 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
 fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, shutting_down, policy_denied, policy_error).");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a slot.");
+    describe_gauge!(
+        STATE_UP,
+        "1 while the fleet state store (state.backend = redis) is reachable, else 0."
+    );
+    describe_histogram!(
+        STATE_SYNC_SECONDS,
+        Unit::Seconds,
+        "Round trips to the fleet state store, by kind: background (lease top-up, hand-back, settling) or fetch (a take the lease could not cover)."
+    );
+    describe_counter!(
+        STATE_ERRORS_TOTAL,
+        "Failed calls to the fleet state store, by kind (connect, heartbeat, sync, fetch)."
+    );
+    describe_gauge!(
+        STATE_LEASE_TOKENS,
+        "Tokens this sidecar holds leased from fleet buckets."
+    );
     describe_gauge!(
         INFLIGHT,
         "Requests currently forwarded to the upstream (slot and passthrough)."

@@ -2,11 +2,14 @@
 //! policy chain and the prompt counter. Built once by `app::run`; read by the request path
 //! (`pipeline`), the admin endpoints and the reloader.
 
+use std::sync::Arc;
+
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::admission::{Admission, Fairness};
 use crate::config::Config;
 use crate::cost::Counter;
+use crate::fleet::Fleet;
 use crate::intake::Limits;
 use crate::policy::PolicySet;
 use crate::upstream::Upstream;
@@ -21,10 +24,17 @@ pub struct App {
     pub policies: PolicySet,
     /// Exact prompt counts and the slot context, from llama-server.
     pub cost: Counter,
+    /// The fleet state backend, when `state.backend = redis`.
+    pub fleet: Option<Arc<Fleet>>,
 }
 
 impl App {
-    pub fn new(config: Config, prometheus: PrometheusHandle, policies: PolicySet) -> Self {
+    pub fn new(
+        config: Config,
+        prometheus: PrometheusHandle,
+        policies: PolicySet,
+        fleet: Option<Arc<Fleet>>,
+    ) -> Self {
         let upstream = Upstream::new(
             config.upstream.clone(),
             config.connect_timeout,
@@ -32,6 +42,7 @@ impl App {
         );
         App {
             policies,
+            fleet,
             cost: Counter::new(config.tokenizer, upstream.clone()),
             admission: Admission::with_fairness(
                 config.slots,

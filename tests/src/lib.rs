@@ -15,6 +15,7 @@
 //! - [`metrics`]: a small Prometheus text parser for asserting counters, gauges and histograms.
 //! - [`errors`]: the OpenAI error shape every slotgate-made response must have.
 //! - [`budget`]: waiting out the token-budget policy's refusals until a refund has landed.
+//! - [`redis`]: a real redis-server per test, on a Unix socket, for the fleet state.
 //! - [`soak`]: long mixed traffic against a real llama-server, with RSS, fds and invariants.
 //! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
 
@@ -25,6 +26,7 @@ pub mod fake_upstream;
 pub mod gate;
 pub mod llama;
 pub mod metrics;
+pub mod redis;
 pub mod request;
 pub mod soak;
 pub mod wait;

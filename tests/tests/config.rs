@@ -227,3 +227,29 @@ fn fairness_keys_come_from_flag_env_and_file() {
     }
     rejected(&["--priority-aging", "soon"]);
 }
+
+#[test]
+fn the_fleet_state_settings_are_checked_and_shown() {
+    // The redis backend needs its store's URL.
+    let why = rejected(&["--state-backend", "redis"]);
+    assert!(why.contains("state.redis-url"), "{why}");
+    let why = rejected(&["--state-on-unavailable", "maybe"]);
+    assert!(why.contains("local-share, allow or deny"), "{why}");
+    // Flags, the environment and the [state] table, as the other settings.
+    let file = config_file("[state]\nbackend = \"redis\"\nfleet = \"model-a\"\n");
+    let out = check(
+        &["--config", file.to_str().unwrap()],
+        &[("SLOTGATE_STATE_REDIS_URL", "unix:///run/redis/redis.sock")],
+    );
+    let s = settings(&out);
+    assert_eq!(get(&s, "state")["backend"].as_str(), Some("redis"));
+    assert_eq!(get(&s, "state")["fleet"].as_str(), Some("model-a"));
+    assert_eq!(
+        get(&s, "state")["redis-url"].as_str(),
+        Some("unix:///run/redis/redis.sock")
+    );
+    assert_eq!(get(&s, "state")["on-unavailable"].as_str(), Some("local-share"));
+    // The default: each sidecar its own budgets.
+    let out = check(&[], &[]);
+    assert_eq!(get(&settings(&out), "state")["backend"].as_str(), Some("memory"));
+}

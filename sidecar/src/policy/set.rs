@@ -482,6 +482,11 @@ impl PolicySet {
             .retain(|k, _| chain.policies.iter().any(|p| p.module_keys.contains(k)));
     }
 
+    /// The state every serving policy shares (buckets, windows).
+    pub fn shared(&self) -> &Arc<SharedState> {
+        &self.inner.shared
+    }
+
     /// The compile caches, for `/status`: modules held in memory, and the disk cache's directory,
     /// hits and misses.
     pub fn cache_status(&self) -> serde_json::Value {

@@ -2,18 +2,22 @@
 //! keyed by strings the policy chooses (namespaced per policy), plus the per-store limits.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use dashmap::DashMap;
 use slotgate_sdk::bucket;
 use wasmtime::StoreLimits;
 
+use crate::fleet::Fleet;
+
 /// State shared by all evaluations of all policies.
 #[derive(Default)]
 pub struct SharedState {
     buckets: DashMap<(Arc<str>, String), Bucket>,
     windows: DashMap<(Arc<str>, String), Window>,
+    /// With `state.backend = redis`: the fleet buckets, which then take the place of `buckets`.
+    fleet: OnceLock<Arc<Fleet>>,
 }
 
 struct Bucket {
@@ -27,6 +31,11 @@ struct Window {
 }
 
 impl SharedState {
+    /// Puts the buckets on the fleet's store from now on (once, at start-up).
+    pub fn use_fleet(&self, fleet: Arc<Fleet>) {
+        let _ = self.fleet.set(fleet);
+    }
+
     /// Takes `amount` if available: returns 0.0. Otherwise takes nothing and returns the seconds until
     /// `amount` will be available (infinity if it never can be).
     pub fn bucket_take(
@@ -37,6 +46,9 @@ impl SharedState {
         refill: f64,
         amount: f64,
     ) -> f64 {
+        if let Some(fleet) = self.fleet.get() {
+            return fleet.bucket_take(policy, key, capacity, refill, amount);
+        }
         let mut b = self.bucket(policy, key, capacity, refill);
         let (level, wait) = bucket::take(b.level, capacity, refill, amount);
         b.level = level;
@@ -52,6 +64,9 @@ impl SharedState {
         refill: f64,
         amount: f64,
     ) -> f64 {
+        if let Some(fleet) = self.fleet.get() {
+            return fleet.bucket_refund(policy, key, capacity, refill, amount);
+        }
         let mut b = self.bucket(policy, key, capacity, refill);
         b.level = bucket::refund(b.level, capacity, amount);
         b.level

@@ -1,0 +1,44 @@
+-- One fleet token bucket, moved atomically: refilled by the store's own clock, then what the caller
+-- settles added (tokens it hands back, refunds; negative: debt it charges), capped at capacity, then
+-- up to `want` tokens granted as the caller's lease. The level may go below zero (debt): nothing is
+-- granted until it has refilled above zero.
+--
+-- KEYS[1]  the bucket (a hash: level, ts in milliseconds of the store's clock)
+-- ARGV[1]  capacity (tokens)
+-- ARGV[2]  refill (tokens per second; 0: a fixed quota)
+-- ARGV[3]  want (tokens, >= 0)
+-- ARGV[4]  settle (tokens, either sign)
+-- Returns  {granted, level}, as strings: Lua numbers are doubles, and Redis would truncate them.
+local capacity = tonumber(ARGV[1])
+local refill = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local settle = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = redis.call('HMGET', KEYS[1], 'level', 'ts')
+local level = tonumber(state[1])
+local ts = tonumber(state[2])
+if level == nil or ts == nil then
+  level = capacity
+  ts = now
+end
+if now > ts then
+  level = level + (now - ts) / 1000 * refill
+end
+if level > capacity then level = capacity end
+level = level + settle
+if level > capacity then level = capacity end
+local granted = 0
+if want > 0 and level > 0 then
+  granted = math.min(want, level)
+end
+level = level - granted
+redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now))
+-- A bucket that would be full again anyway may go: it comes back full. A fixed quota stays.
+if refill > 0 then
+  local full_in_ms = math.ceil((capacity - level) / refill * 1000)
+  redis.call('PEXPIRE', KEYS[1], full_in_ms + 60000)
+else
+  redis.call('PERSIST', KEYS[1])
+end
+return {tostring(granted), tostring(level)}

@@ -1,0 +1,229 @@
+//! One sidecar's lease of one fleet bucket: tokens held locally and spent without asking the store,
+//! what is owed back to the store (unused tokens, refunds) or by it (debt), and the recent rate of
+//! demand, which sizes the next top-up. Pure accounting: no I/O, no clock of its own.
+
+use std::time::{Duration, Instant};
+
+/// How big a lease is and when it is topped up or given back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeasePolicy {
+    /// A full lease covers this much of the sidecar's recent demand; also the time constant of the
+    /// demand rate.
+    pub horizon: Duration,
+    /// Top the lease up once it holds less than this fraction of its target.
+    pub low_water: f64,
+    /// Never hold more than this fraction of the bucket's capacity: what bounds the fleet's error.
+    pub max_share: f64,
+    /// Give every token back after this long without a take.
+    pub idle: Duration,
+}
+
+impl Default for LeasePolicy {
+    fn default() -> Self {
+        LeasePolicy {
+            horizon: Duration::from_secs(1),
+            low_water: 0.5,
+            max_share: 0.1,
+            idle: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What one sync asks of the fleet bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SyncRequest {
+    /// Tokens wanted for the lease.
+    pub want: f64,
+    /// Tokens handed back (positive) or charged (negative).
+    pub settle: f64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Lease {
+    /// Tokens held, spendable now.
+    tokens: f64,
+    /// Owed to the fleet bucket at the next sync: unused tokens and refunds (positive), or debt
+    /// (negative).
+    settle: f64,
+    /// Demand in tokens per second, decaying with the horizon as time constant.
+    rate: f64,
+    /// The last take (demand), for the rate and idleness.
+    last: Option<Instant>,
+}
+
+impl Lease {
+    /// Takes `amount` from the lease if it holds that much. The demand counts towards the rate
+    /// either way, so a sidecar that runs short asks for more next time.
+    pub fn take(&mut self, amount: f64, now: Instant, policy: &LeasePolicy) -> bool {
+        self.observe(amount, now, policy);
+        if self.tokens >= amount {
+            self.tokens -= amount;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Takes `amount` if held, without counting it as demand again (after a fetch for a take that
+    /// [`Lease::take`] already counted).
+    pub fn spend(&mut self, amount: f64) -> bool {
+        if self.tokens >= amount {
+            self.tokens -= amount;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Gives `amount` back to the fleet at the next sync (negative: charges it, a debt).
+    pub fn settle(&mut self, amount: f64) {
+        self.settle += amount;
+    }
+
+    /// What to ask for now so that the lease can serve `need` more tokens at once and covers its
+    /// target; `want` is 0 while it holds enough. Always hands back what is owed.
+    pub fn sync_request(&self, capacity: f64, need: f64, policy: &LeasePolicy) -> SyncRequest {
+        let target = self.target(capacity, need, policy);
+        let short = self.tokens < need || self.tokens < target * policy.low_water;
+        SyncRequest {
+            want: if short {
+                (target - self.tokens).max(0.0)
+            } else {
+                0.0
+            },
+            settle: self.settle,
+        }
+    }
+
+    /// What the fleet answered to `asked`: `granted` tokens join the lease, the settled amount is no
+    /// longer owed.
+    pub fn apply(&mut self, asked: SyncRequest, granted: f64) {
+        self.tokens += granted.max(0.0);
+        self.settle -= asked.settle;
+    }
+
+    /// Hands every token held back (idle, aged out, shutting down): they are owed at the next sync.
+    pub fn release(&mut self) {
+        self.settle += self.tokens;
+        self.tokens = 0.0;
+    }
+
+    /// No take for longer than `policy.idle`.
+    pub fn is_idle(&self, now: Instant, policy: &LeasePolicy) -> bool {
+        self.last
+            .is_none_or(|at| now.saturating_duration_since(at) >= policy.idle)
+    }
+
+    /// Tokens held now.
+    pub fn held(&self) -> f64 {
+        self.tokens
+    }
+
+    /// Tokens owed to the fleet (negative: debt).
+    pub fn owed(&self) -> f64 {
+        self.settle
+    }
+
+    /// The recent demand, tokens per second.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The lease's size: the demand of one horizon, at least `need`, at most the share of the
+    /// capacity (unless `need` alone is more).
+    fn target(&self, capacity: f64, need: f64, policy: &LeasePolicy) -> f64 {
+        let demand = self.rate * policy.horizon.as_secs_f64();
+        demand.min(capacity * policy.max_share).max(need)
+    }
+
+    fn observe(&mut self, amount: f64, now: Instant, policy: &LeasePolicy) {
+        let tau = policy.horizon.as_secs_f64().max(1e-3);
+        let dt = self
+            .last
+            .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+        self.rate = self.rate * (-dt / tau).exp() + amount / tau;
+        self.last = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn takes_what_it_holds_and_refuses_the_rest() {
+        let p = LeasePolicy::default();
+        let now = Instant::now();
+        let mut l = Lease::default();
+        assert!(!l.take(10.0, now, &p), "an empty lease serves nothing");
+        let ask = l.sync_request(1000.0, 10.0, &p);
+        assert!(ask.want >= 10.0, "{ask:?}");
+        l.apply(ask, 40.0);
+        assert!(l.take(30.0, now, &p));
+        assert!(!l.take(30.0, now, &p), "10 left");
+        assert_eq!(l.held(), 10.0);
+    }
+
+    #[test]
+    fn the_lease_grows_with_demand_up_to_its_share() {
+        let p = LeasePolicy::default();
+        let t0 = Instant::now();
+        let mut l = Lease::default();
+        l.apply(l.sync_request(100_000.0, 0.0, &p), 1_000_000.0);
+        // 100 tokens every 10 ms: 10,000 tokens per second.
+        for i in 0..300 {
+            l.take(100.0, t0 + ms(10 * i), &p);
+        }
+        assert!(
+            (l.rate() - 10_000.0).abs() < 1_000.0,
+            "rate {} tokens/s",
+            l.rate()
+        );
+        let mut empty = l.clone();
+        empty.release();
+        // A horizon of that demand, but never more than a tenth of the capacity.
+        let ask = empty.sync_request(1_000_000.0, 0.0, &p);
+        assert!((ask.want - 10_000.0).abs() < 1_000.0, "{ask:?}");
+        let ask = empty.sync_request(20_000.0, 0.0, &p);
+        assert_eq!(ask.want, 2_000.0, "capped at the share: {ask:?}");
+        // A single request larger than the share is still asked for whole.
+        let ask = empty.sync_request(20_000.0, 5_000.0, &p);
+        assert_eq!(ask.want, 5_000.0, "{ask:?}");
+    }
+
+    #[test]
+    fn it_tops_up_only_below_the_low_water_mark() {
+        let p = LeasePolicy::default();
+        let t0 = Instant::now();
+        let mut l = Lease::default();
+        for i in 0..100 {
+            l.take(10.0, t0 + ms(10 * i), &p);
+        }
+        // Demand ~1000 tokens/s: target ~1000 (a tenth of 10,000 is the cap).
+        l.apply(l.sync_request(10_000.0, 0.0, &p), 1_000.0);
+        assert_eq!(l.sync_request(10_000.0, 0.0, &p).want, 0.0, "full");
+        l.take(600.0, t0 + ms(1_000), &p);
+        assert!(l.sync_request(10_000.0, 0.0, &p).want > 0.0, "below half");
+    }
+
+    #[test]
+    fn refunds_debt_and_released_tokens_are_settled_once() {
+        let p = LeasePolicy::default();
+        let now = Instant::now();
+        let mut l = Lease::default();
+        l.apply(l.sync_request(1000.0, 100.0, &p), 100.0);
+        l.settle(30.0); // a refund from on_complete
+        l.settle(-50.0); // a request that used more than it was charged
+        l.release();
+        let ask = l.sync_request(1000.0, 0.0, &p);
+        assert_eq!(ask.settle, 80.0, "100 held - 50 + 30");
+        l.apply(ask, 0.0);
+        assert_eq!(l.owed(), 0.0, "settled once");
+        assert_eq!(l.held(), 0.0);
+        assert!(l.is_idle(now + p.idle, &p), "never taken from: idle");
+    }
+}

@@ -1,0 +1,379 @@
+//! The `redis` state backend at run time: the leases this sidecar holds, what `bucket_take` and
+//! `bucket_refund` do with them, and the background task that keeps them topped up, hands unused
+//! tokens back, settles refunds and debt, counts the live sidecars and reconnects.
+//!
+//! The request path never waits for the store but once: when a lease cannot cover a take, one
+//! synchronous fetch with a short timeout ([`FETCH_TIMEOUT`]) is allowed (on the worker, inside the
+//! policy's host call); then the failure mode applies.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dashmap::DashMap;
+use slotgate_sdk::bucket;
+
+use super::lease::{Lease, LeasePolicy, SyncRequest};
+use super::store::FleetStore;
+use crate::config::{OnUnavailable, StateConfig};
+use crate::metrics as m;
+
+/// The one synchronous fetch a take may wait for.
+pub const FETCH_TIMEOUT: Duration = Duration::from_millis(5);
+/// How often leases are checked for a top-up, a hand-back or something to settle.
+pub const SYNC_INTERVAL: Duration = Duration::from_millis(100);
+/// How often this sidecar says it is alive; one not heard from for three of these is gone.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// Longest wait between reconnect attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// One bucket's lease and the parameters it was last used with.
+struct Entry {
+    lease: Lease,
+    capacity: f64,
+    refill: f64,
+    /// The in-process bucket that stands in while the store is away (`local-share`).
+    local: Option<(f64, Instant)>,
+}
+
+pub struct Fleet {
+    config: StateConfig,
+    policy: LeasePolicy,
+    client: redis::Client,
+    /// This sidecar in the heartbeat set.
+    id: String,
+    leases: DashMap<(Arc<str>, String), Entry>,
+    /// For the background task.
+    store: tokio::sync::Mutex<Option<FleetStore>>,
+    /// For the one synchronous fetch of a take.
+    fetch_conn: Mutex<Option<redis::Connection>>,
+    up: AtomicBool,
+    /// Sidecars of the fleet alive at the last heartbeat (at least this one).
+    live: AtomicU64,
+    /// Milliseconds since the epoch of the last successful sync (0: never).
+    last_sync_ms: AtomicU64,
+}
+
+impl Fleet {
+    pub fn new(config: &StateConfig) -> Result<Arc<Fleet>, redis::RedisError> {
+        let url = config.redis_url.as_deref().unwrap_or_default();
+        let client = redis::Client::open(url)?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let id = format!(
+            "{}-{}-{:x}",
+            host.trim(),
+            std::process::id(),
+            fastrand::u64(..)
+        );
+        Ok(Arc::new(Fleet {
+            config: config.clone(),
+            policy: LeasePolicy::default(),
+            client,
+            id,
+            leases: DashMap::new(),
+            store: tokio::sync::Mutex::new(None),
+            fetch_conn: Mutex::new(None),
+            up: AtomicBool::new(false),
+            live: AtomicU64::new(1),
+            last_sync_ms: AtomicU64::new(0),
+        }))
+    }
+
+    fn bucket_key(&self, policy: &str, key: &str) -> String {
+        format!(
+            "{}:{}:bucket:{policy}:{key}",
+            self.config.prefix, self.config.fleet
+        )
+    }
+
+    fn live_key(&self) -> String {
+        format!("{}:{}:live", self.config.prefix, self.config.fleet)
+    }
+
+    /// `bucket_take` on the fleet bucket: 0 when `amount` was taken, else the seconds until it may
+    /// be (infinity if never).
+    pub fn bucket_take(
+        &self,
+        policy: &Arc<str>,
+        key: &str,
+        capacity: f64,
+        refill: f64,
+        amount: f64,
+    ) -> f64 {
+        let now = Instant::now();
+        let id = (policy.clone(), key.to_owned());
+        let ask = {
+            let mut e = self.entry(&id, capacity, refill);
+            if e.lease.take(amount, now, &self.policy) {
+                return 0.0;
+            }
+            e.lease.sync_request(capacity, amount, &self.policy)
+        };
+        // The lease cannot cover it: one fetch, briefly, before the failure mode.
+        if self.up.load(Ordering::Relaxed) {
+            match self.fetch(&self.bucket_key(policy, key), capacity, refill, ask) {
+                Ok((granted, level)) => {
+                    let mut e = self.entry(&id, capacity, refill);
+                    e.lease.apply(ask, granted);
+                    if e.lease.spend(amount) {
+                        return 0.0;
+                    }
+                    let short = amount - e.lease.held() - level.max(0.0);
+                    return if refill > 0.0 && amount <= capacity {
+                        (short / refill).max(0.001)
+                    } else {
+                        f64::INFINITY
+                    };
+                }
+                Err(e) => self.went_down("fetch", &e),
+            }
+        }
+        self.unavailable(&id, capacity, refill, amount, now)
+    }
+
+    /// `bucket_refund`: settled against the fleet bucket at the next sync. Returns what the lease
+    /// holds.
+    pub fn bucket_refund(
+        &self,
+        policy: &Arc<str>,
+        key: &str,
+        capacity: f64,
+        refill: f64,
+        amount: f64,
+    ) -> f64 {
+        let mut e = self.entry(&(policy.clone(), key.to_owned()), capacity, refill);
+        e.lease.settle(amount);
+        e.lease.held()
+    }
+
+    /// The store is away: the failure mode decides. What is admitted is charged to the fleet
+    /// bucket once the store is back, so the fleet's accounting stays whole.
+    fn unavailable(
+        &self,
+        id: &(Arc<str>, String),
+        capacity: f64,
+        refill: f64,
+        amount: f64,
+        now: Instant,
+    ) -> f64 {
+        let mut e = self.entry(id, capacity, refill);
+        let wait = match self.config.on_unavailable {
+            OnUnavailable::Allow => 0.0,
+            OnUnavailable::Deny => 1.0,
+            OnUnavailable::LocalShare => {
+                let live = self.live.load(Ordering::Relaxed).max(1) as f64;
+                let (cap, rate) = (capacity / live, refill / live);
+                let (level, at) = e.local.unwrap_or((cap, now));
+                let level =
+                    bucket::refilled(level, now.duration_since(at).as_secs_f64(), cap, rate);
+                let (level, wait) = bucket::take(level, cap, rate, amount);
+                e.local = Some((level, now));
+                wait
+            }
+        };
+        if wait == 0.0 {
+            e.lease.settle(-amount);
+        }
+        wait
+    }
+
+    fn entry(
+        &self,
+        id: &(Arc<str>, String),
+        capacity: f64,
+        refill: f64,
+    ) -> dashmap::mapref::one::RefMut<'_, (Arc<str>, String), Entry> {
+        let mut e = self.leases.entry(id.clone()).or_insert_with(|| Entry {
+            lease: Lease::default(),
+            capacity,
+            refill,
+            local: None,
+        });
+        e.capacity = capacity;
+        e.refill = refill;
+        e
+    }
+
+    /// One lease sync on the blocking connection, within [`FETCH_TIMEOUT`].
+    fn fetch(
+        &self,
+        bucket: &str,
+        capacity: f64,
+        refill: f64,
+        ask: SyncRequest,
+    ) -> redis::RedisResult<(f64, f64)> {
+        let started = Instant::now();
+        let mut slot = self
+            .fetch_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            let conn = self.client.get_connection_with_timeout(FETCH_TIMEOUT)?;
+            conn.set_read_timeout(Some(FETCH_TIMEOUT))?;
+            conn.set_write_timeout(Some(FETCH_TIMEOUT))?;
+            *slot = Some(conn);
+        }
+        let conn = slot.as_mut().expect("connected above");
+        let result =
+            FleetStore::lease_blocking(conn, bucket, capacity, refill, ask.want, ask.settle);
+        if result.is_err() {
+            // A timed-out connection may still deliver the late answer: never reuse it.
+            *slot = None;
+        }
+        metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "fetch")
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    fn went_down(&self, kind: &'static str, e: &redis::RedisError) {
+        metrics::counter!(m::STATE_ERRORS_TOTAL, "kind" => kind).increment(1);
+        if self.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!(error = %e, on_unavailable = %self.config.on_unavailable, "state store unreachable; budgets follow the failure mode until it is back");
+        }
+        metrics::gauge!(m::STATE_UP).set(0.0);
+    }
+
+    /// The background task: connect (with backoff), heartbeat, sync every lease. Runs until the
+    /// process ends.
+    pub async fn run(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(100);
+        let mut last_beat: Option<Instant> = None;
+        loop {
+            let connected = self.store.lock().await.is_some();
+            if !connected {
+                match tokio::time::timeout(
+                    Duration::from_secs(1),
+                    FleetStore::connect_client(self.client.clone()),
+                )
+                .await
+                {
+                    Ok(Ok(store)) => {
+                        *self.store.lock().await = Some(store);
+                        backoff = Duration::from_millis(100);
+                    }
+                    Ok(Err(e)) => {
+                        self.went_down("connect", &e);
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        continue;
+                    }
+                    Err(_) => {
+                        metrics::counter!(m::STATE_ERRORS_TOTAL, "kind" => "connect").increment(1);
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        continue;
+                    }
+                }
+            }
+            let store = self.store.lock().await.clone().expect("connected");
+            if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT) {
+                match store
+                    .heartbeat(&self.live_key(), &self.id, HEARTBEAT * 3)
+                    .await
+                {
+                    Ok(live) => {
+                        self.live.store(live.max(1), Ordering::Relaxed);
+                        last_beat = Some(Instant::now());
+                    }
+                    Err(e) => {
+                        self.went_down("heartbeat", &e);
+                        *self.store.lock().await = None;
+                        continue;
+                    }
+                }
+            }
+            match self.sync_all(&store).await {
+                Ok(()) => {
+                    if !self.up.swap(true, Ordering::Relaxed) {
+                        tracing::info!(fleet = %self.config.fleet, "state store reachable; fleet budgets enforced");
+                    }
+                    metrics::gauge!(m::STATE_UP).set(1.0);
+                    let now_ms = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    self.last_sync_ms.store(now_ms, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.went_down("sync", &e);
+                    *self.store.lock().await = None;
+                    continue;
+                }
+            }
+            tokio::time::sleep(SYNC_INTERVAL).await;
+        }
+    }
+
+    /// Tops up, hands back and settles every lease that needs it.
+    async fn sync_all(&self, store: &FleetStore) -> redis::RedisResult<()> {
+        let now = Instant::now();
+        let mut work = Vec::new();
+        let mut held = 0.0;
+        self.leases.retain(|id, e| {
+            if e.lease.is_idle(now, &self.policy) {
+                e.lease.release();
+                e.local = None;
+                if e.lease.owed() == 0.0 {
+                    return false;
+                }
+            }
+            let ask = e.lease.sync_request(e.capacity, 0.0, &self.policy);
+            if ask.want > 0.0 || ask.settle != 0.0 {
+                work.push((id.clone(), e.capacity, e.refill, ask));
+            }
+            held += e.lease.held();
+            true
+        });
+        metrics::gauge!(m::STATE_LEASE_TOKENS).set(held);
+        for ((policy, key), capacity, refill, ask) in work {
+            let started = Instant::now();
+            let (granted, _level) = store
+                .lease(
+                    &self.bucket_key(&policy, &key),
+                    capacity,
+                    refill,
+                    ask.want,
+                    ask.settle,
+                )
+                .await?;
+            metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "background")
+                .record(started.elapsed().as_secs_f64());
+            if let Some(mut e) = self.leases.get_mut(&(policy, key)) {
+                e.lease.apply(ask, granted);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands every lease back (shutdown), within `timeout`.
+    pub async fn release_all(&self, timeout: Duration) {
+        for mut e in self.leases.iter_mut() {
+            e.lease.release();
+        }
+        let store = self.store.lock().await.clone();
+        if let Some(store) = store {
+            let _ = tokio::time::timeout(timeout, self.sync_all(&store)).await;
+        }
+    }
+
+    /// For `/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let (mut leases, mut held, mut owed) = (0, 0.0, 0.0);
+        for e in self.leases.iter() {
+            leases += 1;
+            held += e.lease.held();
+            owed += e.lease.owed();
+        }
+        let last = self.last_sync_ms.load(Ordering::Relaxed);
+        serde_json::json!({
+            "backend": "redis",
+            "fleet": self.config.fleet,
+            "connected": self.up.load(Ordering::Relaxed),
+            "on_unavailable": self.config.on_unavailable.to_string(),
+            "live_sidecars": self.live.load(Ordering::Relaxed),
+            "leases": leases,
+            "tokens_held": held,
+            "tokens_owed": owed,
+            "last_sync_unix_ms": (last > 0).then_some(last),
+        })
+    }
+}

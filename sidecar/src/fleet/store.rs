@@ -1,0 +1,121 @@
+//! The fleet buckets on Redis or Valkey: one atomic script per sync (`lease.lua`), over a connection
+//! manager that reconnects on its own.
+
+use redis::aio::ConnectionManager;
+use redis::Script;
+
+/// A connection to the store, and the lease script.
+#[derive(Clone)]
+pub struct FleetStore {
+    conn: ConnectionManager,
+    script: Script,
+    prefix: String,
+}
+
+impl FleetStore {
+    /// Connects to `url`: `redis://HOST:PORT/DB`, `rediss://...`, or `unix:///path/to/redis.sock`
+    /// (also `redis+unix://`). Keys start with `prefix`.
+    pub async fn connect(url: &str, prefix: &str) -> redis::RedisResult<FleetStore> {
+        let mut store = FleetStore::connect_client(redis::Client::open(url)?).await?;
+        store.prefix = prefix.to_owned();
+        Ok(store)
+    }
+
+    /// Connects with an opened client (keys without a prefix of their own: the caller names them).
+    pub async fn connect_client(client: redis::Client) -> redis::RedisResult<FleetStore> {
+        let conn = ConnectionManager::new(client).await?;
+        Ok(FleetStore {
+            conn,
+            script: lease_script(),
+            prefix: String::new(),
+        })
+    }
+
+    /// This sidecar (`id`) is alive: returns how many of the fleet are (heard from within `ttl`).
+    pub async fn heartbeat(
+        &self,
+        live_key: &str,
+        id: &str,
+        ttl: std::time::Duration,
+    ) -> redis::RedisResult<u64> {
+        let mut conn = self.conn.clone();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let (_, _, live, _): (i64, i64, u64, i64) = redis::pipe()
+            .atomic()
+            .zadd(live_key, id, now_ms)
+            .zrembyscore(
+                live_key,
+                "-inf",
+                now_ms.saturating_sub(ttl.as_millis() as u64),
+            )
+            .zcard(live_key)
+            .pexpire(live_key, (ttl.as_millis() * 10) as i64)
+            .query_async(&mut conn)
+            .await?;
+        Ok(live)
+    }
+
+    /// [`FleetStore::lease`] on a blocking connection (its timeouts set by the caller).
+    pub fn lease_blocking(
+        conn: &mut redis::Connection,
+        bucket: &str,
+        capacity: f64,
+        refill: f64,
+        want: f64,
+        settle: f64,
+    ) -> redis::RedisResult<(f64, f64)> {
+        let (granted, level): (String, String) = lease_script()
+            .key(bucket)
+            .arg(capacity)
+            .arg(refill)
+            .arg(want)
+            .arg(settle)
+            .invoke(conn)?;
+        Ok((number(&granted)?, number(&level)?))
+    }
+
+    /// The key of one fleet bucket: `<prefix>:bucket:<policy>:<key>`.
+    pub fn bucket_key(&self, policy: &str, key: &str) -> String {
+        format!("{}:bucket:{policy}:{key}", self.prefix)
+    }
+
+    /// One sync of a lease against the bucket `bucket`: refills it by the store's clock, settles
+    /// `settle` (tokens handed back, or debt if negative), and grants up to `want`. Returns the
+    /// tokens granted and the bucket's level after.
+    pub async fn lease(
+        &self,
+        bucket: &str,
+        capacity: f64,
+        refill: f64,
+        want: f64,
+        settle: f64,
+    ) -> redis::RedisResult<(f64, f64)> {
+        let mut conn = self.conn.clone();
+        let (granted, level): (String, String) = self
+            .script
+            .key(bucket)
+            .arg(capacity)
+            .arg(refill)
+            .arg(want)
+            .arg(settle)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok((number(&granted)?, number(&level)?))
+    }
+}
+
+fn lease_script() -> Script {
+    Script::new(include_str!("lease.lua"))
+}
+
+fn number(s: &str) -> redis::RedisResult<f64> {
+    s.parse::<f64>().map_err(|e| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "lease script answered no number",
+            format!("{s:?}: {e}"),
+        ))
+    })
+}

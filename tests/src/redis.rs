@@ -1,0 +1,81 @@
+//! A real redis-server for the fleet tests: one per test, on a Unix socket in a temp dir of its own,
+//! no persistence, killed when dropped. The test command installs Debian's `redis-server` when it is
+//! missing.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::wait::unique_dir;
+
+pub struct RunningRedis {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl RunningRedis {
+    /// Starts redis-server (`REDIS_SERVER` or the one on `PATH`) and waits until it answers on its
+    /// socket.
+    pub fn start() -> RunningRedis {
+        let dir = unique_dir("redis");
+        let socket = dir.join("redis.sock");
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(&bin)
+            .args(["--port", "0", "--unixsocket"])
+            .arg(&socket)
+            .args([
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {bin} ({e}): scripts/test.sh installs Debian's redis-server")
+            });
+        let redis = RunningRedis { child, dir, socket };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !redis.answers() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server never answered on {}",
+                redis.socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        redis
+    }
+
+    /// The URL slotgate and the `redis` crate take.
+    pub fn url(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    fn answers(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(&self.socket) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 16];
+        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    }
+}
+
+impl Drop for RunningRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,133 @@
+//! Fleet budgets end to end: several slotgate processes with `--state-backend redis` share one real
+//! Redis, and token-budget's buckets are the fleet's, held as leases.
+
+use std::time::{Duration, Instant};
+
+use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
+use slotgate_tests::gate::{Gate, RunningGate};
+use slotgate_tests::redis::RunningRedis;
+use slotgate_tests::request::{Req, CHAT};
+use slotgate_tests::wait::eventually;
+use slotgate_tests::{assert_error, wat};
+
+/// token-budget with a fixed quota: `capacity` tokens for the whole fleet, never refilled.
+fn budget(capacity: u64) -> String {
+    format!("{{ capacity = {capacity}, refill_per_second = 0 }}")
+}
+
+async fn sidecar(redis: &RunningRedis, settings: &str) -> (RunningUpstream, RunningGate) {
+    let (up, gate) = Gate::new()
+        .slots(4)
+        .policies(&[(&wat::built("token-budget"), Some(settings))])
+        .opt("--state-backend", "redis")
+        .opt("--state-redis-url", redis.url())
+        .opt("--state-fleet", "model-a")
+        .start_with(FakeUpstream::instant())
+        .await;
+    eventually(
+        Duration::from_secs(10),
+        "the sidecar reached the store",
+        || async { (gate.status().await["state"]["connected"] == true).then_some(()) },
+    )
+    .await;
+    (up, gate)
+}
+
+/// A request charged 100 tokens plus its prompt estimate, and reported as having used exactly that
+/// (no prompt count from the fake: token-budget settles the prompt at its estimate), so nothing is
+/// refunded and each admitted request spends its charge for good.
+fn spending(tag: &str) -> Req {
+    Req::chat(tag)
+        .set("max_tokens", 100)
+        .prompt_tokens(0)
+        .completion_tokens(100)
+}
+
+/// Sends to the sidecars in turn until all of them have refused for longer than an idle lease is
+/// kept (its tokens then go back to the fleet bucket for the others); returns the requests served.
+async fn spend_all(gates: &[&RunningGate], tenant: &str) -> usize {
+    let mut served = 0;
+    let mut refused_since: Option<Instant> = None;
+    let mut i = 0;
+    loop {
+        let gate = gates[i % gates.len()];
+        i += 1;
+        let resp = gate
+            .client()
+            .post_json_with_headers(
+                CHAT,
+                &spending(&format!("{tenant}-{i}")).json(),
+                &[("authorization", format!("Bearer {tenant}"))],
+            )
+            .await;
+        match resp.status.as_u16() {
+            200 => {
+                served += 1;
+                refused_since = None;
+            }
+            429 => {
+                assert_error(&resp, 429, "policy_denied");
+                let since = *refused_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_secs(7) {
+                    return served;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("unexpected {other}: {}", resp.body),
+        }
+        assert!(i < 10_000, "never ran dry");
+    }
+}
+
+/// Three sidecars, one tenant, a fleet budget of 3000 tokens (each request spends about 101): the
+/// fleet admits no more than the budget, where three in-memory budgets would admit three times as
+/// much, and refuses nothing while the budget remains (all but what is left in the last leases, less
+/// than one request's worth per sidecar).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_sidecars_share_one_budget() {
+    let redis = RunningRedis::start();
+    let settings = budget(3000);
+    let (up1, g1) = sidecar(&redis, &settings).await;
+    let (up2, g2) = sidecar(&redis, &settings).await;
+    let (up3, g3) = sidecar(&redis, &settings).await;
+    let served = spend_all(&[&g1, &g2, &g3], "tenant-a").await;
+    assert!(
+        served <= 30,
+        "the fleet admitted {served} requests of ~101 tokens on a 3000 budget"
+    );
+    assert!(
+        served >= 27,
+        "only {served} admitted: refused while the budget remained"
+    );
+    // Each request reached its own sidecar's upstream once.
+    let forwarded = up1.tags().len() + up2.tags().len() + up3.tags().len();
+    assert_eq!(forwarded, served);
+    for (gate, up) in [(&g1, &up1), (&g2, &up2), (&g3, &up3)] {
+        gate.assert_settled(up, 4).await;
+    }
+}
+
+/// Two tenants on two sidecars: one spends its fleet budget dry, the other is still served on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_tenant_running_dry_leaves_the_other_served() {
+    let redis = RunningRedis::start();
+    let settings = budget(1000);
+    let (up1, g1) = sidecar(&redis, &settings).await;
+    let (up2, g2) = sidecar(&redis, &settings).await;
+    let served = spend_all(&[&g1, &g2], "greedy").await;
+    assert!((8..=10).contains(&served), "{served}");
+    for gate in [&g1, &g2] {
+        let resp = gate
+            .client()
+            .post_json_with_headers(
+                CHAT,
+                &spending("other").json(),
+                &[("authorization", "Bearer modest")],
+            )
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    for (gate, up) in [(&g1, &up1), (&g2, &up2)] {
+        gate.assert_settled(up, 4).await;
+    }
+}
