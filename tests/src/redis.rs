@@ -14,43 +14,83 @@ pub struct RunningRedis {
     socket: PathBuf,
 }
 
+fn spawn(dir: &std::path::Path, socket: &std::path::Path) -> Child {
+    let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    Command::new(&bin)
+        .args(["--port", "0", "--unixsocket"])
+        .arg(socket)
+        .args([
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start {bin} ({e}): scripts/test.sh installs Debian's redis-server")
+        })
+}
+
 impl RunningRedis {
     /// Starts redis-server (`REDIS_SERVER` or the one on `PATH`) and waits until it answers on its
     /// socket.
     pub fn start() -> RunningRedis {
         let dir = unique_dir("redis");
         let socket = dir.join("redis.sock");
-        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let child = Command::new(&bin)
-            .args(["--port", "0", "--unixsocket"])
-            .arg(&socket)
-            .args([
-                "--unixsocketperm",
-                "700",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start {bin} ({e}): scripts/test.sh installs Debian's redis-server")
-            });
+        let child = spawn(&dir, &socket);
         let redis = RunningRedis { child, dir, socket };
+        redis.wait_answers();
+        redis
+    }
+
+    fn wait_answers(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !redis.answers() {
+        while !self.answers() {
             assert!(
                 Instant::now() < deadline,
                 "redis-server never answered on {}",
-                redis.socket.display()
+                self.socket.display()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        redis
+    }
+
+    /// SIGKILL: gone at once, with everything it held.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+
+    /// A fresh redis-server on the same socket (after [`RunningRedis::kill9`]): empty.
+    pub fn restart(&mut self) {
+        self.child = spawn(&self.dir, &self.socket);
+        self.wait_answers();
+    }
+
+    /// SIGSTOP: connections stay open and nothing answers.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
     }
 
     /// The URL slotgate and the `redis` crate take.
@@ -74,8 +114,20 @@ impl RunningRedis {
 
 impl Drop for RunningRedis {
     fn drop(&mut self) {
+        self.signal_quietly();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl RunningRedis {
+    /// A paused server must be resumed before it can be killed and reaped.
+    fn signal_quietly(&self) {
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.child.id().to_string())
+            .stderr(Stdio::null())
+            .status();
     }
 }

@@ -248,8 +248,14 @@ fn the_fleet_state_settings_are_checked_and_shown() {
         get(&s, "state")["redis-url"].as_str(),
         Some("unix:///run/redis/redis.sock")
     );
-    assert_eq!(get(&s, "state")["on-unavailable"].as_str(), Some("local-share"));
+    assert_eq!(
+        get(&s, "state")["on-unavailable"].as_str(),
+        Some("local-share")
+    );
     // The default: each sidecar its own budgets.
     let out = check(&[], &[]);
-    assert_eq!(get(&settings(&out), "state")["backend"].as_str(), Some("memory"));
+    assert_eq!(
+        get(&settings(&out), "state")["backend"].as_str(),
+        Some("memory")
+    );
 }

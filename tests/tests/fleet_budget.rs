@@ -131,3 +131,113 @@ async fn one_tenant_running_dry_leaves_the_other_served() {
         gate.assert_settled(up, 4).await;
     }
 }
+
+/// Sends `n` spending requests from `tenant` to the sidecars in turn; every one must be served
+/// (the budget is ample): returns the slowest.
+async fn all_served(gates: &[&RunningGate], tenant: &str, n: usize) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        let gate = gates[i % gates.len()];
+        let t0 = Instant::now();
+        let resp = gate
+            .client()
+            .post_json_with_headers(
+                CHAT,
+                &spending(&format!("{tenant}-{i}")).json(),
+                &[("authorization", format!("Bearer {tenant}"))],
+            )
+            .await;
+        slowest = slowest.max(t0.elapsed());
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.body);
+    }
+    slowest
+}
+
+async fn connected(gate: &RunningGate) -> bool {
+    gate.status().await["state"]["connected"] == true
+}
+
+/// The store is SIGKILLed between requests: every request is still served (the default failure mode,
+/// `local-share`, with an ample budget), none gets a 5xx, `/readyz` stays ready, and the outage is
+/// reported. A fresh store on the same socket: both sidecars reconnect within 2 seconds and enforce
+/// fleet budgets again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_store_costs_no_request_and_is_reconnected() {
+    let mut redis = RunningRedis::start();
+    let settings = budget(10_000_000);
+    let (up1, g1) = sidecar(&redis, &settings).await;
+    let (up2, g2) = sidecar(&redis, &settings).await;
+    all_served(&[&g1, &g2], "before", 20).await;
+    redis.kill9();
+    all_served(&[&g1, &g2], "during", 40).await;
+    for gate in [&g1, &g2] {
+        eventually(Duration::from_secs(5), "the outage reported", || async {
+            let m = gate.metrics().await;
+            (!connected(gate).await && m.value_or_zero("slotgate_state_up", &[]) == 0.0)
+                .then_some(())
+        })
+        .await;
+        assert_eq!(
+            gate.readyz().await,
+            200,
+            "a store outage is not a model outage"
+        );
+    }
+    all_served(&[&g1, &g2], "still", 20).await;
+    redis.restart();
+    let back = Instant::now();
+    for gate in [&g1, &g2] {
+        eventually(Duration::from_secs(5), "reconnected", || async {
+            connected(gate).await.then_some(())
+        })
+        .await;
+    }
+    assert!(
+        back.elapsed() < Duration::from_secs(2) + Duration::from_millis(500),
+        "reconnected after {:?}",
+        back.elapsed()
+    );
+    // Enforced again, fleet-wide: a new tenant's 1000 tokens are spent once between the two.
+    let small = budget(1000);
+    drop((g1, g2, up1, up2));
+    let (up1, g1) = sidecar(&redis, &small).await;
+    let (up2, g2) = sidecar(&redis, &small).await;
+    let served = spend_all(&[&g1, &g2], "after").await;
+    assert!((8..=10).contains(&served), "{served}");
+    for (gate, up) in [(&g1, &up1), (&g2, &up2)] {
+        gate.assert_settled(up, 4).await;
+    }
+}
+
+/// The store is paused (SIGSTOP: connections stay open and nothing answers). Requests are served
+/// as if it were gone, none waiting for it beyond the fetch timeout (a request that waited for the
+/// store would take a second or more here); when it resumes, the sidecars find it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_store_holds_up_no_request() {
+    let redis = RunningRedis::start();
+    let settings = budget(10_000_000);
+    let (up1, g1) = sidecar(&redis, &settings).await;
+    let (up2, g2) = sidecar(&redis, &settings).await;
+    all_served(&[&g1, &g2], "steady", 10).await;
+    redis.pause();
+    // New tenants too: their first take has no lease and must try the store.
+    let mut slowest = Duration::ZERO;
+    for t in 0..10 {
+        slowest = slowest.max(all_served(&[&g1, &g2], &format!("new-{t}"), 4).await);
+    }
+    assert!(
+        slowest < Duration::from_millis(800),
+        "a request waited {slowest:?} with the store paused"
+    );
+    redis.resume();
+    for gate in [&g1, &g2] {
+        eventually(Duration::from_secs(5), "the store found again", || async {
+            connected(gate).await.then_some(())
+        })
+        .await;
+    }
+    all_served(&[&g1, &g2], "resumed", 10).await;
+    for (gate, up) in [(&g1, &up1), (&g2, &up2)] {
+        gate.assert_settled(up, 4).await;
+    }
+}

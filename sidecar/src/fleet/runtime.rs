@@ -25,7 +25,24 @@ pub const SYNC_INTERVAL: Duration = Duration::from_millis(100);
 /// How often this sidecar says it is alive; one not heard from for three of these is gone.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 /// Longest wait between reconnect attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest a background call may take before the store counts as unreachable (a paused or
+/// overloaded store answers nothing rather than an error).
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `call`, or a timeout error after [`CALL_TIMEOUT`].
+async fn timed<T>(
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the state store did not answer in time",
+            )))
+        })
+}
 
 /// One bucket's lease and the parameters it was last used with.
 struct Entry {
@@ -267,10 +284,8 @@ impl Fleet {
             }
             let store = self.store.lock().await.clone().expect("connected");
             if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT) {
-                match store
-                    .heartbeat(&self.live_key(), &self.id, HEARTBEAT * 3)
-                    .await
-                {
+                let live_key = self.live_key();
+                match timed(store.heartbeat(&live_key, &self.id, HEARTBEAT * 3)).await {
                     Ok(live) => {
                         self.live.store(live.max(1), Ordering::Relaxed);
                         last_beat = Some(Instant::now());
@@ -278,11 +293,12 @@ impl Fleet {
                     Err(e) => {
                         self.went_down("heartbeat", &e);
                         *self.store.lock().await = None;
+                        tokio::time::sleep(backoff).await;
                         continue;
                     }
                 }
             }
-            match self.sync_all(&store).await {
+            match timed(self.sync_all(&store)).await {
                 Ok(()) => {
                     if !self.up.swap(true, Ordering::Relaxed) {
                         tracing::info!(fleet = %self.config.fleet, "state store reachable; fleet budgets enforced");
@@ -296,6 +312,7 @@ impl Fleet {
                 Err(e) => {
                     self.went_down("sync", &e);
                     *self.store.lock().await = None;
+                    tokio::time::sleep(backoff).await;
                     continue;
                 }
             }
