@@ -7,6 +7,23 @@ use std::time::Duration;
 use slotgate::fleet::FleetStore;
 use slotgate_tests::redis::RunningRedis;
 
+/// One sync as a new sidecar sync would send it: each call a sequence number of its own.
+async fn lease(
+    s: &FleetStore,
+    key: &str,
+    capacity: f64,
+    refill: f64,
+    want: f64,
+    settle: f64,
+) -> (f64, f64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    s.lease(key, capacity, refill, want, settle, "sidecar", seq)
+        .await
+        .unwrap()
+}
+
 async fn store(redis: &RunningRedis) -> FleetStore {
     FleetStore::connect(&redis.url(), "test")
         .await
@@ -19,10 +36,10 @@ async fn a_fresh_bucket_grants_up_to_its_capacity_and_refills_by_the_store_clock
     let s = store(&redis).await;
     let key = s.bucket_key("token-budget", "tenant-a");
     assert_eq!(
-        s.lease(&key, 1000.0, 100.0, 600.0, 0.0).await.unwrap(),
+        lease(&s, &key, 1000.0, 100.0, 600.0, 0.0).await,
         (600.0, 400.0)
     );
-    let (granted, level) = s.lease(&key, 1000.0, 100.0, 600.0, 0.0).await.unwrap();
+    let (granted, level) = lease(&s, &key, 1000.0, 100.0, 600.0, 0.0).await;
     assert!(
         (399.0..=401.0).contains(&granted),
         "what was left: {granted}"
@@ -30,7 +47,7 @@ async fn a_fresh_bucket_grants_up_to_its_capacity_and_refills_by_the_store_clock
     assert!(level.abs() < 1.0, "{level}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     // 100 tokens a second for half a second, by the store's clock.
-    let (granted, _) = s.lease(&key, 1000.0, 100.0, 1000.0, 0.0).await.unwrap();
+    let (granted, _) = lease(&s, &key, 1000.0, 100.0, 1000.0, 0.0).await;
     assert!((45.0..=70.0).contains(&granted), "refilled {granted}");
 }
 
@@ -41,38 +58,26 @@ async fn handing_back_and_debt_are_settled_against_the_bucket() {
     let key = s.bucket_key("p", "quota");
     // A fixed quota (no refill): everything leased out.
     assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 1000.0, 0.0).await.unwrap(),
+        lease(&s, &key, 1000.0, 0.0, 1000.0, 0.0).await,
         (1000.0, 0.0)
     );
-    assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 10.0, 0.0).await.unwrap(),
-        (0.0, 0.0)
-    );
+    assert_eq!(lease(&s, &key, 1000.0, 0.0, 10.0, 0.0).await, (0.0, 0.0));
     // 300 unused or refunded tokens handed back.
-    assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 0.0, 300.0).await.unwrap(),
-        (0.0, 300.0)
-    );
+    assert_eq!(lease(&s, &key, 1000.0, 0.0, 0.0, 300.0).await, (0.0, 300.0));
     // A request that used 500 more than it was charged: the bucket owes 200, grants nothing.
     assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 0.0, -500.0).await.unwrap(),
+        lease(&s, &key, 1000.0, 0.0, 0.0, -500.0).await,
         (0.0, -200.0)
     );
-    assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 50.0, 0.0).await.unwrap(),
-        (0.0, -200.0)
-    );
+    assert_eq!(lease(&s, &key, 1000.0, 0.0, 50.0, 0.0).await, (0.0, -200.0));
     // Handing back more than the capacity leaves it full, never fuller.
     assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 0.0, 5000.0).await.unwrap(),
+        lease(&s, &key, 1000.0, 0.0, 0.0, 5000.0).await,
         (0.0, 1000.0)
     );
     // Buckets are separate by key.
     let other = s.bucket_key("p", "other");
-    assert_eq!(
-        s.lease(&other, 10.0, 0.0, 20.0, 0.0).await.unwrap(),
-        (10.0, 0.0)
-    );
+    assert_eq!(lease(&s, &other, 10.0, 0.0, 20.0, 0.0).await, (10.0, 0.0));
 }
 
 /// Three sidecars lease from one fixed quota at once, each on its own connection, in small random
@@ -91,7 +96,7 @@ async fn sidecars_leasing_at_once_never_get_more_than_the_bucket_holds() {
             let mut dry = 0;
             while dry < 3 {
                 let want = rng.u32(1..200) as f64;
-                let (granted, level) = s.lease(&key, quota, 0.0, want, 0.0).await.unwrap();
+                let (granted, level) = lease(&s, &key, quota, 0.0, want, 0.0).await;
                 assert!(
                     granted <= want && level >= 0.0,
                     "{granted} of {want}, level {level}"
@@ -109,4 +114,35 @@ async fn sidecars_leasing_at_once_never_get_more_than_the_bucket_holds() {
         total += t.await.unwrap();
     }
     assert_eq!(total, quota, "the three together");
+}
+
+/// A sync sent again with the same sequence number (its answer was lost) is not applied twice: the
+/// store answers as the first time and the bucket is where the first left it.
+#[tokio::test]
+async fn a_sync_sent_twice_is_applied_once() {
+    let redis = RunningRedis::start();
+    let s = store(&redis).await;
+    let key = s.bucket_key("p", "once");
+    let first = s
+        .lease(&key, 1000.0, 0.0, 300.0, 0.0, "a", 7)
+        .await
+        .unwrap();
+    assert_eq!(first, (300.0, 700.0));
+    let again = s
+        .lease(&key, 1000.0, 0.0, 300.0, 0.0, "a", 7)
+        .await
+        .unwrap();
+    assert_eq!(again, first, "the first answer, nothing granted twice");
+    // Another sidecar's sync with the same number is its own.
+    assert_eq!(
+        s.lease(&key, 1000.0, 0.0, 100.0, 0.0, "b", 7)
+            .await
+            .unwrap(),
+        (100.0, 600.0)
+    );
+    // The next sync of the first one applies.
+    assert_eq!(
+        s.lease(&key, 1000.0, 0.0, 0.0, 50.0, "a", 8).await.unwrap(),
+        (0.0, 650.0)
+    );
 }

@@ -8,11 +8,23 @@
 -- ARGV[2]  refill (tokens per second; 0: a fixed quota)
 -- ARGV[3]  want (tokens, >= 0)
 -- ARGV[4]  settle (tokens, either sign)
+-- ARGV[5]  the sidecar's id
+-- ARGV[6]  the sidecar's sequence number of this sync, for this bucket
 -- Returns  {granted, level}, as strings: Lua numbers are doubles, and Redis would truncate them.
+--
+-- A sync is applied once: a sidecar that lost the answer (a timeout) sends the same sync again with
+-- the same sequence number, and gets the answer of the first, nothing applied twice.
 local capacity = tonumber(ARGV[1])
 local refill = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local settle = tonumber(ARGV[4])
+local seq_field = 's:' .. ARGV[5]
+local reply_field = 'r:' .. ARGV[5]
+local done = redis.call('HMGET', KEYS[1], seq_field, reply_field)
+if done[1] == ARGV[6] and done[2] then
+  local sep = string.find(done[2], ' ', 1, true)
+  return {string.sub(done[2], 1, sep - 1), string.sub(done[2], sep + 1)}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local state = redis.call('HMGET', KEYS[1], 'level', 'ts')
@@ -33,7 +45,8 @@ if want > 0 and level > 0 then
   granted = math.min(want, level)
 end
 level = level - granted
-redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now))
+redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now),
+  seq_field, ARGV[6], reply_field, tostring(granted) .. ' ' .. tostring(level))
 -- A bucket that would be full again anyway may go: it comes back full. A fixed quota stays.
 if refill > 0 then
   local full_in_ms = math.ceil((capacity - level) / refill * 1000)

@@ -49,6 +49,11 @@ pub struct Lease {
     rate: f64,
     /// The last take (demand), for the rate and idleness.
     last: Option<Instant>,
+    /// The sync sent and not yet answered, with its sequence number: sent again as it is until an
+    /// answer comes, so the store applies it once (see `lease.lua`).
+    inflight: Option<(u64, SyncRequest)>,
+    /// The last sequence number used.
+    seq: u64,
 }
 
 impl Lease {
@@ -92,6 +97,38 @@ impl Lease {
                 0.0
             },
             settle: self.settle,
+        }
+    }
+
+    /// The sync to send now, with its sequence number: the one in flight if its answer never came,
+    /// else a new one if there is anything to ask or settle ([`Lease::sync_request`]).
+    pub fn begin_sync(
+        &mut self,
+        capacity: f64,
+        need: f64,
+        policy: &LeasePolicy,
+    ) -> Option<(u64, SyncRequest)> {
+        if self.inflight.is_some() {
+            return self.inflight;
+        }
+        let ask = self.sync_request(capacity, need, policy);
+        if ask.want == 0.0 && ask.settle == 0.0 {
+            return None;
+        }
+        self.seq += 1;
+        self.inflight = Some((self.seq, ask));
+        self.inflight
+    }
+
+    /// The answer to sync `seq`: applied once (a second answer to the same sync is ignored).
+    pub fn finish_sync(&mut self, seq: u64, granted: f64) -> bool {
+        match self.inflight {
+            Some((s, ask)) if s == seq => {
+                self.apply(ask, granted);
+                self.inflight = None;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -225,5 +262,26 @@ mod tests {
         assert_eq!(l.owed(), 0.0, "settled once");
         assert_eq!(l.held(), 0.0);
         assert!(l.is_idle(now + p.idle, &p), "never taken from: idle");
+    }
+
+    #[test]
+    fn a_sync_whose_answer_was_lost_is_sent_again_unchanged_and_applied_once() {
+        let p = LeasePolicy::default();
+        let mut l = Lease::default();
+        l.settle(25.0);
+        let (seq, ask) = l.begin_sync(1000.0, 10.0, &p).expect("something to sync");
+        // No answer (a timeout); meanwhile another refund.
+        l.settle(5.0);
+        assert_eq!(
+            l.begin_sync(1000.0, 10.0, &p),
+            Some((seq, ask)),
+            "the same sync again"
+        );
+        assert!(l.finish_sync(seq, 10.0));
+        assert!(!l.finish_sync(seq, 10.0), "a second answer is not applied");
+        assert_eq!(l.held(), 10.0);
+        assert_eq!(l.owed(), 5.0, "the later refund is still owed");
+        let (next, _) = l.begin_sync(1000.0, 0.0, &p).expect("the 5 to settle");
+        assert_eq!(next, seq + 1);
     }
 }

@@ -119,19 +119,19 @@ impl Fleet {
     ) -> f64 {
         let now = Instant::now();
         let id = (policy.clone(), key.to_owned());
-        let ask = {
+        let sync = {
             let mut e = self.entry(&id, capacity, refill);
             if e.lease.take(amount, now, &self.policy) {
                 return 0.0;
             }
-            e.lease.sync_request(capacity, amount, &self.policy)
+            e.lease.begin_sync(capacity, amount, &self.policy)
         };
         // The lease cannot cover it: one fetch, briefly, before the failure mode.
-        if self.up.load(Ordering::Relaxed) {
-            match self.fetch(&self.bucket_key(policy, key), capacity, refill, ask) {
+        if let (true, Some((seq, ask))) = (self.up.load(Ordering::Relaxed), sync) {
+            match self.fetch(&self.bucket_key(policy, key), capacity, refill, ask, seq) {
                 Ok((granted, level)) => {
                     let mut e = self.entry(&id, capacity, refill);
-                    e.lease.apply(ask, granted);
+                    e.lease.finish_sync(seq, granted);
                     if e.lease.spend(amount) {
                         return 0.0;
                     }
@@ -218,6 +218,7 @@ impl Fleet {
         capacity: f64,
         refill: f64,
         ask: SyncRequest,
+        seq: u64,
     ) -> redis::RedisResult<(f64, f64)> {
         let started = Instant::now();
         let mut slot = self
@@ -231,8 +232,9 @@ impl Fleet {
             *slot = Some(conn);
         }
         let conn = slot.as_mut().expect("connected above");
-        let result =
-            FleetStore::lease_blocking(conn, bucket, capacity, refill, ask.want, ask.settle);
+        let result = FleetStore::lease_blocking(
+            conn, bucket, capacity, refill, ask.want, ask.settle, &self.id, seq,
+        );
         if result.is_err() {
             // A timed-out connection may still deliver the late answer: never reuse it.
             *slot = None;
@@ -333,29 +335,25 @@ impl Fleet {
                     return false;
                 }
             }
-            let ask = e.lease.sync_request(e.capacity, 0.0, &self.policy);
-            if ask.want > 0.0 || ask.settle != 0.0 {
-                work.push((id.clone(), e.capacity, e.refill, ask));
+            if let Some((seq, ask)) = e.lease.begin_sync(e.capacity, 0.0, &self.policy) {
+                work.push((id.clone(), e.capacity, e.refill, seq, ask));
             }
             held += e.lease.held();
             true
         });
         metrics::gauge!(m::STATE_LEASE_TOKENS).set(held);
-        for ((policy, key), capacity, refill, ask) in work {
+        for ((policy, key), capacity, refill, seq, ask) in work {
             let started = Instant::now();
+            let bucket = self.bucket_key(&policy, &key);
             let (granted, _level) = store
                 .lease(
-                    &self.bucket_key(&policy, &key),
-                    capacity,
-                    refill,
-                    ask.want,
-                    ask.settle,
+                    &bucket, capacity, refill, ask.want, ask.settle, &self.id, seq,
                 )
                 .await?;
             metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "background")
                 .record(started.elapsed().as_secs_f64());
             if let Some(mut e) = self.leases.get_mut(&(policy, key)) {
-                e.lease.apply(ask, granted);
+                e.lease.finish_sync(seq, granted);
             }
         }
         Ok(())

@@ -58,6 +58,7 @@ impl FleetStore {
     }
 
     /// [`FleetStore::lease`] on a blocking connection (its timeouts set by the caller).
+    #[allow(clippy::too_many_arguments)]
     pub fn lease_blocking(
         conn: &mut redis::Connection,
         bucket: &str,
@@ -65,6 +66,8 @@ impl FleetStore {
         refill: f64,
         want: f64,
         settle: f64,
+        sidecar: &str,
+        seq: u64,
     ) -> redis::RedisResult<(f64, f64)> {
         let (granted, level): (String, String) = lease_script()
             .key(bucket)
@@ -72,6 +75,8 @@ impl FleetStore {
             .arg(refill)
             .arg(want)
             .arg(settle)
+            .arg(sidecar)
+            .arg(seq)
             .invoke(conn)?;
         Ok((number(&granted)?, number(&level)?))
     }
@@ -83,7 +88,9 @@ impl FleetStore {
 
     /// One sync of a lease against the bucket `bucket`: refills it by the store's clock, settles
     /// `settle` (tokens handed back, or debt if negative), and grants up to `want`. Returns the
-    /// tokens granted and the bucket's level after.
+    /// tokens granted and the bucket's level after. `(sidecar, seq)` names the sync: sent again
+    /// with the same pair, it is not applied again, and answers as the first time.
+    #[allow(clippy::too_many_arguments)]
     pub async fn lease(
         &self,
         bucket: &str,
@@ -91,6 +98,8 @@ impl FleetStore {
         refill: f64,
         want: f64,
         settle: f64,
+        sidecar: &str,
+        seq: u64,
     ) -> redis::RedisResult<(f64, f64)> {
         let mut conn = self.conn.clone();
         let (granted, level): (String, String) = self
@@ -100,6 +109,8 @@ impl FleetStore {
             .arg(refill)
             .arg(want)
             .arg(settle)
+            .arg(sidecar)
+            .arg(seq)
             .invoke_async(&mut conn)
             .await?;
         Ok((number(&granted)?, number(&level)?))
