@@ -241,3 +241,48 @@ async fn a_paused_store_holds_up_no_request() {
         gate.assert_settled(up, 4).await;
     }
 }
+
+/// Refunds from real usage reach the fleet bucket. One sidecar serves a request charged ~600 of a
+/// 1000-token fleet budget; while it is in flight the other sidecar must refuse another 600 (the
+/// budget is one: on its own it would have 1000). The first used only 15 tokens; token-budget's
+/// `on_complete` gives the rest back, to the fleet, and the other sidecar's 600 then gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refunds_from_real_usage_reach_the_fleet_bucket() {
+    let redis = RunningRedis::start();
+    let settings = budget(1000);
+    let (up1, g1) = sidecar(&redis, &settings).await;
+    let (up2, g2) = sidecar(&redis, &settings).await;
+    let big = |tag: &str| {
+        Req::chat(tag)
+            .set("max_tokens", 600)
+            .prompt_tokens(10)
+            .completion_tokens(5)
+    };
+    let first = slotgate_tests::spawn_post(
+        &g1.client(),
+        CHAT,
+        &big("first").delay(Duration::from_secs(1)),
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the first request in flight",
+        || async { (up1.tags() == ["first"]).then_some(()) },
+    )
+    .await;
+    let resp = g2.client().post_json(CHAT, &big("second").json()).await;
+    assert_error(&resp, 429, "policy_denied");
+    let (resp, _) = first.await.unwrap();
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let resp = slotgate_tests::budget::send_until_refunded(
+        &g2.client(),
+        &big("second").json(),
+        "the refund never reached the other sidecar",
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(up1.tags(), ["first"]);
+    assert_eq!(up2.tags(), ["second"]);
+    for (gate, up) in [(&g1, &up1), (&g2, &up2)] {
+        gate.assert_settled(up, 4).await;
+    }
+}
