@@ -286,3 +286,85 @@ async fn refunds_from_real_usage_reach_the_fleet_bucket() {
         gate.assert_settled(up, 4).await;
     }
 }
+
+/// A policy that counts every request in a one-minute window (`window_add`) and refuses once the
+/// count is over 5.
+fn window_policy(dir: &std::path::Path) -> std::path::PathBuf {
+    let deny = r#"{"verdict":"deny","status":429,"message":"window full"}"#;
+    let allow = r#"{"verdict":"allow"}"#;
+    let esc = |s: &str| s.replace('"', "\\\"");
+    let wat = format!(
+        r#"(module
+  (import "slotgate" "window_add" (func $add (param i32 i32 i64 i64) (result i64)))
+  (memory (export "memory") 1)
+  (global $next (mut i32) (i32.const 8192))
+  (data (i32.const 64) "calls")
+  (data (i32.const 128) "{deny}")
+  (data (i32.const 512) "{allow}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const 1))
+  (func (export "slotgate_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (global.get $next) (local.get $n)))
+    (local.get $p))
+  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
+    (if (i64.gt_s (call $add (i32.const 64) (i32.const 5) (i64.const 60000) (i64.const 1)) (i64.const 5))
+      (then (return (i64.or (i64.shl (i64.const 128) (i64.const 32)) (i64.const {deny_len})))))
+    (i64.or (i64.shl (i64.const 512) (i64.const 32)) (i64.const {allow_len}))))"#,
+        deny = esc(deny),
+        allow = esc(allow),
+        deny_len = deny.len(),
+        allow_len = allow.len(),
+    );
+    let path = dir.join("window.wat");
+    std::fs::write(&path, wat).unwrap();
+    path
+}
+
+/// Sliding windows are the fleet's too: two sidecars count into one window, and together they allow
+/// 5 requests a minute, not 5 each. Adds are pushed every 100 ms, so requests 250 ms apart see each
+/// other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_sidecars_count_into_one_window() {
+    let redis = RunningRedis::start();
+    let dir = slotgate_tests::unique_dir("fleet-window");
+    let policy = window_policy(&dir);
+    let mut gates = Vec::new();
+    for _ in 0..2 {
+        let (up, gate) = Gate::new()
+            .slots(4)
+            .policies(&[(&policy, None)])
+            .opt("--state-backend", "redis")
+            .opt("--state-redis-url", redis.url())
+            .start_with(FakeUpstream::instant())
+            .await;
+        eventually(
+            Duration::from_secs(10),
+            "the sidecar reached the store",
+            || async { connected(&gate).await.then_some(()) },
+        )
+        .await;
+        gates.push((up, gate));
+    }
+    // The canary evaluation at load counts in scratch state, not in the fleet window.
+    let mut allowed = 0;
+    for i in 0..10 {
+        let (_, gate) = &gates[i % 2];
+        let resp = gate
+            .client()
+            .post_json(CHAT, &Req::chat(&format!("w{i}")).json())
+            .await;
+        match resp.status.as_u16() {
+            200 => allowed += 1,
+            429 => {
+                assert_error(&resp, 429, "policy_denied");
+            }
+            other => panic!("unexpected {other}: {}", resp.body),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(allowed, 5, "the two sidecars share one window of 5");
+    for (up, gate) in &gates {
+        gate.assert_settled(up, 4).await;
+    }
+}

@@ -1,4 +1,4 @@
-//! Fleet state (issue 10, in progress): token buckets that hold across every sidecar of one model,
+//! Fleet state (issue 10): token buckets that hold across every sidecar of one model,
 //! on Redis or Valkey, without a store round trip on the hot path. Each sidecar holds a **lease** of
 //! tokens per bucket ([`lease::Lease`]), spends it in process, and tops it up, hands unused tokens
 //! back and settles refunds and debt against the fleet bucket with one atomic script
@@ -7,8 +7,9 @@
 //! The bound: the tokens a tenant is admitted across the fleet exceed its budget by at most the sum
 //! of the leases outstanding, each at most `max_share` of the bucket's capacity.
 //!
-//! `bucket_take` and `bucket_refund` of every policy use the fleet buckets when `state.backend` is
-//! `redis` ([`runtime::Fleet`]); `window_add` still counts per sidecar.
+//! `bucket_take`, `bucket_refund` and `window_add` of every policy use the fleet's buckets and
+//! windows when `state.backend` is `redis` ([`runtime::Fleet`]). Windows are pushed in batches
+//! (`window.lua`, every 100 ms) and answered from the last fleet total plus the local adds since.
 
 pub mod lease;
 pub mod runtime;

@@ -53,6 +53,20 @@ struct Entry {
     local: Option<(f64, Instant)>,
 }
 
+/// One fleet window as this sidecar sees it: the fleet's total at the last push, and what it added
+/// since.
+struct WindowEntry {
+    window_ms: i64,
+    /// The fleet total the store last answered (this sidecar's pushed adds included).
+    total: i64,
+    /// Added here and not pushed yet.
+    pending: i64,
+    /// The push sent and not answered yet: sent again unchanged until it is.
+    inflight: Option<(u64, i64)>,
+    seq: u64,
+    last_add: Instant,
+}
+
 pub struct Fleet {
     config: StateConfig,
     policy: LeasePolicy,
@@ -60,6 +74,7 @@ pub struct Fleet {
     /// This sidecar in the heartbeat set.
     id: String,
     leases: DashMap<(Arc<str>, String), Entry>,
+    windows: DashMap<(Arc<str>, String), WindowEntry>,
     /// For the background task.
     store: tokio::sync::Mutex<Option<FleetStore>>,
     /// For the one synchronous fetch of a take.
@@ -88,6 +103,7 @@ impl Fleet {
             client,
             id,
             leases: DashMap::new(),
+            windows: DashMap::new(),
             store: tokio::sync::Mutex::new(None),
             fetch_conn: Mutex::new(None),
             up: AtomicBool::new(false),
@@ -101,6 +117,78 @@ impl Fleet {
             "{}:{}:bucket:{policy}:{key}",
             self.config.prefix, self.config.fleet
         )
+    }
+
+    fn window_key(&self, policy: &str, key: &str, window_ms: i64) -> String {
+        format!(
+            "{}:{}:window:{policy}:{key}:{window_ms}",
+            self.config.prefix, self.config.fleet
+        )
+    }
+
+    /// `window_add` on the fleet window: adds here, answers the fleet's total as last synced plus
+    /// what this sidecar added since (pushed in batches, every [`SYNC_INTERVAL`]). Never waits for
+    /// the store; while it is away the answer is that total and this sidecar's own adds, which are
+    /// pushed once it is back.
+    pub fn window_add(&self, policy: &Arc<str>, key: &str, window_ms: i64, amount: i64) -> i64 {
+        let now = Instant::now();
+        let mut w = self
+            .windows
+            .entry((policy.clone(), format!("{key}\u{0}{window_ms}")))
+            .or_insert_with(|| WindowEntry {
+                window_ms,
+                total: 0,
+                pending: 0,
+                inflight: None,
+                seq: 0,
+                last_add: now,
+            });
+        w.pending += amount;
+        if amount != 0 {
+            w.last_add = now;
+        }
+        w.total + w.pending + w.inflight.map_or(0, |(_, n)| n)
+    }
+
+    /// Pushes every window's pending adds and refreshes its total; forgets windows untouched for
+    /// longer than themselves.
+    async fn sync_windows(&self, store: &FleetStore) -> redis::RedisResult<()> {
+        let now = Instant::now();
+        let mut work = Vec::new();
+        self.windows.retain(|id, w| {
+            let idle = now.saturating_duration_since(w.last_add)
+                > Duration::from_millis(w.window_ms.max(0) as u64) + SYNC_INTERVAL;
+            if idle && w.pending == 0 && w.inflight.is_none() {
+                return false;
+            }
+            if w.inflight.is_none() {
+                w.seq += 1;
+                w.inflight = Some((w.seq, w.pending));
+                w.pending = 0;
+            }
+            let (seq, n) = w.inflight.expect("set above");
+            work.push((id.clone(), w.window_ms, seq, n));
+            true
+        });
+        for ((policy, id), window_ms, seq, n) in work {
+            let key = id.split('\u{0}').next().unwrap_or_default();
+            let total = store
+                .window_add(
+                    &self.window_key(&policy, key, window_ms),
+                    window_ms,
+                    n,
+                    &self.id,
+                    seq,
+                )
+                .await?;
+            if let Some(mut w) = self.windows.get_mut(&(policy, id)) {
+                if w.inflight.is_some_and(|(s, _)| s == seq) {
+                    w.inflight = None;
+                    w.total = total;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn live_key(&self) -> String {
@@ -322,8 +410,9 @@ impl Fleet {
         }
     }
 
-    /// Tops up, hands back and settles every lease that needs it.
+    /// Tops up, hands back and settles every lease that needs it, and syncs the windows.
     async fn sync_all(&self, store: &FleetStore) -> redis::RedisResult<()> {
+        self.sync_windows(store).await?;
         let now = Instant::now();
         let mut work = Vec::new();
         let mut held = 0.0;

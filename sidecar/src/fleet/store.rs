@@ -117,6 +117,36 @@ impl FleetStore {
     }
 }
 
+impl FleetStore {
+    /// Adds `amount` to the fleet window `key` of `window_ms` and returns its total. `(sidecar, seq)`
+    /// as for [`FleetStore::lease`].
+    pub async fn window_add(
+        &self,
+        key: &str,
+        window_ms: i64,
+        amount: i64,
+        sidecar: &str,
+        seq: u64,
+    ) -> redis::RedisResult<i64> {
+        let mut conn = self.conn.clone();
+        let total: String = Script::new(include_str!("window.lua"))
+            .key(key)
+            .arg(window_ms.max(1))
+            .arg(amount)
+            .arg(sidecar)
+            .arg(seq)
+            .invoke_async(&mut conn)
+            .await?;
+        total.parse::<i64>().map_err(|e| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "window script answered no integer",
+                format!("{total:?}: {e}"),
+            ))
+        })
+    }
+}
+
 fn lease_script() -> Script {
     Script::new(include_str!("lease.lua"))
 }

@@ -16,7 +16,8 @@ use crate::fleet::Fleet;
 pub struct SharedState {
     buckets: DashMap<(Arc<str>, String), Bucket>,
     windows: DashMap<(Arc<str>, String), Window>,
-    /// With `state.backend = redis`: the fleet buckets, which then take the place of `buckets`.
+    /// With `state.backend = redis`: the fleet buckets and windows, which then take the place of
+    /// `buckets` and `windows`.
     fleet: OnceLock<Arc<Fleet>>,
 }
 
@@ -74,6 +75,9 @@ impl SharedState {
 
     /// Adds `amount` now and returns the total of the last `window_ms` milliseconds.
     pub fn window_add(&self, policy: &Arc<str>, key: &str, window_ms: i64, amount: i64) -> i64 {
+        if let Some(fleet) = self.fleet.get() {
+            return fleet.window_add(policy, key, window_ms, amount);
+        }
         let now = Instant::now();
         let span = std::time::Duration::from_millis(window_ms.max(0) as u64);
         let mut w = self
