@@ -54,6 +54,9 @@ pub struct Lease {
     inflight: Option<(u64, SyncRequest)>,
     /// The last sequence number used.
     seq: u64,
+    /// The fleet bucket is nearly dry: hold only what a take needs, keep no reserve, so tokens are
+    /// not stranded in one sidecar's lease while another is refused.
+    scarce: bool,
 }
 
 impl Lease {
@@ -120,6 +123,21 @@ impl Lease {
         self.inflight
     }
 
+    /// A sync that only reads the fleet bucket's level (nothing wanted or settled), unless one is in
+    /// flight already.
+    pub fn begin_read(&mut self) -> (u64, SyncRequest) {
+        if let Some(inflight) = self.inflight {
+            return inflight;
+        }
+        self.seq += 1;
+        let read = SyncRequest {
+            want: 0.0,
+            settle: 0.0,
+        };
+        self.inflight = Some((self.seq, read));
+        (self.seq, read)
+    }
+
     /// The answer to sync `seq`: applied once (a second answer to the same sync is ignored).
     pub fn finish_sync(&mut self, seq: u64, granted: f64) -> bool {
         match self.inflight {
@@ -143,6 +161,17 @@ impl Lease {
     pub fn release(&mut self) {
         self.settle += self.tokens;
         self.tokens = 0.0;
+    }
+
+    /// Whether the fleet bucket is nearly dry (see the field).
+    pub fn set_scarce(&mut self, scarce: bool) {
+        self.scarce = scarce;
+    }
+
+    /// How long since the last take (forever if none).
+    pub fn idle_for(&self, now: Instant) -> Duration {
+        self.last
+            .map_or(Duration::MAX, |at| now.saturating_duration_since(at))
     }
 
     /// No take for longer than `policy.idle`.
@@ -169,6 +198,9 @@ impl Lease {
     /// The lease's size: the demand of one horizon, at least `need`, at most the share of the
     /// capacity (unless `need` alone is more).
     fn target(&self, capacity: f64, need: f64, policy: &LeasePolicy) -> f64 {
+        if self.scarce {
+            return need;
+        }
         let demand = self.rate * policy.horizon.as_secs_f64();
         demand.min(capacity * policy.max_share).max(need)
     }
@@ -262,6 +294,24 @@ mod tests {
         assert_eq!(l.owed(), 0.0, "settled once");
         assert_eq!(l.held(), 0.0);
         assert!(l.is_idle(now + p.idle, &p), "never taken from: idle");
+    }
+
+    #[test]
+    fn a_scarce_fleet_bucket_gets_no_reserve_taken() {
+        let p = LeasePolicy::default();
+        let t0 = Instant::now();
+        let mut l = Lease::default();
+        for i in 0..100 {
+            l.take(10.0, t0 + ms(10 * i), &p);
+        }
+        assert!(l.sync_request(10_000.0, 0.0, &p).want > 0.0, "a reserve");
+        l.set_scarce(true);
+        assert_eq!(l.sync_request(10_000.0, 0.0, &p).want, 0.0, "no reserve");
+        assert_eq!(
+            l.sync_request(10_000.0, 30.0, &p).want,
+            30.0,
+            "what a take needs"
+        );
     }
 
     #[test]

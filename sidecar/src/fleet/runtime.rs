@@ -51,7 +51,17 @@ struct Entry {
     refill: f64,
     /// The in-process bucket that stands in while the store is away (`local-share`).
     local: Option<(f64, Instant)>,
+    /// The fleet bucket's level at the last sync, and when that was.
+    level: Option<f64>,
+    synced: Option<Instant>,
 }
+
+/// A lease that holds tokens reads the fleet bucket's level at least this often, so it learns when
+/// the bucket runs nearly dry (and gives back what it holds, see [`SCARCE_RELEASE`]).
+const REFRESH: Duration = Duration::from_millis(500);
+
+/// A lease not taken from for this long, while the fleet bucket is nearly dry, goes back at once.
+const SCARCE_RELEASE: Duration = Duration::from_millis(250);
 
 /// One fleet window as this sidecar sees it: the fleet's total at the last push, and what it added
 /// since.
@@ -220,10 +230,16 @@ impl Fleet {
                 Ok((granted, level)) => {
                     let mut e = self.entry(&id, capacity, refill);
                     e.lease.finish_sync(seq, granted);
+                    e.level = Some(level);
+                    e.synced = Some(Instant::now());
                     if e.lease.spend(amount) {
                         return 0.0;
                     }
+                    // The fleet cannot cover it either. What this lease holds goes back (at the
+                    // next sync): kept, it would be stranded here while another sidecar's take
+                    // finds the bucket short by just that much.
                     let short = amount - e.lease.held() - level.max(0.0);
+                    e.lease.release();
                     return if refill > 0.0 && amount <= capacity {
                         (short / refill).max(0.001)
                     } else {
@@ -293,6 +309,8 @@ impl Fleet {
             capacity,
             refill,
             local: None,
+            level: None,
+            synced: None,
         });
         e.capacity = capacity;
         e.refill = refill;
@@ -416,7 +434,17 @@ impl Fleet {
         let now = Instant::now();
         let mut work = Vec::new();
         let mut held = 0.0;
+        let live = self.live.load(Ordering::Relaxed).max(1) as f64;
         self.leases.retain(|id, e| {
+            // Less than a full lease per live sidecar left in the fleet: no reserves, and a lease
+            // not in use goes back, so what remains can go where it is asked for.
+            let scarce = e
+                .level
+                .is_some_and(|l| l < e.capacity * self.policy.max_share * live);
+            e.lease.set_scarce(scarce);
+            if scarce && e.lease.held() > 0.0 && e.lease.idle_for(now) >= SCARCE_RELEASE {
+                e.lease.release();
+            }
             if e.lease.is_idle(now, &self.policy) {
                 e.lease.release();
                 e.local = None;
@@ -424,7 +452,14 @@ impl Fleet {
                     return false;
                 }
             }
-            if let Some((seq, ask)) = e.lease.begin_sync(e.capacity, 0.0, &self.policy) {
+            let stale = e
+                .synced
+                .is_none_or(|t| now.saturating_duration_since(t) >= REFRESH);
+            let sync = e
+                .lease
+                .begin_sync(e.capacity, 0.0, &self.policy)
+                .or_else(|| (e.lease.held() > 0.0 && stale).then(|| e.lease.begin_read()));
+            if let Some((seq, ask)) = sync {
                 work.push((id.clone(), e.capacity, e.refill, seq, ask));
             }
             held += e.lease.held();
@@ -434,7 +469,7 @@ impl Fleet {
         for ((policy, key), capacity, refill, seq, ask) in work {
             let started = Instant::now();
             let bucket = self.bucket_key(&policy, &key);
-            let (granted, _level) = store
+            let (granted, level) = store
                 .lease(
                     &bucket, capacity, refill, ask.want, ask.settle, &self.id, seq,
                 )
@@ -443,6 +478,8 @@ impl Fleet {
                 .record(started.elapsed().as_secs_f64());
             if let Some(mut e) = self.leases.get_mut(&(policy, key)) {
                 e.lease.finish_sync(seq, granted);
+                e.level = Some(level);
+                e.synced = Some(Instant::now());
             }
         }
         Ok(())
