@@ -93,6 +93,38 @@ impl RunningRedis {
         assert!(status.success(), "kill -{name} failed");
     }
 
+    /// Commands the server has run so far (`INFO commandstats`, `INFO` itself not counted).
+    pub fn commands(&self) -> u64 {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&self.socket).expect("connect");
+        s.write_all(b"INFO commandstats\r\n").expect("write");
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut text = String::new();
+        let mut buf = [0u8; 8192];
+        // A bulk string: `$<len>\r\n<body>\r\n`; read until the body is whole.
+        loop {
+            let n = s.read(&mut buf).expect("read");
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if let Some((head, body)) = text.split_once("\r\n") {
+                let len: usize = head.trim_start_matches('$').parse().unwrap_or(0);
+                if body.len() >= len || n == 0 {
+                    break;
+                }
+            }
+        }
+        text.lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// The URL slotgate and the `redis` crate take.
     pub fn url(&self) -> String {
         format!("unix://{}", self.socket.display())
