@@ -168,7 +168,33 @@ async fn a_killed_store_costs_no_request_and_is_reconnected() {
     let (up1, g1) = sidecar(&redis, &settings).await;
     let (up2, g2) = sidecar(&redis, &settings).await;
     all_served(&[&g1, &g2], "before", 20).await;
+    // Killed under load: four clients keep sending to both sidecars meanwhile.
+    let load: Vec<_> = (0..4)
+        .map(|c| {
+            let clients = [g1.client(), g2.client()];
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for i in 0..30 {
+                    let resp = clients[i % 2]
+                        .post_json_with_headers(
+                            CHAT,
+                            &spending(&format!("load-{c}-{i}")).json(),
+                            &[("authorization", "Bearer steady")],
+                        )
+                        .await;
+                    statuses.push((resp.status.as_u16(), resp.body));
+                }
+                statuses
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
     redis.kill9();
+    for task in load {
+        for (status, body) in task.await.unwrap() {
+            assert_eq!(status, 200, "under load while the store died: {body}");
+        }
+    }
     all_served(&[&g1, &g2], "during", 40).await;
     for gate in [&g1, &g2] {
         eventually(Duration::from_secs(5), "the outage reported", || async {

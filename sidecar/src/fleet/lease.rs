@@ -16,6 +16,9 @@ pub struct LeasePolicy {
     pub max_share: f64,
     /// Give every token back after this long without a take.
     pub idle: Duration,
+    /// Give back tokens held this long since they were granted, busy or not: a lease is a short
+    /// loan, and the fleet bucket (and the other sidecars) should see them again.
+    pub max_age: Duration,
 }
 
 impl Default for LeasePolicy {
@@ -25,6 +28,7 @@ impl Default for LeasePolicy {
             low_water: 0.5,
             max_share: 0.1,
             idle: Duration::from_secs(5),
+            max_age: Duration::from_secs(30),
         }
     }
 }
@@ -57,6 +61,8 @@ pub struct Lease {
     /// The fleet bucket is nearly dry: hold only what a take needs, keep no reserve, so tokens are
     /// not stranded in one sidecar's lease while another is refused.
     scarce: bool,
+    /// When the lease last went from empty to holding tokens.
+    granted_at: Option<Instant>,
 }
 
 impl Lease {
@@ -153,14 +159,26 @@ impl Lease {
     /// What the fleet answered to `asked`: `granted` tokens join the lease, the settled amount is no
     /// longer owed.
     pub fn apply(&mut self, asked: SyncRequest, granted: f64) {
+        if self.tokens <= 0.0 && granted > 0.0 {
+            self.granted_at = Some(Instant::now());
+        }
         self.tokens += granted.max(0.0);
         self.settle -= asked.settle;
+    }
+
+    /// Holds tokens granted longer ago than `policy.max_age`.
+    pub fn is_aged(&self, now: Instant, policy: &LeasePolicy) -> bool {
+        self.tokens > 0.0
+            && self
+                .granted_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= policy.max_age)
     }
 
     /// Hands every token held back (idle, aged out, shutting down): they are owed at the next sync.
     pub fn release(&mut self) {
         self.settle += self.tokens;
         self.tokens = 0.0;
+        self.granted_at = None;
     }
 
     /// Whether the fleet bucket is nearly dry (see the field).

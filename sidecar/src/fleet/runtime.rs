@@ -217,15 +217,31 @@ impl Fleet {
     ) -> f64 {
         let now = Instant::now();
         let id = (policy.clone(), key.to_owned());
-        let sync = {
+        {
             let mut e = self.entry(&id, capacity, refill);
             if e.lease.take(amount, now, &self.policy) {
                 return 0.0;
             }
-            e.lease.begin_sync(capacity, amount, &self.policy)
-        };
-        // The lease cannot cover it: one fetch, briefly, before the failure mode.
-        if let (true, Some((seq, ask))) = (self.up.load(Ordering::Relaxed), sync) {
+        }
+        // The lease cannot cover it: a fetch, briefly, before the failure mode. Three at most: one
+        // may be a background sync still in flight (it is sent again as it was, see
+        // `Lease::begin_sync`), asked for less than this take needs, and a concurrent take on the
+        // same key may spend what a fetch brought.
+        for _ in 0..3 {
+            if !self.up.load(Ordering::Relaxed) {
+                break;
+            }
+            let (seq, ask, covers) = {
+                let mut e = self.entry(&id, capacity, refill);
+                if e.lease.spend(amount) {
+                    return 0.0;
+                }
+                let held = e.lease.held();
+                let Some((seq, ask)) = e.lease.begin_sync(capacity, amount, &self.policy) else {
+                    break;
+                };
+                (seq, ask, held + ask.want >= amount)
+            };
             match self.fetch(&self.bucket_key(policy, key), capacity, refill, ask, seq) {
                 Ok((granted, level)) => {
                     let mut e = self.entry(&id, capacity, refill);
@@ -234,6 +250,12 @@ impl Fleet {
                     e.synced = Some(Instant::now());
                     if e.lease.spend(amount) {
                         return 0.0;
+                    }
+                    // Granted in full and still short: a concurrent take on this key spent it, or
+                    // answered the same sync first. Ask again. (The script's numbers come back as
+                    // text with 14 significant digits: "in full" allows for that.)
+                    if !covers || granted >= ask.want * (1.0 - 1e-9) {
+                        continue;
                     }
                     // The fleet cannot cover it either. What this lease holds goes back (at the
                     // next sync): kept, it would be stranded here while another sidecar's take
@@ -246,7 +268,10 @@ impl Fleet {
                         f64::INFINITY
                     };
                 }
-                Err(e) => self.went_down("fetch", &e),
+                Err(e) => {
+                    self.went_down("fetch", &e);
+                    break;
+                }
             }
         }
         self.unavailable(&id, capacity, refill, amount, now)
@@ -442,7 +467,9 @@ impl Fleet {
                 .level
                 .is_some_and(|l| l < e.capacity * self.policy.max_share * live);
             e.lease.set_scarce(scarce);
-            if scarce && e.lease.held() > 0.0 && e.lease.idle_for(now) >= SCARCE_RELEASE {
+            if (scarce && e.lease.held() > 0.0 && e.lease.idle_for(now) >= SCARCE_RELEASE)
+                || e.lease.is_aged(now, &self.policy)
+            {
                 e.lease.release();
             }
             if e.lease.is_idle(now, &self.policy) {
