@@ -356,6 +356,27 @@ impl Fleet {
             .fetch_conn
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        // A kept connection may be to a store that has since restarted: if it fails without a
+        // timeout, one fresh connection gets one more try (the sync is the same, applied once).
+        let reused = slot.is_some();
+        let mut result = self.fetch_on(&mut slot, bucket, capacity, refill, ask, seq);
+        if reused && result.as_ref().is_err_and(|e| !e.is_timeout()) {
+            result = self.fetch_on(&mut slot, bucket, capacity, refill, ask, seq);
+        }
+        metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "fetch")
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    fn fetch_on(
+        &self,
+        slot: &mut Option<redis::Connection>,
+        bucket: &str,
+        capacity: f64,
+        refill: f64,
+        ask: SyncRequest,
+        seq: u64,
+    ) -> redis::RedisResult<(f64, f64)> {
         if slot.is_none() {
             let conn = self.client.get_connection_with_timeout(FETCH_TIMEOUT)?;
             conn.set_read_timeout(Some(FETCH_TIMEOUT))?;
@@ -370,8 +391,6 @@ impl Fleet {
             // A timed-out connection may still deliver the late answer: never reuse it.
             *slot = None;
         }
-        metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "fetch")
-            .record(started.elapsed().as_secs_f64());
         result
     }
 
