@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use slotgate::fleet::FleetStore;
+use slotgate::fleet::{FleetStore, LeaseCall};
 use slotgate_tests::redis::RunningRedis;
 
 /// One sync as a new sidecar sync would send it: each call a sequence number of its own.
@@ -19,9 +19,30 @@ async fn lease(
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(1);
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    s.lease(key, capacity, refill, want, settle, "sidecar", seq)
+    s.lease(&call(key, capacity, refill, want, settle, "sidecar", seq))
         .await
         .unwrap()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn call<'a>(
+    bucket: &'a str,
+    capacity: f64,
+    refill: f64,
+    want: f64,
+    settle: f64,
+    sidecar: &'a str,
+    seq: u64,
+) -> LeaseCall<'a> {
+    LeaseCall {
+        bucket,
+        capacity,
+        refill,
+        want,
+        settle,
+        sidecar,
+        seq,
+    }
 }
 
 async fn store(redis: &RunningRedis) -> FleetStore {
@@ -124,25 +145,27 @@ async fn a_sync_sent_twice_is_applied_once() {
     let s = store(&redis).await;
     let key = s.bucket_key("p", "once");
     let first = s
-        .lease(&key, 1000.0, 0.0, 300.0, 0.0, "a", 7)
+        .lease(&call(&key, 1000.0, 0.0, 300.0, 0.0, "a", 7))
         .await
         .unwrap();
     assert_eq!(first, (300.0, 700.0));
     let again = s
-        .lease(&key, 1000.0, 0.0, 300.0, 0.0, "a", 7)
+        .lease(&call(&key, 1000.0, 0.0, 300.0, 0.0, "a", 7))
         .await
         .unwrap();
     assert_eq!(again, first, "the first answer, nothing granted twice");
     // Another sidecar's sync with the same number is its own.
     assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 100.0, 0.0, "b", 7)
+        s.lease(&call(&key, 1000.0, 0.0, 100.0, 0.0, "b", 7))
             .await
             .unwrap(),
         (100.0, 600.0)
     );
     // The next sync of the first one applies.
     assert_eq!(
-        s.lease(&key, 1000.0, 0.0, 0.0, 50.0, "a", 8).await.unwrap(),
+        s.lease(&call(&key, 1000.0, 0.0, 0.0, 50.0, "a", 8))
+            .await
+            .unwrap(),
         (0.0, 650.0)
     );
 }

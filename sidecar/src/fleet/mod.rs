@@ -17,4 +17,4 @@ pub mod store;
 
 pub use lease::{Lease, LeasePolicy};
 pub use runtime::Fleet;
-pub use store::FleetStore;
+pub use store::{FleetStore, LeaseCall};

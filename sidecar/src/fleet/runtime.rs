@@ -14,7 +14,7 @@ use dashmap::DashMap;
 use slotgate_sdk::bucket;
 
 use super::lease::{Lease, LeasePolicy, SyncRequest};
-use super::store::FleetStore;
+use super::store::{FleetStore, LeaseCall};
 use crate::config::{OnUnavailable, StateConfig};
 use crate::metrics as m;
 
@@ -385,7 +385,16 @@ impl Fleet {
         }
         let conn = slot.as_mut().expect("connected above");
         let result = FleetStore::lease_blocking(
-            conn, bucket, capacity, refill, ask.want, ask.settle, &self.id, seq,
+            conn,
+            &LeaseCall {
+                bucket,
+                capacity,
+                refill,
+                want: ask.want,
+                settle: ask.settle,
+                sidecar: &self.id,
+                seq,
+            },
         );
         if result.is_err() {
             // A timed-out connection may still deliver the late answer: never reuse it.
@@ -516,9 +525,15 @@ impl Fleet {
             let started = Instant::now();
             let bucket = self.bucket_key(&policy, &key);
             let (granted, level) = store
-                .lease(
-                    &bucket, capacity, refill, ask.want, ask.settle, &self.id, seq,
-                )
+                .lease(&LeaseCall {
+                    bucket: &bucket,
+                    capacity,
+                    refill,
+                    want: ask.want,
+                    settle: ask.settle,
+                    sidecar: &self.id,
+                    seq,
+                })
                 .await?;
             metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "background")
                 .record(started.elapsed().as_secs_f64());

@@ -4,6 +4,37 @@
 use redis::aio::ConnectionManager;
 use redis::Script;
 
+/// One sync of a lease, as `lease.lua` takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseCall<'a> {
+    /// The fleet bucket's key.
+    pub bucket: &'a str,
+    pub capacity: f64,
+    /// Tokens per second.
+    pub refill: f64,
+    /// Tokens wanted for the lease.
+    pub want: f64,
+    /// Tokens handed back (positive) or owed (negative).
+    pub settle: f64,
+    /// With `seq`, names the sync: sent again with the same pair, it is not applied again and
+    /// answers as the first time.
+    pub sidecar: &'a str,
+    pub seq: u64,
+}
+
+impl LeaseCall<'_> {
+    fn invocation<'s>(&self, script: &'s Script) -> redis::ScriptInvocation<'s> {
+        let mut call = script.key(self.bucket);
+        call.arg(self.capacity)
+            .arg(self.refill)
+            .arg(self.want)
+            .arg(self.settle)
+            .arg(self.sidecar)
+            .arg(self.seq);
+        call
+    }
+}
+
 /// A connection to the store, and the lease script.
 #[derive(Clone)]
 pub struct FleetStore {
@@ -58,26 +89,11 @@ impl FleetStore {
     }
 
     /// [`FleetStore::lease`] on a blocking connection (its timeouts set by the caller).
-    #[allow(clippy::too_many_arguments)]
     pub fn lease_blocking(
         conn: &mut redis::Connection,
-        bucket: &str,
-        capacity: f64,
-        refill: f64,
-        want: f64,
-        settle: f64,
-        sidecar: &str,
-        seq: u64,
+        call: &LeaseCall<'_>,
     ) -> redis::RedisResult<(f64, f64)> {
-        let (granted, level): (String, String) = lease_script()
-            .key(bucket)
-            .arg(capacity)
-            .arg(refill)
-            .arg(want)
-            .arg(settle)
-            .arg(sidecar)
-            .arg(seq)
-            .invoke(conn)?;
+        let (granted, level): (String, String) = call.invocation(&lease_script()).invoke(conn)?;
         Ok((number(&granted)?, number(&level)?))
     }
 
@@ -86,31 +102,13 @@ impl FleetStore {
         format!("{}:bucket:{policy}:{key}", self.prefix)
     }
 
-    /// One sync of a lease against the bucket `bucket`: refills it by the store's clock, settles
-    /// `settle` (tokens handed back, or debt if negative), and grants up to `want`. Returns the
-    /// tokens granted and the bucket's level after. `(sidecar, seq)` names the sync: sent again
-    /// with the same pair, it is not applied again, and answers as the first time.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn lease(
-        &self,
-        bucket: &str,
-        capacity: f64,
-        refill: f64,
-        want: f64,
-        settle: f64,
-        sidecar: &str,
-        seq: u64,
-    ) -> redis::RedisResult<(f64, f64)> {
+    /// One sync of a lease (see [`LeaseCall`]): refills the bucket by the store's clock, settles
+    /// what is handed back or owed, and grants up to what is wanted. Returns the tokens granted and
+    /// the bucket's level after.
+    pub async fn lease(&self, call: &LeaseCall<'_>) -> redis::RedisResult<(f64, f64)> {
         let mut conn = self.conn.clone();
-        let (granted, level): (String, String) = self
-            .script
-            .key(bucket)
-            .arg(capacity)
-            .arg(refill)
-            .arg(want)
-            .arg(settle)
-            .arg(sidecar)
-            .arg(seq)
+        let (granted, level): (String, String) = call
+            .invocation(&self.script)
             .invoke_async(&mut conn)
             .await?;
         Ok((number(&granted)?, number(&level)?))
