@@ -429,7 +429,7 @@ async fn decide(
     // outcome `client_gone`) that the request was never served, so what it took is given back.
     let (tx, rx) = tokio::sync::oneshot::channel();
     let policies = app.policies.clone();
-    let request = intake.summary.clone();
+    let summary = Arc::new(summary);
     tokio::spawn(async move {
         let evaluated = if chain.runs_inline() {
             let evaluated = AssertUnwindSafe(chain.evaluate_each_async(&summary))
@@ -439,7 +439,7 @@ async fn decide(
             drop(turn);
             evaluated
         } else {
-            let chain = chain.clone();
+            let (chain, summary) = (chain.clone(), summary.clone());
             let evaluate = move || {
                 let _turn = turn;
                 chain.evaluate_each(&summary)
@@ -452,7 +452,7 @@ async fn decide(
                     chain,
                     own,
                     policies,
-                    request,
+                    request: Arc::unwrap_or_clone(summary),
                     decision: outcome.decision(),
                 };
                 hook.fire(0, Outcome::ClientGone, Default::default(), 0, 0);

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use slotgate_tests::redis::RunningRedis;
+use slotgate_tests::redis::{wait_connected, RunningRedis};
 use slotgate_tests::*;
 
 fn main() {
@@ -34,20 +34,16 @@ fn env(name: &str, default: usize) -> usize {
 const AMPLE: &str = "{ capacity = 1000000000000, refill_per_second = 1000000000 }";
 
 async fn gate(redis: Option<&RunningRedis>, settings: &str) -> (RunningUpstream, RunningGate) {
-    let mut g = Gate::new()
+    let g = Gate::new()
         .slots(8)
         .policies(&[(&wat::built("token-budget"), Some(settings))]);
-    if let Some(r) = redis {
-        g = g
-            .opt("--state-backend", "redis")
-            .opt("--state-redis-url", r.url());
-    }
+    let g = match redis {
+        Some(r) => r.backend_for(g),
+        None => g,
+    };
     let (up, gate) = g.start_with(FakeUpstream::instant()).await;
     if redis.is_some() {
-        eventually(Duration::from_secs(10), "connected", || async {
-            (gate.status().await["state"]["connected"] == true).then_some(())
-        })
-        .await;
+        wait_connected(&gate).await;
     }
     (up, gate)
 }

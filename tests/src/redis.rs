@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::wait::unique_dir;
+use crate::gate::{Gate, RunningGate};
+use crate::wait::{eventually, unique_dir};
 
 pub struct RunningRedis {
     child: Child,
@@ -125,6 +126,12 @@ impl RunningRedis {
             .sum()
     }
 
+    /// `gate` with its policy budgets on this store (`--state-backend redis`).
+    pub fn backend_for(&self, gate: Gate) -> Gate {
+        gate.opt("--state-backend", "redis")
+            .opt("--state-redis-url", self.url())
+    }
+
     /// The URL slotgate and the `redis` crate take.
     pub fn url(&self) -> String {
         format!("unix://{}", self.socket.display())
@@ -162,4 +169,19 @@ impl RunningRedis {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// Whether `gate` reaches its state store now (`/status`).
+pub async fn connected(gate: &RunningGate) -> bool {
+    gate.status().await["state"]["connected"] == true
+}
+
+/// Waits until `gate` reaches its state store.
+pub async fn wait_connected(gate: &RunningGate) {
+    eventually(
+        Duration::from_secs(10),
+        "the sidecar reached the store",
+        || async { connected(gate).await.then_some(()) },
+    )
+    .await;
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use slotgate_tests::llama::{chat, chat_usage, LlamaServer, RunningLlama, PROMPT};
-use slotgate_tests::redis::RunningRedis;
+use slotgate_tests::redis::{wait_connected, RunningRedis};
 use slotgate_tests::*;
 
 const MAX_TOKENS: u64 = 8;
@@ -15,17 +15,9 @@ async fn fleet_gate(llama: &RunningLlama, redis: &RunningRedis, settings: &str) 
         .upstream_path(llama.socket())
         .slots(1)
         .policies(&[(&wat::built("token-budget"), Some(settings))])
-        .opt("--cost-tokenizer", "estimate")
-        .opt("--state-backend", "redis")
-        .opt("--state-redis-url", redis.url())
-        .start()
-        .await;
-    eventually(
-        Duration::from_secs(10),
-        "the sidecar reached the store",
-        || async { (gate.status().await["state"]["connected"] == true).then_some(()) },
-    )
-    .await;
+        .opt("--cost-tokenizer", "estimate");
+    let gate = redis.backend_for(gate).start().await;
+    wait_connected(&gate).await;
     gate
 }
 

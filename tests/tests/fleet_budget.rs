@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
 use slotgate_tests::gate::{Gate, RunningGate};
-use slotgate_tests::redis::RunningRedis;
+use slotgate_tests::redis::{connected, wait_connected, RunningRedis};
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::eventually;
 use slotgate_tests::{assert_error, wat};
+use slotgate_tests::{Client, Response};
 
 /// token-budget with a fixed quota: `capacity` tokens for the whole fleet, never refilled.
 fn budget(capacity: u64) -> String {
@@ -16,20 +17,15 @@ fn budget(capacity: u64) -> String {
 }
 
 async fn sidecar(redis: &RunningRedis, settings: &str) -> (RunningUpstream, RunningGate) {
-    let (up, gate) = Gate::new()
+    let gate = Gate::new()
         .slots(4)
         .policies(&[(&wat::built("token-budget"), Some(settings))])
-        .opt("--state-backend", "redis")
-        .opt("--state-redis-url", redis.url())
-        .opt("--state-fleet", "model-a")
+        .opt("--state-fleet", "model-a");
+    let (up, gate) = redis
+        .backend_for(gate)
         .start_with(FakeUpstream::instant())
         .await;
-    eventually(
-        Duration::from_secs(10),
-        "the sidecar reached the store",
-        || async { (gate.status().await["state"]["connected"] == true).then_some(()) },
-    )
-    .await;
+    wait_connected(&gate).await;
     (up, gate)
 }
 
@@ -43,6 +39,17 @@ fn spending(tag: &str) -> Req {
         .completion_tokens(100)
 }
 
+/// [`spending`] as `tenant` (its API key), tagged `tag`.
+async fn spend_as(client: &Client, tenant: &str, tag: &str) -> Response {
+    client
+        .post_json_with_headers(
+            CHAT,
+            &spending(tag).json(),
+            &[("authorization", format!("Bearer {tenant}"))],
+        )
+        .await
+}
+
 /// Sends to the sidecars in turn until all of them have refused for longer than an idle lease is
 /// kept (its tokens then go back to the fleet bucket for the others); returns the requests served.
 async fn spend_all(gates: &[&RunningGate], tenant: &str) -> usize {
@@ -52,14 +59,7 @@ async fn spend_all(gates: &[&RunningGate], tenant: &str) -> usize {
     loop {
         let gate = gates[i % gates.len()];
         i += 1;
-        let resp = gate
-            .client()
-            .post_json_with_headers(
-                CHAT,
-                &spending(&format!("{tenant}-{i}")).json(),
-                &[("authorization", format!("Bearer {tenant}"))],
-            )
-            .await;
+        let resp = spend_as(&gate.client(), tenant, &format!("{tenant}-{i}")).await;
         match resp.status.as_u16() {
             200 => {
                 served += 1;
@@ -117,14 +117,7 @@ async fn one_tenant_running_dry_leaves_the_other_served() {
     let served = spend_all(&[&g1, &g2], "greedy").await;
     assert!((8..=10).contains(&served), "{served}");
     for gate in [&g1, &g2] {
-        let resp = gate
-            .client()
-            .post_json_with_headers(
-                CHAT,
-                &spending("other").json(),
-                &[("authorization", "Bearer modest")],
-            )
-            .await;
+        let resp = spend_as(&gate.client(), "modest", "other").await;
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
     for (gate, up) in [(&g1, &up1), (&g2, &up2)] {
@@ -139,22 +132,11 @@ async fn all_served(gates: &[&RunningGate], tenant: &str, n: usize) -> Duration 
     for i in 0..n {
         let gate = gates[i % gates.len()];
         let t0 = Instant::now();
-        let resp = gate
-            .client()
-            .post_json_with_headers(
-                CHAT,
-                &spending(&format!("{tenant}-{i}")).json(),
-                &[("authorization", format!("Bearer {tenant}"))],
-            )
-            .await;
+        let resp = spend_as(&gate.client(), tenant, &format!("{tenant}-{i}")).await;
         slowest = slowest.max(t0.elapsed());
         assert_eq!(resp.status, 200, "request {i}: {}", resp.body);
     }
     slowest
-}
-
-async fn connected(gate: &RunningGate) -> bool {
-    gate.status().await["state"]["connected"] == true
 }
 
 /// The store is SIGKILLed under load: every request is still served (the default failure mode,
@@ -179,13 +161,7 @@ async fn a_killed_store_costs_no_request_and_is_reconnected() {
             tokio::spawn(async move {
                 let mut statuses = Vec::new();
                 for i in 0..30 {
-                    let resp = clients[i % 2]
-                        .post_json_with_headers(
-                            CHAT,
-                            &spending(&format!("load-{c}-{i}")).json(),
-                            &[("authorization", "Bearer steady")],
-                        )
-                        .await;
+                    let resp = spend_as(&clients[i % 2], "steady", &format!("load-{c}-{i}")).await;
                     statuses.push((resp.status.as_u16(), resp.body));
                 }
                 statuses
@@ -357,19 +333,11 @@ async fn two_sidecars_count_into_one_window() {
     let policy = window_policy(&dir);
     let mut gates = Vec::new();
     for _ in 0..2 {
-        let (up, gate) = Gate::new()
-            .slots(4)
-            .policies(&[(&policy, None)])
-            .opt("--state-backend", "redis")
-            .opt("--state-redis-url", redis.url())
+        let (up, gate) = redis
+            .backend_for(Gate::new().slots(4).policies(&[(&policy, None)]))
             .start_with(FakeUpstream::instant())
             .await;
-        eventually(
-            Duration::from_secs(10),
-            "the sidecar reached the store",
-            || async { connected(&gate).await.then_some(()) },
-        )
-        .await;
+        wait_connected(&gate).await;
         gates.push((up, gate));
     }
     // The canary evaluation at load counts in scratch state, not in the fleet window.

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dashmap::DashMap;
 use slotgate_sdk::bucket;
 
-use super::lease::{Lease, LeasePolicy, SyncRequest};
-use super::store::{FleetStore, LeaseCall};
+use super::lease::{Lease, LeasePolicy};
+use super::store::{self, FleetStore, LeaseCall};
 use crate::config::{OnUnavailable, StateConfig};
 use crate::metrics as m;
 
@@ -66,7 +66,6 @@ const SCARCE_RELEASE: Duration = Duration::from_millis(250);
 /// One fleet window as this sidecar sees it: the fleet's total at the last push, and what it added
 /// since.
 struct WindowEntry {
-    window_ms: i64,
     /// The fleet total the store last answered (this sidecar's pushed adds included).
     total: i64,
     /// Added here and not pushed yet.
@@ -79,12 +78,15 @@ struct WindowEntry {
 
 pub struct Fleet {
     config: StateConfig,
+    /// `<prefix>:<fleet>`: what every key of this fleet starts with.
+    namespace: String,
     policy: LeasePolicy,
     client: redis::Client,
     /// This sidecar in the heartbeat set.
     id: String,
     leases: DashMap<(Arc<str>, String), Entry>,
-    windows: DashMap<(Arc<str>, String), WindowEntry>,
+    /// By policy, key and window length.
+    windows: DashMap<(Arc<str>, String, i64), WindowEntry>,
     /// For the background task.
     store: tokio::sync::Mutex<Option<FleetStore>>,
     /// For the one synchronous fetch of a take.
@@ -108,6 +110,7 @@ impl Fleet {
             fastrand::u64(..)
         );
         Ok(Arc::new(Fleet {
+            namespace: format!("{}:{}", config.prefix, config.fleet),
             config: config.clone(),
             policy: LeasePolicy::default(),
             client,
@@ -122,20 +125,6 @@ impl Fleet {
         }))
     }
 
-    fn bucket_key(&self, policy: &str, key: &str) -> String {
-        format!(
-            "{}:{}:bucket:{policy}:{key}",
-            self.config.prefix, self.config.fleet
-        )
-    }
-
-    fn window_key(&self, policy: &str, key: &str, window_ms: i64) -> String {
-        format!(
-            "{}:{}:window:{policy}:{key}:{window_ms}",
-            self.config.prefix, self.config.fleet
-        )
-    }
-
     /// `window_add` on the fleet window: adds here, answers the fleet's total as last synced plus
     /// what this sidecar added since (pushed in batches, every [`SYNC_INTERVAL`]). Never waits for
     /// the store; while it is away the answer is that total and this sidecar's own adds, which are
@@ -144,9 +133,8 @@ impl Fleet {
         let now = Instant::now();
         let mut w = self
             .windows
-            .entry((policy.clone(), format!("{key}\u{0}{window_ms}")))
+            .entry((policy.clone(), key.to_owned(), window_ms))
             .or_insert_with(|| WindowEntry {
-                window_ms,
                 total: 0,
                 pending: 0,
                 inflight: None,
@@ -166,8 +154,8 @@ impl Fleet {
         let now = Instant::now();
         let mut work = Vec::new();
         self.windows.retain(|id, w| {
-            let idle = now.saturating_duration_since(w.last_add)
-                > Duration::from_millis(w.window_ms.max(0) as u64) + SYNC_INTERVAL;
+            let window = Duration::from_millis(id.2.max(0) as u64);
+            let idle = now.saturating_duration_since(w.last_add) > window + SYNC_INTERVAL;
             if idle && w.pending == 0 && w.inflight.is_none() {
                 return false;
             }
@@ -177,21 +165,15 @@ impl Fleet {
                 w.pending = 0;
             }
             let (seq, n) = w.inflight.expect("set above");
-            work.push((id.clone(), w.window_ms, seq, n));
+            work.push((id.clone(), seq, n));
             true
         });
-        for ((policy, id), window_ms, seq, n) in work {
-            let key = id.split('\u{0}').next().unwrap_or_default();
+        for ((policy, key, window_ms), seq, n) in work {
+            let window = store::window_key(&self.namespace, &policy, &key, window_ms);
             let total = store
-                .window_add(
-                    &self.window_key(&policy, key, window_ms),
-                    window_ms,
-                    n,
-                    &self.id,
-                    seq,
-                )
+                .window_add(&window, window_ms, n, &self.id, seq)
                 .await?;
-            if let Some(mut w) = self.windows.get_mut(&(policy, id)) {
+            if let Some(mut w) = self.windows.get_mut(&(policy, key, window_ms)) {
                 if w.inflight.is_some_and(|(s, _)| s == seq) {
                     w.inflight = None;
                     w.total = total;
@@ -202,7 +184,7 @@ impl Fleet {
     }
 
     fn live_key(&self) -> String {
-        format!("{}:{}:live", self.config.prefix, self.config.fleet)
+        format!("{}:live", self.namespace)
     }
 
     /// `bucket_take` on the fleet bucket: 0 when `amount` was taken, else the seconds until it may
@@ -242,7 +224,16 @@ impl Fleet {
                 };
                 (seq, ask, held + ask.want >= amount)
             };
-            match self.fetch(&self.bucket_key(policy, key), capacity, refill, ask, seq) {
+            let call = LeaseCall {
+                bucket: &store::bucket_key(&self.namespace, policy, key),
+                capacity,
+                refill,
+                want: ask.want,
+                settle: ask.settle,
+                sidecar: &self.id,
+                seq,
+            };
+            match self.fetch(&call) {
                 Ok((granted, level)) => {
                     let mut e = self.entry(&id, capacity, refill);
                     e.lease.finish_sync(seq, granted);
@@ -343,14 +334,7 @@ impl Fleet {
     }
 
     /// One lease sync on the blocking connection, within [`FETCH_TIMEOUT`].
-    fn fetch(
-        &self,
-        bucket: &str,
-        capacity: f64,
-        refill: f64,
-        ask: SyncRequest,
-        seq: u64,
-    ) -> redis::RedisResult<(f64, f64)> {
+    fn fetch(&self, call: &LeaseCall<'_>) -> redis::RedisResult<(f64, f64)> {
         let started = Instant::now();
         let mut slot = self
             .fetch_conn
@@ -359,9 +343,9 @@ impl Fleet {
         // A kept connection may be to a store that has since restarted: if it fails without a
         // timeout, one fresh connection gets one more try (the sync is the same, applied once).
         let reused = slot.is_some();
-        let mut result = self.fetch_on(&mut slot, bucket, capacity, refill, ask, seq);
+        let mut result = self.fetch_on(&mut slot, call);
         if reused && result.as_ref().is_err_and(|e| !e.is_timeout()) {
-            result = self.fetch_on(&mut slot, bucket, capacity, refill, ask, seq);
+            result = self.fetch_on(&mut slot, call);
         }
         metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "fetch")
             .record(started.elapsed().as_secs_f64());
@@ -371,11 +355,7 @@ impl Fleet {
     fn fetch_on(
         &self,
         slot: &mut Option<redis::Connection>,
-        bucket: &str,
-        capacity: f64,
-        refill: f64,
-        ask: SyncRequest,
-        seq: u64,
+        call: &LeaseCall<'_>,
     ) -> redis::RedisResult<(f64, f64)> {
         if slot.is_none() {
             let conn = self.client.get_connection_with_timeout(FETCH_TIMEOUT)?;
@@ -384,18 +364,7 @@ impl Fleet {
             *slot = Some(conn);
         }
         let conn = slot.as_mut().expect("connected above");
-        let result = FleetStore::lease_blocking(
-            conn,
-            &LeaseCall {
-                bucket,
-                capacity,
-                refill,
-                want: ask.want,
-                settle: ask.settle,
-                sidecar: &self.id,
-                seq,
-            },
-        );
+        let result = FleetStore::lease_blocking(conn, call);
         if result.is_err() {
             // A timed-out connection may still deliver the late answer: never reuse it.
             *slot = None;
@@ -523,7 +492,7 @@ impl Fleet {
         metrics::gauge!(m::STATE_LEASE_TOKENS).set(held);
         for ((policy, key), capacity, refill, seq, ask) in work {
             let started = Instant::now();
-            let bucket = self.bucket_key(&policy, &key);
+            let bucket = store::bucket_key(&self.namespace, &policy, &key);
             let (granted, level) = store
                 .lease(&LeaseCall {
                     bucket: &bucket,

@@ -35,11 +35,12 @@ impl LeaseCall<'_> {
     }
 }
 
-/// A connection to the store, and the lease script.
+/// A connection to the store, and the lease and window scripts.
 #[derive(Clone)]
 pub struct FleetStore {
     conn: ConnectionManager,
-    script: Script,
+    lease: Script,
+    window: Script,
     prefix: String,
 }
 
@@ -57,7 +58,8 @@ impl FleetStore {
         let conn = ConnectionManager::new(client).await?;
         Ok(FleetStore {
             conn,
-            script: lease_script(),
+            lease: lease_script(),
+            window: Script::new(include_str!("window.lua")),
             prefix: String::new(),
         })
     }
@@ -97,9 +99,9 @@ impl FleetStore {
         Ok((number(&granted)?, number(&level)?))
     }
 
-    /// The key of one fleet bucket: `<prefix>:bucket:<policy>:<key>`.
+    /// The key of one fleet bucket under this store's prefix (see [`bucket_key`]).
     pub fn bucket_key(&self, policy: &str, key: &str) -> String {
-        format!("{}:bucket:{policy}:{key}", self.prefix)
+        bucket_key(&self.prefix, policy, key)
     }
 
     /// One sync of a lease (see [`LeaseCall`]): refills the bucket by the store's clock, settles
@@ -107,10 +109,8 @@ impl FleetStore {
     /// the bucket's level after.
     pub async fn lease(&self, call: &LeaseCall<'_>) -> redis::RedisResult<(f64, f64)> {
         let mut conn = self.conn.clone();
-        let (granted, level): (String, String) = call
-            .invocation(&self.script)
-            .invoke_async(&mut conn)
-            .await?;
+        let (granted, level): (String, String) =
+            call.invocation(&self.lease).invoke_async(&mut conn).await?;
         Ok((number(&granted)?, number(&level)?))
     }
 }
@@ -127,7 +127,8 @@ impl FleetStore {
         seq: u64,
     ) -> redis::RedisResult<i64> {
         let mut conn = self.conn.clone();
-        let total: String = Script::new(include_str!("window.lua"))
+        let total: String = self
+            .window
             .key(key)
             .arg(window_ms.max(1))
             .arg(amount)
@@ -143,6 +144,16 @@ impl FleetStore {
             ))
         })
     }
+}
+
+/// The key of one fleet bucket: `<namespace>:bucket:<policy>:<key>`.
+pub fn bucket_key(namespace: &str, policy: &str, key: &str) -> String {
+    format!("{namespace}:bucket:{policy}:{key}")
+}
+
+/// The key of one fleet window: `<namespace>:window:<policy>:<key>:<window_ms>`.
+pub fn window_key(namespace: &str, policy: &str, key: &str, window_ms: i64) -> String {
+    format!("{namespace}:window:{policy}:{key}:{window_ms}")
 }
 
 fn lease_script() -> Script {
