@@ -225,6 +225,56 @@ pub struct Settings {
     #[serde(skip)]
     pub state_on_unavailable: Option<OnUnavailable>,
 
+    /// When a lease cannot cover a take: the longest the one synchronous fetch from the store may
+    /// take before the failure mode applies (1ms to 1s). TOML: `state.fetch-timeout`. [default: 5ms]
+    #[arg(
+        long = "state-fetch-timeout",
+        env = "SLOTGATE_STATE_FETCH_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_fetch_timeout: Option<Dur>,
+
+    /// A full lease covers this much of the sidecar's recent demand for a bucket (also the time
+    /// constant of that demand rate). TOML: `state.lease-horizon`. [default: 1s]
+    #[arg(
+        long = "state-lease-horizon",
+        env = "SLOTGATE_STATE_LEASE_HORIZON",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_lease_horizon: Option<Dur>,
+
+    /// The most of a bucket's capacity one sidecar's lease may hold, in (0, 1]: what tokens in
+    /// other sidecars' leases can keep from a tenant. TOML: `state.lease-max-share`. [default: 0.1]
+    #[arg(
+        long = "state-lease-max-share",
+        env = "SLOTGATE_STATE_LEASE_MAX_SHARE",
+        value_name = "FRACTION"
+    )]
+    #[serde(skip)]
+    pub state_lease_max_share: Option<f64>,
+
+    /// A lease not taken from for this long goes back to the fleet bucket. TOML:
+    /// `state.lease-idle`. [default: 5s]
+    #[arg(
+        long = "state-lease-idle",
+        env = "SLOTGATE_STATE_LEASE_IDLE",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_lease_idle: Option<Dur>,
+
+    /// Tokens held this long since they were leased go back, busy or not. TOML:
+    /// `state.lease-max-age`. [default: 30s]
+    #[arg(
+        long = "state-lease-max-age",
+        env = "SLOTGATE_STATE_LEASE_MAX_AGE",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_lease_max_age: Option<Dur>,
+
     /// The `[state]` table of the config file.
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -382,6 +432,11 @@ impl Settings {
             state_prefix,
             state_fleet,
             state_on_unavailable,
+            state_fetch_timeout,
+            state_lease_horizon,
+            state_lease_max_share,
+            state_lease_idle,
+            state_lease_max_age,
             state,
             policy_watch,
             policy_cache_dir,
@@ -547,13 +602,20 @@ impl Config {
                 .unwrap_or(false),
             policy_watch: zero_is_off(s.policy_watch, Duration::from_secs(2)),
             policy_cache_dir: s.policy_cache_dir,
-            state: StateConfig::from_settings(
-                s.state_backend,
-                s.state_redis_url,
-                s.state_prefix,
-                s.state_fleet,
-                s.state_on_unavailable,
-                s.state,
+            state: StateConfig::from_table(
+                StateTable {
+                    backend: s.state_backend,
+                    redis_url: s.state_redis_url,
+                    prefix: s.state_prefix,
+                    fleet: s.state_fleet,
+                    on_unavailable: s.state_on_unavailable,
+                    fetch_timeout: s.state_fetch_timeout,
+                    lease_horizon: s.state_lease_horizon,
+                    lease_max_share: s.state_lease_max_share,
+                    lease_idle: s.state_lease_idle,
+                    lease_max_age: s.state_lease_max_age,
+                }
+                .over(s.state.unwrap_or_default()),
             )?,
             policies: policy_chain(s.policy, s.policy_flags)?,
         })
@@ -596,6 +658,11 @@ impl Config {
             state_prefix: None,
             state_fleet: None,
             state_on_unavailable: None,
+            state_fetch_timeout: None,
+            state_lease_horizon: None,
+            state_lease_max_share: None,
+            state_lease_idle: None,
+            state_lease_max_age: None,
             state: Some(self.state.table()),
             policy_watch: Some(off_is_zero(self.policy_watch)),
             policy_cache_dir: self.policy_cache_dir.clone(),
@@ -965,10 +1032,43 @@ pub struct StateTable {
     /// See `--state-on-unavailable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unavailable: Option<OnUnavailable>,
+    /// See `--state-fetch-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch_timeout: Option<Dur>,
+    /// See `--state-lease-horizon`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_horizon: Option<Dur>,
+    /// See `--state-lease-max-share`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_max_share: Option<f64>,
+    /// See `--state-lease-idle`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_idle: Option<Dur>,
+    /// See `--state-lease-max-age`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_max_age: Option<Dur>,
+}
+
+impl StateTable {
+    /// Keys set in `self` (the flags) win; the rest come from `lower` (the file).
+    fn over(self, lower: StateTable) -> StateTable {
+        StateTable {
+            backend: self.backend.or(lower.backend),
+            redis_url: self.redis_url.or(lower.redis_url),
+            prefix: self.prefix.or(lower.prefix),
+            fleet: self.fleet.or(lower.fleet),
+            on_unavailable: self.on_unavailable.or(lower.on_unavailable),
+            fetch_timeout: self.fetch_timeout.or(lower.fetch_timeout),
+            lease_horizon: self.lease_horizon.or(lower.lease_horizon),
+            lease_max_share: self.lease_max_share.or(lower.lease_max_share),
+            lease_idle: self.lease_idle.or(lower.lease_idle),
+            lease_max_age: self.lease_max_age.or(lower.lease_max_age),
+        }
+    }
 }
 
 /// Where policy budgets live, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StateConfig {
     pub backend: StateBackend,
     /// Set when the backend is `redis`.
@@ -976,20 +1076,40 @@ pub struct StateConfig {
     pub prefix: String,
     pub fleet: String,
     pub on_unavailable: OnUnavailable,
+    /// The longest a take waits for the one synchronous fetch of a dry lease.
+    pub fetch_timeout: Duration,
+    /// How leases are sized and when they go back.
+    pub lease: LeaseSettings,
+}
+
+/// How big a sidecar's lease of a fleet bucket grows and when it goes back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseSettings {
+    /// A full lease covers this much of the recent demand.
+    pub horizon: Duration,
+    /// The most of a bucket's capacity one lease holds, in `(0, 1]`.
+    pub max_share: f64,
+    /// Unused for this long: given back.
+    pub idle: Duration,
+    /// Held for this long: given back.
+    pub max_age: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            horizon: Duration::from_secs(1),
+            max_share: 0.1,
+            idle: Duration::from_secs(5),
+            max_age: Duration::from_secs(30),
+        }
+    }
 }
 
 impl StateConfig {
-    fn from_settings(
-        backend: Option<StateBackend>,
-        redis_url: Option<String>,
-        prefix: Option<String>,
-        fleet: Option<String>,
-        on_unavailable: Option<OnUnavailable>,
-        table: Option<StateTable>,
-    ) -> Result<StateConfig, ConfigError> {
-        let t = table.unwrap_or_default();
-        let backend = backend.or(t.backend).unwrap_or(StateBackend::Memory);
-        let redis_url = redis_url.or(t.redis_url).filter(|u| !u.is_empty());
+    fn from_table(t: StateTable) -> Result<StateConfig, ConfigError> {
+        let backend = t.backend.unwrap_or(StateBackend::Memory);
+        let redis_url = t.redis_url.filter(|u| !u.is_empty());
         if backend == StateBackend::Redis && redis_url.is_none() {
             return Err(invalid(
                 "state.redis-url",
@@ -1011,14 +1131,46 @@ impl StateConfig {
                 Ok(v)
             }
         };
+        let positive = |key: &'static str, d: Option<Dur>, default: Duration| match d {
+            Some(Dur(d)) if d.is_zero() => Err(invalid(key, "must be longer than 0s")),
+            Some(Dur(d)) => Ok(d),
+            None => Ok(default),
+        };
+        let defaults = LeaseSettings::default();
+        let fetch_timeout = positive(
+            "state.fetch-timeout",
+            t.fetch_timeout,
+            Duration::from_millis(5),
+        )?;
+        if !(Duration::from_millis(1)..=Duration::from_secs(1)).contains(&fetch_timeout) {
+            return Err(invalid(
+                "state.fetch-timeout",
+                format!(
+                    "`{}` is outside 1ms to 1s: a take waits this long on the request path",
+                    Dur(fetch_timeout)
+                ),
+            ));
+        }
+        let max_share = t.lease_max_share.unwrap_or(defaults.max_share);
+        if !(max_share > 0.0 && max_share <= 1.0) {
+            return Err(invalid(
+                "state.lease-max-share",
+                format!("`{max_share}` must be a fraction of the capacity in (0, 1]"),
+            ));
+        }
         Ok(StateConfig {
             backend,
             redis_url,
-            prefix: name("state.prefix", prefix.or(t.prefix), "slotgate")?,
-            fleet: name("state.fleet", fleet.or(t.fleet), "default")?,
-            on_unavailable: on_unavailable
-                .or(t.on_unavailable)
-                .unwrap_or(OnUnavailable::LocalShare),
+            prefix: name("state.prefix", t.prefix, "slotgate")?,
+            fleet: name("state.fleet", t.fleet, "default")?,
+            on_unavailable: t.on_unavailable.unwrap_or(OnUnavailable::LocalShare),
+            fetch_timeout,
+            lease: LeaseSettings {
+                horizon: positive("state.lease-horizon", t.lease_horizon, defaults.horizon)?,
+                max_share,
+                idle: positive("state.lease-idle", t.lease_idle, defaults.idle)?,
+                max_age: positive("state.lease-max-age", t.lease_max_age, defaults.max_age)?,
+            },
         })
     }
 
@@ -1029,6 +1181,11 @@ impl StateConfig {
             prefix: Some(self.prefix.clone()),
             fleet: Some(self.fleet.clone()),
             on_unavailable: Some(self.on_unavailable),
+            fetch_timeout: Some(Dur(self.fetch_timeout)),
+            lease_horizon: Some(Dur(self.lease.horizon)),
+            lease_max_share: Some(self.lease.max_share),
+            lease_idle: Some(Dur(self.lease.idle)),
+            lease_max_age: Some(Dur(self.lease.max_age)),
         }
     }
 }

@@ -259,3 +259,64 @@ fn the_fleet_state_settings_are_checked_and_shown() {
         Some("memory")
     );
 }
+
+#[test]
+fn the_lease_settings_have_defaults_come_from_flag_env_and_file_and_are_checked() {
+    let url = ("SLOTGATE_STATE_REDIS_URL", "unix:///run/redis/redis.sock");
+    let state = |out: &std::process::Output| get(&settings(out), "state").clone();
+    let s = state(&check(&["--state-backend", "redis"], &[url]));
+    assert_eq!(s["fetch-timeout"].as_str(), Some("5ms"), "{s}");
+    assert_eq!(s["lease-horizon"].as_str(), Some("1s"));
+    assert_eq!(s["lease-max-share"].as_float(), Some(0.1));
+    assert_eq!(s["lease-idle"].as_str(), Some("5s"));
+    assert_eq!(s["lease-max-age"].as_str(), Some("30s"));
+
+    let file = config_file(
+        "[state]\nbackend = \"redis\"\nfetch-timeout = \"20ms\"\nlease-horizon = \"3s\"\n\
+         lease-max-share = 0.25\nlease-idle = \"2s\"\nlease-max-age = \"1m\"\n",
+    );
+    let s = state(&check(&["--config", file.to_str().unwrap()], &[url]));
+    assert_eq!(s["fetch-timeout"].as_str(), Some("20ms"), "{s}");
+    assert_eq!(s["lease-horizon"].as_str(), Some("3s"));
+    assert_eq!(s["lease-max-share"].as_float(), Some(0.25));
+    assert_eq!(s["lease-idle"].as_str(), Some("2s"));
+    assert_eq!(s["lease-max-age"].as_str(), Some("1m"));
+    // A flag or the environment beats the file.
+    let s = state(&check(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--state-lease-max-share",
+            "0.05",
+        ],
+        &[url, ("SLOTGATE_STATE_FETCH_TIMEOUT", "2ms")],
+    ));
+    assert_eq!(s["lease-max-share"].as_float(), Some(0.05), "{s}");
+    assert_eq!(s["fetch-timeout"].as_str(), Some("2ms"));
+    assert_eq!(
+        s["lease-idle"].as_str(),
+        Some("2s"),
+        "the rest from the file"
+    );
+
+    for (args, key) in [
+        (
+            &["--state-lease-max-share", "0"][..],
+            "state.lease-max-share",
+        ),
+        (
+            &["--state-lease-max-share", "1.5"][..],
+            "state.lease-max-share",
+        ),
+        (&["--state-fetch-timeout", "0s"][..], "state.fetch-timeout"),
+        (&["--state-fetch-timeout", "2s"][..], "state.fetch-timeout"),
+        (&["--state-lease-idle", "0s"][..], "state.lease-idle"),
+        (&["--state-lease-horizon", "0ms"][..], "state.lease-horizon"),
+    ] {
+        let why = rejected(args);
+        assert!(why.contains(key), "{args:?}: {why}");
+    }
+    let file = config_file("[state]\nlease-size = 10\n");
+    let why = rejected(&["--config", file.to_str().unwrap()]);
+    assert!(why.contains("lease-size"), "an unknown key is named: {why}");
+}

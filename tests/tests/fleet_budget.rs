@@ -362,3 +362,55 @@ async fn two_sidecars_count_into_one_window() {
         gate.assert_settled(up, 4).await;
     }
 }
+
+/// The operator's lease settings hold: with `--state-lease-max-share 0.02` a busy tenant's lease
+/// never holds more than 2 % of the capacity (the default tenth would be 1000 tokens at this rate),
+/// and with `--state-lease-idle 300ms` it goes back well before the default 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_lease_settings_bound_what_a_sidecar_holds_and_for_how_long() {
+    let redis = RunningRedis::start();
+    let gate = Gate::new()
+        .slots(4)
+        .policies(&[(&wat::built("token-budget"), Some(&budget(10_000)))])
+        .opt("--state-fleet", "model-a")
+        .opt("--state-lease-max-share", "0.02")
+        .opt("--state-lease-idle", "300ms")
+        .opt("--state-fetch-timeout", "20ms");
+    let (up, gate) = redis
+        .backend_for(gate)
+        .start_with(FakeUpstream::instant())
+        .await;
+    wait_connected(&gate).await;
+    let status = gate.status().await;
+    assert_eq!(status["state"]["fetch_timeout_ms"], 20.0, "{status}");
+    assert_eq!(status["state"]["lease"]["max_share"], 0.02, "{status}");
+    assert_eq!(status["state"]["lease"]["idle_ms"], 300, "{status}");
+
+    let client = gate.client();
+    let mut most_held = 0.0f64;
+    for i in 0..40 {
+        let resp = spend_as(&client, "tenant-a", &format!("busy-{i}")).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        let held = gate.status().await["state"]["tokens_held"]
+            .as_f64()
+            .expect("tokens_held");
+        most_held = most_held.max(held);
+    }
+    // 2 % of 10,000, or one request's charge when that is more (a take is never split).
+    assert!(
+        most_held > 0.0 && most_held <= 200.0,
+        "the lease held up to {most_held} tokens"
+    );
+    let gone = Instant::now();
+    eventually(
+        Duration::from_secs(3),
+        "the idle lease went back to the fleet bucket",
+        || async {
+            let s = gate.status().await;
+            (s["state"]["tokens_held"] == 0.0 && s["state"]["leases"] == 0).then_some(())
+        },
+    )
+    .await;
+    assert!(gone.elapsed() < Duration::from_secs(3));
+    gate.assert_settled(&up, 4).await;
+}

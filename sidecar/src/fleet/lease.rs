@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::config::LeaseSettings;
+
 /// How big a lease is and when it is topped up or given back.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LeasePolicy {
@@ -21,15 +23,21 @@ pub struct LeasePolicy {
     pub max_age: Duration,
 }
 
+impl From<LeaseSettings> for LeasePolicy {
+    fn from(s: LeaseSettings) -> Self {
+        LeasePolicy {
+            horizon: s.horizon,
+            low_water: 0.5,
+            max_share: s.max_share,
+            idle: s.idle,
+            max_age: s.max_age,
+        }
+    }
+}
+
 impl Default for LeasePolicy {
     fn default() -> Self {
-        LeasePolicy {
-            horizon: Duration::from_secs(1),
-            low_water: 0.5,
-            max_share: 0.1,
-            idle: Duration::from_secs(5),
-            max_age: Duration::from_secs(30),
-        }
+        LeaseSettings::default().into()
     }
 }
 
@@ -181,6 +189,14 @@ impl Lease {
         self.granted_at = None;
     }
 
+    /// Hands every token back and forgets the demand (idle): an idle key's decaying rate would
+    /// otherwise ask for a small lease again at the next sync, and again after each hand-back.
+    pub fn retire(&mut self) {
+        self.release();
+        self.rate = 0.0;
+        self.last = None;
+    }
+
     /// Whether the fleet bucket is nearly dry (see the field).
     pub fn set_scarce(&mut self, scarce: bool) {
         self.scarce = scarce;
@@ -312,6 +328,25 @@ mod tests {
         assert_eq!(l.owed(), 0.0, "settled once");
         assert_eq!(l.held(), 0.0);
         assert!(l.is_idle(now + p.idle, &p), "never taken from: idle");
+    }
+
+    #[test]
+    fn an_idle_lease_goes_back_and_asks_for_nothing_more() {
+        let p = LeasePolicy::default();
+        let t0 = Instant::now();
+        let mut l = Lease::default();
+        for i in 0..100 {
+            l.take(10.0, t0 + ms(10 * i), &p);
+        }
+        l.apply(l.sync_request(10_000.0, 0.0, &p), 1_000.0);
+        let later = t0 + ms(1_000) + p.idle;
+        assert!(l.is_idle(later, &p));
+        l.retire();
+        let ask = l.sync_request(10_000.0, 0.0, &p);
+        assert_eq!((ask.want, ask.settle), (0.0, 1_000.0), "{ask:?}");
+        l.apply(ask, 0.0);
+        assert_eq!(l.begin_sync(10_000.0, 0.0, &p), None, "nothing to sync");
+        assert!(l.is_idle(later, &p), "still idle: can be forgotten");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! tokens back, settles refunds and debt, counts the live sidecars and reconnects.
 //!
 //! The request path never waits for the store but once: when a lease cannot cover a take, one
-//! synchronous fetch with a short timeout ([`FETCH_TIMEOUT`]) is allowed (on the worker, inside the
+//! synchronous fetch with a short timeout (`state.fetch-timeout`, 5 ms by default) is allowed (on the worker, inside the
 //! policy's host call); then the failure mode applies.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,8 +18,6 @@ use super::store::{self, FleetStore, LeaseCall};
 use crate::config::{OnUnavailable, StateConfig};
 use crate::metrics as m;
 
-/// The one synchronous fetch a take may wait for.
-pub const FETCH_TIMEOUT: Duration = Duration::from_millis(5);
 /// How often leases are checked for a top-up, a hand-back or something to settle.
 pub const SYNC_INTERVAL: Duration = Duration::from_millis(100);
 /// How often this sidecar says it is alive; one not heard from for three of these is gone.
@@ -112,7 +110,7 @@ impl Fleet {
         Ok(Arc::new(Fleet {
             namespace: format!("{}:{}", config.prefix, config.fleet),
             config: config.clone(),
-            policy: LeasePolicy::default(),
+            policy: config.lease.into(),
             client,
             id,
             leases: DashMap::new(),
@@ -333,7 +331,7 @@ impl Fleet {
         e
     }
 
-    /// One lease sync on the blocking connection, within [`FETCH_TIMEOUT`].
+    /// One lease sync on the blocking connection, within `state.fetch-timeout`.
     fn fetch(&self, call: &LeaseCall<'_>) -> redis::RedisResult<(f64, f64)> {
         let started = Instant::now();
         let mut slot = self
@@ -358,9 +356,10 @@ impl Fleet {
         call: &LeaseCall<'_>,
     ) -> redis::RedisResult<(f64, f64)> {
         if slot.is_none() {
-            let conn = self.client.get_connection_with_timeout(FETCH_TIMEOUT)?;
-            conn.set_read_timeout(Some(FETCH_TIMEOUT))?;
-            conn.set_write_timeout(Some(FETCH_TIMEOUT))?;
+            let timeout = self.config.fetch_timeout;
+            let conn = self.client.get_connection_with_timeout(timeout)?;
+            conn.set_read_timeout(Some(timeout))?;
+            conn.set_write_timeout(Some(timeout))?;
             *slot = Some(conn);
         }
         let conn = slot.as_mut().expect("connected above");
@@ -470,7 +469,7 @@ impl Fleet {
                 e.lease.release();
             }
             if e.lease.is_idle(now, &self.policy) {
-                e.lease.release();
+                e.lease.retire();
                 e.local = None;
                 if e.lease.owed() == 0.0 {
                     return false;
@@ -540,6 +539,13 @@ impl Fleet {
             "fleet": self.config.fleet,
             "connected": self.up.load(Ordering::Relaxed),
             "on_unavailable": self.config.on_unavailable.to_string(),
+            "fetch_timeout_ms": self.config.fetch_timeout.as_secs_f64() * 1e3,
+            "lease": {
+                "horizon_ms": self.policy.horizon.as_millis() as u64,
+                "max_share": self.policy.max_share,
+                "idle_ms": self.policy.idle.as_millis() as u64,
+                "max_age_ms": self.policy.max_age.as_millis() as u64,
+            },
             "live_sidecars": self.live.load(Ordering::Relaxed),
             "leases": leases,
             "tokens_held": held,
