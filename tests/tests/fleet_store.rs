@@ -1,11 +1,11 @@
-//! The fleet bucket script (`sidecar/src/fleet/lease.lua`) against a real Redis 7: refill by the
+//! The fleet bucket script (`sidecar/src/fleet/lease.lua`) against a real Redis 7 and Valkey 8: refill by the
 //! store's clock, grants never beyond what the bucket holds (also with several sidecars leasing at
 //! once), unused tokens and refunds handed back, debt carried until refilled.
 
 use std::time::Duration;
 
 use slotgate::fleet::{FleetStore, LeaseCall};
-use slotgate_tests::redis::RunningRedis;
+use slotgate_tests::redis::{RunningRedis, Store};
 
 /// One sync as a new sidecar sync would send it: each call a sequence number of its own.
 async fn lease(
@@ -51,9 +51,9 @@ async fn store(redis: &RunningRedis) -> FleetStore {
         .expect("connect to redis")
 }
 
-#[tokio::test]
-async fn a_fresh_bucket_grants_up_to_its_capacity_and_refills_by_the_store_clock() {
-    let redis = RunningRedis::start();
+slotgate_tests::on_each_store! {
+async fn a_fresh_bucket_grants_up_to_its_capacity_and_refills_by_the_store_clock(server: Store) {
+    let redis = RunningRedis::start_on(server);
     let s = store(&redis).await;
     let key = s.bucket_key("token-budget", "tenant-a");
     assert_eq!(
@@ -71,10 +71,11 @@ async fn a_fresh_bucket_grants_up_to_its_capacity_and_refills_by_the_store_clock
     let (granted, _) = lease(&s, &key, 1000.0, 100.0, 1000.0, 0.0).await;
     assert!((45.0..=70.0).contains(&granted), "refilled {granted}");
 }
+}
 
-#[tokio::test]
-async fn handing_back_and_debt_are_settled_against_the_bucket() {
-    let redis = RunningRedis::start();
+slotgate_tests::on_each_store! {
+async fn handing_back_and_debt_are_settled_against_the_bucket(server: Store) {
+    let redis = RunningRedis::start_on(server);
     let s = store(&redis).await;
     let key = s.bucket_key("p", "quota");
     // A fixed quota (no refill): everything leased out.
@@ -100,12 +101,13 @@ async fn handing_back_and_debt_are_settled_against_the_bucket() {
     let other = s.bucket_key("p", "other");
     assert_eq!(lease(&s, &other, 10.0, 0.0, 20.0, 0.0).await, (10.0, 0.0));
 }
+}
 
+slotgate_tests::on_each_store! {
 /// Three sidecars lease from one fixed quota at once, each on its own connection, in small random
 /// amounts, until it is dry: together they get exactly the quota, never more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-async fn sidecars_leasing_at_once_never_get_more_than_the_bucket_holds() {
-    let redis = RunningRedis::start();
+async fn sidecars_leasing_at_once_never_get_more_than_the_bucket_holds(server: Store) {
+    let redis = RunningRedis::start_on(server);
     let quota = 10_000.0;
     let mut tasks = Vec::new();
     for i in 0..3 {
@@ -136,12 +138,13 @@ async fn sidecars_leasing_at_once_never_get_more_than_the_bucket_holds() {
     }
     assert_eq!(total, quota, "the three together");
 }
+}
 
+slotgate_tests::on_each_store! {
 /// A sync sent again with the same sequence number (its answer was lost) is not applied twice: the
 /// store answers as the first time and the bucket is where the first left it.
-#[tokio::test]
-async fn a_sync_sent_twice_is_applied_once() {
-    let redis = RunningRedis::start();
+async fn a_sync_sent_twice_is_applied_once(server: Store) {
+    let redis = RunningRedis::start_on(server);
     let s = store(&redis).await;
     let key = s.bucket_key("p", "once");
     let first = s
@@ -168,4 +171,5 @@ async fn a_sync_sent_twice_is_applied_once() {
             .unwrap(),
         (0.0, 650.0)
     );
+}
 }
