@@ -71,11 +71,22 @@ pub struct RunningRedis {
     store: Store,
     dir: PathBuf,
     socket: PathBuf,
+    /// Extra server arguments (TLS), kept for a restart.
+    extra: Vec<String>,
+    tls: Option<Tls>,
 }
 
-fn spawn(store: Store, dir: &std::path::Path, socket: &std::path::Path) -> Child {
+/// A TLS port beside the Unix socket, with a certificate for `localhost` signed by a CA of the
+/// test's own.
+struct Tls {
+    port: u16,
+    ca: PathBuf,
+}
+
+fn spawn(store: Store, dir: &std::path::Path, socket: &std::path::Path, extra: &[String]) -> Child {
     let bin = store.binary();
     Command::new(&bin)
+        .args(extra)
         .args(["--port", "0", "--unixsocket"])
         .arg(socket)
         .args([
@@ -105,15 +116,66 @@ impl RunningRedis {
     pub fn start_on(store: Store) -> RunningRedis {
         let dir = unique_dir("redis");
         let socket = dir.join("redis.sock");
-        let child = spawn(store, &dir, &socket);
+        let child = spawn(store, &dir, &socket, &[]);
         let redis = RunningRedis {
             child,
             store,
             dir,
             socket,
+            extra: Vec::new(),
+            tls: None,
         };
         redis.wait_answers();
         redis
+    }
+
+    /// A Redis that also serves TLS on a local port ([`RunningRedis::tls_url`]), with a certificate
+    /// for `localhost` signed by a fresh CA ([`RunningRedis::ca_file`]). Certificates are made with
+    /// the `openssl` command.
+    pub fn start_tls() -> RunningRedis {
+        let dir = unique_dir("redis");
+        let socket = dir.join("redis.sock");
+        let ca = make_certificates(&dir);
+        let port = crate::gate::free_port();
+        let path = |name: &str| dir.join(name).display().to_string();
+        let extra: Vec<String> = vec![
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            path("server.pem"),
+            "--tls-key-file".into(),
+            path("server.key"),
+            "--tls-ca-cert-file".into(),
+            path("ca.pem"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ];
+        let child = spawn(Store::Redis, &dir, &socket, &extra);
+        let redis = RunningRedis {
+            child,
+            store: Store::Redis,
+            dir,
+            socket,
+            extra,
+            tls: Some(Tls { port, ca }),
+        };
+        redis.wait_answers();
+        redis
+    }
+
+    /// `rediss://localhost:PORT/` of a [`RunningRedis::start_tls`] server.
+    pub fn tls_url(&self) -> String {
+        let tls = self.tls.as_ref().expect("started with start_tls");
+        format!("rediss://localhost:{}/", tls.port)
+    }
+
+    /// The PEM file of the CA that signed the server's certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.tls
+            .as_ref()
+            .expect("started with start_tls")
+            .ca
+            .clone()
     }
 
     /// Which server this is.
@@ -143,7 +205,7 @@ impl RunningRedis {
 
     /// A fresh redis-server on the same socket (after [`RunningRedis::kill9`]): empty.
     pub fn restart(&mut self) {
-        self.child = spawn(self.store, &self.dir, &self.socket);
+        self.child = spawn(self.store, &self.dir, &self.socket, &self.extra);
         self.wait_answers();
     }
 
@@ -241,6 +303,75 @@ impl RunningRedis {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// A CA and a server certificate for `localhost` and 127.0.0.1 in `dir`: `ca.pem`, `server.pem`,
+/// `server.key`. Returns the CA's path.
+pub fn make_certificates(dir: &std::path::Path) -> PathBuf {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run openssl ({e}): the TLS tests make certificates with it")
+            });
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=slotgate test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("write san.ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    dir.join("ca.pem")
 }
 
 /// Whether `gate` reaches its state store now (`/status`).

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
 use slotgate_tests::gate::{Gate, RunningGate};
-use slotgate_tests::redis::{connected, wait_connected, RunningRedis, Store};
+use slotgate_tests::redis::{connected, wait_connected, RunningRedis};
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::eventually;
 use slotgate_tests::{assert_error, wat};
@@ -417,4 +417,62 @@ async fn the_lease_settings_bound_what_a_sidecar_holds_and_for_how_long() {
     .await;
     assert!(gone.elapsed() < Duration::from_secs(3));
     gate.assert_settled(&up, 4).await;
+}
+
+/// `rediss://`: two sidecars that trust the store's CA share one budget over TLS; one that does not
+/// trust it never connects (the certificate is checked) and follows its failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_over_tls_is_verified_and_shared() {
+    let redis = RunningRedis::start_tls();
+    let over_tls = |ca: &std::path::Path| {
+        Gate::new()
+            .slots(4)
+            .policies(&[(&wat::built("token-budget"), Some(&budget(1000)))])
+            .opt("--state-fleet", "model-a")
+            .opt("--state-backend", "redis")
+            .opt("--state-redis-url", redis.tls_url())
+            .opt("--state-on-unavailable", "deny")
+            .env("SSL_CERT_FILE", ca.to_str().unwrap())
+    };
+    let (up1, g1) = over_tls(&redis.ca_file())
+        .start_with(FakeUpstream::instant())
+        .await;
+    let (up2, g2) = over_tls(&redis.ca_file())
+        .start_with(FakeUpstream::instant())
+        .await;
+    wait_connected(&g1).await;
+    wait_connected(&g2).await;
+    let served = spend_all(&[&g1, &g2], "tenant-a").await;
+    assert!(
+        (8..=10).contains(&served),
+        "{served} of ~101 tokens on 1000"
+    );
+
+    // A CA of its own, not the store's: the handshake fails and budgets follow `deny`.
+    let other = slotgate_tests::wait::unique_dir("other-ca");
+    let other_ca = slotgate_tests::redis::make_certificates(&other);
+    let (up3, g3) = over_tls(&other_ca)
+        .start_with(FakeUpstream::instant())
+        .await;
+    eventually(
+        Duration::from_secs(5),
+        "a failed TLS connect is counted",
+        || async {
+            let n = g3
+                .metric("slotgate_state_errors_total", &[("kind", "connect")])
+                .await
+                .unwrap_or(0.0);
+            (n >= 1.0).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !connected(&g3).await,
+        "connected to a store it cannot verify"
+    );
+    let resp = spend_as(&g3.client(), "tenant-b", "untrusted").await;
+    assert_error(&resp, 429, "policy_denied");
+    for (gate, up) in [(&g1, &up1), (&g2, &up2), (&g3, &up3)] {
+        gate.assert_settled(up, 4).await;
+    }
 }

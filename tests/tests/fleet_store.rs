@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use slotgate::fleet::{FleetStore, LeaseCall};
-use slotgate_tests::redis::{RunningRedis, Store};
+use slotgate_tests::redis::RunningRedis;
 
 /// One sync as a new sidecar sync would send it: each call a sequence number of its own.
 async fn lease(

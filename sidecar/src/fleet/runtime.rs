@@ -98,6 +98,9 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new(config: &StateConfig) -> Result<Arc<Fleet>, redis::RedisError> {
+        // `rediss://`: rustls verifies the store against the system's roots (or `SSL_CERT_FILE`),
+        // with ring as its crypto (installed once; a second install is a no-op error).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let url = config.redis_url.as_deref().unwrap_or_default();
         let client = redis::Client::open(url)?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -232,7 +235,7 @@ impl Fleet {
                 seq,
             };
             match self.fetch(&call) {
-                Ok((granted, level)) => {
+                Some(Ok((granted, level))) => {
                     let mut e = self.entry(&id, capacity, refill);
                     e.lease.finish_sync(seq, granted);
                     e.level = Some(level);
@@ -257,8 +260,13 @@ impl Fleet {
                         f64::INFINITY
                     };
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     self.went_down("fetch", &e);
+                    break;
+                }
+                None => {
+                    metrics::counter!(m::STATE_ERRORS_TOTAL, "kind" => "no_fetch_connection")
+                        .increment(1);
                     break;
                 }
             }
@@ -331,44 +339,64 @@ impl Fleet {
         e
     }
 
-    /// One lease sync on the blocking connection, within `state.fetch-timeout`.
-    fn fetch(&self, call: &LeaseCall<'_>) -> redis::RedisResult<(f64, f64)> {
+    /// One lease sync on the blocking connection, within `state.fetch-timeout`. The connection is
+    /// made by the background task ([`Fleet::ensure_fetch_conn`]), never here: a connect (above all
+    /// a TLS handshake) could take far longer than the timeout. Without one, the take follows the
+    /// failure mode, as after a timeout, and the background makes a fresh one within a sync interval.
+    /// `None`: no connection yet (the sync stays in flight and the background sends it).
+    fn fetch(&self, call: &LeaseCall<'_>) -> Option<redis::RedisResult<(f64, f64)>> {
         let started = Instant::now();
         let mut slot = self
             .fetch_conn
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // A kept connection may be to a store that has since restarted: if it fails without a
-        // timeout, one fresh connection gets one more try (the sync is the same, applied once).
-        let reused = slot.is_some();
-        let mut result = self.fetch_on(&mut slot, call);
-        if reused && result.as_ref().is_err_and(|e| !e.is_timeout()) {
-            result = self.fetch_on(&mut slot, call);
+        let conn = slot.as_mut()?;
+        let result = FleetStore::lease_blocking(conn, call);
+        if result.is_err() {
+            // A timed-out connection may still deliver the late answer, and a failed one may be to a
+            // store that has since restarted: never reuse it.
+            *slot = None;
         }
         metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "fetch")
             .record(started.elapsed().as_secs_f64());
-        result
+        Some(result)
     }
 
-    fn fetch_on(
-        &self,
-        slot: &mut Option<redis::Connection>,
-        call: &LeaseCall<'_>,
-    ) -> redis::RedisResult<(f64, f64)> {
-        if slot.is_none() {
-            let timeout = self.config.fetch_timeout;
-            let conn = self.client.get_connection_with_timeout(timeout)?;
-            conn.set_read_timeout(Some(timeout))?;
-            conn.set_write_timeout(Some(timeout))?;
-            *slot = Some(conn);
+    /// Makes the connection for synchronous fetches when there is none (at start, after a failed or
+    /// timed-out fetch, after a reconnect), off the async workers.
+    async fn ensure_fetch_conn(self: &Arc<Self>) -> redis::RedisResult<()> {
+        if self
+            .fetch_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+        {
+            return Ok(());
         }
-        let conn = slot.as_mut().expect("connected above");
-        let result = FleetStore::lease_blocking(conn, call);
-        if result.is_err() {
-            // A timed-out connection may still deliver the late answer: never reuse it.
-            *slot = None;
-        }
-        result
+        let me = self.clone();
+        let conn = tokio::task::spawn_blocking(move || {
+            let conn = me.client.get_connection_with_timeout(CALL_TIMEOUT)?;
+            conn.set_read_timeout(Some(me.config.fetch_timeout))?;
+            conn.set_write_timeout(Some(me.config.fetch_timeout))?;
+            Ok::<_, redis::RedisError>(conn)
+        })
+        .await
+        .map_err(|e| {
+            redis::RedisError::from((redis::ErrorKind::Io, "connect task", e.to_string()))
+        })??;
+        *self
+            .fetch_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(conn);
+        Ok(())
+    }
+
+    /// Drops the fetch connection (the store went away: the next one is made fresh).
+    fn drop_fetch_conn(&self) {
+        *self
+            .fetch_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     fn went_down(&self, kind: &'static str, e: &redis::RedisError) {
@@ -394,6 +422,8 @@ impl Fleet {
                 .await
                 {
                     Ok(Ok(store)) => {
+                        // A fetch connection from before may be to a store that has restarted.
+                        self.drop_fetch_conn();
                         *self.store.lock().await = Some(store);
                         backoff = Duration::from_millis(100);
                     }
@@ -412,6 +442,13 @@ impl Fleet {
                 }
             }
             let store = self.store.lock().await.clone().expect("connected");
+            if let Err(e) = self.ensure_fetch_conn().await {
+                self.went_down("connect", &e);
+                *self.store.lock().await = None;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
             if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT) {
                 let live_key = self.live_key();
                 match timed(store.heartbeat(&live_key, &self.id, HEARTBEAT * 3)).await {
@@ -421,6 +458,7 @@ impl Fleet {
                     }
                     Err(e) => {
                         self.went_down("heartbeat", &e);
+                        self.drop_fetch_conn();
                         *self.store.lock().await = None;
                         tokio::time::sleep(backoff).await;
                         continue;
@@ -440,6 +478,7 @@ impl Fleet {
                 }
                 Err(e) => {
                     self.went_down("sync", &e);
+                    self.drop_fetch_conn();
                     *self.store.lock().await = None;
                     tokio::time::sleep(backoff).await;
                     continue;
