@@ -12,7 +12,9 @@ use crate::config::{AdminAddr, Config, ListenAddr, StateBackend};
 use crate::fleet::Fleet;
 use crate::policy::{PolicyLoadError, PolicySet};
 use crate::reload::{self, ConfigSource};
+use crate::server::activation::{self, ActivationError};
 use crate::server::conn::LINGER_EXTRA_BYTES;
+use crate::server::notify::{self, Notifier};
 use crate::server::{self, BindError, Listener, ServeOpts};
 use crate::state::App;
 use crate::{admin, pipeline, shutdown};
@@ -26,6 +28,8 @@ const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 pub enum StartError {
     #[error(transparent)]
     Bind(#[from] BindError),
+    #[error(transparent)]
+    Activation(#[from] ActivationError),
     #[error("cannot listen for signals: {0}")]
     Signals(std::io::Error),
     #[error(transparent)]
@@ -43,6 +47,14 @@ pub async fn run(
 ) -> Result<(), StartError> {
     // SIGHUP's default action ends the process: take it over before anything else.
     let hangup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
+    // Sockets systemd passed: made close-on-exec, and LISTEN_* unset, before anything could start a
+    // child that would inherit them.
+    let inherited = activation::take_from_env()?;
+    // The watchdog pings from the start: compiling the policies may outlast its period.
+    let notifier = Notifier::from_env();
+    let watchdog = notify::watchdog_interval_from_env()
+        .filter(|_| notifier.is_enabled())
+        .map(|every| tokio::spawn(notify::watchdog_loop(notifier.clone(), every)));
     // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
     let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
     // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
@@ -60,15 +72,25 @@ pub async fn run(
     let app = Arc::new(App::new(config, prometheus, policies, fleet.clone()));
     let cfg = &app.config;
 
-    // Bind everything first, so a bad address fails the start before anything is served.
-    let mut listeners = Vec::new();
-    for addr in &cfg.listen {
-        listeners.push(Listener::bind(addr, cfg.socket_mode).await?);
+    // Bind everything first, so a bad address fails the start before anything is served. Sockets
+    // inherited from systemd take the place of the configured ones (see `server::activation`).
+    let mut listeners = inherited.clients;
+    if listeners.is_empty() {
+        for addr in &cfg.listen {
+            listeners.push(Listener::bind(addr, cfg.socket_mode).await?);
+        }
+    } else {
+        let ignored: Vec<String> = cfg.listen.iter().map(ToString::to_string).collect();
+        tracing::info!(ignored = ?ignored, "client sockets inherited from systemd replace --listen");
     }
-    let admin_listener = match &cfg.admin_listen {
-        AdminAddr::Off => None,
-        AdminAddr::Tcp(a) => Some(Listener::bind(&ListenAddr::Tcp(*a), 0o660).await?),
-        AdminAddr::Unix(p) => {
+    let admin_listener = match (inherited.admin, &cfg.admin_listen) {
+        (Some(l), configured) => {
+            tracing::info!(ignored = %configured, "admin socket inherited from systemd replaces --admin-listen");
+            Some(l)
+        }
+        (None, AdminAddr::Off) => None,
+        (None, AdminAddr::Tcp(a)) => Some(Listener::bind(&ListenAddr::Tcp(*a), 0o660).await?),
+        (None, AdminAddr::Unix(p)) => {
             Some(Listener::bind(&ListenAddr::Unix(p.clone()), cfg.socket_mode).await?)
         }
     };
@@ -90,12 +112,15 @@ pub async fn run(
         tokio::spawn(upkeep_loop(app.prometheus.clone())),
         tokio::spawn(reload::run(app.clone(), source, hangup)),
     ];
+    background.extend(watchdog);
     if let Some(fleet) = &app.fleet {
         tracing::info!(fleet = %cfg.state.fleet, on_unavailable = %cfg.state.on_unavailable, "policy budgets shared by the fleet (state backend: redis)");
         background.push(tokio::spawn(fleet.clone().run()));
     }
     let mut accepting = Vec::new();
+    let mut serving = Vec::new();
     for listener in listeners {
+        serving.push(listener.describe());
         tracing::info!(listen = %listener.describe(), "accepting clients");
         let app = app.clone();
         let handler = move |req, peer| pipeline::handle(app.clone(), req, peer);
@@ -105,6 +130,9 @@ pub async fn run(
             opts.clone(),
         )));
     }
+    let admin_at = admin_listener
+        .as_ref()
+        .map_or_else(|| "off".to_owned(), Listener::describe);
     let admin_task = admin_listener.map(|listener| {
         tracing::info!(listen = %listener.describe(), "admin endpoints up");
         let app = app.clone();
@@ -125,6 +153,11 @@ pub async fn run(
         queue_timeout = ?cfg.queue_timeout,
         "slotgate started"
     );
+    notifier.ready(&format!(
+        "serving {}; admin {admin_at}; upstream {}",
+        serving.join(", "),
+        cfg.upstream
+    ));
 
     let which = match signal.await {
         Ok(Ok(which)) => which,
@@ -132,9 +165,13 @@ pub async fn run(
         Err(e) => return Err(StartError::Signals(std::io::Error::other(e))),
     };
     tracing::info!(signal = which, drain_timeout = ?cfg.drain_timeout, "shutting down: no new connections, queue turned away, draining in-flight responses");
+    notifier.stopping(&format!(
+        "{which}: draining in-flight responses for at most {:?}",
+        cfg.drain_timeout
+    ));
 
-    // 1. Stop accepting; each accept loop drops (and so unlinks) its socket. Open connections finish
-    //    the request they are on, then close.
+    // 1. Stop accepting; each accept loop drops (and so unlinks, unless systemd's) its socket. Open
+    //    connections finish the request they are on, then close.
     let _ = stop_tx.send(true);
     for task in accepting {
         let _ = task.await;

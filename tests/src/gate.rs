@@ -101,6 +101,8 @@ pub fn free_port() -> u16 {
 enum Admin {
     Tcp,
     Unix,
+    /// A fixed address (e.g. a socket the test binds and hands over itself).
+    TcpAt(SocketAddr),
 }
 
 /// Builder for a slotgate child process.
@@ -197,6 +199,12 @@ impl Gate {
     /// Serve the admin endpoints on a Unix socket instead of a TCP port.
     pub fn admin_unix(mut self) -> Self {
         self.admin = Admin::Unix;
+        self
+    }
+
+    /// Serve the admin endpoints at `addr` (`--admin-listen tcp:ADDR`) instead of a free port.
+    pub fn admin_tcp(mut self, addr: SocketAddr) -> Self {
+        self.admin = Admin::TcpAt(addr);
         self
     }
 
@@ -347,6 +355,7 @@ impl Gate {
                 let p = dir.join("admin.sock");
                 (format!("unix:{}", p.display()), Client::unix(&p))
             }
+            Admin::TcpAt(addr) => (format!("tcp:{addr}"), Client::tcp(addr)),
         };
         let (mut cmd, listen) = self.build(&dir, &admin_listen);
         let stderr_path = dir.join("stderr.log");

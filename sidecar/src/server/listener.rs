@@ -1,5 +1,6 @@
 //! Listen sockets: a Unix socket bound without ever clobbering a live one (probe-connect first, only a
 //! refused connection marks a stale socket), given its file mode, and unlinked when dropped; or TCP.
+//! A socket inherited from systemd (see `activation`) is served as it is and never unlinked.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -29,7 +30,9 @@ pub enum Listener {
 pub struct UnixSocket {
     listener: UnixListener,
     path: PathBuf,
-    identity: (u64, u64),
+    /// (device, inode) of the file we created; `None` for an inherited socket, whose file belongs to
+    /// whoever bound it (systemd removes it when the socket unit stops, not when we do).
+    identity: Option<(u64, u64)>,
 }
 
 pub enum Stream {
@@ -60,10 +63,27 @@ impl Listener {
                 Ok(Listener::Unix(UnixSocket {
                     listener,
                     path: path.clone(),
-                    identity: (meta.dev(), meta.ino()),
+                    identity: Some((meta.dev(), meta.ino())),
                 }))
             }
         }
+    }
+
+    /// A listening Unix socket someone else bound (systemd): its file is left alone, now and on drop.
+    pub fn inherited_unix(listener: std::os::unix::net::UnixListener) -> io::Result<Listener> {
+        listener.set_nonblocking(true)?;
+        let path = unix_name(&listener.local_addr()?);
+        Ok(Listener::Unix(UnixSocket {
+            listener: UnixListener::from_std(listener)?,
+            path,
+            identity: None,
+        }))
+    }
+
+    /// A listening TCP socket someone else bound (systemd).
+    pub fn inherited_tcp(listener: std::net::TcpListener) -> io::Result<Listener> {
+        listener.set_nonblocking(true)?;
+        TcpListener::from_std(listener).map(Listener::Tcp)
     }
 
     /// The next connection, with the peer's kernel-reported credentials on Unix sockets.
@@ -95,6 +115,19 @@ impl Listener {
                 .map_or_else(|_| "tcp:?".into(), |a| format!("tcp:{a}")),
         }
     }
+}
+
+/// A Unix socket's address for logs: its path, `@name` in the abstract namespace, or `(unnamed)`.
+fn unix_name(addr: &std::os::unix::net::SocketAddr) -> PathBuf {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::linux::net::SocketAddrExt;
+        if let Some(name) = addr.as_abstract_name() {
+            return PathBuf::from(format!("@{}", String::from_utf8_lossy(name)));
+        }
+    }
+    addr.as_pathname()
+        .map_or_else(|| PathBuf::from("(unnamed)"), Path::to_path_buf)
 }
 
 /// Removes `path` only if it is a socket that nobody answers on.
@@ -130,8 +163,11 @@ async fn clear_stale(path: &Path) -> Result<(), BindError> {
 
 impl Drop for UnixSocket {
     fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| (m.dev(), m.ino()) == self.identity);
+        let Some(identity) = self.identity else {
+            return;
+        };
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == identity);
         if ours {
             if let Err(e) = std::fs::remove_file(&self.path) {
                 tracing::warn!(path = %self.path.display(), error = %e, "could not remove socket");

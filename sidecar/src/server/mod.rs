@@ -1,8 +1,11 @@
 //! Servers: accept loops that cap open connections, back off when the process runs out of file
 //! descriptors, and stop accepting (dropping, and so unlinking, their sockets) on shutdown.
+//! `activation` takes the sockets systemd passed (never unlinked); `notify` tells systemd how we are.
 
+pub mod activation;
 pub mod conn;
 pub mod listener;
+pub mod notify;
 
 use std::future::Future;
 use std::sync::Arc;
