@@ -12,6 +12,8 @@ pub const REQUESTS_TOTAL: &str = "slotgate_requests_total";
 pub const QUEUE_DEPTH: &str = "slotgate_queue_depth";
 pub const INFLIGHT: &str = "slotgate_inflight";
 pub const SLOTS_BUSY: &str = "slotgate_slots_busy";
+pub const SLOTS_TOTAL: &str = "slotgate_slots_total";
+pub const QUEUE_CAPACITY: &str = "slotgate_queue_capacity";
 pub const QUEUE_WAIT_SECONDS: &str = "slotgate_queue_wait_seconds";
 pub const UPSTREAM_SECONDS: &str = "slotgate_upstream_seconds";
 pub const TTFB_SECONDS: &str = "slotgate_time_to_first_byte_seconds";
@@ -104,7 +106,7 @@ fn describe() {
     );
     describe_counter!(
         STATE_ERRORS_TOTAL,
-        "Failed calls to the fleet state store, by kind (connect, heartbeat, sync, fetch)."
+        "Failed calls to the fleet state store, by kind (connect, heartbeat, sync, fetch; no_fetch_connection: a dry lease found no connection for its fetch, made again in the background)."
     );
     describe_gauge!(
         STATE_LEASE_TOKENS,
@@ -117,6 +119,14 @@ fn describe() {
     describe_gauge!(
         SLOTS_BUSY,
         "Slots held by a request whose response has not finished streaming."
+    );
+    describe_gauge!(
+        SLOTS_TOTAL,
+        "Slots slotgate forwards to at once (--slots): the denominator of slotgate_slots_busy."
+    );
+    describe_gauge!(
+        QUEUE_CAPACITY,
+        "Requests that may wait for a slot (--queue-depth): the denominator of slotgate_queue_depth."
     );
     describe_histogram!(
         QUEUE_WAIT_SECONDS,
@@ -170,6 +180,27 @@ fn describe() {
     describe_counter!(
         UPSTREAM_RETRIES_TOTAL,
         "Upstream attempts retried because the upstream was down or loading."
+    );
+    describe_histogram!(
+        POLICY_EVAL_SECONDS,
+        Unit::Seconds,
+        "Time one policy took to evaluate one request, by policy."
+    );
+    describe_histogram!(
+        POLICY_FUEL_CONSUMED,
+        "Wasm fuel one policy evaluation consumed, by policy."
+    );
+    describe_counter!(
+        POLICY_DECISIONS_TOTAL,
+        "Policy evaluations, by policy and decision (allow, deny, error)."
+    );
+    describe_counter!(
+        POLICY_ERRORS_TOTAL,
+        "Policy evaluations that failed, by policy and kind (trap, timeout, fuel, memory, invalid_output); the policy's on-error then allowed or refused the request."
+    );
+    describe_counter!(
+        POLICY_RELOADS_TOTAL,
+        "Policy and configuration reloads, by policy and result (ok, error)."
     );
     describe_counter!(
         UPSTREAM_CONNECTIONS_TOTAL,

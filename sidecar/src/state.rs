@@ -40,6 +40,9 @@ impl App {
             config.connect_timeout,
             config.slots * 2,
         );
+        // The denominators of the busy and queue gauges, for dashboards and alerts.
+        metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(config.slots as f64);
+        metrics::gauge!(crate::metrics::QUEUE_CAPACITY).set(config.queue_depth as f64);
         App {
             policies,
             fleet,

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Makes sure `promtool` is on PATH, for the checks of examples/prometheus/ (the observability_kit
+# test runs `promtool check rules` and `promtool test rules`). Prints nothing when it already is.
+#
+# Installs Debian's `prometheus` package (the only Debian package shipping promtool) with apt-get,
+# through sudo when not root. Debian enables that package's prometheus service too; on a machine that
+# should not run one: `systemctl disable --now prometheus`. Elsewhere, put promtool from a release
+# tarball (https://prometheus.io/download/) on PATH, or name it in $PROMTOOL.
+set -euo pipefail
+
+log() { printf 'setup-prometheus: %s\n' "$*" >&2; }
+
+if [ -n "${PROMTOOL:-}" ] && [ -x "$PROMTOOL" ]; then exit 0; fi
+if command -v promtool >/dev/null 2>&1; then exit 0; fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  log "promtool is missing and this is not a Debian-like system (no apt-get);"
+  log "install promtool from https://prometheus.io/download/ and put it on PATH (or set PROMTOOL)"
+  exit 1
+fi
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    log "promtool is missing; installing it needs root and there is no sudo"
+    exit 1
+  fi
+  sudo=(sudo)
+fi
+
+log "installing Debian's prometheus package for promtool"
+"${sudo[@]}" apt-get update -qq >&2
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends prometheus >&2
+
+if ! command -v promtool >/dev/null 2>&1; then
+  log "the prometheus package is installed but promtool is still not on PATH"
+  exit 1
+fi
+log "$(promtool --version 2>&1 | head -n1)"
