@@ -44,6 +44,14 @@ eval "$(bash scripts/setup-valkey.sh)"
 export VALKEY_SERVER
 "$VALKEY_SERVER" --version
 
+step "promtool (Debian's prometheus package) for the alert rules"
+bash scripts/setup-prometheus.sh
+promtool --version 2>&1 | head -n1
+
+step "Kubernetes manifest validator (PyPI kubernetes-validate and CRD schemas, cached)"
+eval "$(bash scripts/setup-kubernetes-tools.sh)"
+export KUBE_VALIDATE
+
 step "build the slotgate binary the tests drive"
 cargo build --workspace --bins
 

@@ -17,6 +17,7 @@
 //! - [`budget`]: waiting out the token-budget policy's refusals until a refund has landed.
 //! - [`redis`]: a real redis-server per test, on a Unix socket, for the fleet state.
 //! - [`soak`]: long mixed traffic against a real llama-server, with RSS, fds and invariants.
+//! - [`systemd`]: a notify socket, sockets handed over as systemd does, the example units verified.
 //! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
 
 pub mod budget;
@@ -24,11 +25,13 @@ pub mod client;
 pub mod errors;
 pub mod fake_upstream;
 pub mod gate;
+pub mod kube;
 pub mod llama;
 pub mod metrics;
 pub mod redis;
 pub mod request;
 pub mod soak;
+pub mod systemd;
 pub mod wait;
 pub mod wat;
 
