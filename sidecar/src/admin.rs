@@ -46,6 +46,7 @@ const STATUS_TENANTS: usize = 100;
 
 pub fn status(app: &App) -> serde_json::Value {
     let q = app.admission.stats();
+    let slots = app.slots_status();
     let tenants: Vec<serde_json::Value> = app
         .admission
         .tenants(STATUS_TENANTS)
@@ -74,7 +75,14 @@ pub fn status(app: &App) -> serde_json::Value {
         })
         .collect();
     json!({
-        "slots": { "total": q.slots, "busy": q.busy },
+        "slots": {
+            "total": q.slots,
+            "busy": q.busy,
+            "configured": app.config.slots.to_string(),
+            "source": slots["source"],
+            "upstream_total_slots": slots["upstream_total_slots"],
+            "mismatch": slots["mismatch"],
+        },
         "queue": { "depth": q.depth, "capacity": q.capacity, "tenant_limit": q.tenant_limit },
         "fairness": {
             "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),

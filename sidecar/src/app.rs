@@ -148,7 +148,7 @@ pub async fn run(
     });
     tracing::info!(
         upstream = %cfg.upstream,
-        slots = cfg.slots,
+        slots = %cfg.slots,
         queue_depth = cfg.queue_depth,
         queue_timeout = ?cfg.queue_timeout,
         "slotgate started"
@@ -214,6 +214,7 @@ async fn health_loop(app: Arc<App>) {
         // becomes ready, and until it has been read.
         if ready && (!was_ready || app.cost.slot_context().is_none()) {
             app.cost.refresh_props().await;
+            app.follow_upstream_slots();
         }
     }
 }

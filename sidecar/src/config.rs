@@ -39,10 +39,13 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_listen: Option<AdminAddr>,
 
-    /// Requests forwarded at once; match llama-server's `-np`. [default: 1]
-    #[arg(long, env = "SLOTGATE_SLOTS", value_name = "N")]
+    /// Requests forwarded at once: `auto` follows llama-server's `total_slots` (its `-np`, read from
+    /// `/props` whenever it becomes ready; 1 until then), or a fixed number (a number that differs
+    /// from llama-server's is warned about, in the log, `/status` and `slotgate_slots_mismatch`).
+    /// [default: auto]
+    #[arg(long, env = "SLOTGATE_SLOTS", value_name = "auto|N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slots: Option<usize>,
+    pub slots: Option<Slots>,
 
     /// Requests that may wait for a slot; beyond it new requests get 429 at once. [default: 8]
     #[arg(long, env = "SLOTGATE_QUEUE_DEPTH", value_name = "D")]
@@ -462,7 +465,7 @@ pub struct Config {
     pub socket_mode: u32,
     pub upstream: UpstreamAddr,
     pub admin_listen: AdminAddr,
-    pub slots: usize,
+    pub slots: Slots,
     pub queue_depth: usize,
     pub queue_timeout: Duration,
     pub trust_client_priority: bool,
@@ -527,9 +530,9 @@ impl Config {
         if listen.is_empty() {
             return Err(invalid("listen", "at least one listen address is required"));
         }
-        let slots = s.slots.unwrap_or(1);
-        if slots == 0 {
-            return Err(invalid("slots", "must be at least 1"));
+        let slots = s.slots.unwrap_or(Slots::Auto);
+        if slots == Slots::Fixed(0) {
+            return Err(invalid("slots", "must be at least 1 (or auto)"));
         }
         let max_connections = s.max_connections.unwrap_or(1024);
         if max_connections == 0 {
@@ -919,6 +922,63 @@ impl fmt::Display for UpstreamAddr {
     }
 }
 string_serde!(UpstreamAddr);
+
+/// How many requests are forwarded at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slots {
+    /// As many as llama-server has (`total_slots` in `/props`).
+    Auto,
+    Fixed(usize),
+}
+
+impl Slots {
+    /// Before llama-server has said: the fixed number, or one (nothing is lost by starting narrow;
+    /// `/props` is read as soon as the server is ready).
+    pub fn initial(self) -> usize {
+        match self {
+            Slots::Auto => 1,
+            Slots::Fixed(n) => n,
+        }
+    }
+}
+
+impl FromStr for Slots {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(Slots::Auto),
+            n => n.parse().map(Slots::Fixed).map_err(|_| {
+                format!("`{s}` is not a number of slots; use auto or a number such as 4")
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Slots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Slots::Auto => f.write_str("auto"),
+            Slots::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// `slots = 4` or `slots = "auto"`, and printed back the same way.
+impl Serialize for Slots {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Slots::Auto => s.serialize_str("auto"),
+            Slots::Fixed(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Slots {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = StringOrInt::deserialize(d)?;
+        raw.0.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 /// A duration in human units (`500ms`, `60s`, `2m`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1360,11 +1420,14 @@ mod tests {
         let file: Settings =
             toml::from_str("slots = 2\nqueue-depth = 3\nmax-body = 4096\n").unwrap();
         let flags = Settings {
-            slots: Some(5),
+            slots: Some(Slots::Fixed(5)),
             ..Settings::default()
         };
         let cfg = Config::from_settings(flags.over(file)).unwrap();
-        assert_eq!((cfg.slots, cfg.queue_depth, cfg.max_body), (5, 3, 4096));
+        assert_eq!(
+            (cfg.slots, cfg.queue_depth, cfg.max_body),
+            (Slots::Fixed(5), 3, 4096)
+        );
         assert!(toml::from_str::<Settings>("slot = 2").is_err());
         assert!(toml::from_str::<Settings>("queue-timeout = \"forever\"").is_err());
     }
@@ -1413,7 +1476,7 @@ mod tests {
     #[test]
     fn rejects_zero_slots() {
         let s = Settings {
-            slots: Some(0),
+            slots: Some(Slots::Fixed(0)),
             ..Settings::default()
         };
         assert!(Config::from_settings(s)

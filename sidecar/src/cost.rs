@@ -94,6 +94,8 @@ pub struct Counter {
     n_ctx: AtomicU64,
     /// The server's default `n_predict`; 0 = none.
     default_n_predict: AtomicU64,
+    /// `total_slots` (llama-server's `-np`); 0 = not known yet.
+    total_slots: AtomicU64,
 }
 
 #[derive(Default)]
@@ -111,6 +113,7 @@ impl Counter {
             unsupported_until: Mutex::new(None),
             n_ctx: AtomicU64::new(0),
             default_n_predict: AtomicU64::new(0),
+            total_slots: AtomicU64::new(0),
         }
     }
 
@@ -128,7 +131,16 @@ impl Counter {
         }
     }
 
-    /// Reads the slot context from `GET /props` (after every readiness change; cheap).
+    /// How many slots llama-server has (`total_slots` in `/props`), once it has said.
+    pub fn upstream_slots(&self) -> Option<usize> {
+        match self.total_slots.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n as usize),
+        }
+    }
+
+    /// Reads the slot context and the slot count from `GET /props` (after every readiness change;
+    /// cheap).
     pub async fn refresh_props(&self) {
         match self
             .upstream
@@ -142,6 +154,10 @@ impl Counter {
                     .as_i64()
                     .filter(|&n| n > 0)
                     .unwrap_or(0) as u64;
+                self.total_slots.store(
+                    props["total_slots"].as_u64().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
                 let old = self.n_ctx.swap(n_ctx, Ordering::Relaxed);
                 self.default_n_predict.store(n_predict, Ordering::Relaxed);
                 if old != n_ctx {

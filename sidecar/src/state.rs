@@ -2,15 +2,17 @@
 //! policy chain and the prompt counter. Built once by `app::run`; read by the request path
 //! (`pipeline`), the admin endpoints and the reloader.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::admission::{Admission, Fairness};
-use crate::config::Config;
+use crate::config::{Config, Slots};
 use crate::cost::Counter;
 use crate::fleet::Fleet;
 use crate::intake::Limits;
+use crate::metrics as m;
 use crate::policy::PolicySet;
 use crate::upstream::Upstream;
 
@@ -26,6 +28,8 @@ pub struct App {
     pub cost: Counter,
     /// The fleet state backend, when `state.backend = redis`.
     pub fleet: Option<Arc<Fleet>>,
+    /// The `total_slots` last warned about (a fixed `--slots` that differs from it).
+    warned_slots: AtomicUsize,
 }
 
 impl App {
@@ -35,20 +39,24 @@ impl App {
         policies: PolicySet,
         fleet: Option<Arc<Fleet>>,
     ) -> Self {
-        let upstream = Upstream::new(
-            config.upstream.clone(),
-            config.connect_timeout,
-            config.slots * 2,
-        );
+        let slots = config.slots.initial();
+        // Idle upstream connections kept: two per slot, for as many slots as `auto` may find.
+        let pool = match config.slots {
+            Slots::Auto => 32,
+            Slots::Fixed(n) => n * 2,
+        };
+        let upstream = Upstream::new(config.upstream.clone(), config.connect_timeout, pool);
         // The denominators of the busy and queue gauges, for dashboards and alerts.
-        metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(config.slots as f64);
+        metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(slots as f64);
+        metrics::gauge!(m::SLOTS_MISMATCH).set(0.0);
         metrics::gauge!(crate::metrics::QUEUE_CAPACITY).set(config.queue_depth as f64);
         App {
             policies,
             fleet,
+            warned_slots: AtomicUsize::new(0),
             cost: Counter::new(config.tokenizer, upstream.clone()),
             admission: Admission::with_fairness(
-                config.slots,
+                slots,
                 config.queue_depth,
                 Fairness {
                     aging: config.priority_aging,
@@ -64,5 +72,60 @@ impl App {
             prometheus,
             config,
         }
+    }
+
+    /// After llama-server's `/props` was read: `--slots auto` takes its `total_slots`; a fixed
+    /// number that differs is warned about (once per change) and flagged in
+    /// `slotgate_slots_mismatch` and `/status`.
+    pub fn follow_upstream_slots(&self) {
+        let Some(reported) = self.cost.upstream_slots() else {
+            return;
+        };
+        metrics::gauge!(m::UPSTREAM_SLOTS).set(reported as f64);
+        let current = self.admission.slots();
+        match self.config.slots {
+            Slots::Auto if reported != current => {
+                tracing::info!(
+                    slots = reported,
+                    was = current,
+                    "slots follow llama-server's total_slots (--slots auto)"
+                );
+                self.admission.set_slots(reported);
+                metrics::gauge!(m::SLOTS_TOTAL).set(reported as f64);
+            }
+            Slots::Auto => {}
+            Slots::Fixed(fixed) => {
+                let mismatch = fixed != reported;
+                metrics::gauge!(m::SLOTS_MISMATCH).set(if mismatch { 1.0 } else { 0.0 });
+                if mismatch && self.warned_slots.swap(reported, Ordering::Relaxed) != reported {
+                    tracing::warn!(
+                        slots = fixed,
+                        upstream_total_slots = reported,
+                        "--slots differs from llama-server's total_slots: {}",
+                        if fixed > reported {
+                            "the extra requests wait in llama-server's own unbounded queue"
+                        } else {
+                            "llama-server's extra slots stay idle"
+                        }
+                    );
+                }
+            }
+        }
+    }
+
+    /// For `/status`: where the slot count comes from, what llama-server reports, whether they
+    /// differ.
+    pub fn slots_status(&self) -> serde_json::Value {
+        let reported = self.cost.upstream_slots();
+        let total = self.admission.slots();
+        serde_json::json!({
+            "source": match (self.config.slots, reported) {
+                (Slots::Fixed(_), _) => "fixed (--slots)",
+                (Slots::Auto, Some(_)) => "auto (llama-server /props total_slots)",
+                (Slots::Auto, None) => "auto (waiting for llama-server's /props; 1 until then)",
+            },
+            "upstream_total_slots": reported,
+            "mismatch": reported.is_some_and(|r| r != total),
+        })
     }
 }

@@ -84,6 +84,8 @@ pub struct FakeUpstream {
     script: Vec<Scripted>,
     /// How long `POST /tokenize` takes to answer.
     tokenize_delay: Duration,
+    /// `total_slots` in `/props` (llama-server's `-np`).
+    total_slots: usize,
 }
 
 /// One generation request as the fake received it.
@@ -236,6 +238,7 @@ impl Default for FakeUpstream {
             refuse_over_ctx: false,
             script: Vec::new(),
             tokenize_delay: Duration::ZERO,
+            total_slots: 1,
         }
     }
 }
@@ -321,6 +324,12 @@ impl FakeUpstream {
     pub fn n_ctx(mut self, n: u64) -> Self {
         self.n_ctx = n;
         self.refuse_over_ctx = true;
+        self
+    }
+
+    /// `total_slots` in `/props`, as llama-server started with `-np n` reports it. [default: 1]
+    pub fn total_slots(mut self, n: usize) -> Self {
+        self.total_slots = n;
         self
     }
 
@@ -668,7 +677,7 @@ async fn handle(
         }
         (&Method::GET, "/props") => {
             seen(&state, &path);
-            let props = json!({"default_generation_settings": {"n_ctx": cfg.n_ctx}, "total_slots": 1,
+            let props = json!({"default_generation_settings": {"n_ctx": cfg.n_ctx}, "total_slots": cfg.total_slots,
                                "model_path": "fake.gguf"});
             json_response(StatusCode::OK, props.to_string(), None)
         }

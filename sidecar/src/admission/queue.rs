@@ -17,6 +17,7 @@
 //! deadline) leaves the queue.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -55,7 +56,8 @@ pub struct Fairness {
 }
 
 struct Shared {
-    slots: usize,
+    /// Changes only through [`Admission::set_slots`] (`--slots auto` following llama-server).
+    slots: AtomicUsize,
     capacity: usize,
     fairness: Fairness,
     state: Mutex<State>,
@@ -223,7 +225,7 @@ impl Admission {
     pub fn with_fairness(slots: usize, capacity: usize, fairness: Fairness) -> Self {
         Admission {
             shared: Arc::new(Shared {
-                slots,
+                slots: AtomicUsize::new(slots),
                 capacity,
                 fairness,
                 state: Mutex::new(State {
@@ -263,7 +265,7 @@ impl Admission {
         if st.closed {
             return Err(GateError::ShuttingDown { retry_after: 1 });
         }
-        if st.busy < self.shared.slots && st.waiters.is_empty() {
+        if st.busy < self.slots() && st.waiters.is_empty() {
             st.busy += 1;
             st.drain.in_service += claim.cost as f64;
             st.tenants.admit(&claim.tenant, claim.charge());
@@ -395,6 +397,30 @@ impl Admission {
             .map(|(_, _, seq)| seq)
     }
 
+    /// The slots requests are admitted to now.
+    pub fn slots(&self) -> usize {
+        self.shared.slots.load(Ordering::Relaxed)
+    }
+
+    /// Admits to `n` slots from now on (at least 1). More slots go at once to waiters; with fewer,
+    /// requests already in service finish and no new one is admitted until `busy` is below `n`.
+    pub fn set_slots(&self, n: usize) {
+        let n = n.max(1);
+        let mut st = self.lock();
+        let old = self.shared.slots.swap(n, Ordering::Relaxed);
+        if n > old {
+            // As many grants as new places, each to the next waiter (as a finished request would).
+            for _ in 0..(n - old) {
+                if st.waiters.is_empty() || st.busy >= n {
+                    break;
+                }
+                st.busy += 1;
+                self.release(&mut st);
+            }
+        }
+        self.publish(&st);
+    }
+
     /// Turns every waiter away and refuses new ones; slots already held drain normally.
     pub fn close(&self, retry_after: u64) {
         let mut st = self.lock();
@@ -412,7 +438,7 @@ impl Admission {
 
     fn stats_of(&self, st: &State) -> QueueStats {
         QueueStats {
-            slots: self.shared.slots,
+            slots: self.slots(),
             busy: st.busy,
             depth: st.waiters.len(),
             capacity: self.shared.capacity,
@@ -427,11 +453,11 @@ impl Admission {
     /// measured, else `(busy + queued) * service_ewma / slots`.
     fn wait_seconds(&self, st: &State) -> f64 {
         st.drain
-            .seconds(self.tokens_ahead(st), self.shared.slots)
+            .seconds(self.tokens_ahead(st), self.slots())
             .unwrap_or_else(|| {
                 (st.busy + st.waiters.len()) as f64
                     * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
-                    / self.shared.slots as f64
+                    / self.slots() as f64
             })
     }
 
@@ -464,9 +490,9 @@ impl Admission {
             .filter(|w| first(w))
             .fold((0, 0.0), |(n, t), w| (n + 1, t + w.claim.cost as f64));
         let tokens = st.drain.in_service + ahead_tokens;
-        st.drain.seconds(tokens, self.shared.slots).or_else(|| {
+        st.drain.seconds(tokens, self.slots()).or_else(|| {
             st.service_ewma
-                .map(|s| (st.busy + ahead) as f64 * s / self.shared.slots as f64)
+                .map(|s| (st.busy + ahead) as f64 * s / self.slots() as f64)
         })
     }
 
@@ -499,18 +525,18 @@ impl Admission {
     /// `cost` then counts as coming back, so the next client turned away is told a later time.
     fn retry_after(&self, st: &mut State, cost: u64) -> u64 {
         let now = Instant::now();
-        st.drain.decay(now, self.shared.slots);
+        st.drain.decay(now, self.slots());
         let ahead = self.tokens_ahead(st);
         let wait = st
             .drain
-            .cautious_seconds(ahead, self.shared.slots)
+            .cautious_seconds(ahead, self.slots())
             .unwrap_or_else(|| self.wait_seconds(st));
         let secs = (wait.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
         if st.drain.rate.is_none() {
             return secs;
         }
         st.drain.returning += cost as f64;
-        let places = self.shared.slots + self.shared.capacity;
+        let places = self.slots() + self.shared.capacity;
         st.drain.book(now, secs, places, MAX_RETRY_AFTER_SECONDS)
     }
 
@@ -536,6 +562,12 @@ impl Admission {
 
     /// Gives a slot back: straight to the next waiter, else to the pool.
     fn release(&self, st: &mut State) {
+        if st.busy > self.slots() {
+            // The slots were reduced (`set_slots`): this one goes, it is not handed on.
+            st.busy -= 1;
+            self.publish(st);
+            return;
+        }
         let now = Instant::now();
         while let Some(seq) = self.next_waiter(st, now) {
             let Some(w) = st.waiters.remove(&seq) else {
@@ -759,6 +791,48 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), ["b1", "d1", "a5", "c5"]);
         let s = adm.stats();
         assert_eq!((s.busy, s.depth), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn more_slots_go_to_waiters_at_once_and_fewer_hold_new_ones_back() {
+        let adm = Admission::new(1, 8);
+        let (first, _) = adm.acquire(c(0), far()).await.unwrap();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let adm = adm.clone();
+                tokio::spawn(async move { adm.acquire(c(0), far()).await.map(|(s, _)| s) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!((adm.stats().busy, adm.stats().depth), (1, 3));
+        adm.set_slots(3);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            (adm.stats().slots, adm.stats().busy, adm.stats().depth),
+            (3, 3, 1),
+            "two new slots, two waiters served"
+        );
+        // Down to one: nobody is cut off, and the last waiter goes only once busy < 1.
+        adm.set_slots(1);
+        let mut held = vec![first];
+        let mut done = Vec::new();
+        for w in waiters {
+            if w.is_finished() {
+                held.push(w.await.unwrap().unwrap());
+            } else {
+                done.push(w);
+            }
+        }
+        assert_eq!(held.len(), 3);
+        held.pop();
+        held.pop();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(adm.stats().depth, 1, "busy 1 of 1: the waiter still waits");
+        held.pop();
+        let last = done.pop().unwrap().await.unwrap().unwrap();
+        assert_eq!(adm.stats().busy, 1);
+        drop(last);
+        assert_eq!((adm.stats().busy, adm.stats().depth), (0, 0));
     }
 
     #[tokio::test(start_paused = true)]
