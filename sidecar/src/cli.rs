@@ -35,6 +35,15 @@ pub enum Command {
     Run(ConfigArgs),
     /// Validate the configuration and print the effective settings as TOML.
     Check(ConfigArgs),
+    /// Run llama-server as a child and serve in front of it, in one step:
+    /// `slotgate wrap [OPTIONS] -- llama-server -m model.gguf -np 2 ...`.
+    ///
+    /// slotgate adds `--host <private socket>` to the command (so it must not have --host or
+    /// --port), forwards to that socket (--upstream is ignored), passes the child's output through
+    /// prefixed with its name, restarts it with backoff (1 s doubling to 30 s) when it exits while
+    /// requests wait as during a model load, and on SIGTERM drains, then stops the child (SIGTERM,
+    /// SIGKILL after 10 s). `--slots auto` follows its `-np`.
+    Wrap(WrapArgs),
     /// Print the form in which policies see an API key (`sha256:<hex>`), for policy settings.
     HashKey {
         /// The API key, as clients send it after `Bearer `.
@@ -54,12 +63,22 @@ pub struct ConfigArgs {
     pub settings: Settings,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct WrapArgs {
+    #[command(flatten)]
+    pub run: ConfigArgs,
+    /// The llama-server command line, after `--`.
+    #[arg(last = true, required = true, value_name = "LLAMA_SERVER_COMMAND")]
+    pub command: Vec<String>,
+}
+
 /// Parses the command line, pairing each `--policy-settings` with the `--policy` just before it.
 pub fn parse() -> Cli {
     let matches = Cli::command().get_matches();
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let (sub, args) = match (&mut cli.command, matches.subcommand()) {
         (Some(Command::Run(a)), Some((_, m))) | (Some(Command::Check(a)), Some((_, m))) => (m, a),
+        (Some(Command::Wrap(w)), Some((_, m))) => (m, &mut w.run),
         (None, _) => (&matches, &mut cli.run),
         _ => return cli,
     };

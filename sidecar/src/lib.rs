@@ -47,6 +47,7 @@ pub mod state;
 pub mod stream_usage;
 pub mod upstream;
 pub mod usage;
+pub mod wrap;
 
 pub use config::Config;
 pub use error::{GateError, Outcome};

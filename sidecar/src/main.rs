@@ -11,9 +11,20 @@ use tracing_subscriber::EnvFilter;
 fn main() -> ExitCode {
     slotgate::memory::limit_arenas();
     let cli = slotgate::cli::parse();
+    let mut wrapped = None;
     let (check, args) = match cli.command {
         Some(Command::Check(args)) => (true, args),
         Some(Command::Run(args)) => (false, args),
+        Some(Command::Wrap(w)) => match slotgate::wrap::Wrap::prepare(w.command) {
+            Ok(wrap) => {
+                wrapped = Some(wrap);
+                (false, w.run)
+            }
+            Err(e) => {
+                eprintln!("slotgate: {e}");
+                return ExitCode::from(2);
+            }
+        },
         Some(Command::HashKey { key }) => {
             println!("{}", slotgate::intake::hash_api_key(&key));
             return ExitCode::SUCCESS;
@@ -29,10 +40,21 @@ fn main() -> ExitCode {
         }
         None => (false, cli.run),
     };
+    // Wrapped, the upstream is the child's private socket, on every (re)load.
+    let upstream = wrapped.as_ref().map(slotgate::wrap::Wrap::upstream);
+    let load = move |args: ConfigArgs| {
+        load(args).map(|mut config| {
+            if let Some(up) = &upstream {
+                config.upstream = up.clone();
+            }
+            config
+        })
+    };
     let source = slotgate::reload::ConfigSource {
         file: args.config.clone(),
         load: {
             let args = args.clone();
+            let load = load.clone();
             std::sync::Arc::new(move || load(args.clone()))
         },
     };
@@ -60,7 +82,7 @@ fn main() -> ExitCode {
         };
     }
     init_logging(config.log_format);
-    match serve(config, source) {
+    match serve(config, source, wrapped) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -78,14 +100,27 @@ fn load(args: ConfigArgs) -> anyhow::Result<Config> {
     Ok(Config::from_settings(args.settings.over(file))?)
 }
 
-fn serve(config: Config, source: slotgate::reload::ConfigSource) -> anyhow::Result<()> {
+fn serve(
+    config: Config,
+    source: slotgate::reload::ConfigSource,
+    wrapped: Option<slotgate::wrap::Wrap>,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let prometheus = slotgate::metrics::install().context("installing the metrics recorder")?;
-        slotgate::app::run(config, prometheus, source).await?;
+        // The wrapped llama-server starts first (it loads its model while slotgate binds) and stops
+        // last, once slotgate has drained.
+        let (stop_child, stop) = tokio::sync::watch::channel(false);
+        let child = wrapped.map(|w| w.start(stop)).transpose()?;
+        let served = slotgate::app::run(config, prometheus, source).await;
+        let _ = stop_child.send(true);
+        if let Some(child) = child {
+            let _ = child.await;
+        }
+        served?;
         Ok(())
     })
 }

@@ -116,6 +116,8 @@ pub struct Gate {
     wait_ready: bool,
     /// A program (and its arguments) that execs slotgate, e.g. to set resource limits.
     wrapper: Vec<String>,
+    /// `slotgate wrap -- <this>` instead of `slotgate run`.
+    wrapped: Vec<String>,
 }
 
 impl Default for Gate {
@@ -136,6 +138,7 @@ impl Gate {
             env: Vec::new(),
             wait_ready: true,
             wrapper: Vec::new(),
+            wrapped: Vec::new(),
         }
     }
 
@@ -269,6 +272,17 @@ impl Gate {
         self
     }
 
+    /// Runs `slotgate wrap [options] -- <argv>`: slotgate starts `argv` (a llama-server command) as
+    /// its child on a private socket and forwards to it (no `--upstream`).
+    pub fn wrapping<I, S>(mut self, argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.wrapped = argv.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Runs slotgate with at most `n` open file descriptors: through `prlimit` where it exists, else
     /// through the shell's `ulimit`.
     pub fn open_files_limit(self, n: u32) -> Self {
@@ -298,7 +312,11 @@ impl Gate {
             }
             None => Command::new(binary_path()),
         };
-        cmd.arg("run");
+        cmd.arg(if self.wrapped.is_empty() {
+            "run"
+        } else {
+            "wrap"
+        });
         for l in &listen {
             cmd.arg("--listen").arg(l);
         }
@@ -311,6 +329,9 @@ impl Gate {
             if let Some(v) = value {
                 cmd.arg(v);
             }
+        }
+        if !self.wrapped.is_empty() {
+            cmd.arg("--").args(&self.wrapped);
         }
         for k in inherited_settings() {
             cmd.env_remove(k);

@@ -133,15 +133,31 @@ impl LlamaServer {
     }
 }
 
-/// Spawns llama-server with `np` slots listening on `socket`, its stdout and stderr in `log`.
-fn spawn_server(socket: &Path, log: &Path, np: usize) -> Child {
+/// The llama-server command line every test runs, without an address: the binary, the model, `np`
+/// slots of [`CTX_PER_SLOT`] each, metrics and `/slots` on (what `slotgate wrap` is given).
+pub fn server_argv(np: usize) -> Vec<String> {
     let paths = LlamaPaths::get();
-    let log_file = File::create(log).expect("create llama-server log");
-    let bin_dir = paths
+    vec![
+        paths.server.display().to_string(),
+        "-m".into(),
+        paths.model.display().to_string(),
+        "-np".into(),
+        np.to_string(),
+        "-c".into(),
+        (CTX_PER_SLOT * np).to_string(),
+        "--metrics".into(),
+        "--slots".into(),
+        "--no-webui".into(),
+    ]
+}
+
+/// `LD_LIBRARY_PATH` for llama-server: its own directory (the ggml libraries) first.
+pub fn library_path() -> std::ffi::OsString {
+    let bin_dir = LlamaPaths::get()
         .server
         .parent()
         .expect("llama-server has a parent dir");
-    let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
+    match std::env::var_os("LD_LIBRARY_PATH") {
         Some(old) if !old.is_empty() => {
             let mut p = bin_dir.as_os_str().to_owned();
             p.push(":");
@@ -149,22 +165,24 @@ fn spawn_server(socket: &Path, log: &Path, np: usize) -> Child {
             p
         }
         _ => bin_dir.as_os_str().to_owned(),
-    };
-    Command::new(&paths.server)
-        .arg("-m")
-        .arg(&paths.model)
+    }
+}
+
+/// Spawns llama-server with `np` slots listening on `socket`, its stdout and stderr in `log`.
+fn spawn_server(socket: &Path, log: &Path, np: usize) -> Child {
+    let log_file = File::create(log).expect("create llama-server log");
+    let argv = server_argv(np);
+    Command::new(&argv[0])
+        .args(&argv[1..])
         // A --host ending in `.sock` makes llama-server listen on that Unix socket.
         .arg("--host")
         .arg(socket)
-        .args(["-np", &np.to_string()])
-        .args(["-c", &(CTX_PER_SLOT * np).to_string()])
-        .args(["--metrics", "--slots", "--no-webui"])
-        .env("LD_LIBRARY_PATH", ld_path)
+        .env("LD_LIBRARY_PATH", library_path())
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().expect("clone log fd"))
         .stderr(log_file)
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.server.display()))
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", argv[0]))
 }
 
 /// A running llama-server; killed and its temp dir removed on Drop.

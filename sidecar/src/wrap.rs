@@ -1,0 +1,265 @@
+//! `slotgate wrap -- llama-server ...`: llama-server as slotgate's child, on a private Unix socket
+//! slotgate chooses, its output passed through line by line with a prefix, restarted with backoff
+//! when it dies (requests meanwhile wait as during a model load), and stopped only after slotgate
+//! has drained.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::UpstreamAddr;
+use crate::metrics as m;
+
+/// First wait before a restart; doubled after each quick death, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A child that ran this long before dying is restarted after [`FIRST_BACKOFF`] again.
+const STABLE_RUN: Duration = Duration::from_secs(60);
+/// After SIGTERM, how long the child may take to exit before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WrapError {
+    #[error("wrap needs the llama-server command after `--`, e.g. `slotgate wrap -- llama-server -m model.gguf -np 2`")]
+    NoCommand,
+    #[error("`{0}` in the wrapped command: wrap gives llama-server a private Unix socket itself (--host); drop it")]
+    ChoosesAddress(String),
+    #[error("cannot create the private socket directory {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+    #[error("cannot start `{0}`: {1}")]
+    Spawn(String, std::io::Error),
+}
+
+/// The wrapped command and where it will listen.
+#[derive(Debug)]
+pub struct Wrap {
+    argv: Vec<String>,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Wrap {
+    /// Checks the command and makes the private directory (mode 0700) for its socket, under
+    /// `$XDG_RUNTIME_DIR` when set, else the temp dir.
+    pub fn prepare(argv: Vec<String>) -> Result<Wrap, WrapError> {
+        if argv.is_empty() {
+            return Err(WrapError::NoCommand);
+        }
+        if let Some(flag) = argv[1..].iter().find(|a| {
+            let name = a.split('=').next().unwrap_or(a);
+            matches!(name, "--host" | "--port")
+        }) {
+            return Err(WrapError::ChoosesAddress(flag.clone()));
+        }
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!(
+            "slotgate-wrap-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| WrapError::Dir(dir.clone(), e))?;
+        let socket = dir.join("llama.sock");
+        Ok(Wrap { argv, dir, socket })
+    }
+
+    /// Where slotgate forwards to: the child's socket.
+    pub fn upstream(&self) -> UpstreamAddr {
+        UpstreamAddr::Unix(self.socket.clone())
+    }
+
+    /// Starts the child (failing at once if it cannot be started at all) and supervises it until
+    /// `stop` turns true; then stops it (SIGTERM, SIGKILL after [`STOP_GRACE`]) and removes the
+    /// private directory.
+    pub fn start(self, stop: watch::Receiver<bool>) -> Result<JoinHandle<()>, WrapError> {
+        match self.spawn() {
+            Ok(child) => Ok(tokio::spawn(self.supervise(child, stop))),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// The program's file name: the prefix of its output lines.
+    fn name(&self) -> String {
+        Path::new(&self.argv[0]).file_name().map_or_else(
+            || self.argv[0].clone(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+
+    fn spawn(&self) -> Result<Child, WrapError> {
+        // A socket file left by a child that died would make the next bind fail.
+        let _ = std::fs::remove_file(&self.socket);
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .arg("--host")
+            .arg(&self.socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group: a Ctrl-C at the terminal reaches slotgate only, which drains
+            // before it stops the child.
+            .process_group(0)
+            .kill_on_drop(true);
+        die_with_parent(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| WrapError::Spawn(self.argv[0].clone(), e))?;
+        let name = self.name();
+        if let Some(out) = child.stdout.take() {
+            tokio::spawn(pass_through(out, name.clone()));
+        }
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(pass_through(err, name));
+        }
+        tracing::info!(pid = child.id(), command = %self.argv.join(" "), socket = %self.socket.display(), "started the wrapped llama-server");
+        Ok(child)
+    }
+
+    async fn supervise(self, mut child: Child, mut stop: watch::Receiver<bool>) {
+        let mut backoff = FIRST_BACKOFF;
+        let mut started = Instant::now();
+        loop {
+            let status = tokio::select! {
+                status = child.wait() => status,
+                _ = stopped(&mut stop) => {
+                    stop_child(&mut child).await;
+                    break;
+                }
+            };
+            let ran = started.elapsed();
+            if ran >= STABLE_RUN {
+                backoff = FIRST_BACKOFF;
+            }
+            metrics::counter!(m::CHILD_RESTARTS_TOTAL).increment(1);
+            tracing::warn!(status = %describe(status), ran = ?ran, restart_in = ?backoff, "the wrapped llama-server exited; requests wait for it as during a model load");
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stopped(&mut stop) => break,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            started = Instant::now();
+            child = match self.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    // Tried again after the next backoff, through a child that is gone at once.
+                    tracing::error!("{e}");
+                    gone()
+                }
+            };
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// A stand-in child that exits at once, so a failed restart goes round the backoff loop again.
+fn gone() -> Child {
+    Command::new("true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn `true`")
+}
+
+/// SIGTERM, then SIGKILL after [`STOP_GRACE`].
+async fn stop_child(child: &mut Child) {
+    let Some(pid) = child.id() else {
+        return; // already reaped
+    };
+    tracing::info!(pid, "stopping the wrapped llama-server");
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+        Ok(status) => {
+            tracing::info!(status = %describe(status), "the wrapped llama-server stopped")
+        }
+        Err(_) => {
+            tracing::warn!(pid, grace = ?STOP_GRACE, "the wrapped llama-server ignored SIGTERM; killing it");
+            let _ = child.kill().await;
+        }
+    }
+}
+
+fn describe(status: std::io::Result<ExitStatus>) -> String {
+    match status {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// Copies `reader`'s lines to slotgate's stderr as `<name>| <line>`, one write per line so they do
+/// not interleave with slotgate's own log lines.
+async fn pass_through(reader: impl AsyncRead + Unpin, name: String) {
+    use std::io::Write;
+    let mut lines = BufReader::new(reader).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let _ = writeln!(std::io::stderr().lock(), "{name}| {line}");
+    }
+}
+
+/// The child gets SIGKILL if slotgate itself dies (even by SIGKILL), so no llama-server is left
+/// holding the GPU and the socket.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only makes one prctl call, which
+    // is async-signal-safe; it touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_is_needed_and_may_not_choose_its_address() {
+        assert!(matches!(Wrap::prepare(vec![]), Err(WrapError::NoCommand)));
+        for flag in ["--host", "--port=8080"] {
+            let argv = vec![
+                "llama-server".into(),
+                "-m".into(),
+                "m.gguf".into(),
+                flag.into(),
+            ];
+            let err = Wrap::prepare(argv).unwrap_err();
+            assert!(matches!(err, WrapError::ChoosesAddress(_)), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_socket_is_in_a_private_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let w = Wrap::prepare(vec!["llama-server".into()]).unwrap();
+        let UpstreamAddr::Unix(socket) = w.upstream() else {
+            panic!("a Unix socket");
+        };
+        let dir = socket.parent().unwrap();
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
