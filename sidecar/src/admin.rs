@@ -1,11 +1,13 @@
 //! The admin listener: Prometheus scrape, liveness, readiness and a JSON status for operators.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::json;
 
+use crate::metrics as m;
 use crate::respond::{self, Body};
 use crate::state::App;
 
@@ -18,7 +20,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     }
     match req.uri().path() {
         "/metrics" => {
-            let mut resp = Response::new(respond::full(app.prometheus.render()));
+            let mut resp = Response::new(respond::full(metrics_text(&app).await));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -39,6 +41,42 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
             &json!({"error": {"message": format!("no admin endpoint {}", req.uri().path()), "type": "not_found_error", "code": "not_found"}}),
         ),
     }
+}
+
+/// How long a scrape waits for llama-server's own `/metrics`.
+const UPSTREAM_METRICS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// slotgate's series, then llama-server's own (`--upstream-metrics`) when it answers in time: one
+/// scrape target for both. The estimate of reserved KV cache is computed here, per scrape, not on
+/// the request path.
+async fn metrics_text(app: &App) -> String {
+    let q = app.admission.stats();
+    if let Some(ctx) = app.cost.slot_context() {
+        let capacity = (ctx.n_ctx as f64) * q.slots as f64;
+        metrics::gauge!(m::KV_CACHE_RESERVED_RATIO)
+            .set((q.tokens_in_service / capacity).clamp(0.0, 1.0));
+    }
+    let mut text = app.prometheus.render();
+    if app.config.upstream_metrics && app.upstream.is_ready() {
+        match app
+            .upstream
+            .text("/metrics", UPSTREAM_METRICS_TIMEOUT)
+            .await
+        {
+            Ok(theirs) => {
+                if !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                // Only llama-server's own families: nothing it says can shadow a slotgate series.
+                for line in theirs.lines().filter(|l| !l.contains("slotgate_")) {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "llama-server /metrics not appended"),
+        }
+    }
+    text
 }
 
 /// Tenants listed in /status, the next to be served first.

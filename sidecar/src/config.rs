@@ -122,6 +122,13 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_reuse_connections: Option<bool>,
 
+    /// Append llama-server's own `/metrics` (the `llamacpp:*` series, when it runs with `--metrics`)
+    /// to slotgate's admin `/metrics`, so one scrape target serves both (llama-server on a private
+    /// Unix socket cannot be scraped itself). [default: true]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_METRICS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_metrics: Option<bool>,
+
     /// Refuse at arrival, with 429 and Retry-After, a request whose estimated wait for a slot is
     /// already longer than its queue timeout, instead of letting it wait for a 504. [default: true]
     #[arg(long, env = "SLOTGATE_REJECT_DOOMED_WAITS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
@@ -421,6 +428,7 @@ impl Settings {
             upstream_idle_timeout,
             upstream_first_byte_timeout,
             upstream_reuse_connections,
+            upstream_metrics,
             reject_doomed_waits,
             max_connections,
             drain_timeout,
@@ -482,6 +490,8 @@ pub struct Config {
     pub upstream_first_byte_timeout: Option<Duration>,
     /// Non-streamed generation requests may reuse idle upstream connections.
     pub upstream_reuse_connections: bool,
+    /// llama-server's `/metrics` is appended to the admin `/metrics`.
+    pub upstream_metrics: bool,
     pub reject_doomed_waits: bool,
     pub max_connections: usize,
     pub drain_timeout: Duration,
@@ -581,6 +591,7 @@ impl Config {
                 Duration::from_secs(600),
             ),
             upstream_reuse_connections: s.upstream_reuse_connections.unwrap_or(true),
+            upstream_metrics: s.upstream_metrics.unwrap_or(true),
             reject_doomed_waits: s.reject_doomed_waits.unwrap_or(true),
             max_connections,
             drain_timeout: s.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
@@ -644,6 +655,7 @@ impl Config {
             upstream_idle_timeout: Some(off_is_zero(self.upstream_idle_timeout)),
             upstream_first_byte_timeout: Some(off_is_zero(self.upstream_first_byte_timeout)),
             upstream_reuse_connections: Some(self.upstream_reuse_connections),
+            upstream_metrics: Some(self.upstream_metrics),
             reject_doomed_waits: Some(self.reject_doomed_waits),
             max_connections: Some(self.max_connections),
             drain_timeout: Some(Dur(self.drain_timeout)),

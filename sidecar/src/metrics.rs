@@ -35,6 +35,7 @@ pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
 pub const UPSTREAM_SLOTS: &str = "slotgate_upstream_slots";
 pub const SLOTS_MISMATCH: &str = "slotgate_slots_mismatch";
 pub const CHILD_RESTARTS_TOTAL: &str = "slotgate_child_restarts_total";
+pub const KV_CACHE_RESERVED_RATIO: &str = "slotgate_kv_cache_reserved_ratio";
 pub const STATE_UP: &str = "slotgate_state_up";
 pub const STATE_SYNC_SECONDS: &str = "slotgate_state_sync_seconds";
 pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
@@ -98,6 +99,10 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
 fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, shutting_down, policy_denied, policy_error).");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a slot.");
+    describe_gauge!(
+        KV_CACHE_RESERVED_RATIO,
+        "Share of llama-server's KV cache (n_ctx per slot x slots) reserved by the requests in service (prompt estimate + max_tokens each): an upper bound of its use, for load-aware pickers such as the Gateway API Inference Extension. Updated at each scrape."
+    );
     describe_counter!(
         CHILD_RESTARTS_TOTAL,
         "Times the llama-server run by `slotgate wrap` exited and was started again."

@@ -260,6 +260,23 @@ impl Upstream {
         body: Option<&serde_json::Value>,
         timeout: Duration,
     ) -> Result<serde_json::Value, String> {
+        let bytes = self.exchange(method, path, body, timeout).await?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("{path} answered non-JSON: {e}"))
+    }
+
+    /// `GET path` as text (llama-server's `/metrics`), as [`Upstream::json`] does it.
+    pub async fn text(&self, path: &str, timeout: Duration) -> Result<String, String> {
+        let bytes = self.exchange(Method::GET, path, None, timeout).await?;
+        String::from_utf8(bytes.to_vec()).map_err(|e| format!("{path} answered non-UTF-8: {e}"))
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<Bytes, String> {
         let attempt = async {
             let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
             let req = Request::builder()
@@ -287,7 +304,7 @@ impl Upstream {
             if !status.is_success() {
                 return Err(format!("{} from {path}", status.as_u16()));
             }
-            serde_json::from_slice(&bytes).map_err(|e| format!("{path} answered non-JSON: {e}"))
+            Ok(bytes)
         };
         tokio::time::timeout(timeout, attempt)
             .await

@@ -198,6 +198,8 @@ pub struct QueueStats {
     /// Estimated wait for a request queued now (see `Admission::wait_seconds`).
     pub wait_seconds: f64,
     pub closed: bool,
+    /// Tokens reserved (claim costs) by the requests in service.
+    pub tokens_in_service: f64,
 }
 
 impl QueueStats {
@@ -446,6 +448,7 @@ impl Admission {
             service_seconds: st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS),
             wait_seconds: self.wait_seconds(st),
             closed: st.closed,
+            tokens_in_service: st.drain.in_service,
         }
     }
 
