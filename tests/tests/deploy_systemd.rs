@@ -32,6 +32,16 @@ fn assert_socket_file(path: &Path) {
     );
 }
 
+/// SIGTERM, and a clean exit.
+async fn stop(gate: &mut RunningGate) {
+    gate.sigterm();
+    assert!(
+        gate.wait_exit(EXIT).await.success(),
+        "{}",
+        gate.stderr_text()
+    );
+}
+
 async fn chat_ok(client: &Client, tag: &str) {
     let resp = client.post_json(CHAT, &Req::chat(tag).json()).await;
     assert_eq!(resp.status, 200, "{tag}: {}", resp.body);
@@ -83,12 +93,7 @@ async fn systemd_socket_activate_hands_over_client_and_admin_sockets() {
         "slotgate chmod'ed a socket systemd bound"
     );
 
-    gate.sigterm();
-    assert!(
-        gate.wait_exit(EXIT).await.success(),
-        "{}",
-        gate.stderr_text()
-    );
+    stop(&mut gate).await;
     assert_socket_file(&path);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -137,12 +142,7 @@ async fn sockets_passed_by_the_test_are_served_as_they_are() {
     gate.assert_settled(&up, 1).await;
     assert_eq!(mode(&path), 0o640, "slotgate chmod'ed an inherited socket");
 
-    gate.sigterm();
-    assert!(
-        gate.wait_exit(EXIT).await.success(),
-        "{}",
-        gate.stderr_text()
-    );
+    stop(&mut gate).await;
     // Not unlinked, and still listening: the test's copy, like systemd's, outlives the service.
     assert_socket_file(&path);
     std::os::unix::net::UnixStream::connect(&path).expect("the inherited socket still listens");
@@ -168,12 +168,7 @@ async fn unnamed_sockets_serve_clients_and_the_admin_listener_is_bound_as_config
     );
     assert!(!log.contains("replaces --admin-listen"), "{log}");
     gate.assert_settled(&up, 1).await;
-    gate.sigterm();
-    assert!(
-        gate.wait_exit(EXIT).await.success(),
-        "{}",
-        gate.stderr_text()
-    );
+    stop(&mut gate).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

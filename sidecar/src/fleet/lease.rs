@@ -257,6 +257,15 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// A lease that has seen 10 tokens every 10 ms for a second (about 1,000 tokens/s of demand).
+    fn busy(p: &LeasePolicy, t0: Instant) -> Lease {
+        let mut l = Lease::default();
+        for i in 0..100 {
+            l.take(10.0, t0 + ms(10 * i), p);
+        }
+        l
+    }
+
     #[test]
     fn takes_what_it_holds_and_refuses_the_rest() {
         let p = LeasePolicy::default();
@@ -302,10 +311,7 @@ mod tests {
     fn it_tops_up_only_below_the_low_water_mark() {
         let p = LeasePolicy::default();
         let t0 = Instant::now();
-        let mut l = Lease::default();
-        for i in 0..100 {
-            l.take(10.0, t0 + ms(10 * i), &p);
-        }
+        let mut l = busy(&p, t0);
         // Demand ~1000 tokens/s: target ~1000 (a tenth of 10,000 is the cap).
         l.apply(l.sync_request(10_000.0, 0.0, &p), 1_000.0);
         assert_eq!(l.sync_request(10_000.0, 0.0, &p).want, 0.0, "full");
@@ -334,10 +340,7 @@ mod tests {
     fn an_idle_lease_goes_back_and_asks_for_nothing_more() {
         let p = LeasePolicy::default();
         let t0 = Instant::now();
-        let mut l = Lease::default();
-        for i in 0..100 {
-            l.take(10.0, t0 + ms(10 * i), &p);
-        }
+        let mut l = busy(&p, t0);
         l.apply(l.sync_request(10_000.0, 0.0, &p), 1_000.0);
         let later = t0 + ms(1_000) + p.idle;
         assert!(l.is_idle(later, &p));
@@ -353,10 +356,7 @@ mod tests {
     fn a_scarce_fleet_bucket_gets_no_reserve_taken() {
         let p = LeasePolicy::default();
         let t0 = Instant::now();
-        let mut l = Lease::default();
-        for i in 0..100 {
-            l.take(10.0, t0 + ms(10 * i), &p);
-        }
+        let mut l = busy(&p, t0);
         assert!(l.sync_request(10_000.0, 0.0, &p).want > 0.0, "a reserve");
         l.set_scarce(true);
         assert_eq!(l.sync_request(10_000.0, 0.0, &p).want, 0.0, "no reserve");
