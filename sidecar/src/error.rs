@@ -20,23 +20,31 @@ pub enum GateError {
     InvalidJson(String),
     #[error("the prompt has {prompt} tokens; a slot of this server holds {n_ctx} tokens in all, so it can never be served")]
     ContextTooLong { prompt: u64, n_ctx: u64 },
-    #[error("the queue is full ({depth} waiting); retry after {retry_after}s")]
-    QueueFull { depth: usize, retry_after: u64 },
+    // The queue's refusals carry its estimate unrounded: `Retry-After` gets whole seconds,
+    // `retry-after-ms` the milliseconds.
+    #[error("the queue is full ({depth} waiting); retry after {}s", whole_seconds(.retry_after))]
+    QueueFull { depth: usize, retry_after: Duration },
     #[error(
-        "this tenant already has {waiting} requests waiting, its share of the queue; retry after {retry_after}s"
+        "this tenant already has {waiting} requests waiting, its share of the queue; retry after {}s",
+        whole_seconds(.retry_after)
     )]
-    TenantQueueFull { waiting: usize, retry_after: u64 },
+    TenantQueueFull {
+        waiting: usize,
+        retry_after: Duration,
+    },
     #[error(
-        "a more urgent request took this request's place in the queue; retry after {retry_after}s"
+        "a more urgent request took this request's place in the queue; retry after {}s",
+        whole_seconds(.retry_after)
     )]
-    Displaced { retry_after: u64 },
+    Displaced { retry_after: Duration },
     #[error(
-        "the estimated wait for a slot ({estimate}s) is longer than the queue timeout ({limit}s); retry after {retry_after}s"
+        "the estimated wait for a slot ({estimate}s) is longer than the queue timeout ({limit}s); retry after {}s",
+        whole_seconds(.retry_after)
     )]
     WaitTooLong {
         estimate: u64,
         limit: u64,
-        retry_after: u64,
+        retry_after: Duration,
     },
     #[error("waited {0:?} in the queue without getting a slot")]
     QueueTimeout(Duration),
@@ -212,17 +220,40 @@ impl GateError {
         }
     }
 
-    /// Whole seconds for `Retry-After`, where retrying can help.
+    /// Whole seconds for `Retry-After`, where retrying can help: rounded up, at least 1 (RFC 9110
+    /// allows no fraction).
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
-            | GateError::WaitTooLong { retry_after, .. }
-            | GateError::UpstreamUnavailable { retry_after, .. }
+            | GateError::WaitTooLong { retry_after, .. } => Some(whole_seconds(retry_after)),
+            GateError::UpstreamUnavailable { retry_after, .. }
             | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
             GateError::PolicyDenied { retry_after, .. } => retry_after.map(|s| s.max(1)),
             _ => None,
         }
     }
+
+    /// Milliseconds for `retry-after-ms` (read before `Retry-After` by the OpenAI SDKs): the queue's
+    /// estimate unrounded, else the whole seconds. Always within the second before `Retry-After`:
+    /// `Retry-After - 1 < ms / 1000 <= Retry-After`, and at least 1.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            GateError::QueueFull { retry_after, .. }
+            | GateError::TenantQueueFull { retry_after, .. }
+            | GateError::Displaced { retry_after }
+            | GateError::WaitTooLong { retry_after, .. } => {
+                let ms = retry_after.as_nanos().div_ceil(1_000_000);
+                Some(u64::try_from(ms).unwrap_or(u64::MAX).max(1))
+            }
+            _ => self.retry_after().map(|s| s.saturating_mul(1000)),
+        }
+    }
+}
+
+/// `d` in whole seconds, rounded up, at least 1: what `Retry-After` says.
+fn whole_seconds(d: &Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
 }

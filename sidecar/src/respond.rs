@@ -1,4 +1,5 @@
-//! Every response slotgate writes itself: OpenAI-shaped JSON errors with status and Retry-After.
+//! Every response slotgate writes itself: OpenAI-shaped JSON errors with status, Retry-After and
+//! retry-after-ms.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -9,6 +10,9 @@ use crate::error::GateError;
 /// The body type of every response slotgate sends: its own JSON, or a guarded upstream stream.
 pub type Body = UnsyncBoxBody<Bytes, BodyError>;
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Milliseconds to wait, beside every `Retry-After`: sub-second where the estimate has it.
+pub const RETRY_AFTER_MS: header::HeaderName = header::HeaderName::from_static("retry-after-ms");
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
@@ -27,6 +31,11 @@ pub fn error(e: &GateError) -> Response<Body> {
             .record(secs as f64);
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    // The OpenAI SDKs read this before Retry-After, and so wait the estimate, not its round-up.
+    if let Some(ms) = e.retry_after_ms() {
+        resp.headers_mut()
+            .insert(RETRY_AFTER_MS, HeaderValue::from(ms));
     }
     resp
 }
@@ -49,4 +58,62 @@ pub fn text(status: u16, body: &'static str) -> Response<Body> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn headers(e: &GateError) -> (Option<String>, Option<String>) {
+        let resp = error(e);
+        let get = |name: &str| {
+            resp.headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        (get("retry-after"), get("retry-after-ms"))
+    }
+
+    #[test]
+    fn retry_after_ms_keeps_the_estimate_and_retry_after_rounds_it_up() {
+        let queue = |ms: u64| GateError::QueueFull {
+            depth: 2,
+            retry_after: Duration::from_millis(ms),
+        };
+        for (estimate_ms, secs, ms) in [
+            (2_340, "3", "2340"),
+            (3_000, "3", "3000"),
+            (250, "1", "250"),
+            (0, "1", "1"),
+        ] {
+            assert_eq!(
+                headers(&queue(estimate_ms)),
+                (Some(secs.into()), Some(ms.into())),
+                "estimate {estimate_ms} ms"
+            );
+        }
+        // Sub-millisecond remainders round up, never below the estimate.
+        let e = GateError::Displaced {
+            retry_after: Duration::from_micros(1_200_001),
+        };
+        assert_eq!(headers(&e), (Some("2".into()), Some("1201".into())));
+        assert!(e.to_string().ends_with("retry after 2s"), "{e}");
+    }
+
+    #[test]
+    fn whole_second_errors_send_the_same_wait_in_both_headers() {
+        let e = GateError::ShuttingDown { retry_after: 30 };
+        assert_eq!(headers(&e), (Some("30".into()), Some("30000".into())));
+        let e = GateError::PolicyDenied {
+            policy: "p".into(),
+            status: 429,
+            message: "later".into(),
+            retry_after: Some(0),
+        };
+        assert_eq!(headers(&e), (Some("1".into()), Some("1000".into())));
+        let e = GateError::InvalidJson("x".into());
+        assert_eq!(headers(&e), (None, None));
+    }
 }

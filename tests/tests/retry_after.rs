@@ -1,7 +1,9 @@
-//! How honest Retry-After is: clients turned away by a full queue retry exactly at the Retry-After
-//! they were given. The test reports how many got in on that retry (the hit rate), and checks that by
-//! then everything that was ahead of them had drained (not too short) and that no client was told
-//! much more than the whole burst needs (not too long).
+//! How honest Retry-After is: clients turned away by a full queue retry exactly at the wait they were
+//! given, `Retry-After` (whole seconds) in one run and `retry-after-ms` (the estimate itself, which
+//! the OpenAI SDKs read first) in another. Each run reports how many got in on that retry (the hit
+//! rate), and checks that by then everything that was ahead of them had drained (not too short) and
+//! that no client was told much more than the whole burst needs (not too long). Every refusal carries
+//! both headers, and they agree: `Retry-After - 1 < retry-after-ms / 1000 <= Retry-After`.
 
 use std::time::{Duration, Instant};
 
@@ -11,8 +13,44 @@ const SERVICE: Duration = Duration::from_millis(300);
 const BURST: usize = 8;
 const ROUNDS: usize = 3;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
+/// Which of the two headers the clients of a run obey.
+#[derive(Clone, Copy, Debug)]
+enum Obey {
+    RetryAfter,
+    RetryAfterMs,
+}
+
+/// Both waits a refusal carries, checked against each other: (`Retry-After`, `retry-after-ms`).
+fn waits(resp: &Response) -> (Duration, Duration) {
+    let secs = retry_after(resp);
+    let raw = resp
+        .header("retry-after-ms")
+        .unwrap_or_else(|| panic!("{} has Retry-After but no retry-after-ms", resp.status));
+    let ms: f64 = raw
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("retry-after-ms is not a number: {raw:?}"));
+    assert!(
+        ms > 0.0 && ms / 1000.0 <= secs as f64 && ms / 1000.0 > secs as f64 - 1.0,
+        "retry-after-ms {ms} does not agree with Retry-After {secs}"
+    );
+    (
+        Duration::from_secs(secs),
+        Duration::from_secs_f64(ms / 1000.0),
+    )
+}
+
+/// What one run measured.
+struct Run {
+    retried: usize,
+    hits: usize,
+    /// The wait each retrying client obeyed.
+    told: Vec<Duration>,
+}
+
+/// `ROUNDS` bursts of `BURST` against one slot and two queue places; the clients turned away sleep
+/// the wait `obey` names and try once more.
+async fn run(obey: Obey) -> Run {
     let (up, gate) = Gate::new()
         .slots(1)
         .queue_depth(2)
@@ -26,8 +64,11 @@ async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
             .await;
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
-    let (mut retried, mut hits) = (0, 0);
-    let mut told = Vec::new();
+    let mut out = Run {
+        retried: 0,
+        hits: 0,
+        told: Vec::new(),
+    };
     for round in 0..ROUNDS {
         let start = Instant::now();
         let tasks: Vec<_> = (0..BURST)
@@ -40,9 +81,13 @@ async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
                         return (first.status.as_u16(), None);
                     }
                     assert_error(&first, 429, "queue_full");
-                    let wait = retry_after(&first);
+                    let (secs, ms) = waits(&first);
+                    let wait = match obey {
+                        Obey::RetryAfter => secs,
+                        Obey::RetryAfterMs => ms,
+                    };
                     let rejected_at = start.elapsed();
-                    tokio::time::sleep(Duration::from_secs(wait)).await;
+                    tokio::time::sleep(wait).await;
                     let second = client.post_json(CHAT, &req.json()).await;
                     (second.status.as_u16(), Some((wait, rejected_at)))
                 })
@@ -56,33 +101,98 @@ async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
             let Some((wait, rejected_at)) = retry else {
                 continue;
             };
-            retried += 1;
-            hits += usize::from(*status == 200);
-            told.push(*wait);
+            out.retried += 1;
+            out.hits += usize::from(*status == 200);
+            out.told.push(*wait);
             // Not too short: the three ahead (at most 3 x SERVICE) were done by the retry.
             let drained = SERVICE * 3;
             assert!(
-                *rejected_at + Duration::from_secs(*wait) >= drained,
-                "Retry-After {wait}s sent a client back before the work ahead of it drained"
+                *rejected_at + *wait >= drained,
+                "{obey:?} {wait:?} sent a client back before the work ahead of it drained"
             );
         }
         gate.assert_settled(&up, 1).await;
     }
-    let rate = hits as f64 / retried as f64;
-    eprintln!(
-        "Retry-After hit rate: {hits} of {retried} clients retrying exactly at Retry-After got in ({:.0}%); told {told:?} s",
-        rate * 100.0
-    );
-    // The clients of one burst are told successive seconds (each counts as coming back), so nearly
-    // all find room; were they all told the same second, at most 3 of each 5 could.
-    assert!(rate >= 0.8, "{hits} of {retried} retries got in");
-    // Not needlessly long either: the whole burst drains in BURST x SERVICE.
-    let longest = told.iter().max().copied().unwrap_or(0);
-    assert!(
-        Duration::from_secs(longest) <= SERVICE * BURST as u32 + Duration::from_secs(2),
-        "Retry-After up to {longest} s for a burst that drains in {:?}",
-        SERVICE * BURST as u32
-    );
     let m = gate.metrics().await;
     assert!(m.has_samples("slotgate_retry_after_seconds"), "{}", m.text);
+    let rate = out.hits as f64 / out.retried as f64;
+    let told: Vec<String> = out
+        .told
+        .iter()
+        .map(|d| format!("{:.2}", d.as_secs_f64()))
+        .collect();
+    eprintln!(
+        "{obey:?} hit rate: {} of {} clients retrying exactly at it got in ({:.0}%); told [{}] s",
+        out.hits,
+        out.retried,
+        rate * 100.0,
+        told.join(", ")
+    );
+    out
+}
+
+/// The checks both runs share: nearly all retries get in, and none was told needlessly long.
+fn assert_honest(obey: Obey, r: &Run) {
+    // The clients of one burst are told successive times (each counts as coming back), so nearly
+    // all find room; were they all told the same time, at most 3 of each 5 could.
+    let rate = r.hits as f64 / r.retried as f64;
+    assert!(
+        rate >= 0.8,
+        "{obey:?}: {} of {} retries got in",
+        r.hits,
+        r.retried
+    );
+    // Not needlessly long either: the whole burst drains in BURST x SERVICE.
+    let longest = r.told.iter().max().copied().unwrap_or_default();
+    assert!(
+        longest <= SERVICE * BURST as u32 + Duration::from_secs(2),
+        "{obey:?} up to {longest:?} for a burst that drains in {:?}",
+        SERVICE * BURST as u32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_retrying_at_retry_after_mostly_get_in_and_never_too_early() {
+    let r = run(Obey::RetryAfter).await;
+    assert_honest(Obey::RetryAfter, &r);
+}
+
+/// `retry-after-ms` sends clients back sooner than the rounded-up seconds, and still at a time the
+/// work ahead has drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_retrying_at_retry_after_ms_mostly_get_in_and_never_too_early() {
+    let r = run(Obey::RetryAfterMs).await;
+    assert_honest(Obey::RetryAfterMs, &r);
+    // The estimate has sub-second precision: not every wait is whole seconds.
+    assert!(
+        r.told.iter().any(|d| d.subsec_millis() != 0),
+        "every retry-after-ms was a whole second: {:?}",
+        r.told
+    );
+}
+
+/// Whole-second waits (here the drain timeout of a shutdown) go out in both headers alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shutdown_answers_the_drain_timeout_in_both_headers() {
+    let (_up, mut gate) = Gate::one_slot(2)
+        .drain_timeout("3s")
+        .start_with(FakeUpstream::instant())
+        .await;
+    let client = gate.client();
+    let held = gate
+        .hold_slot(&Req::chat("held").delay(Duration::from_millis(500)))
+        .await;
+    let queued = gate.enqueue(&Req::chat("queued")).await;
+    gate.sigterm();
+    let (resp, _) = queued.await.expect("queued request task");
+    assert_error(&resp, 503, "shutting_down");
+    assert_eq!(
+        waits(&resp),
+        (Duration::from_secs(3), Duration::from_secs(3))
+    );
+    let (resp, _) = held.await.expect("held request task");
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    drop(client);
+    let status = gate.wait_exit(Duration::from_secs(5)).await;
+    assert!(status.success(), "exit status {status}");
 }

@@ -174,12 +174,12 @@ struct Waiter {
 enum Grant {
     Slot,
     Displaced {
-        retry_after: u64,
+        retry_after: Duration,
     },
     /// Its tenant held more than its share of a full queue, and another tenant needed the place.
     OverShare {
         waiting: usize,
-        retry_after: u64,
+        retry_after: Duration,
     },
     ShuttingDown {
         retry_after: u64,
@@ -523,10 +523,12 @@ impl Admission {
         all
     }
 
-    /// Whole seconds after which a client turned away should find room: the wait for the work ahead
-    /// (see [`Admission::wait_seconds`]), rounded up, clamped to `1..=3600`. The client's own
-    /// `cost` then counts as coming back, so the next client turned away is told a later time.
-    fn retry_after(&self, st: &mut State, cost: u64) -> u64 {
+    /// When a client turned away should find room: the wait for the work ahead (see
+    /// [`Admission::wait_seconds`]), at most 3600 s, unrounded (`Retry-After` rounds it up to whole
+    /// seconds, `retry-after-ms` keeps it). The client's own `cost` then counts as coming back, so the
+    /// next client turned away is told a later time; a whole second already full of returning
+    /// clients moves the estimate on by whole seconds.
+    fn retry_after(&self, st: &mut State, cost: u64) -> Duration {
         let now = Instant::now();
         st.drain.decay(now, self.slots());
         let ahead = self.tokens_ahead(st);
@@ -535,12 +537,15 @@ impl Admission {
             .cautious_seconds(ahead, self.slots())
             .unwrap_or_else(|| self.wait_seconds(st));
         let secs = (wait.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
+        let exact = Duration::try_from_secs_f64(wait.min(MAX_RETRY_AFTER_SECONDS as f64))
+            .unwrap_or(Duration::from_secs(secs));
         if st.drain.rate.is_none() {
-            return secs;
+            return exact;
         }
         st.drain.returning += cost as f64;
         let places = self.slots() + self.shared.capacity;
-        st.drain.book(now, secs, places, MAX_RETRY_AFTER_SECONDS)
+        let booked = st.drain.book(now, secs, places, MAX_RETRY_AFTER_SECONDS);
+        exact + Duration::from_secs(booked - secs)
     }
 
     /// The guard of a slot already counted as busy and charged to `claim`'s tenant.
@@ -1067,6 +1072,42 @@ mod tests {
             .collect();
         // Each turned-away client's 200 (100 used) comes back: one second more for the next.
         assert_eq!(told, [7, 8, 9]);
+    }
+
+    /// `retry-after-ms` is the estimate itself; `Retry-After` rounds it up. A second already full of
+    /// returning clients moves both on by whole seconds.
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_ms_is_the_unrounded_estimate() {
+        let adm = Admission::new(1, 1);
+        // 100 tokens/s, half of each charge used (as above).
+        for _ in 0..10 {
+            let (mut slot, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            slot.settle(200);
+            slot.complete();
+        }
+        let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+        let _waiting = adm.enter(claim("a", 0, 500), far()).unwrap();
+        let told = |adm: &Admission, cost| {
+            let e = adm.enter(claim("b", 0, cost), far()).err().unwrap();
+            (e.retry_after().unwrap(), e.retry_after_ms().unwrap())
+        };
+        // Ahead: (400 + 500) / 2 tokens at 100/s = 4.5 s; then 100 more tokens coming back.
+        assert_eq!(told(&adm, 200), (5, 4_500));
+        assert_eq!(told(&adm, 200), (6, 5_500));
+
+        // Cheap requests, far under a second: two places, so two clients per second.
+        let adm = Admission::new(1, 1);
+        for _ in 0..10 {
+            let (mut slot, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            slot.settle(10);
+            slot.complete();
+        }
+        let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
+        let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
+        let all: Vec<(u64, u64)> = (0..4).map(|_| told(&adm, 10)).collect();
+        assert_eq!(all, [(1, 20), (1, 30), (2, 1_040), (2, 1_050)]);
     }
 
     type Log = Arc<Mutex<Vec<(&'static str, Instant)>>>;
