@@ -11,6 +11,11 @@ step() { printf '\n==> %s\n' "$*"; }
 if [ -n "${CI:-}" ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
   export CARGO_TARGET_DIR="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}/target"
 fi
+# Incremental caches only grow across CI runs (tens of GB over a few runs); a fresh clone gains
+# nothing from them.
+if [ -n "${CI:-}" ]; then
+  export CARGO_INCREMENTAL=0
+fi
 
 step "toolchain"
 cargo --version
