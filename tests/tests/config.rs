@@ -153,7 +153,11 @@ fn flag_beats_env_beats_file() {
         3
     );
     assert_eq!(slots(&check(&["--config", f], &[])), 2);
-    assert_eq!(slots(&check(&[], &[])), 1, "default");
+    assert_eq!(
+        get(&settings(&check(&[], &[])), "slots").as_str(),
+        Some("auto"),
+        "default: follow llama-server's -np"
+    );
 }
 
 #[test]
