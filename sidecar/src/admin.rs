@@ -1,7 +1,8 @@
 //! The admin listener: Prometheus scrape, liveness, readiness and a JSON status for operators.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
@@ -58,6 +59,11 @@ async fn metrics_text(app: &App) -> String {
     }
     let mut text = app.prometheus.render();
     if app.config.upstream_metrics && app.upstream.is_ready() {
+        let Some(_only) = ScrapeTurn::take() else {
+            // Another scrape is waiting for llama-server, or one timed out moments ago: a stuck
+            // llama-server gets no pile of /metrics requests to answer once it runs again.
+            return text;
+        };
         match app
             .upstream
             .text("/metrics", UPSTREAM_METRICS_TIMEOUT)
@@ -73,10 +79,50 @@ async fn metrics_text(app: &App) -> String {
                     text.push('\n');
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "llama-server /metrics not appended"),
+            Err(e) => {
+                ScrapeTurn::back_off();
+                tracing::debug!(error = %e, "llama-server /metrics not appended");
+            }
         }
     }
     text
+}
+
+/// One copy of llama-server's `/metrics` at a time, none for [`SCRAPE_BACKOFF`] after one failed.
+struct ScrapeTurn;
+
+/// After a failed copy, scrapes skip llama-server's series this long.
+const SCRAPE_BACKOFF: Duration = Duration::from_secs(10);
+
+static SCRAPING: AtomicBool = AtomicBool::new(false);
+/// Milliseconds since [`EPOCH`] before which no copy is tried.
+static SKIP_UNTIL_MS: AtomicU64 = AtomicU64::new(0);
+static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+impl ScrapeTurn {
+    fn now_ms() -> u64 {
+        EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+    }
+
+    fn take() -> Option<ScrapeTurn> {
+        if Self::now_ms() < SKIP_UNTIL_MS.load(Ordering::Relaxed) {
+            return None;
+        }
+        (!SCRAPING.swap(true, Ordering::AcqRel)).then_some(ScrapeTurn)
+    }
+
+    fn back_off() {
+        SKIP_UNTIL_MS.store(
+            Self::now_ms() + SCRAPE_BACKOFF.as_millis() as u64,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl Drop for ScrapeTurn {
+    fn drop(&mut self) {
+        SCRAPING.store(false, Ordering::Release);
+    }
 }
 
 /// Tenants listed in /status, the next to be served first.

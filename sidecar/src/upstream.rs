@@ -41,6 +41,9 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Identifies slotgate's own requests (token counting, `/props`) in llama-server's logs.
 const USER_AGENT: &str = concat!("slotgate/", env!("CARGO_PKG_VERSION"));
 
+/// After llama-server failed to answer a probe (stopped, stuck), how long it must show fewer
+/// requests than slotgate's busy slots before the one given up on counts as dropped.
+const THAWED_SETTLE: Duration = Duration::from_millis(500);
 /// Time allowed for one `/slots` or `/health` probe while waiting for a dropped request.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Without `/slots`: how long after `/health` answers again a request given up on is assumed gone.
@@ -60,6 +63,9 @@ struct Inner {
     client: Pool,
     /// No idle connections kept: every generation request connects afresh (see `send`).
     fresh: Pool,
+    /// For the admin scrape's copy of llama-server's `/metrics`: not counted in
+    /// `slotgate_upstream_connections_total`, which is about the request path.
+    scrape: Pool,
     ready: AtomicBool,
     inflight: AtomicUsize,
 }
@@ -70,7 +76,7 @@ enum Pool {
 }
 
 impl Pool {
-    fn new(target: &UpstreamAddr, connect_timeout: Duration, idle: usize) -> Pool {
+    fn new(target: &UpstreamAddr, connect_timeout: Duration, idle: usize, counted: bool) -> Pool {
         let mut builder = Client::builder(TokioExecutor::new());
         // The timer drives the idle reaper: without it an idle connection is only found expired when
         // it would be checked out, and stays open (an fd here, a thread in llama-server) until then.
@@ -83,9 +89,9 @@ impl Pool {
                 let mut http = HttpConnector::new();
                 http.set_connect_timeout(Some(connect_timeout));
                 http.set_nodelay(true);
-                Pool::Tcp(builder.build(Counted(http)))
+                Pool::Tcp(builder.build(Counted(http, counted)))
             }
-            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(Counted(UnixConnector))),
+            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(Counted(UnixConnector, counted))),
         }
     }
 
@@ -103,7 +109,7 @@ impl Pool {
 /// A connector that counts the connections it opens (`slotgate_upstream_connections_total`): with
 /// reuse, far fewer than requests.
 #[derive(Clone)]
-struct Counted<C>(C);
+struct Counted<C>(C, bool);
 
 impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for Counted<C> {
     type Response = C::Response;
@@ -118,7 +124,9 @@ impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for Counted<C> 
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        metrics::counter!(m::UPSTREAM_CONNECTIONS_TOTAL).increment(1);
+        if self.1 {
+            metrics::counter!(m::UPSTREAM_CONNECTIONS_TOTAL).increment(1);
+        }
         self.0.call(uri)
     }
 }
@@ -147,15 +155,17 @@ impl Upstream {
     pub fn new(target: UpstreamAddr, connect_timeout: Duration, pool_size: usize) -> Self {
         // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s), so
         // a reused connection is rarely one the server is closing at that moment.
-        let client = Pool::new(&target, connect_timeout, pool_size);
+        let client = Pool::new(&target, connect_timeout, pool_size, true);
         // hyper's pool hands an idle connection to any request, whatever its `Connection` header
         // says; only a pool that keeps none guarantees a connection of its own.
-        let fresh = Pool::new(&target, connect_timeout, 0);
+        let fresh = Pool::new(&target, connect_timeout, 0, true);
+        let scrape = Pool::new(&target, connect_timeout, 0, false);
         Upstream {
             inner: Arc::new(Inner {
                 target,
                 client,
                 fresh,
+                scrape,
                 ready: AtomicBool::new(false),
                 inflight: AtomicUsize::new(0),
             }),
@@ -260,18 +270,24 @@ impl Upstream {
         body: Option<&serde_json::Value>,
         timeout: Duration,
     ) -> Result<serde_json::Value, String> {
-        let bytes = self.exchange(method, path, body, timeout).await?;
+        let bytes = self
+            .exchange(&self.inner.fresh, method, path, body, timeout)
+            .await?;
         serde_json::from_slice(&bytes).map_err(|e| format!("{path} answered non-JSON: {e}"))
     }
 
-    /// `GET path` as text (llama-server's `/metrics`), as [`Upstream::json`] does it.
+    /// `GET path` as text (llama-server's `/metrics`, for the admin scrape), as [`Upstream::json`]
+    /// does it, on connections not counted as the request path's.
     pub async fn text(&self, path: &str, timeout: Duration) -> Result<String, String> {
-        let bytes = self.exchange(Method::GET, path, None, timeout).await?;
+        let bytes = self
+            .exchange(&self.inner.scrape, Method::GET, path, None, timeout)
+            .await?;
         String::from_utf8(bytes.to_vec()).map_err(|e| format!("{path} answered non-UTF-8: {e}"))
     }
 
     async fn exchange(
         &self,
+        pool: &Pool,
         method: Method,
         path: &str,
         body: Option<&serde_json::Value>,
@@ -289,12 +305,7 @@ impl Upstream {
                 .header(header::CONNECTION, "close")
                 .body(Full::new(bytes))
                 .map_err(|e| e.to_string())?;
-            let resp = self
-                .inner
-                .fresh
-                .request(req)
-                .await
-                .map_err(|e| error_chain(&e))?;
+            let resp = pool.request(req).await.map_err(|e| error_chain(&e))?;
             let status = resp.status();
             let bytes = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
                 .collect()
@@ -319,6 +330,11 @@ impl Upstream {
     /// requests on one llama-server slot.
     pub async fn dropped_below(&self, busy: impl Fn() -> usize, cap: Duration) {
         let poll = async {
+            // A server that did not answer a probe was stopped or stuck: once it runs again its
+            // slot list may be read before the request it held, so "fewer" must then hold for
+            // [`THAWED_SETTLE`] before it counts.
+            let mut stalled = false;
+            let mut fewer_since: Option<std::time::Instant> = None;
             loop {
                 match self.json(Method::GET, "/slots", None, PROBE_TIMEOUT).await {
                     Ok(serde_json::Value::Array(slots)) => {
@@ -327,8 +343,19 @@ impl Upstream {
                             .filter(|s| s["is_processing"].as_bool() == Some(true))
                             .count();
                         if processing < busy() {
-                            return;
+                            let since = *fewer_since.get_or_insert_with(std::time::Instant::now);
+                            if !stalled || since.elapsed() >= THAWED_SETTLE {
+                                return;
+                            }
+                        } else {
+                            fewer_since = None;
                         }
+                    }
+                    // No answer at all: still stopped (or just thawed, the slot list not read
+                    // yet). Only a server that answers and has no slot list falls back on /health.
+                    Err(e) if e.contains("no answer within") => {
+                        stalled = true;
+                        fewer_since = None;
                     }
                     // Running again, but without a slot list to tell.
                     _ if self.probe_health(PROBE_TIMEOUT).await => {

@@ -681,6 +681,24 @@ async fn handle(
                                "model_path": "fake.gguf"});
             json_response(StatusCode::OK, props.to_string(), None)
         }
+        (&Method::GET, "/metrics") => {
+            // As llama-server started with --metrics: a few of its series.
+            seen(&state, &path);
+            let busy = state.counters.current.load(Ordering::SeqCst);
+            let text = format!(
+                "# HELP llamacpp:requests_processing Number of requests processing.\n\
+                 # TYPE llamacpp:requests_processing gauge\n\
+                 llamacpp:requests_processing {busy}\n\
+                 # HELP llamacpp:requests_deferred Number of requests deferred.\n\
+                 # TYPE llamacpp:requests_deferred gauge\n\
+                 llamacpp:requests_deferred 0\n"
+            );
+            Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "text/plain; version=0.0.4")
+                .body(FakeBody::full(text, None))
+                .expect("valid response")
+        }
         (&Method::GET, "/v1/models" | "/models") => {
             seen(&state, &path);
             let models = json!({"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "fake"}]});
