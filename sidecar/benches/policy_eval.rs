@@ -5,6 +5,9 @@
 //! 1. One evaluation of each example policy through the chain (`Chain::evaluate`: JSON in, a fresh
 //!    instance from the pool via `InstancePre`, fuel and deadline set, JSON out, metrics recorded),
 //!    against an empty chain; then the three Rust examples in a chain, and all four.
+//!    Then the AssemblyScript ports of token-budget and request-guard (`as-*`, built by
+//!    `scripts/build-policies-as.sh`; a note says so when they are not built), each against its Rust
+//!    original.
 //! 2. Where it runs: the p50 of one evaluation awaited from an async task, called inline, on a fiber
 //!    that yields at every epoch tick (as slotgate runs it), inside `block_in_place`, or handed to
 //!    `spawn_blocking`; and how long a 1 ms timer on the same runtime is late while runaway policies
@@ -25,6 +28,11 @@ const EXAMPLES: &[&str] = &[
     "tenant-priority",
     "request-guard",
     "wat-deny-embeddings",
+];
+/// The AssemblyScript ports (policies-as/) and the Rust example each one mirrors.
+const AS_EXAMPLES: &[(&str, &str)] = &[
+    ("as-token-budget", "token-budget"),
+    ("as-request-guard", "request-guard"),
 ];
 const ITERATIONS: usize = 20_000;
 
@@ -60,6 +68,7 @@ fn main() {
         "none", base.0, base.1
     );
     let mut chains = Vec::new();
+    let mut rust_p50 = Vec::new();
     for name in EXAMPLES {
         let chain = load(&dir, name);
         let (p50, p99) = percentiles(time_each(ITERATIONS, || {
@@ -70,7 +79,29 @@ fn main() {
             p50 - base.0,
             p50 / base.0.max(0.01)
         );
+        rust_p50.push((*name, p50));
         chains.push(chain);
+    }
+    for (name, original) in AS_EXAMPLES {
+        if !as_built(&dir, name) {
+            println!("{name:<22} not built: run scripts/build-policies-as.sh to measure it");
+            continue;
+        }
+        let chain = load(&dir, name);
+        let (p50, p99) = percentiles(time_each(ITERATIONS, || {
+            std::hint::black_box(chain.evaluate(&request));
+        }));
+        let (rust, rust_fuel) = rust_p50
+            .iter()
+            .zip(&chains)
+            .find(|((n, _), _)| n == original)
+            .map_or((f64::NAN, 0), |((_, p), c)| (*p, fuel(c, &request)));
+        println!(
+            "{name:<22} p50 {p50:>7.2}   p99 {p99:>7.2}   adds {:>6.2} us at p50 ({:.2}x its Rust original's p50; fuel {} vs {rust_fuel})",
+            p50 - base.0,
+            p50 / rust.max(0.01),
+            fuel(&chain, &request)
+        );
     }
     // The three Rust examples (the chain the README's throughput table runs), then all four.
     for (what, names) in [
@@ -301,6 +332,31 @@ fn load(dir: &Path, name: &str) -> Arc<Chain> {
         .current()
 }
 
+/// The fuel one evaluation of the chain's first policy burns (instructions, roughly): a cost that a
+/// busy machine does not blur.
+fn fuel(chain: &Chain, request: &RequestSummary) -> u64 {
+    let loaded = chain.policies().next().expect("a policy");
+    let input = slotgate_sdk::EvaluateInput {
+        abi: slotgate_sdk::ABI_VERSION,
+        request: request.clone(),
+        // A snapshot holds its settings already, as in the chain.
+        settings: match loaded.preinitialised() {
+            true => serde_json::Value::Null,
+            false => loaded.settings.clone(),
+        },
+        now_unix_ms: 0,
+    };
+    loaded
+        .policy
+        .evaluate(&input)
+        .map_or(0, |(_, evaluation)| evaluation.fuel_used)
+}
+
+/// Whether the AssemblyScript example `name` (`as-…`) is built.
+fn as_built(dir: &Path, name: &str) -> bool {
+    dir.join(format!("{name}.wasm")).exists()
+}
+
 fn spec(dir: &Path, name: &str) -> PolicySpec {
     let module = ["wasm", "wat"]
         .iter()
@@ -308,14 +364,20 @@ fn spec(dir: &Path, name: &str) -> PolicySpec {
         .find(|p| p.exists())
         .unwrap_or_else(|| {
             panic!(
-                "{name} is not built in {}: run scripts/build-policies.sh",
+                "{name} is not built in {}: run scripts/build-policies.sh (as-*: scripts/build-policies-as.sh)",
                 dir.display()
             )
         });
-    let settings = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../policies")
-        .join(name)
-        .join("settings.example.json");
+    // An AssemblyScript port (`as-<name>`) has its example settings in policies-as/<name>/.
+    let settings = match name.strip_prefix("as-") {
+        Some(port) => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../policies-as")
+            .join(port),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../policies")
+            .join(name),
+    }
+    .join("settings.example.json");
     PolicySpec::from_path(module, settings.exists().then_some(settings))
 }
 
