@@ -135,6 +135,15 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reject_doomed_waits: Option<bool>,
 
+    /// The HTTP status (400 to 499) of a policy's 429 denial: one tenant over its own budget, as
+    /// token-budget answers, not this server's load. A router in front that takes every 429 as "this
+    /// server is overloaded" (LiteLLM cools the whole deployment down, for every tenant) can be given
+    /// a status it passes to the caller instead, e.g. 403 (see examples/litellm). Retry-After and the
+    /// `policy_denied` code stay; a policy's other statuses are sent as they are. [default: 429]
+    #[arg(long, env = "SLOTGATE_POLICY_DENIAL_STATUS", value_name = "STATUS")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_denial_status: Option<u16>,
+
     /// Open client connections across all listeners; further ones wait in the kernel backlog. [default: 1024]
     #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS", value_name = "N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -430,6 +439,7 @@ impl Settings {
             upstream_reuse_connections,
             upstream_metrics,
             reject_doomed_waits,
+            policy_denial_status,
             max_connections,
             drain_timeout,
             health_interval,
@@ -493,6 +503,8 @@ pub struct Config {
     /// llama-server's `/metrics` is appended to the admin `/metrics`.
     pub upstream_metrics: bool,
     pub reject_doomed_waits: bool,
+    /// The status a policy's 429 denial is sent with (429 unless configured).
+    pub policy_denial_status: u16,
     pub max_connections: usize,
     pub drain_timeout: Duration,
     pub health_interval: Duration,
@@ -561,6 +573,13 @@ impl Config {
                 ),
             ));
         }
+        let policy_denial_status = s.policy_denial_status.unwrap_or(429);
+        if !(400..=499).contains(&policy_denial_status) {
+            return Err(invalid(
+                "policy-denial-status",
+                format!("{policy_denial_status} is not a client-error status (400 to 499)"),
+            ));
+        }
         let positive = |key: &'static str, d: Option<Dur>, default: Duration| match d {
             Some(Dur(d)) if d.is_zero() => Err(invalid(key, "must be longer than zero")),
             Some(Dur(d)) => Ok(d),
@@ -593,6 +612,7 @@ impl Config {
             upstream_reuse_connections: s.upstream_reuse_connections.unwrap_or(true),
             upstream_metrics: s.upstream_metrics.unwrap_or(true),
             reject_doomed_waits: s.reject_doomed_waits.unwrap_or(true),
+            policy_denial_status,
             max_connections,
             drain_timeout: s.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
             health_interval: positive(
@@ -657,6 +677,7 @@ impl Config {
             upstream_reuse_connections: Some(self.upstream_reuse_connections),
             upstream_metrics: Some(self.upstream_metrics),
             reject_doomed_waits: Some(self.reject_doomed_waits),
+            policy_denial_status: Some(self.policy_denial_status),
             max_connections: Some(self.max_connections),
             drain_timeout: Some(Dur(self.drain_timeout)),
             health_interval: Some(Dur(self.health_interval)),

@@ -123,8 +123,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
                 decided = Some(decision);
             }
             ChainOutcome::Deny { policy, decision } => {
+                // A policy's 429 is one tenant's budget, not this server's load: a router that cools
+                // a deployment down on any 429 is given another status (`--policy-denial-status`).
+                let status = match decision.status.unwrap_or(403) {
+                    429 => app.config.policy_denial_status,
+                    other => other,
+                };
                 let e = GateError::PolicyDenied {
-                    status: decision.status.unwrap_or(403),
+                    status,
                     message: decision
                         .message
                         .unwrap_or_else(|| format!("denied by policy `{policy}`")),

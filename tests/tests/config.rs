@@ -324,3 +324,32 @@ fn the_lease_settings_have_defaults_come_from_flag_env_and_file_and_are_checked(
     let why = rejected(&["--config", file.to_str().unwrap()]);
     assert!(why.contains("lease-size"), "an unknown key is named: {why}");
 }
+
+#[test]
+fn policy_denial_status_comes_from_flag_env_and_file_and_is_a_client_error() {
+    let status = |out: &Output| get(&settings(out), "policy-denial-status").as_integer();
+    assert_eq!(
+        status(&check(&[], &[])),
+        Some(429),
+        "default: as the policy said"
+    );
+
+    let file = config_file("policy-denial-status = 403\n");
+    let path = file.to_str().unwrap();
+    assert_eq!(status(&check(&["--config", path], &[])), Some(403));
+    let env = [("SLOTGATE_POLICY_DENIAL_STATUS", "409")];
+    assert_eq!(status(&check(&["--config", path], &env)), Some(409));
+    assert_eq!(
+        status(&check(
+            &["--config", path, "--policy-denial-status", "400"],
+            &env
+        )),
+        Some(400),
+        "flag > environment > file"
+    );
+
+    for bad in ["200", "399", "500", "503", "forbidden"] {
+        let err = rejected(&["--policy-denial-status", bad]);
+        assert!(err.contains("policy-denial-status"), "{bad}: {err}");
+    }
+}
