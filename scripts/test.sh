@@ -57,11 +57,19 @@ step "Kubernetes manifest validator (PyPI kubernetes-validate and CRD schemas, c
 eval "$(bash scripts/setup-kubernetes-tools.sh)"
 export KUBE_VALIDATE
 
+step "Python clients: the OpenAI SDK and LiteLLM's proxy (PyPI, pinned in tests/python/requirements.txt, cached)"
+eval "$(bash scripts/setup-python-clients.sh)"
+export SLOTGATE_PYTHON
+export LITELLM="$(dirname "$SLOTGATE_PYTHON")/litellm"
+
 step "build the slotgate binary the tests drive"
 cargo build --workspace --bins
 
 step "build the example policies to wasm32-unknown-unknown"
 bash scripts/build-policies.sh
+
+step "AssemblyScript SDK: build policies-as/ to wasm and run the SDK's and the policies' Node tests"
+bash scripts/build-policies-as.sh
 
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"
