@@ -57,6 +57,22 @@ pub fn command() -> std::process::Command {
     cmd
 }
 
+/// Runs the binary with `args` (as [`command`]) to its end: `slotgate check ...`, `slotgate policy ...`.
+pub fn run(args: &[&str]) -> std::process::Output {
+    command().args(args).output().expect("run slotgate")
+}
+
+/// Its stdout and stderr together, asserting that it succeeded.
+pub fn succeeded(o: &std::process::Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
+    text
+}
+
 /// Variables of this process that would configure the child behind the test's back.
 fn inherited_settings() -> Vec<String> {
     std::env::vars_os()

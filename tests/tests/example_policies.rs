@@ -5,25 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
-use slotgate_tests::gate::command;
+use slotgate_tests::gate::{run as slotgate, succeeded as ok};
 use slotgate_tests::wait::unique_dir;
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn slotgate(args: &[&str]) -> Output {
-    command().args(args).output().expect("run slotgate")
-}
-
-fn ok(o: &Output) -> String {
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{text}");
-    text
 }
 
 /// Runs `slotgate <args>`, adding `--settings` with the example policy `name`'s example settings if

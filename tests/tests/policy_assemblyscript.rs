@@ -7,13 +7,12 @@
 //! after they parsed their settings (`keeps_settings`).
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 use serde_json::{json, Value};
 use slotgate_tests::budget::send_until_refunded;
 use slotgate_tests::errors::{assert_error, retry_after};
 use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
-use slotgate_tests::gate::{command, hash_key, Gate, RunningGate};
+use slotgate_tests::gate::{hash_key, run as slotgate, succeeded as ok, Gate, RunningGate};
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::{eventually, unique_dir};
 
@@ -36,20 +35,6 @@ fn example_settings(name: &str) -> PathBuf {
         .join("../policies-as")
         .join(name)
         .join("settings.example.json")
-}
-
-fn slotgate(args: &[&str]) -> Output {
-    command().args(args).output().expect("run slotgate")
-}
-
-fn ok(o: &Output) -> String {
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{text}");
-    text
 }
 
 /// One slot in front of an instant fake, with `name` (AssemblyScript) and its `settings` (TOML).
