@@ -30,9 +30,12 @@ async fn status_has_the_documented_shape_and_tracks_load() {
         .map(|i| spawn_post(&client, CHAT, &Req::chat(&format!("s{i}")).delay(ms(500))))
         .collect::<Vec<_>>();
     let st = gate
-        .wait_status(std::time::Duration::from_secs(3), "2 busy, 1 queued", |s| {
-            s["slots"]["busy"] == 2 && s["queue"]["depth"] == 1
-        })
+        // A slot is taken a moment before its request is forwarded: wait for both.
+        .wait_status(
+            std::time::Duration::from_secs(3),
+            "2 busy and in flight, 1 queued",
+            |s| s["slots"]["busy"] == 2 && s["inflight"] == 2 && s["queue"]["depth"] == 1,
+        )
         .await;
     assert_eq!(st["inflight"], 2, "{st}");
     let m = gate.metrics().await;
