@@ -41,8 +41,8 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Identifies slotgate's own requests (token counting, `/props`) in llama-server's logs.
 const USER_AGENT: &str = concat!("slotgate/", env!("CARGO_PKG_VERSION"));
 
-/// After llama-server failed to answer a probe (stopped, stuck), how long it must show fewer
-/// requests than slotgate's busy slots before the one given up on counts as dropped.
+/// How long llama-server must show fewer requests than slotgate's busy slots before the one given
+/// up on counts as dropped (a stopped server, once running again, may list its slots first).
 const THAWED_SETTLE: Duration = Duration::from_millis(500);
 /// Time allowed for one `/slots` or `/health` probe while waiting for a dropped request.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -330,10 +330,9 @@ impl Upstream {
     /// requests on one llama-server slot.
     pub async fn dropped_below(&self, busy: impl Fn() -> usize, cap: Duration) {
         let poll = async {
-            // A server that did not answer a probe was stopped or stuck: once it runs again its
-            // slot list may be read before the request it held, so "fewer" must then hold for
-            // [`THAWED_SETTLE`] before it counts.
-            let mut stalled = false;
+            // The request was given up on because llama-server did not answer it: it may be
+            // stopped or stuck and run again any moment, and then its slot list can be read before
+            // the request it held. So "fewer" must hold for [`THAWED_SETTLE`] before it counts.
             let mut fewer_since: Option<std::time::Instant> = None;
             loop {
                 match self.json(Method::GET, "/slots", None, PROBE_TIMEOUT).await {
@@ -344,7 +343,7 @@ impl Upstream {
                             .count();
                         if processing < busy() {
                             let since = *fewer_since.get_or_insert_with(std::time::Instant::now);
-                            if !stalled || since.elapsed() >= THAWED_SETTLE {
+                            if since.elapsed() >= THAWED_SETTLE {
                                 return;
                             }
                         } else {
@@ -353,10 +352,7 @@ impl Upstream {
                     }
                     // No answer at all: still stopped (or just thawed, the slot list not read
                     // yet). Only a server that answers and has no slot list falls back on /health.
-                    Err(e) if e.contains("no answer within") => {
-                        stalled = true;
-                        fewer_since = None;
-                    }
+                    Err(e) if e.contains("no answer within") => fewer_since = None,
                     // Running again, but without a slot list to tell.
                     _ if self.probe_health(PROBE_TIMEOUT).await => {
                         tokio::time::sleep(NO_SLOTS_GRACE).await;
