@@ -76,6 +76,21 @@ pub fn built(name: &str) -> PathBuf {
     );
 }
 
+/// `<target>/policies/as-<name>.wasm`: the AssemblyScript port of an example policy, as
+/// `scripts/build-policies-as.sh` leaves it.
+pub fn built_as(name: &str) -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), PathBuf::from);
+    let path = target.join("policies").join(format!("as-{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/build-policies-as.sh first",
+        path.display()
+    );
+    path
+}
+
 /// The bytes that turn a [`hostile`] policy hostile when they occur anywhere in its evaluate input.
 /// Tests put them in the request body's `model` field (`Req::chat(..).set("model", MARKER)`), which
 /// the input carries verbatim; the load-time canary and ordinary requests never contain them.

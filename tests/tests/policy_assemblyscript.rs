@@ -18,16 +18,7 @@ use slotgate_tests::wait::{eventually, unique_dir};
 
 /// `<target>/policies/as-<name>.wasm`, as `scripts/build-policies-as.sh` leaves it.
 fn built(name: &str) -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    let path = target.join("policies").join(format!("as-{name}.wasm"));
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/build-policies-as.sh first",
-        path.display()
-    );
-    path
+    slotgate_tests::wat::built_as(name)
 }
 
 fn example_settings(name: &str) -> PathBuf {

@@ -1,5 +1,5 @@
 // Token budget, in AssemblyScript: a token bucket per tenant (API key, else uid, else one shared
-// anonymous bucket), charged each request's estimated cost up front and settled against the actual
+// anonymous bucket; or a header's value, with `tenant_header`), charged each request's estimated cost up front and settled against the actual
 // usage once the response has ended. An empty bucket answers 429 with Retry-After. A port of
 // policies/token-budget (Rust), with the same settings and decisions.
 
@@ -65,12 +65,30 @@ class Settings {
   budget: Budget = new Budget();
   /** `max_tokens` assumed for a request that sets none. */
   defaultMaxTokens: u64 = 1024;
-  /** Budgets of particular tenants, by tenant key: `sha256:<hex>`, `uid:<n>` or `anonymous`. */
+  /**
+   * Budgets of particular tenants, by tenant key: `sha256:<hex>`, `uid:<n>`, `anonymous`, or
+   * `header:<value>` with `tenant_header`.
+   */
   tenants: Map<string, Budget> = new Map<string, Budget>();
+  /** Key the budget by this request header when present (`header:<value>`); see the Rust original. */
+  tenantHeader: string | null = null;
 
   budgetOf(tenant: string): Budget {
     return this.tenants.has(tenant) ? this.tenants.get(tenant) : this.budget;
   }
+}
+
+/** The headers `tenant_header` may name: those slotgate shows policies that identify a caller. */
+const TENANT_HEADERS: string[] = ["x-tenant", "openai-organization", "openai-project"];
+
+/** The bucket a request is charged to. */
+function tenantOf(request: RequestSummary, s: Settings): string {
+  const header = s.tenantHeader;
+  if (header !== null && request.headers.has(header)) {
+    const value = request.headers.get(header);
+    if (value.length > 0) return "header:" + value;
+  }
+  return request.identity();
 }
 
 function saturatingAdd(a: u64, b: u64): u64 {
@@ -112,6 +130,7 @@ class TokenBudget extends Policy<Settings> {
         s.budget.refillPerSecond = r.f64();
         refill = true;
       } else if (r.is("default_max_tokens")) s.defaultMaxTokens = r.u64();
+      else if (r.is("tenant_header")) s.tenantHeader = r.stringOrNull();
       else if (r.is("tenants")) {
         if (!r.object()) break;
         while (r.next()) {
@@ -128,15 +147,20 @@ class TokenBudget extends Policy<Settings> {
   validate(s: Settings): string | null {
     const own = s.budget.check("the default budget");
     if (own !== null) return own;
+    const header = s.tenantHeader;
+    if (header !== null && !TENANT_HEADERS.includes(header)) {
+      return "tenant_header `" + header + "` is not a header policies see; use one of " + TENANT_HEADERS.join(", ");
+    }
     // In key order, as the Rust original (a BTreeMap) reports the first problem.
     const tenants = s.tenants.keys().sort();
     for (let i = 0; i < tenants.length; i++) {
       const tenant = tenants[i];
-      if (!(isHashedKey(tenant) || tenant == "anonymous" || isUidKey(tenant))) {
+      const byHeader = s.tenantHeader !== null && tenant.startsWith("header:") && tenant.length > 7;
+      if (!(isHashedKey(tenant) || byHeader || tenant == "anonymous" || isUidKey(tenant))) {
         return (
           "tenant `" +
           tenant +
-          "` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>` or `anonymous`"
+          "` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
         );
       }
       const bad = s.tenants.get(tenant).check("tenant `" + tenant + "`");
@@ -146,7 +170,7 @@ class TokenBudget extends Policy<Settings> {
   }
 
   evaluate(input: EvaluateInput, s: Settings): Decision {
-    const tenant = input.request.identity();
+    const tenant = tenantOf(input.request, s);
     const budget = s.budgetOf(tenant);
     const cost = estimate(input.request, s);
     if (cost > budget.capacity) {
@@ -172,7 +196,7 @@ class TokenBudget extends Policy<Settings> {
     // slotgate calls this only for requests this policy allowed (and so charged), including those
     // a later policy in the chain denied: then nothing was used and the whole estimate comes back.
     if (c.decision.verdict == Verdict.Deny) return;
-    const tenant = c.request.identity();
+    const tenant = tenantOf(c.request, s);
     const budget = s.budgetOf(tenant);
     const charged = estimate(c.request, s);
     if (charged > budget.capacity) return;

@@ -50,6 +50,27 @@ for (const snapshot of [true, false]) {
       assert.equal(p.run(req({}, 0, 1)).verdict, "deny");
     });
 
+    it("a tenant header keys the budget when present and can have its own", () => {
+      p.reset();
+      const settings = {
+        capacity: 1000, refill_per_second: 0, tenant_header: "x-tenant",
+        tenants: { "header:big": { capacity: 3000, refill_per_second: 0 } },
+      };
+      const key = "sha256:" + "cd".repeat(32);
+      const from = (team, maxTokens) => ({
+        request: { api_key: key, headers: { "x-tenant": team }, max_tokens: maxTokens },
+        settings,
+      });
+      assert.equal(p.run(from("team-a", 1000)).verdict, "allow");
+      assert.equal(p.run(from("team-a", 1)).verdict, "deny", "team-a is dry");
+      assert.equal(p.run(from("team-b", 1000)).verdict, "allow");
+      assert.equal(p.run(from("big", 1000)).verdict, "allow");
+      assert.equal(p.run(from("big", 1000)).verdict, "allow");
+      const keyed = { request: { api_key: key, max_tokens: 1000 }, settings };
+      assert.equal(p.run(keyed).verdict, "allow");
+      assert.equal(p.run(keyed).verdict, "deny");
+    });
+
     it("oversized requests are forbidden and tenants can have their own budget", () => {
       p.reset();
       const d = p.run(req(ALICE, 1, 1000));
@@ -122,7 +143,7 @@ for (const snapshot of [true, false]) {
         [{ capacity: 10.5, refill_per_second: 1 }, "invalid settings: `capacity`: expected a non-negative integer"],
         [
           { capacity: 10, refill_per_second: 1, tenants: { "sk-raw-key": { capacity: 1, refill_per_second: 1 } } },
-          "tenant `sk-raw-key` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>` or `anonymous`",
+          "tenant `sk-raw-key` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
         ],
         [
           { capacity: 10, refill_per_second: 1, tenants: { "uid:7": { capacity: 0, refill_per_second: 1 } } },
@@ -130,13 +151,21 @@ for (const snapshot of [true, false]) {
         ],
         [
           { capacity: 10, refill_per_second: 1, tenants: { "uid:4294967296": { capacity: 1, refill_per_second: 1 } } },
-          "tenant `uid:4294967296` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>` or `anonymous`",
+          "tenant `uid:4294967296` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
         ],
         [
           { capacity: 10, refill_per_second: 1, tenants: { anonymous: { capacity: 1, refill_per_second: 1, burst: 2 } } },
           "invalid settings: unknown field `burst`",
         ],
         [{ capacity: 10, refill_per_second: 1, burst: 3 }, "invalid settings: unknown field `burst`"],
+        [
+          { capacity: 10, refill_per_second: 1, tenant_header: "authorization" },
+          "tenant_header `authorization` is not a header policies see; use one of x-tenant, openai-organization, openai-project",
+        ],
+        [
+          { capacity: 10, refill_per_second: 1, tenants: { "header:team-a": { capacity: 1, refill_per_second: 1 } } },
+          "tenant `header:team-a` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
+        ],
       ]) {
         assert.deepEqual(p.validate(bad), { valid: false, message: why }, JSON.stringify(bad));
       }

@@ -1,4 +1,5 @@
-//! Token budget: a token bucket per tenant (API key, else uid, else one shared anonymous bucket),
+//! Token budget: a token bucket per tenant (API key, else uid, else one shared anonymous bucket; or
+//! a header's value, with `tenant_header`),
 //! charged each request's estimated cost up front and settled against the actual usage once the
 //! response has ended. An empty bucket answers 429 with Retry-After.
 
@@ -22,9 +23,33 @@ pub struct Settings {
     /// `max_tokens` assumed for a request that sets none.
     #[serde(default = "default_max_tokens")]
     pub default_max_tokens: u64,
-    /// Budgets of particular tenants, by tenant key: `sha256:<hex>`, `uid:<n>` or `anonymous`.
+    /// Budgets of particular tenants, by tenant key: `sha256:<hex>`, `uid:<n>`, `anonymous`, or
+    /// `header:<value>` with `tenant_header`.
     #[serde(default)]
     pub tenants: BTreeMap<String, Budget>,
+    /// Key the budget by this request header when a request carries it (`header:<value>`), instead
+    /// of the caller's API key or uid: for a router in front, such as LiteLLM, that calls with one
+    /// key for all its callers and forwards theirs in a header. One of the headers policies see:
+    /// `x-tenant`, `openai-organization`, `openai-project`. Any client that reaches slotgate can set
+    /// it, so use it only when the router is the only one that does.
+    #[serde(default)]
+    pub tenant_header: Option<String>,
+}
+
+/// The headers `tenant_header` may name: those slotgate shows policies that identify a caller.
+const TENANT_HEADERS: &[&str] = &["x-tenant", "openai-organization", "openai-project"];
+
+/// The bucket a request is charged to.
+fn tenant(request: &RequestSummary, s: &Settings) -> String {
+    if let Some(value) = s
+        .tenant_header
+        .as_ref()
+        .and_then(|h| request.headers.get(h))
+        .filter(|v| !v.is_empty())
+    {
+        return format!("header:{value}");
+    }
+    request.identity().to_string()
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -91,8 +116,21 @@ impl Policy for TokenBudget {
             refill_per_second: s.refill_per_second,
         }
         .check("the default budget")?;
+        if let Some(h) = &s.tenant_header {
+            if !TENANT_HEADERS.contains(&h.as_str()) {
+                return Err(format!(
+                    "tenant_header `{h}` is not a header policies see; use one of {}",
+                    TENANT_HEADERS.join(", ")
+                ));
+            }
+        }
         for (tenant, budget) in &s.tenants {
+            let by_header = s.tenant_header.is_some()
+                && tenant
+                    .strip_prefix("header:")
+                    .is_some_and(|v| !v.is_empty());
             let known = is_hashed_key(tenant)
+                || by_header
                 || tenant == "anonymous"
                 || tenant
                     .strip_prefix("uid:")
@@ -100,7 +138,7 @@ impl Policy for TokenBudget {
             if !known {
                 return Err(format!(
                     "tenant `{tenant}` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), \
-                     `uid:<n>` or `anonymous`"
+                     `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
                 ));
             }
             budget.check(&format!("tenant `{tenant}`"))?;
@@ -109,7 +147,7 @@ impl Policy for TokenBudget {
     }
 
     fn evaluate(input: &EvaluateInput, s: &Settings) -> Decision {
-        let tenant = input.request.identity().to_string();
+        let tenant = tenant(&input.request, s);
         let budget = s.budget(&tenant);
         let cost = estimate(&input.request, s);
         if cost > budget.capacity {
@@ -142,7 +180,7 @@ impl Policy for TokenBudget {
         if c.decision.verdict == Verdict::Deny {
             return;
         }
-        let tenant = c.request.identity().to_string();
+        let tenant = tenant(&c.request, s);
         let budget = s.budget(&tenant);
         let charged = estimate(&c.request, s);
         if charged > budget.capacity {
@@ -282,6 +320,45 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_header_keys_the_budget_when_present_and_can_have_its_own() {
+        testing::reset();
+        let settings = r#""settings": {"capacity": 1000, "refill_per_second": 0,
+            "tenant_header": "x-tenant",
+            "tenants": {"header:big": {"capacity": 3000, "refill_per_second": 0}}}"#;
+        let from = |team: &str, max_tokens: u64| {
+            format!(
+                r#"{{"request": {{"api_key": "sha256:{}", "headers": {{"x-tenant": "{team}"}},
+                    "max_tokens": {max_tokens}}}, {settings}}}"#,
+                "cd".repeat(32)
+            )
+        };
+        // One router key, two callers behind it: two budgets.
+        assert!(run::<TokenBudget>(&from("team-a", 1000)).is_allowed());
+        assert!(
+            !run::<TokenBudget>(&from("team-a", 1)).is_allowed(),
+            "team-a is dry"
+        );
+        assert!(run::<TokenBudget>(&from("team-b", 1000)).is_allowed());
+        // A tenant named by its header value gets its own budget.
+        assert!(run::<TokenBudget>(&from("big", 1000)).is_allowed());
+        assert!(run::<TokenBudget>(&from("big", 1000)).is_allowed());
+        // No header: the router's key, as without the setting.
+        let keyed = format!(
+            r#"{{"request": {{"api_key": "sha256:{}", "max_tokens": 1000}}, {settings}}}"#,
+            "cd".repeat(32)
+        );
+        assert!(run::<TokenBudget>(&keyed).is_allowed());
+        assert!(!run::<TokenBudget>(&keyed).is_allowed());
+        assert_eq!(
+            testing::validate::<TokenBudget>(
+                r#"{"capacity": 10, "refill_per_second": 1, "tenant_header": "x-tenant",
+                    "tenants": {"header:big": {"capacity": 1, "refill_per_second": 1}}}"#
+            ),
+            slotgate_sdk::SettingsValidation::ok()
+        );
+    }
+
+    #[test]
     fn settings_are_validated() {
         let example = include_str!("../settings.example.json");
         assert_eq!(
@@ -295,6 +372,8 @@ mod tests {
             r#"{"capacity": 10, "refill_per_second": 1, "tenants": {"sk-raw-key": {"capacity": 1, "refill_per_second": 1}}}"#,
             r#"{"capacity": 10, "refill_per_second": 1, "tenants": {"uid:7": {"capacity": 0, "refill_per_second": 1}}}"#,
             r#"{"capacity": 10, "refill_per_second": 1, "burst": 3}"#,
+            r#"{"capacity": 10, "refill_per_second": 1, "tenant_header": "authorization"}"#,
+            r#"{"capacity": 10, "refill_per_second": 1, "tenants": {"header:team-a": {"capacity": 1, "refill_per_second": 1}}}"#,
         ] {
             let v = testing::validate::<TokenBudget>(bad);
             assert!(!v.valid, "{bad} passed");
