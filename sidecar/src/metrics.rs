@@ -224,7 +224,7 @@ fn describe() {
     );
     describe_counter!(
         UPSTREAM_CONNECTIONS_TOTAL,
-        "Connections opened to the upstream (streams and slotgate's own calls each open one; whole answers reuse idle ones)."
+        "Connections opened to the upstream for requests (streams and slotgate's own calls each open one; whole answers reuse idle ones). The admin scrape's copy of llama-server's /metrics is not counted."
     );
 
     // Zero-initialise so dashboards and alerts see every series before the first event.
