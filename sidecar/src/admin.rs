@@ -1,8 +1,6 @@
 //! The admin listener: Prometheus scrape, liveness, readiness and a JSON status for operators.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
@@ -44,9 +42,6 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
-/// How long a scrape waits for llama-server's own `/metrics`.
-const UPSTREAM_METRICS_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// slotgate's series, then llama-server's own (`--upstream-metrics`) when it answers in time: one
 /// scrape target for both. The estimate of reserved KV cache is computed here, per scrape, not on
 /// the request path.
@@ -59,70 +54,18 @@ async fn metrics_text(app: &App) -> String {
     }
     let mut text = app.prometheus.render();
     if app.config.upstream_metrics && app.upstream.is_ready() {
-        let Some(_only) = ScrapeTurn::take() else {
-            // Another scrape is waiting for llama-server, or one timed out moments ago: a stuck
-            // llama-server gets no pile of /metrics requests to answer once it runs again.
-            return text;
-        };
-        match app
-            .upstream
-            .text("/metrics", UPSTREAM_METRICS_TIMEOUT)
-            .await
-        {
-            Ok(theirs) => {
-                if !text.ends_with('\n') {
-                    text.push('\n');
-                }
-                // Only llama-server's own families: nothing it says can shadow a slotgate series.
-                for line in theirs.lines().filter(|l| !l.contains("slotgate_")) {
-                    text.push_str(line);
-                    text.push('\n');
-                }
+        if let Some(theirs) = app.upstream.metrics_copy().await {
+            if !text.ends_with('\n') {
+                text.push('\n');
             }
-            Err(e) => {
-                ScrapeTurn::back_off();
-                tracing::debug!(error = %e, "llama-server /metrics not appended");
+            // Only llama-server's own families: nothing it says can shadow a slotgate series.
+            for line in theirs.lines().filter(|l| !l.contains("slotgate_")) {
+                text.push_str(line);
+                text.push('\n');
             }
         }
     }
     text
-}
-
-/// One copy of llama-server's `/metrics` at a time, none for [`SCRAPE_BACKOFF`] after one failed.
-struct ScrapeTurn;
-
-/// After a failed copy, scrapes skip llama-server's series this long.
-const SCRAPE_BACKOFF: Duration = Duration::from_secs(10);
-
-static SCRAPING: AtomicBool = AtomicBool::new(false);
-/// Milliseconds since [`EPOCH`] before which no copy is tried.
-static SKIP_UNTIL_MS: AtomicU64 = AtomicU64::new(0);
-static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
-impl ScrapeTurn {
-    fn now_ms() -> u64 {
-        EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
-    }
-
-    fn take() -> Option<ScrapeTurn> {
-        if Self::now_ms() < SKIP_UNTIL_MS.load(Ordering::Relaxed) {
-            return None;
-        }
-        (!SCRAPING.swap(true, Ordering::AcqRel)).then_some(ScrapeTurn)
-    }
-
-    fn back_off() {
-        SKIP_UNTIL_MS.store(
-            Self::now_ms() + SCRAPE_BACKOFF.as_millis() as u64,
-            Ordering::Relaxed,
-        );
-    }
-}
-
-impl Drop for ScrapeTurn {
-    fn drop(&mut self) {
-        SCRAPING.store(false, Ordering::Release);
-    }
 }
 
 /// Tenants listed in /status, the next to be served first.

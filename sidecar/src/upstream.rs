@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, Method, Request, Response, Uri};
@@ -66,8 +66,26 @@ struct Inner {
     /// For the admin scrape's copy of llama-server's `/metrics`: not counted in
     /// `slotgate_upstream_connections_total`, which is about the request path.
     scrape: Pool,
+    /// A copy of `/metrics` is under way (one at a time).
+    scraping: AtomicBool,
+    /// No copy is tried before this (after one failed).
+    scrape_skip_until: std::sync::Mutex<Option<Instant>>,
     ready: AtomicBool,
     inflight: AtomicUsize,
+}
+
+/// How long the admin scrape waits for llama-server's own `/metrics`.
+const METRICS_COPY_TIMEOUT: Duration = Duration::from_secs(1);
+/// After a failed copy, scrapes go without llama-server's series this long.
+const METRICS_COPY_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The one copy of `/metrics` under way; the next may start once it is dropped.
+struct ScrapeTurn<'a>(&'a AtomicBool);
+
+impl Drop for ScrapeTurn<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 enum Pool {
@@ -166,6 +184,8 @@ impl Upstream {
                 client,
                 fresh,
                 scrape,
+                scraping: AtomicBool::new(false),
+                scrape_skip_until: std::sync::Mutex::new(None),
                 ready: AtomicBool::new(false),
                 inflight: AtomicUsize::new(0),
             }),
@@ -276,13 +296,42 @@ impl Upstream {
         serde_json::from_slice(&bytes).map_err(|e| format!("{path} answered non-JSON: {e}"))
     }
 
-    /// `GET path` as text (llama-server's `/metrics`, for the admin scrape), as [`Upstream::json`]
-    /// does it, on connections not counted as the request path's.
-    pub async fn text(&self, path: &str, timeout: Duration) -> Result<String, String> {
-        let bytes = self
-            .exchange(&self.inner.scrape, Method::GET, path, None, timeout)
-            .await?;
-        String::from_utf8(bytes.to_vec()).map_err(|e| format!("{path} answered non-UTF-8: {e}"))
+    /// llama-server's own `/metrics` text for the admin scrape, on connections not counted as the
+    /// request path's. `None` while another copy is under way or for [`METRICS_COPY_BACKOFF`] after
+    /// one failed: a stuck llama-server gets no pile of `/metrics` requests to answer once it runs
+    /// again.
+    pub async fn metrics_copy(&self) -> Option<String> {
+        let skip_until = || {
+            self.inner
+                .scrape_skip_until
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if skip_until().is_some_and(|t| Instant::now() < t) {
+            return None;
+        }
+        if self.inner.scraping.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let _turn = ScrapeTurn(&self.inner.scraping);
+        let copied = self
+            .exchange(
+                &self.inner.scrape,
+                Method::GET,
+                "/metrics",
+                None,
+                METRICS_COPY_TIMEOUT,
+            )
+            .await
+            .and_then(|b| String::from_utf8(b.to_vec()).map_err(|e| format!("not UTF-8: {e}")));
+        match copied {
+            Ok(text) => Some(text),
+            Err(e) => {
+                *skip_until() = Some(Instant::now() + METRICS_COPY_BACKOFF);
+                tracing::debug!(error = %e, "llama-server /metrics not appended");
+                None
+            }
+        }
     }
 
     async fn exchange(
@@ -333,7 +382,7 @@ impl Upstream {
             // The request was given up on because llama-server did not answer it: it may be
             // stopped or stuck and run again any moment, and then its slot list can be read before
             // the request it held. So "fewer" must hold for [`THAWED_SETTLE`] before it counts.
-            let mut fewer_since: Option<std::time::Instant> = None;
+            let mut fewer_since: Option<Instant> = None;
             loop {
                 match self.json(Method::GET, "/slots", None, PROBE_TIMEOUT).await {
                     Ok(serde_json::Value::Array(slots)) => {
@@ -342,7 +391,7 @@ impl Upstream {
                             .filter(|s| s["is_processing"].as_bool() == Some(true))
                             .count();
                         if processing < busy() {
-                            let since = *fewer_since.get_or_insert_with(std::time::Instant::now);
+                            let since = *fewer_since.get_or_insert_with(Instant::now);
                             if since.elapsed() >= THAWED_SETTLE {
                                 return;
                             }

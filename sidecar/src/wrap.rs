@@ -129,37 +129,36 @@ impl Wrap {
         Ok(child)
     }
 
-    async fn supervise(self, mut child: Child, mut stop: watch::Receiver<bool>) {
+    async fn supervise(self, child: Child, mut stop: watch::Receiver<bool>) {
         let mut backoff = FIRST_BACKOFF;
         let mut started = Instant::now();
+        // `None`: the last restart could not even start the program; it is tried again after the
+        // next backoff.
+        let mut child = Some(child);
         loop {
-            let status = tokio::select! {
-                status = child.wait() => status,
-                _ = stopped(&mut stop) => {
-                    stop_child(&mut child).await;
-                    break;
-                }
+            let status = match child.as_mut() {
+                Some(c) => tokio::select! {
+                    status = c.wait() => describe(status),
+                    _ = stopped(&mut stop) => {
+                        stop_child(c).await;
+                        break;
+                    }
+                },
+                None => "not started".to_owned(),
             };
             let ran = started.elapsed();
             if ran >= STABLE_RUN {
                 backoff = FIRST_BACKOFF;
             }
             metrics::counter!(m::CHILD_RESTARTS_TOTAL).increment(1);
-            tracing::warn!(status = %describe(status), ran = ?ran, restart_in = ?backoff, "the wrapped llama-server exited; requests wait for it as during a model load");
+            tracing::warn!(%status, ran = ?ran, restart_in = ?backoff, "the wrapped llama-server exited; requests wait for it as during a model load");
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = stopped(&mut stop) => break,
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
             started = Instant::now();
-            child = match self.spawn() {
-                Ok(c) => c,
-                Err(e) => {
-                    // Tried again after the next backoff, through a child that is gone at once.
-                    tracing::error!("{e}");
-                    gone()
-                }
-            };
+            child = self.spawn().map_err(|e| tracing::error!("{e}")).ok();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -168,16 +167,6 @@ impl Wrap {
 /// Resolves once `stop` is true (or its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
-}
-
-/// A stand-in child that exits at once, so a failed restart goes round the backoff loop again.
-fn gone() -> Child {
-    Command::new("true")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn `true`")
 }
 
 /// SIGTERM, then SIGKILL after [`STOP_GRACE`].

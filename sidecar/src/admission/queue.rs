@@ -949,12 +949,7 @@ mod tests {
     async fn no_second_gets_more_returning_clients_than_places() {
         let adm = Admission::new(1, 1);
         // Cheap requests: 10 tokens in 10 ms, so the work ahead is far under a second.
-        for _ in 0..10 {
-            let (mut slot, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            slot.settle(10);
-            slot.complete();
-        }
+        learn(&adm, 10, Duration::from_millis(10), 10).await;
         let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
         let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
         let told: Vec<u64> = (0..6)
@@ -1044,12 +1039,7 @@ mod tests {
     async fn retry_after_counts_tokens_ahead_and_spreads_a_burst() {
         let adm = Admission::new(1, 1);
         // Charged 400 tokens each, used 200 in 2 s: 100 tokens/s, half of each charge used.
-        for _ in 0..10 {
-            let (mut slot, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            slot.settle(200);
-            slot.complete();
-        }
+        learn(&adm, 400, Duration::from_secs(2), 200).await;
         let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
         let _waiting = tokio::spawn({
             let adm = adm.clone();
@@ -1080,12 +1070,7 @@ mod tests {
     async fn retry_after_ms_is_the_unrounded_estimate() {
         let adm = Admission::new(1, 1);
         // 100 tokens/s, half of each charge used (as above).
-        for _ in 0..10 {
-            let (mut slot, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            slot.settle(200);
-            slot.complete();
-        }
+        learn(&adm, 400, Duration::from_secs(2), 200).await;
         let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
         let _waiting = adm.enter(claim("a", 0, 500), far()).unwrap();
         let told = |adm: &Admission, cost| {
@@ -1098,16 +1083,22 @@ mod tests {
 
         // Cheap requests, far under a second: two places, so two clients per second.
         let adm = Admission::new(1, 1);
-        for _ in 0..10 {
-            let (mut slot, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            slot.settle(10);
-            slot.complete();
-        }
+        learn(&adm, 10, Duration::from_millis(10), 10).await;
         let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
         let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
         let all: Vec<(u64, u64)> = (0..4).map(|_| told(&adm, 10)).collect();
         assert_eq!(all, [(1, 20), (1, 30), (2, 1_040), (2, 1_050)]);
+    }
+
+    /// Serves ten requests of tenant `a`, each charged `charge`, taking `took` and using `used`: the
+    /// drain rate (and how much of a charge is used) the estimates then go by.
+    async fn learn(adm: &Admission, charge: u64, took: Duration, used: u64) {
+        for _ in 0..10 {
+            let (mut slot, _) = adm.acquire(claim("a", 0, charge), far()).await.unwrap();
+            tokio::time::sleep(took).await;
+            slot.settle(used);
+            slot.complete();
+        }
     }
 
     type Log = Arc<Mutex<Vec<(&'static str, Instant)>>>;

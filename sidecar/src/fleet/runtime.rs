@@ -54,6 +54,17 @@ struct Entry {
     synced: Option<Instant>,
 }
 
+impl Entry {
+    /// The store answered sync `seq`: `granted` tokens join the lease, the fleet bucket held
+    /// `level`, and a failure-mode share kept since the last answer is forgotten.
+    fn synced(&mut self, seq: u64, granted: f64, level: f64) {
+        self.lease.finish_sync(seq, granted);
+        self.level = Some(level);
+        self.synced = Some(Instant::now());
+        self.local = None;
+    }
+}
+
 /// A lease that holds tokens reads the fleet bucket's level at least this often, so it learns when
 /// the bucket runs nearly dry (and gives back what it holds, see [`SCARCE_RELEASE`]).
 const REFRESH: Duration = Duration::from_millis(500);
@@ -240,10 +251,7 @@ impl Fleet {
             match self.fetch(&call) {
                 Some(Ok((granted, level))) => {
                     let mut e = self.entry(&id, capacity, refill);
-                    e.lease.finish_sync(seq, granted);
-                    e.level = Some(level);
-                    e.synced = Some(Instant::now());
-                    e.local = None;
+                    e.synced(seq, granted, level);
                     if e.lease.spend(amount) {
                         return 0.0;
                     }
@@ -356,10 +364,7 @@ impl Fleet {
     /// `None`: no connection yet (the sync stays in flight and the background sends it).
     fn fetch(&self, call: &LeaseCall<'_>) -> Option<redis::RedisResult<(f64, f64)>> {
         let started = Instant::now();
-        let mut slot = self
-            .fetch_conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.fetch_slot();
         let conn = slot.as_mut()?;
         let result = FleetStore::lease_blocking(conn, call);
         if result.is_err() {
@@ -376,12 +381,7 @@ impl Fleet {
     /// Makes the connection for synchronous fetches when there is none (at start, after a failed or
     /// timed-out fetch, after a reconnect), off the async workers.
     async fn ensure_fetch_conn(self: &Arc<Self>) -> redis::RedisResult<()> {
-        if self
-            .fetch_conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-        {
+        if self.fetch_slot().is_some() {
             return Ok(());
         }
         let me = self.clone();
@@ -395,19 +395,20 @@ impl Fleet {
         .map_err(|e| {
             redis::RedisError::from((redis::ErrorKind::Io, "connect task", e.to_string()))
         })??;
-        *self
-            .fetch_conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(conn);
+        *self.fetch_slot() = Some(conn);
         Ok(())
+    }
+
+    /// The fetch connection's place (a panic elsewhere while holding it leaves nothing half-done).
+    fn fetch_slot(&self) -> std::sync::MutexGuard<'_, Option<redis::Connection>> {
+        self.fetch_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Drops the fetch connection (the store went away: the next one is made fresh).
     fn drop_fetch_conn(&self) {
-        *self
-            .fetch_conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        *self.fetch_slot() = None;
     }
 
     fn went_down(&self, kind: &'static str, e: &redis::RedisError) {
@@ -559,10 +560,7 @@ impl Fleet {
             metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "background")
                 .record(started.elapsed().as_secs_f64());
             if let Some(mut e) = self.leases.get_mut(&(policy, key)) {
-                e.lease.finish_sync(seq, granted);
-                e.level = Some(level);
-                e.synced = Some(Instant::now());
-                e.local = None;
+                e.synced(seq, granted, level);
             }
         }
         Ok(())
