@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 eval "$(bash scripts/setup-llama.sh)"
-export LLAMA_SERVER LLAMA_MODEL
+export LLAMA_SERVER LLAMA_MODEL LLAMA_MODEL_LONG LLAMA_SOURCE
 cargo build --release -p slotgate --bins
 SLOTGATE_BIN="$PWD/${CARGO_TARGET_DIR:-target}/release/slotgate" \
   cargo bench -p slotgate-tests --bench overload "$@"

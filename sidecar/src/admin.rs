@@ -1,16 +1,33 @@
-//! The admin listener: Prometheus scrape, liveness, readiness and a JSON status for operators.
+//! The admin listener: Prometheus scrape, liveness, readiness and a JSON status for operators, and
+//! llama-server's own whole-server endpoints (`/slots`, `/lora-adapters`, `POST /props`, the
+//! router's `/models/*`; see `routes::Handling::Admin`), forwarded with slotgate's upstream key
+//! where the caller brings none: on a private socket (`slotgate wrap`) nothing else can reach them.
 
 use std::sync::Arc;
 
 use http::{Method, Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::json;
 
+use crate::error::GateError;
 use crate::metrics as m;
 use crate::respond::{self, Body};
+use crate::routes;
 use crate::state::App;
 
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    let own = matches!(
+        req.uri().path(),
+        "/metrics" | "/livez" | "/readyz" | "/status"
+    );
+    if !own {
+        if let Some(route) = routes::lookup(req.method().as_str(), req.uri().path()) {
+            if matches!(route.handling, routes::Handling::Admin) {
+                return forward(&app, req).await;
+            }
+        }
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return respond::json(
             405,
@@ -42,15 +59,46 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// One of llama-server's admin endpoints, forwarded as it came; slotgate's own key goes with it
+/// when the caller brings none.
+async fn forward(app: &App, req: Request<Incoming>) -> Response<Body> {
+    let (mut parts, body) = req.into_parts();
+    let limits = &app.limits;
+    let body = match tokio::time::timeout(
+        limits.body_timeout,
+        http_body_util::Limited::new(body, limits.max_body).collect(),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => {
+            return respond::json(
+                400,
+                &json!({"error": {"message": "the request body could not be read within the limits", "type": "invalid_request_error", "code": "body_read_error"}}),
+            )
+        }
+    };
+    app.upstream.authorize(&mut parts.headers);
+    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    match app
+        .upstream
+        .send(&parts.method, pq, &parts.headers, body, true)
+        .await
+    {
+        Ok(resp) => resp,
+        Err(e) => respond::error(&GateError::Upstream(e.to_string()), None),
+    }
+}
+
 /// slotgate's series, then llama-server's own (`--upstream-metrics`) when it answers in time: one
 /// scrape target for both. The estimate of reserved KV cache is computed here, per scrape, not on
 /// the request path.
 async fn metrics_text(app: &App) -> String {
     let q = app.admission.stats();
-    if let Some(ctx) = app.cost.slot_context() {
-        let capacity = (ctx.n_ctx as f64) * q.slots as f64;
+    if let Some(ctx) = app.capacity.slot_context() {
+        let capacity = ctx.pool.unwrap_or(ctx.n_ctx * q.slots as u64) as f64;
         metrics::gauge!(m::KV_CACHE_RESERVED_RATIO)
-            .set((q.tokens_in_service / capacity).clamp(0.0, 1.0));
+            .set((q.kv_reserved as f64 / capacity).clamp(0.0, 1.0));
     }
     let mut text = app.prometheus.render();
     if app.config.upstream_metrics && app.upstream.is_ready() {
@@ -110,13 +158,19 @@ pub fn status(app: &App) -> serde_json::Value {
             "upstream_total_slots": slots["upstream_total_slots"],
             "mismatch": slots["mismatch"],
         },
+        "kv_pool": app.capacity.status(q.kv_reserved),
+        "requests_in_service": q.serving,
         "queue": { "depth": q.depth, "capacity": q.capacity, "tenant_limit": q.tenant_limit },
         "fairness": {
             "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),
             "tenants": tenants,
         },
         "inflight": app.upstream.inflight(),
-        "upstream": { "ready": app.upstream.is_ready(), "target": app.upstream.target().to_string() },
+        "upstream": {
+            "ready": app.upstream.is_ready(),
+            "target": app.upstream.target().to_string(),
+            "auth": app.upstream.auth_status(),
+        },
         "service_time_seconds": q.service_seconds,
         "estimated_wait_seconds": q.wait_seconds,
         "draining": q.closed,

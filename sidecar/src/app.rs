@@ -212,9 +212,10 @@ async fn health_loop(app: Arc<App>) {
         let ready = app.upstream.probe_health(timeout).await;
         // The slot context can change only across a restart of llama-server: read it when it
         // becomes ready, and until it has been read.
-        if ready && (!was_ready || app.cost.slot_context().is_none()) {
-            app.cost.refresh_props().await;
-            app.follow_upstream_slots();
+        if ready && (!was_ready || app.capacity.slot_context().is_none()) {
+            app.capacity.refresh().await;
+            app.follow_upstream();
+            app.cors.learn(&app.upstream).await;
         }
     }
 }

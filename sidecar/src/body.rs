@@ -13,6 +13,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::access::Exchange;
 use crate::admission::SlotGuard;
+use crate::dialect::{self, DialectRef};
 use crate::error::Outcome;
 use crate::metrics as m;
 use crate::respond::{self, Body, BodyError};
@@ -36,6 +37,8 @@ pub struct GuardedBody {
     idle: Option<IdleTimer>,
     /// Takes the slot after an upstream timeout, instead of the usual hand-over.
     on_upstream_timeout: Option<Arc<dyn HoldSlot>>,
+    /// llama-server's status: a refusal (4xx) or a failure (5xx) served nothing, whatever its body.
+    status: http::StatusCode,
 }
 
 /// Who keeps a slot after an upstream timeout until llama-server has dropped the request: shared,
@@ -94,6 +97,7 @@ impl GuardedBody {
         exchange: Exchange,
         forwarded_at: Instant,
         content_type: Option<&str>,
+        dialect: Option<DialectRef>,
     ) -> Self {
         GuardedBody {
             inner,
@@ -104,11 +108,18 @@ impl GuardedBody {
             }),
             forwarded_at,
             first_byte: false,
-            usage: UsageScanner::new(content_type),
+            usage: UsageScanner::new(content_type, dialect.unwrap_or(dialect::CHAT)),
             watch: None,
             idle: None,
             on_upstream_timeout: None,
+            status: http::StatusCode::OK,
         }
+    }
+
+    /// llama-server's status: a refusal or a failure is no success, whatever it streams.
+    pub fn answered(mut self, status: http::StatusCode) -> Self {
+        self.status = status;
+        self
     }
 
     /// Who takes the slot when llama-server went silent mid-answer: it may still hold the request.
@@ -130,6 +141,23 @@ impl GuardedBody {
         let Some(mut held) = self.held.take() else {
             return;
         };
+        // Delivered whole, but a refusal or a failure of llama-server's own: nothing was served.
+        let outcome = match outcome {
+            Outcome::Ok if self.status.is_server_error() => Outcome::Upstream5xx,
+            Outcome::Ok if self.status.is_client_error() => Outcome::Upstream4xx,
+            other => other,
+        };
+        if matches!(outcome, Outcome::Upstream5xx | Outcome::Upstream4xx) {
+            if outcome == Outcome::Upstream5xx {
+                tracing::warn!(
+                    status = self.status.as_u16(),
+                    "llama-server answered with a server error"
+                );
+            }
+            if let Some(slot) = held.slot.as_mut() {
+                slot.settle(0);
+            }
+        }
         let elapsed = self.forwarded_at.elapsed();
         held.exchange.set_upstream_time(elapsed);
         metrics::histogram!(m::UPSTREAM_SECONDS).record(elapsed.as_secs_f64());

@@ -34,6 +34,21 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamAddr>,
 
+    /// A file holding the API key slotgate's own calls to llama-server carry (`/props`, counting,
+    /// `/slots`, `/metrics`) when llama-server runs with `--api-key`: the first line that is not a
+    /// `#` comment, as llama-server reads its `--api-key-file`. `slotgate wrap` takes it from the
+    /// command line itself. Clients' own keys reach llama-server unchanged. [default: none]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_API_KEY_FILE", value_name = "PATH")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_api_key_file: Option<PathBuf>,
+
+    /// Forward llama-server's endpoints that act on the host rather than the model (`/tools`: its
+    /// built-in tools read and write files and run commands; `/cors-proxy`: fetches any URL). Off,
+    /// clients get 403 naming this setting. [default: false]
+    #[arg(long, env = "SLOTGATE_FORWARD_HOST_ENDPOINTS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_host_endpoints: Option<bool>,
+
     /// Admin endpoints (/metrics, /livez, /readyz, /status): `HOST:PORT`, `tcp:HOST:PORT`, `unix:PATH` or `off`. [default: tcp:127.0.0.1:9464]
     #[arg(long, env = "SLOTGATE_ADMIN_LISTEN", value_name = "ADDR")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -46,6 +61,16 @@ pub struct Settings {
     #[arg(long, env = "SLOTGATE_SLOTS", value_name = "auto|N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<Slots>,
+
+    /// How llama-server's slots hold their context: `auto` (learned: `/props`, and whether the slots
+    /// share one KV pool from llama-server's command line, that of `slotgate wrap` or of the process
+    /// behind --upstream on this host; a shared pool of one slot's context is assumed when it cannot
+    /// be seen), `per-slot` (each slot its own, `-np N` without `--kv-unified`), or the pool's size in
+    /// tokens. In a shared pool a request is admitted only while its reservation fits beside those
+    /// in service (llama-server fails every request at once when the pool runs out). [default: auto]
+    #[arg(long, env = "SLOTGATE_KV_POOL", value_name = "auto|per-slot|TOKENS")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_pool: Option<KvPool>,
 
     /// Requests that may wait for a slot; beyond it new requests get 429 at once. [default: 8]
     #[arg(long, env = "SLOTGATE_QUEUE_DEPTH", value_name = "D")]
@@ -423,8 +448,11 @@ impl Settings {
             listen,
             socket_mode,
             upstream,
+            upstream_api_key_file,
+            forward_host_endpoints,
             admin_listen,
             slots,
+            kv_pool,
             queue_depth,
             queue_timeout,
             trust_client_priority,
@@ -482,8 +510,15 @@ pub struct Config {
     pub listen: Vec<ListenAddr>,
     pub socket_mode: u32,
     pub upstream: UpstreamAddr,
+    pub upstream_api_key_file: Option<PathBuf>,
+    /// The key read from `upstream_api_key_file`, or (`slotgate wrap`) from the child's command line.
+    pub upstream_api_key: Option<Secret>,
+    /// The llama-server command line `slotgate wrap` runs (not a setting).
+    pub launch: Option<crate::launch::Launch>,
+    pub forward_host_endpoints: bool,
     pub admin_listen: AdminAddr,
     pub slots: Slots,
+    pub kv_pool: KvPool,
     pub queue_depth: usize,
     pub queue_timeout: Duration,
     pub trust_client_priority: bool,
@@ -591,10 +626,26 @@ impl Config {
             upstream: s
                 .upstream
                 .unwrap_or_else(|| UpstreamAddr::Tcp("127.0.0.1:8080".into())),
+            upstream_api_key: match &s.upstream_api_key_file {
+                Some(path) => Some(read_key(path)?),
+                None => None,
+            },
+            upstream_api_key_file: s.upstream_api_key_file,
+            launch: None,
+            forward_host_endpoints: s.forward_host_endpoints.unwrap_or(false),
             admin_listen: s
                 .admin_listen
                 .unwrap_or(AdminAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9464)))),
             slots,
+            kv_pool: match s.kv_pool {
+                Some(KvPool::Tokens(0)) => {
+                    return Err(invalid(
+                        "kv-pool",
+                        "a pool of 0 tokens holds nothing; use auto, per-slot or a size",
+                    ))
+                }
+                other => other.unwrap_or(KvPool::Auto),
+            },
             queue_depth: s.queue_depth.unwrap_or(8),
             queue_timeout: positive("queue-timeout", s.queue_timeout, Duration::from_secs(60))?,
             trust_client_priority: s.trust_client_priority.unwrap_or(false),
@@ -661,8 +712,11 @@ impl Config {
             listen: Some(self.listen.clone()),
             socket_mode: Some(SocketMode(self.socket_mode)),
             upstream: Some(self.upstream.clone()),
+            upstream_api_key_file: self.upstream_api_key_file.clone(),
+            forward_host_endpoints: Some(self.forward_host_endpoints),
             admin_listen: Some(self.admin_listen.clone()),
             slots: Some(self.slots),
+            kv_pool: Some(self.kv_pool),
             queue_depth: Some(self.queue_depth),
             queue_timeout: Some(Dur(self.queue_timeout)),
             trust_client_priority: Some(self.trust_client_priority),
@@ -708,6 +762,35 @@ impl Config {
             policy: (!self.policies.is_empty()).then(|| self.policies.clone()),
         }
     }
+}
+
+/// A secret that `Debug` and logs never show.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// The key of an API key file, read as llama-server reads its `--api-key-file`.
+fn read_key(path: &Path) -> Result<Secret, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        invalid(
+            "upstream-api-key-file",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    crate::launch::first_key(&text).map(Secret).ok_or_else(|| {
+        invalid(
+            "upstream-api-key-file",
+            format!(
+                "{} holds no key (one per line; lines starting with # are comments)",
+                path.display()
+            ),
+        )
+    })
 }
 
 /// A duration where `0s` means off; unset means `default`.
@@ -1007,6 +1090,59 @@ impl Serialize for Slots {
 }
 
 impl<'de> Deserialize<'de> for Slots {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = StringOrInt::deserialize(d)?;
+        raw.0.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// How llama-server's slots hold their context (see `--kv-pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvPool {
+    /// Learned from llama-server.
+    Auto,
+    /// Each slot has a context of its own.
+    PerSlot,
+    /// One pool of this many tokens, shared by all slots.
+    Tokens(u64),
+}
+
+impl FromStr for KvPool {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(KvPool::Auto),
+            "per-slot" => Ok(KvPool::PerSlot),
+            n => n.parse().map(KvPool::Tokens).map_err(|_| {
+                format!(
+                    "`{s}` is not a KV pool; use auto, per-slot or a number of tokens such as 8192"
+                )
+            }),
+        }
+    }
+}
+
+impl fmt::Display for KvPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KvPool::Auto => f.write_str("auto"),
+            KvPool::PerSlot => f.write_str("per-slot"),
+            KvPool::Tokens(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// `kv-pool = 8192` or `kv-pool = "per-slot"`.
+impl Serialize for KvPool {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            KvPool::Tokens(n) => s.serialize_u64(*n),
+            other => s.collect_str(other),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for KvPool {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = StringOrInt::deserialize(d)?;
         raw.0.parse().map_err(serde::de::Error::custom)

@@ -1,24 +1,33 @@
-//! Exact prompt cost, before admission: the served model's own chat template and tokenizer
-//! (`POST /apply-template`, then `POST /tokenize` with the special tokens llama-server adds) count a
-//! request's prompt tokens exactly as llama-server will report them in `usage.prompt_tokens`. Both
-//! endpoints run on llama-server's HTTP threads and never take a generation slot.
+//! Exact prompt cost, before admission, with llama-server's own endpoints in each API's way (see
+//! `dialect::Count`): its count endpoint (`/v1/chat/completions/input_tokens`,
+//! `/v1/messages/count_tokens`, `/v1/responses/input_tokens`), or `/tokenize` with the special
+//! tokens llama-server adds, prompt by prompt; on an older build without a count endpoint, a chat is
+//! templated (`/apply-template`) and tokenized. All run on llama-server's HTTP threads and never
+//! take a generation slot. The client's own bytes are sent: the template prints tool schemas in key
+//! order, so a re-serialised body could count differently.
 //!
 //! Counts are cached by a hash of what determines them. When llama-server cannot answer (down,
 //! loading, an old build without the endpoints, a prompt shape it cannot count), the estimate stands
-//! and the request goes on. The slot's context size (`GET /props`) bounds each request's
-//! reservation, and a prompt that can never fit a slot is refused before it queues.
+//! and the request goes on.
+//!
+//! [`demand`] turns the counts into what a request holds while it runs: its slots and its share of
+//! the KV pool, within what llama-server can hold (`capacity`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::Method;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
+use crate::admission::DEFAULT_MAX_TOKENS;
+use crate::capacity::SlotContext;
 use crate::config::Tokenizer;
+use crate::dialect::{Count, DialectRef, Piece};
+use crate::error::GateError;
 use crate::metrics as m;
 use crate::upstream::Upstream;
 
@@ -26,12 +35,13 @@ use crate::upstream::Upstream;
 const COUNT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Counts remembered, oldest forgotten first.
 const CACHE_ENTRIES: usize = 4096;
-/// After llama-server said it has no tokenizer endpoints, how long before asking again.
+/// After llama-server said it has no such endpoint, how long before asking again.
 const UNSUPPORTED_BACKOFF: Duration = Duration::from_secs(60);
 /// Body fields that never change the templated prompt: left out of the cache key.
 const NOT_PROMPT: &[&str] = &[
     "max_tokens",
     "max_completion_tokens",
+    "max_output_tokens",
     "n_predict",
     "stream",
     "stream_options",
@@ -53,15 +63,6 @@ const NOT_PROMPT: &[&str] = &[
     "user",
     "ignore_eos",
 ];
-
-/// What the upstream's slots can hold, from `GET /props`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotContext {
-    /// Tokens per slot (`default_generation_settings.n_ctx`).
-    pub n_ctx: u64,
-    /// The server's default generation length, when it has one (`params.n_predict` > 0).
-    pub default_n_predict: Option<u64>,
-}
 
 /// How a request's prompt was counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,14 +89,8 @@ pub struct Counter {
     mode: Tokenizer,
     upstream: Upstream,
     cache: Mutex<Cache>,
-    /// Until when llama-server is known not to offer the endpoints.
-    unsupported_until: Mutex<Option<Instant>>,
-    /// `n_ctx` per slot; 0 = not known yet.
-    n_ctx: AtomicU64,
-    /// The server's default `n_predict`; 0 = none.
-    default_n_predict: AtomicU64,
-    /// `total_slots` (llama-server's `-np`); 0 = not known yet.
-    total_slots: AtomicU64,
+    /// Endpoints llama-server said it does not have, until when.
+    unsupported: Mutex<HashMap<&'static str, Instant>>,
 }
 
 #[derive(Default)]
@@ -110,115 +105,157 @@ impl Counter {
             mode,
             upstream,
             cache: Mutex::new(Cache::default()),
-            unsupported_until: Mutex::new(None),
-            n_ctx: AtomicU64::new(0),
-            default_n_predict: AtomicU64::new(0),
-            total_slots: AtomicU64::new(0),
+            unsupported: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The slot context, once `/props` has answered.
-    pub fn slot_context(&self) -> Option<SlotContext> {
-        match self.n_ctx.load(Ordering::Relaxed) {
-            0 => None,
-            n_ctx => Some(SlotContext {
-                n_ctx,
-                default_n_predict: match self.default_n_predict.load(Ordering::Relaxed) {
-                    0 => None,
-                    n => Some(n),
-                },
-            }),
+    /// The exact prompt tokens of a request in `dialect` with `body` (as parsed, and as the client
+    /// sent it), one count per prompt; `None`: the estimate stands.
+    pub async fn prompt_tokens(
+        &self,
+        dialect: DialectRef,
+        json: &Value,
+        raw: &Bytes,
+    ) -> (Option<Vec<u64>>, Source) {
+        if self.mode == Tokenizer::Estimate {
+            return (None, Source::Estimate);
         }
-    }
-
-    /// How many slots llama-server has (`total_slots` in `/props`), once it has said.
-    pub fn upstream_slots(&self) -> Option<usize> {
-        match self.total_slots.load(Ordering::Relaxed) {
-            0 => None,
-            n => Some(n as usize),
-        }
-    }
-
-    /// Reads the slot context and the slot count from `GET /props` (after every readiness change;
-    /// cheap).
-    pub async fn refresh_props(&self) {
-        match self
-            .upstream
-            .json(Method::GET, "/props", None, COUNT_TIMEOUT)
-            .await
-        {
-            Ok(props) => {
-                let settings = &props["default_generation_settings"];
-                let n_ctx = settings["n_ctx"].as_u64().unwrap_or(0);
-                let n_predict = settings["params"]["n_predict"]
-                    .as_i64()
-                    .filter(|&n| n > 0)
-                    .unwrap_or(0) as u64;
-                self.total_slots.store(
-                    props["total_slots"].as_u64().unwrap_or(0),
-                    Ordering::Relaxed,
-                );
-                let old = self.n_ctx.swap(n_ctx, Ordering::Relaxed);
-                self.default_n_predict.store(n_predict, Ordering::Relaxed);
-                if old != n_ctx {
-                    tracing::info!(
-                        n_ctx_slot = n_ctx,
-                        default_n_predict = n_predict,
-                        "upstream slot context"
-                    );
+        let counted = match dialect.count(json) {
+            Count::None => return (None, Source::Estimate),
+            Count::Endpoint {
+                path,
+                chat_fallback,
+            } => self
+                .whole(path, chat_fallback, json, raw)
+                .await
+                .map(|(n, s)| (vec![n], s)),
+            Count::Prompts(pieces) => {
+                let mut counts = Vec::with_capacity(pieces.len());
+                let mut source = Source::Cache;
+                for piece in &pieces {
+                    match self.piece(piece).await {
+                        Ok((n, s)) => {
+                            counts.push(n);
+                            if s == Source::Upstream {
+                                source = s;
+                            }
+                        }
+                        Err(e) => {
+                            self.failed(&e, "/tokenize");
+                            return (None, Source::Estimate);
+                        }
+                    }
                 }
+                Ok((counts, source))
             }
-            Err(e) => tracing::debug!(error = %e, "GET /props failed; slot context unknown"),
+        };
+        match counted {
+            Ok((counts, source)) => (Some(counts), source),
+            Err(()) => (None, Source::Estimate),
         }
     }
 
-    /// The exact prompt tokens of a request to `path` with `body`, or `None` (the estimate stands).
-    pub async fn prompt_tokens(&self, path: &str, body: &Value) -> (Option<u64>, Source) {
-        if self.mode == Tokenizer::Estimate || self.backing_off() {
-            return (None, Source::Estimate);
-        }
-        let Some(shape) = Shape::of(path, body) else {
-            return (None, Source::Estimate);
-        };
-        let key = shape.key();
+    /// A whole templated prompt: the API's count endpoint, or the chat template and tokenizer.
+    async fn whole(
+        &self,
+        path: &'static str,
+        chat_fallback: bool,
+        json: &Value,
+        raw: &Bytes,
+    ) -> Result<(u64, Source), ()> {
+        let key = body_key(path, json);
         if let Some(n) = self.cached(&key) {
-            return (Some(n), Source::Cache);
+            return Ok((n, Source::Cache));
         }
-        match self.count(&shape).await {
-            Ok(n) => {
-                self.remember(key, n);
-                (Some(n), Source::Upstream)
+        // Only a build without the endpoint (404, remembered a while) is counted the older way; a
+        // slow or failing answer leaves the estimate, so a count never takes two timeouts.
+        let answer = match self.backing_off(path) {
+            true => None,
+            false => Some(
+                self.upstream
+                    .raw_json("POST", path, raw.clone(), COUNT_TIMEOUT)
+                    .await
+                    .and_then(|v| {
+                        v["input_tokens"]
+                            .as_u64()
+                            .ok_or_else(|| format!("{path} answered without input_tokens"))
+                    }),
+            ),
+        };
+        let n = match answer {
+            Some(Ok(n)) => n,
+            Some(Err(e)) if !e.starts_with("404") => {
+                self.failed(&e, path);
+                return Err(());
             }
-            Err(e) => {
-                if e.starts_with("404") {
-                    *lock(&self.unsupported_until) = Some(Instant::now() + UNSUPPORTED_BACKOFF);
-                    tracing::warn!(error = %e, "llama-server cannot count tokens (no /tokenize or /apply-template); using the estimate");
-                } else {
-                    tracing::debug!(error = %e, "exact prompt count failed; using the estimate");
+            Some(Err(e)) => {
+                self.failed(&e, path);
+                self.older_way(chat_fallback, raw).await?
+            }
+            None => self.older_way(chat_fallback, raw).await?,
+        };
+        self.remember(key, n);
+        Ok((n, Source::Upstream))
+    }
+
+    /// A chat on a build without the count endpoint, when the API allows it.
+    async fn older_way(&self, chat_fallback: bool, raw: &Bytes) -> Result<u64, ()> {
+        if !chat_fallback || self.backing_off("/apply-template") {
+            return Err(());
+        }
+        self.templated(raw)
+            .await
+            .map_err(|e| self.failed(&e, "/apply-template"))
+    }
+
+    /// A chat as older builds count it: `/apply-template`, then `/tokenize`.
+    async fn templated(&self, raw: &Bytes) -> Result<u64, String> {
+        let templated = self
+            .upstream
+            .raw_json("POST", "/apply-template", raw.clone(), COUNT_TIMEOUT)
+            .await?;
+        match templated.get("prompt") {
+            Some(Value::String(p)) => self.tokenize(p, true).await,
+            _ => Err("/apply-template answered without a prompt".into()),
+        }
+    }
+
+    async fn piece(&self, piece: &Piece<'_>) -> Result<(u64, Source), String> {
+        match piece {
+            Piece::Tokens(n) => Ok((*n, Source::Cache)),
+            Piece::Text(t) => self.text(t, true).await,
+            Piece::Parts(parts, extra) => {
+                let mut total = *extra;
+                let mut source = Source::Cache;
+                for p in parts {
+                    let (n, s) = self.text(p, false).await?;
+                    total += n;
+                    if s == Source::Upstream {
+                        source = s;
+                    }
                 }
-                (None, Source::Estimate)
+                Ok((total, source))
             }
         }
     }
 
-    async fn count(&self, shape: &Shape<'_>) -> Result<u64, String> {
-        let text = match shape {
-            Shape::Tokens(n) => return Ok(*n),
-            Shape::Text(t) => Value::String((*t).to_owned()),
-            Shape::Chat(body) => {
-                let templated = self
-                    .upstream
-                    .json(Method::POST, "/apply-template", Some(body), COUNT_TIMEOUT)
-                    .await?;
-                match templated.get("prompt") {
-                    Some(p @ Value::String(_)) => p.clone(),
-                    _ => return Err("/apply-template answered without a prompt".into()),
-                }
-            }
-        };
-        // As llama-server tokenizes a prompt for generation: with BOS and the like, special tokens
-        // parsed.
-        let req = json!({"content": text, "add_special": true, "parse_special": true});
+    async fn text(&self, text: &str, special: bool) -> Result<(u64, Source), String> {
+        let key = text_key(text, special);
+        if let Some(n) = self.cached(&key) {
+            return Ok((n, Source::Cache));
+        }
+        if self.backing_off("/tokenize") {
+            return Err("/tokenize: not offered".into());
+        }
+        let n = self.tokenize(text, special).await?;
+        self.remember(key, n);
+        Ok((n, Source::Upstream))
+    }
+
+    /// As llama-server tokenizes a prompt for generation: with BOS and the like (`special`),
+    /// special tokens parsed.
+    async fn tokenize(&self, text: &str, special: bool) -> Result<u64, String> {
+        let req = json!({"content": text, "add_special": special, "parse_special": true});
         let tokens = self
             .upstream
             .json(Method::POST, "/tokenize", Some(&req), COUNT_TIMEOUT)
@@ -229,16 +266,34 @@ impl Counter {
             .ok_or_else(|| "/tokenize answered without tokens".into())
     }
 
-    fn backing_off(&self) -> bool {
-        let mut until = lock(&self.unsupported_until);
-        match *until {
-            Some(t) if Instant::now() < t => true,
+    /// Notes a failed count; a 404 means this build has no such endpoint (asked again later).
+    fn failed(&self, e: &str, path: &'static str) {
+        if e.starts_with("404") {
+            self.lock_unsupported()
+                .insert(path, Instant::now() + UNSUPPORTED_BACKOFF);
+            tracing::info!(
+                endpoint = path,
+                "llama-server has no {path}; counting without it"
+            );
+        } else {
+            tracing::debug!(error = %e, "exact prompt count failed; using the estimate");
+        }
+    }
+
+    fn backing_off(&self, path: &'static str) -> bool {
+        let mut unsupported = self.lock_unsupported();
+        match unsupported.get(path) {
+            Some(t) if Instant::now() < *t => true,
             Some(_) => {
-                *until = None;
+                unsupported.remove(path);
                 false
             }
             None => false,
         }
+    }
+
+    fn lock_unsupported(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Instant>> {
+        lock(&self.unsupported)
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<u64> {
@@ -266,84 +321,143 @@ pub fn record(source: Source, estimate: u64, exact: Option<u64>) {
     }
 }
 
-/// Tokens to reserve: the prompt plus the most the request may generate within the slot's context.
-/// `None` when the context is unknown; `Err(n_ctx)` when the prompt alone cannot fit a slot
-/// (llama-server refuses a prompt of `n_ctx` tokens or more).
-pub fn reservation(
-    prompt: u64,
-    max_tokens: Option<u64>,
-    slot: Option<SlotContext>,
-) -> Result<Option<u64>, u64> {
-    let Some(slot) = slot else {
-        return Ok(None);
+/// What a request holds while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Demand {
+    /// Tokens reserved in all: each prompt plus the most each of its completions may generate
+    /// within a slot's context. `None` while the slot context is unknown.
+    pub reserved: Option<u64>,
+    /// The up-front charge when no policy names one: `reserved`, else prompts plus `max_tokens`
+    /// (or [`DEFAULT_MAX_TOKENS`]) per completion.
+    pub charge: u64,
+    /// Slots it runs on at once (llama-server runs a task per prompt and completion).
+    pub slots: usize,
+    /// Tokens of the KV pool it holds at once (the tasks that run together).
+    pub kv: u64,
+}
+
+/// What a request asks, in tokens.
+#[derive(Debug, Clone)]
+pub struct Want<'a> {
+    /// Prompt tokens of each prompt.
+    pub prompts: &'a [u64],
+    /// Whether they were counted exactly (an estimate is no ground to refuse).
+    pub exact: bool,
+    /// Completions of each prompt.
+    pub completions: u64,
+    /// The most tokens each completion may generate; `None`: the server's default.
+    pub max_tokens: Option<u64>,
+    /// llama-server spreads it over every slot.
+    pub all_slots: bool,
+}
+
+/// What `want` holds on a server of `slots` slots (`slots_known` once llama-server said, or a fixed
+/// `--slots`) whose slots hold `ctx`. Refuses what llama-server could never run: a prompt of a
+/// slot's context or more (counted exactly), more completions at once than it has slots.
+///
+/// In a shared pool the completions of one prompt share its prompt's cells (llama-server copies the
+/// sequence), so a prompt with `n` completions holds `prompt + n × output`; the tasks that run at
+/// once hold the largest such groups that fit the slots; and no request is reserved more than the
+/// pool (alone, it may use it all).
+pub fn demand(
+    want: &Want<'_>,
+    slots: usize,
+    slots_known: bool,
+    ctx: Option<SlotContext>,
+) -> Result<Demand, GateError> {
+    let n = want.completions.max(1);
+    let slots = slots.max(1);
+    if slots_known && n > slots as u64 {
+        return Err(GateError::TooManyCompletions {
+            asked: n,
+            slots: slots as u64,
+        });
+    }
+    let prompts: &[u64] = if want.prompts.is_empty() {
+        &[0]
+    } else {
+        want.prompts
     };
-    if prompt >= slot.n_ctx {
-        return Err(slot.n_ctx);
-    }
-    let room = slot.n_ctx - prompt;
-    let output = max_tokens
-        .or(slot.default_n_predict)
-        .map_or(room, |n| n.min(room));
-    Ok(Some(prompt + output))
-}
-
-/// What can be counted, and how.
-enum Shape<'a> {
-    /// A chat request: template it first.
-    Chat(&'a Value),
-    /// A prompt string.
-    Text(&'a str),
-    /// A prompt given as token ids.
-    Tokens(u64),
-}
-
-impl<'a> Shape<'a> {
-    fn of(path: &str, body: &'a Value) -> Option<Shape<'a>> {
-        if path.ends_with("/chat/completions") {
-            return body.get("messages").is_some().then_some(Shape::Chat(body));
-        }
-        if matches!(path, "/completion" | "/completions" | "/v1/completions") {
-            return match body.get("prompt")? {
-                Value::String(s) => Some(Shape::Text(s)),
-                // One prompt of token ids (a list of lists is several prompts: not counted).
-                Value::Array(items) if items.iter().all(Value::is_u64) => {
-                    Some(Shape::Tokens(items.len() as u64))
-                }
-                _ => None,
-            };
-        }
-        None
-    }
-
-    /// What determines the count: the body without the fields that never change the prompt.
-    fn key(&self) -> [u8; 32] {
-        let mut h = Sha256::new();
-        match self {
-            Shape::Chat(body) => {
-                h.update(b"chat\0");
-                if let Value::Object(fields) = body {
-                    for (k, v) in fields
-                        .iter()
-                        .filter(|(k, _)| !NOT_PROMPT.contains(&k.as_str()))
-                    {
-                        h.update(k.as_bytes());
-                        h.update(b"\0");
-                        h.update(v.to_string().as_bytes());
-                        h.update(b"\0");
+    let tasks = (prompts.len() as u64).saturating_mul(n);
+    let width = match want.all_slots {
+        true => slots,
+        false => usize::try_from(tasks).unwrap_or(usize::MAX).min(slots),
+    };
+    // Each prompt with its completions: (tokens, slots).
+    let mut groups: Vec<u64> = Vec::with_capacity(prompts.len());
+    let mut reserved = ctx.map(|_| 0u64);
+    let mut charge = 0u64;
+    for &p in prompts {
+        let group = match ctx {
+            Some(c) => {
+                if p >= c.n_ctx {
+                    if want.exact {
+                        return Err(GateError::ContextTooLong {
+                            prompt: p,
+                            n_ctx: c.n_ctx,
+                        });
                     }
+                    // An estimate: llama-server decides; reserve the whole slot.
+                    c.n_ctx
+                } else {
+                    let room = c.n_ctx - p;
+                    let output = want
+                        .max_tokens
+                        .or(c.default_n_predict)
+                        .map_or(room, |m| m.min(room));
+                    p.saturating_add(n.saturating_mul(output))
                 }
             }
-            Shape::Text(t) => {
-                h.update(b"text\0");
-                h.update(t.as_bytes());
+            None => {
+                p.saturating_add(n.saturating_mul(want.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)))
             }
-            Shape::Tokens(n) => {
-                h.update(b"tokens\0");
-                h.update(n.to_le_bytes());
-            }
+        };
+        if let Some(r) = reserved.as_mut() {
+            *r = r.saturating_add(group);
         }
-        h.finalize().into()
+        charge = charge.saturating_add(group);
+        groups.push(group);
     }
+    // The groups that run at once: the largest, until the slots are taken.
+    groups.sort_unstable_by(|a, b| b.cmp(a));
+    let per_group = usize::try_from(n).unwrap_or(usize::MAX).max(1);
+    let running = width.div_ceil(per_group).max(1);
+    let mut kv: u64 = groups.iter().take(running).sum();
+    if let Some(pool) = ctx.and_then(|c| c.pool) {
+        kv = kv.min(pool);
+    }
+    Ok(Demand {
+        reserved,
+        charge,
+        slots: width.max(1),
+        kv,
+    })
+}
+
+/// What determines a whole-prompt count: the body without the fields that never change the prompt.
+fn body_key(path: &str, body: &Value) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(path.as_bytes());
+    h.update(b"\0");
+    if let Value::Object(fields) = body {
+        for (k, v) in fields
+            .iter()
+            .filter(|(k, _)| !NOT_PROMPT.contains(&k.as_str()))
+        {
+            h.update(k.as_bytes());
+            h.update(b"\0");
+            h.update(v.to_string().as_bytes());
+            h.update(b"\0");
+        }
+    }
+    h.finalize().into()
+}
+
+fn text_key(text: &str, special: bool) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(if special { b"text\0" } else { b"part\0" });
+    h.update(text.as_bytes());
+    h.finalize().into()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -354,52 +468,86 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
-    fn slot(n_ctx: u64, default: Option<u64>) -> Option<SlotContext> {
+    fn ctx(n_ctx: u64, default: Option<u64>, pool: Option<u64>) -> Option<SlotContext> {
         Some(SlotContext {
             n_ctx,
             default_n_predict: default,
+            pool,
         })
+    }
+
+    fn want(prompts: &[u64], completions: u64, max_tokens: Option<u64>) -> Want<'_> {
+        Want {
+            prompts,
+            exact: true,
+            completions,
+            max_tokens,
+            all_slots: false,
+        }
+    }
+
+    fn reserved(w: &Want<'_>, c: Option<SlotContext>) -> Result<Option<u64>, u16> {
+        demand(w, 4, true, c)
+            .map(|d| d.reserved)
+            .map_err(|e| e.status())
     }
 
     #[test]
     fn reservations_are_bounded_by_the_slot() {
-        assert_eq!(reservation(100, Some(50), slot(1000, None)), Ok(Some(150)));
+        assert_eq!(
+            reserved(&want(&[100], 1, Some(50)), ctx(1000, None, None)),
+            Ok(Some(150))
+        );
         // More than fits: only what the slot's context leaves.
         assert_eq!(
-            reservation(900, Some(500), slot(1000, None)),
+            reserved(&want(&[900], 1, Some(500)), ctx(1000, None, None)),
             Ok(Some(1000))
         );
         // No max_tokens: the server's default, else the rest of the context.
-        assert_eq!(reservation(100, None, slot(1000, Some(64))), Ok(Some(164)));
-        assert_eq!(reservation(100, None, slot(1000, None)), Ok(Some(1000)));
-        // A prompt that cannot fit at all.
-        assert_eq!(reservation(1000, Some(1), slot(1000, None)), Err(1000));
-        assert_eq!(reservation(5, Some(1), None), Ok(None));
+        assert_eq!(
+            reserved(&want(&[100], 1, None), ctx(1000, Some(64), None)),
+            Ok(Some(164))
+        );
+        assert_eq!(
+            reserved(&want(&[100], 1, None), ctx(1000, None, None)),
+            Ok(Some(1000))
+        );
+        // A prompt that cannot fit at all, counted; an estimate takes the slot instead.
+        assert_eq!(
+            reserved(&want(&[1000], 1, Some(1)), ctx(1000, None, None)),
+            Err(400)
+        );
+        let estimate = Want {
+            exact: false,
+            ..want(&[1000], 1, Some(1))
+        };
+        assert_eq!(reserved(&estimate, ctx(1000, None, None)), Ok(Some(1000)));
+        assert_eq!(reserved(&want(&[5], 1, Some(1)), None), Ok(None));
     }
 
     #[test]
-    fn the_cache_key_ignores_what_does_not_change_the_prompt() {
-        let a = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0.1});
-        let b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 99, "stream": true});
-        let c = json!({"messages": [{"role": "user", "content": "hello"}]});
-        let chat = "/v1/chat/completions";
-        let key = |v: &Value| Shape::of(chat, v).unwrap().key();
-        assert_eq!(key(&a), key(&b));
-        assert_ne!(key(&a), key(&c));
-        let tools = json!({"messages": [{"role": "user", "content": "hi"}], "tools": []});
-        assert_ne!(key(&a), key(&tools), "tools change the template");
-    }
-
-    #[test]
-    fn prompt_shapes() {
-        let completion = |v: Value| Shape::of("/completion", &v).map(|s| s.key());
-        assert!(completion(json!({"prompt": "once upon"})).is_some());
-        assert!(matches!(
-            Shape::of("/completion", &json!({"prompt": [1, 2, 3]})),
-            Some(Shape::Tokens(3))
-        ));
-        assert!(completion(json!({"prompt": [[1, 2], [3]]})).is_none());
-        assert!(Shape::of("/v1/embeddings", &json!({"input": "x"})).is_none());
-        assert!(Shape::of("/v1/chat/completions", &json!({"prompt": "x"})).is_none());
+    fn several_tasks_hold_several_slots_and_their_share_of_the_pool() {
+        let pool = ctx(8192, None, Some(8192));
+        // n: 2 completions share the prompt's cells.
+        let d = demand(&want(&[100], 2, Some(50)), 4, true, pool).unwrap();
+        assert_eq!((d.reserved, d.slots, d.kv), (Some(200), 2, 200));
+        // Three prompts on two slots: the two largest run at once.
+        let d = demand(&want(&[10, 300, 200], 1, Some(0)), 2, true, pool).unwrap();
+        assert_eq!((d.reserved, d.slots, d.kv), (Some(510), 2, 500));
+        // Unbounded on a shared pool: alone, it may use it all, never more.
+        let d = demand(&want(&[100], 2, None), 4, true, pool).unwrap();
+        assert_eq!((d.slots, d.kv), (2, 8192));
+        // More completions than slots: llama-server refuses it; slotgate does first.
+        let e = demand(&want(&[100], 3, Some(1)), 2, true, pool).unwrap_err();
+        assert_eq!(e.status(), 400);
+        assert!(e.to_string().contains("3 completions"), "{e}");
+        // ...but not before it knows how many slots there are.
+        assert!(demand(&want(&[100], 3, Some(1)), 1, false, pool).is_ok());
+        // Without a slot context, the charge is the estimate.
+        let d = demand(&want(&[40, 60], 2, None), 4, true, None).unwrap();
+        assert_eq!(
+            (d.reserved, d.charge, d.slots),
+            (None, 100 + 4 * DEFAULT_MAX_TOKENS, 4)
+        );
     }
 }

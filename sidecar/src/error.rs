@@ -6,8 +6,12 @@ use std::time::Duration;
 /// The request-path error. `respond::error` is the one place that turns it into a response.
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
-    #[error("no such endpoint: {method} {path}")]
+    #[error("no such endpoint: {method} {path} (slotgate forwards every route llama-server serves; see docs/endpoints.md)")]
     NotFound { method: String, path: String },
+    #[error("slotgate serves {method} {path} on its admin listener only: it shows or changes the whole llama-server, not one request")]
+    AdminOnly { method: String, path: String },
+    #[error("slotgate refuses {method} {path}: llama-server's built-in tools and CORS proxy act on the host (read and write files, run commands, fetch URLs); start slotgate with --forward-host-endpoints to forward them")]
+    HostEndpoint { method: String, path: String },
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
     #[error("request body is larger than the {limit}-byte limit")]
@@ -18,8 +22,12 @@ pub enum GateError {
     BodyRead(String),
     #[error("request body is not a valid JSON object: {0}")]
     InvalidJson(String),
-    #[error("the prompt has {prompt} tokens; a slot of this server holds {n_ctx} tokens in all, so it can never be served")]
+    // llama-server's own words for this refusal (`exceed_context_size_error`), so a client reads one
+    // error whoever refused.
+    #[error("request ({prompt} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it")]
     ContextTooLong { prompt: u64, n_ctx: u64 },
+    #[error("the request asks for {asked} completions at once; this llama-server runs {slots} slots (n must be between 1 and {slots})")]
+    TooManyCompletions { asked: u64, slots: u64 },
     // The queue's refusals carry its estimate unrounded: `Retry-After` gets whole seconds,
     // `retry-after-ms` the milliseconds.
     #[error("the queue is full ({depth} waiting); retry after {}s", whole_seconds(.retry_after))]
@@ -83,13 +91,17 @@ pub enum Outcome {
     ClientStalled,
     UpstreamError,
     UpstreamTimeout,
+    /// llama-server answered with a status of 500 or more.
+    Upstream5xx,
+    /// llama-server refused the request itself (400 to 499).
+    Upstream4xx,
     ShuttingDown,
     PolicyDenied,
     PolicyError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -101,6 +113,8 @@ impl Outcome {
         Outcome::ClientStalled,
         Outcome::UpstreamError,
         Outcome::UpstreamTimeout,
+        Outcome::Upstream5xx,
+        Outcome::Upstream4xx,
         Outcome::ShuttingDown,
         Outcome::PolicyDenied,
         Outcome::PolicyError,
@@ -119,6 +133,8 @@ impl Outcome {
             Outcome::ClientStalled => "client_stalled",
             Outcome::UpstreamError => "upstream_error",
             Outcome::UpstreamTimeout => "upstream_timeout",
+            Outcome::Upstream5xx => "upstream_5xx",
+            Outcome::Upstream4xx => "upstream_4xx",
             Outcome::ShuttingDown => "shutting_down",
             Outcome::PolicyDenied => "policy_denied",
             Outcome::PolicyError => "policy_error",
@@ -130,12 +146,14 @@ impl GateError {
     pub fn status(&self) -> u16 {
         match self {
             GateError::NotFound { .. } => 404,
+            GateError::AdminOnly { .. } | GateError::HostEndpoint { .. } => 403,
             GateError::MethodNotAllowed { .. } => 405,
             GateError::BodyTooLarge { .. } => 413,
             GateError::BodyTimeout(_) => 408,
             GateError::BodyRead(_)
             | GateError::InvalidJson(_)
-            | GateError::ContextTooLong { .. } => 400,
+            | GateError::ContextTooLong { .. }
+            | GateError::TooManyCompletions { .. } => 400,
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
             | GateError::Displaced { .. }
@@ -152,12 +170,14 @@ impl GateError {
     pub fn error_type(&self) -> &'static str {
         match self {
             GateError::NotFound { .. } => "not_found_error",
+            GateError::AdminOnly { .. } | GateError::HostEndpoint { .. } => "permission_error",
             GateError::MethodNotAllowed { .. }
             | GateError::BodyTooLarge { .. }
             | GateError::BodyTimeout(_)
             | GateError::BodyRead(_)
             | GateError::InvalidJson(_)
-            | GateError::ContextTooLong { .. } => "invalid_request_error",
+            | GateError::TooManyCompletions { .. } => "invalid_request_error",
+            GateError::ContextTooLong { .. } => "exceed_context_size_error",
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
             | GateError::Displaced { .. }
@@ -176,12 +196,15 @@ impl GateError {
     pub fn code(&self) -> &'static str {
         match self {
             GateError::NotFound { .. } => "not_found",
+            GateError::AdminOnly { .. } => "admin_endpoint",
+            GateError::HostEndpoint { .. } => "host_endpoint",
             GateError::MethodNotAllowed { .. } => "method_not_allowed",
             GateError::BodyTooLarge { .. } => "body_too_large",
             GateError::BodyTimeout(_) => "body_timeout",
             GateError::BodyRead(_) => "body_read_error",
             GateError::InvalidJson(_) => "invalid_json",
             GateError::ContextTooLong { .. } => "context_length_exceeded",
+            GateError::TooManyCompletions { .. } => "too_many_completions",
             GateError::QueueFull { .. } => "queue_full",
             GateError::TenantQueueFull { .. } => "tenant_queue_full",
             GateError::Displaced { .. } => "displaced",
@@ -199,6 +222,9 @@ impl GateError {
     pub fn outcome(&self) -> Outcome {
         match self {
             GateError::NotFound { .. }
+            | GateError::AdminOnly { .. }
+            | GateError::HostEndpoint { .. }
+            | GateError::TooManyCompletions { .. }
             | GateError::MethodNotAllowed { .. }
             | GateError::BodyTooLarge { .. }
             | GateError::BodyTimeout(_)

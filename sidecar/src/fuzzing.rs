@@ -16,26 +16,28 @@ use slotgate_sdk::{Decision, Mutations, RequestSummary, Verdict};
 
 use crate::admission::Claim;
 use crate::config::{
-    AdminAddr, ByteSize, Config, Dur, ListenAddr, LogFormat, Settings, SocketMode, Tokenizer,
-    UpstreamAddr,
+    AdminAddr, ByteSize, Config, Dur, KvPool, ListenAddr, LogFormat, Settings, SocketMode,
+    Tokenizer, UpstreamAddr,
 };
 use crate::error::GateError;
-use crate::intake::{self, Intake, Kind};
+use crate::intake::Intake;
 use crate::policy::chain::{self, ChainOutcome, Mode, OnError, Step};
 use crate::policy::module::{parse_decision, settings_verdict, MIN_WEIGHT};
 use crate::policy::{EvalError, LoadError};
 use crate::respond::BodyError;
+use crate::routes::{self, Handling};
 use crate::stream_usage::StripUsage;
 use crate::usage::UsageScanner;
 
-/// Endpoints the `summary` target picks from (its first byte): slot and passthrough, POST and GET.
+/// Endpoints the `summary` target picks from (its first byte): slot routes of several dialects and
+/// passthroughs, POST and GET.
 const SUMMARY_ROUTES: [(&str, &str); 8] = [
     ("POST", "/v1/chat/completions"),
-    ("POST", "/chat/completions"),
+    ("POST", "/v1/messages"),
     ("POST", "/v1/completions"),
     ("POST", "/completion"),
     ("POST", "/v1/embeddings"),
-    ("POST", "/v1/rerank"),
+    ("POST", "/v1/responses"),
     ("POST", "/tokenize"),
     ("GET", "/v1/models"),
 ];
@@ -52,7 +54,8 @@ pub fn summary(data: &[u8]) {
     };
     let (method, path) = SUMMARY_ROUTES[usize::from(sel & 7)];
     let method: Method = method.parse().unwrap();
-    let kind = intake::route(&method, path).expect("an allow-listed endpoint");
+    let handling = routes::find(&method, path).expect("a route llama-server serves");
+    let slot = matches!(handling, Handling::Slot(_));
     let (parts, ()) = Request::builder()
         .method(method.clone())
         .uri(path)
@@ -60,46 +63,44 @@ pub fn summary(data: &[u8]) {
         .unwrap()
         .into_parts();
 
-    let json = match intake::parse_body(&method, body) {
-        Ok(json) => json,
+    let mut intake = match Intake::new(parts, Bytes::copy_from_slice(body), handling, None) {
+        Ok(i) => i,
         Err(e) => {
+            // Only a slot route reads its body; anything else is forwarded as it came.
+            assert!(slot, "{path}: {e:?}");
             assert!(matches!(e, GateError::InvalidJson(_)), "{e:?}");
             assert_eq!(e.status(), 400);
             return;
         }
     };
-    let summary = intake::summarize(&parts, json.as_ref(), None);
+    let summary = intake.summary.clone();
     assert_eq!(summary.path, path);
     assert_eq!(
         summary.prompt_tokens_estimate,
-        summary.prompt_chars.div_ceil(4)
+        intake
+            .ask
+            .prompts
+            .iter()
+            .map(|c| c.div_ceil(4))
+            .sum::<u64>()
+    );
+    assert!(
+        summary.prompt_tokens_estimate
+            <= summary.prompt_chars.div_ceil(4) + intake.ask.prompts.len() as u64
     );
     // Every counted character is at least one byte of the body.
     assert!(summary.prompt_chars <= body.len() as u64, "{summary:?}");
-    match &json {
-        None => {
-            assert_eq!(method, Method::GET);
-            assert_eq!(
-                (summary.prompt_chars, summary.max_tokens, summary.stream),
-                (0, None, false)
-            );
+    match (&intake.json, slot) {
+        (None, true) => panic!("a slot route's body is parsed"),
+        (None, false) => {
+            assert_eq!((summary.prompt_chars, summary.stream), (0, false));
         }
-        Some(j) => {
+        (Some(j), _) => {
             assert!(j.is_object());
             assert_eq!(summary.model.as_deref(), j["model"].as_str());
-            let any_bound = ["n_predict", "max_completion_tokens", "max_tokens"]
-                .iter()
-                .any(|k| !j[*k].is_null());
-            assert!(any_bound || summary.max_tokens.is_none(), "{summary:?}");
         }
     }
 
-    let mut intake = Intake {
-        parts,
-        body: Bytes::copy_from_slice(body),
-        json,
-        summary,
-    };
     let mutations = Mutations {
         cap_max_tokens: CAPS[usize::from((sel >> 5) & 3)],
         disable_prompt_cache: sel & 8 != 0,
@@ -110,11 +111,11 @@ pub fn summary(data: &[u8]) {
     intake
         .apply(&mutations)
         .expect("a body that parsed once parses again");
-    if let (Some(cap), Some(_)) = (mutations.cap_max_tokens, &intake.json) {
+    if let (Some(cap), true) = (mutations.cap_max_tokens, slot) {
         let n = intake.summary.max_tokens.expect("a cap is a bound");
         assert!(n <= cap, "{n} over the cap {cap}");
     }
-    if kind == Kind::Slot {
+    if slot {
         let asked = intake.ask_for_stream_usage().unwrap();
         if asked {
             assert!(before.stream);
@@ -124,34 +125,46 @@ pub fn summary(data: &[u8]) {
             );
         }
     }
-    // Whatever was rewritten, the body forwarded is the JSON slotgate holds, and the summary a
-    // policy saw still describes it.
+    // Whatever was rewritten, the body forwarded is the JSON slotgate holds (each edit made in the
+    // client's bytes), and the summary a policy saw still describes it.
     let Some(held) = &intake.json else {
         assert_eq!(&intake.body[..], body);
         return;
     };
+    if !slot {
+        assert_eq!(&intake.body[..], body, "a passthrough is never changed");
+        return;
+    }
     let sent: Value = serde_json::from_slice(&intake.body).expect("forwarded body is JSON");
-    assert!(sent.is_object());
+    assert_eq!(
+        &sent, held,
+        "the bytes forwarded and the body slotgate reads agree"
+    );
     if mutations.disable_prompt_cache {
         assert_eq!(sent["cache_prompt"], false);
     }
     if mutations.strip_id_slot {
         assert!(sent.get("id_slot").is_none());
     }
-    let again = intake::summarize(&intake.parts, Some(&sent), None);
-    let also = intake::summarize(&intake.parts, Some(held), None);
-    for s in [&again, &also] {
-        assert_eq!(
-            (s.prompt_chars, &s.model, s.stream, s.priority_hint),
-            (
-                before.prompt_chars,
-                &before.model,
-                before.stream,
-                before.priority_hint
-            )
-        );
-        assert_eq!(s.max_tokens, intake.summary.max_tokens, "{s:?}");
-    }
+    let (parts, ()) = Request::builder()
+        .method(method)
+        .uri(path)
+        .body(())
+        .unwrap()
+        .into_parts();
+    let again = Intake::new(parts, intake.body.clone(), handling, None)
+        .expect("the forwarded body reads back");
+    let s = &again.summary;
+    assert_eq!(
+        (s.prompt_chars, &s.model, s.stream, s.priority_hint),
+        (
+            before.prompt_chars,
+            &before.model,
+            before.stream,
+            before.priority_hint
+        )
+    );
+    assert_eq!(s.max_tokens, intake.summary.max_tokens, "{s:?}");
 }
 
 /// One `Content-Type` per value of the low two bits of byte 0.
@@ -258,7 +271,7 @@ fn strip_usage(chunks: &[&[u8]]) -> Vec<u8> {
 
 /// The usage and the generated-token count the scanner reads from `chunks`.
 fn scan(content_type: Option<&str>, chunks: &[&[u8]]) -> (Option<crate::usage::Usage>, u64) {
-    let mut scanner = UsageScanner::new(content_type);
+    let mut scanner = UsageScanner::new(content_type, crate::dialect::CHAT);
     for chunk in chunks {
         scanner.feed(chunk);
     }
@@ -350,7 +363,7 @@ pub fn policy_output(data: &[u8]) {
                 retry_after: decision.retry_after_seconds,
                 policy,
             };
-            let resp = crate::respond::error(&e);
+            let resp = crate::respond::error(&e, None);
             assert_eq!(resp.status().as_u16(), status);
             let retry_after = resp
                 .headers()
@@ -379,7 +392,12 @@ pub fn policy_output(data: &[u8]) {
                 max_tokens: Some(64),
                 ..RequestSummary::default()
             };
-            let claim = Claim::new(&request, Some(&combined), combined.priority.unwrap_or(0));
+            let claim = Claim::new(
+                &request,
+                Some(&combined),
+                combined.priority.unwrap_or(0),
+                crate::admission::estimated_cost(&request),
+            );
             assert!(claim.weight.is_finite() && claim.weight > 0.0);
             // Finite, and far enough from overflow that the fair-share counters can add up
             // many of them.
@@ -423,6 +441,7 @@ pub fn config(data: &[u8]) {
         round_trip::<AdminAddr>(value);
         round_trip::<Tokenizer>(value);
         round_trip::<LogFormat>(value);
+        round_trip::<KvPool>(value);
         if let Some(UpstreamAddr::Tcp(authority)) = round_trip::<UpstreamAddr>(value) {
             // The upstream client builds every request's URI from the address: it must be a URI
             // whose authority is the address, with the port as given.

@@ -1,5 +1,7 @@
-//! Intake: which endpoint a request is for, its body read within a size and time bound, the JSON
-//! parsed once, and the summary a policy (and the access log) sees.
+//! Intake: a request's body read within a size and time bound, its JSON parsed once (on a slot
+//! route, in its API's dialect), and the summary a policy (and the access log) sees. Changes to the
+//! body (a policy's cap, the stream usage slotgate asks for) edit the one field in the client's
+//! bytes (see `json_edit`).
 
 use std::time::Duration;
 
@@ -7,41 +9,13 @@ use bytes::Bytes;
 use http::{header, request, Method, Request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use slotgate_sdk::{Mutations, Peer, RequestSummary};
 
+use crate::dialect::{self, Ask, DialectRef};
 use crate::error::GateError;
-
-/// How an allowed endpoint is handled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Runs on a generation slot: admitted through the queue.
-    Slot,
-    /// Answered by llama-server outside its slots: forwarded at once.
-    Passthrough,
-}
-
-/// The forwarding allow-list. Every other path is a 404 from slotgate.
-const ENDPOINTS: &[(&str, &str, Kind)] = &[
-    ("POST", "/v1/chat/completions", Kind::Slot),
-    ("POST", "/chat/completions", Kind::Slot),
-    ("POST", "/v1/completions", Kind::Slot),
-    ("POST", "/completions", Kind::Slot),
-    ("POST", "/completion", Kind::Slot),
-    ("POST", "/v1/embeddings", Kind::Slot),
-    ("POST", "/embeddings", Kind::Slot),
-    ("POST", "/embedding", Kind::Slot),
-    ("POST", "/v1/rerank", Kind::Slot),
-    ("POST", "/rerank", Kind::Slot),
-    ("POST", "/v1/reranking", Kind::Slot),
-    ("POST", "/reranking", Kind::Slot),
-    ("POST", "/tokenize", Kind::Passthrough),
-    ("POST", "/detokenize", Kind::Passthrough),
-    ("POST", "/apply-template", Kind::Passthrough),
-    ("GET", "/v1/models", Kind::Passthrough),
-    ("GET", "/models", Kind::Passthrough),
-    ("GET", "/props", Kind::Passthrough),
-];
+use crate::json_edit;
+use crate::routes::Handling;
 
 /// Request headers a policy may see (never credentials).
 const SUMMARY_HEADERS: &[&str] = &[
@@ -52,30 +26,18 @@ const SUMMARY_HEADERS: &[&str] = &[
     "openai-project",
 ];
 
-pub fn route(method: &Method, path: &str) -> Result<Kind, GateError> {
-    let mut path_known = false;
-    for (m, p, kind) in ENDPOINTS {
-        if *p == path {
-            if *m == method.as_str() {
-                return Ok(*kind);
-            }
-            path_known = true;
-        }
-    }
-    let (method, path) = (method.to_string(), path.to_owned());
-    Err(if path_known {
-        GateError::MethodNotAllowed { method, path }
-    } else {
-        GateError::NotFound { method, path }
-    })
-}
-
 /// A request whose body has been read and checked.
 pub struct Intake {
     pub parts: request::Parts,
     pub body: Bytes,
-    /// The body as parsed (POST only).
+    /// The body as parsed: a slot route's JSON body, or a passthrough's when it is JSON.
     pub json: Option<Value>,
+    /// The API of a slot route.
+    pub dialect: Option<DialectRef>,
+    /// What a slot route's body asks of llama-server.
+    pub ask: Ask,
+    /// Its prompts' exact token counts, once counted (see `cost`).
+    pub prompt_counts: Option<Vec<u64>>,
     pub summary: RequestSummary,
 }
 
@@ -88,6 +50,7 @@ pub async fn read(
     req: Request<Incoming>,
     limits: &Limits,
     peer: Option<Peer>,
+    handling: Handling,
 ) -> Result<Intake, GateError> {
     let (parts, body) = req.into_parts();
     let declared = parts
@@ -115,14 +78,42 @@ pub async fn read(
         }
         Err(e) => return Err(GateError::BodyRead(e.to_string())),
     };
-    let json = parse_body(&parts.method, &body)?;
-    let summary = summarize(&parts, json.as_ref(), peer);
-    Ok(Intake {
-        parts,
-        body,
-        json,
-        summary,
-    })
+    Intake::new(parts, body, handling, peer)
+}
+
+impl Intake {
+    /// The checked request of `parts` with `body`: a slot route's JSON must parse as one object (it
+    /// is what admission reads); any other body is forwarded as it came, parsed only when it is JSON.
+    pub fn new(
+        parts: request::Parts,
+        body: Bytes,
+        handling: Handling,
+        peer: Option<Peer>,
+    ) -> Result<Intake, GateError> {
+        let dialect = match handling {
+            Handling::Slot(d) => Some(d),
+            _ => None,
+        };
+        let json = match dialect {
+            Some(d) if d.json_body() => parse_body(&parts.method, &body)?,
+            Some(_) => None,
+            None => parse_body(&parts.method, &body).ok().flatten(),
+        };
+        let ask = match dialect {
+            Some(d) => d.ask(json.as_ref().unwrap_or(&Value::Null)),
+            None => Ask::default(),
+        };
+        let summary = summarize(&parts, json.as_ref(), &ask, peer);
+        Ok(Intake {
+            parts,
+            body,
+            json,
+            dialect,
+            ask,
+            prompt_counts: None,
+            summary,
+        })
+    }
 }
 
 /// The body as JSON: a POST's must be one JSON object; other methods' bodies are not parsed.
@@ -141,20 +132,20 @@ pub(crate) fn parse_body(method: &Method, body: &[u8]) -> Result<Option<Value>, 
 pub(crate) fn summarize(
     parts: &request::Parts,
     json: Option<&Value>,
+    ask: &Ask,
     peer: Option<Peer>,
 ) -> RequestSummary {
     let null = Value::Null;
     let j = json.unwrap_or(&null);
-    let prompt_chars =
-        text_chars(j.get("messages")) + text_chars(j.get("prompt")) + text_chars(j.get("input"));
+    let prompt_chars = ask.prompt_chars();
     RequestSummary {
         method: parts.method.to_string(),
         path: parts.uri.path().to_owned(),
         model: j.get("model").and_then(Value::as_str).map(str::to_owned),
-        stream: j.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        max_tokens: j.as_object().and_then(max_tokens),
+        stream: ask.stream,
+        max_tokens: ask.max_tokens,
         prompt_chars,
-        prompt_tokens_estimate: prompt_chars.div_ceil(4),
+        prompt_tokens_estimate: ask.prompts.iter().map(|c| c.div_ceil(4)).sum(),
         // Counted by `cost` just after, for generation endpoints.
         prompt_tokens: None,
         reserved_tokens: None,
@@ -174,55 +165,30 @@ pub(crate) fn summarize(
     }
 }
 
-/// The body keys that bound how many tokens llama-server generates. It reads `n_predict` first, then
-/// `max_completion_tokens`, then `max_tokens` (the first present and not `null`, `tools/server`'s
-/// request schema).
-const MAX_TOKENS_KEYS: [&str; 3] = ["n_predict", "max_completion_tokens", "max_tokens"];
-
-/// A token-bound value as llama-server reads it (nlohmann's number conversion): `Some(Some(n))` a
-/// bound of `n` (a fraction truncated, `true`/`false` as 1/0), `Some(None)` no bound (a negative
-/// value: -1 means the server's default, usually unbounded), `None` not a number (llama-server
-/// rejects it, or older builds ignore it).
-fn token_bound(v: &Value) -> Option<Option<u64>> {
-    match v {
-        Value::Number(n) => Some(match (n.as_u64(), n.as_i64(), n.as_f64()) {
-            (Some(u), _, _) => Some(u),
-            (None, Some(_negative), _) => None,
-            (None, None, Some(f)) => (f.trunc() >= 0.0).then(|| f.trunc() as u64),
-            (None, None, None) => None,
-        }),
-        Value::Bool(b) => Some(Some(u64::from(*b))),
-        _ => None,
-    }
+/// The caller's key as llama-server reads it: `Authorization` (after `Bearer `), else Anthropic's
+/// `x-api-key`.
+pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    bearer.or_else(|| {
+        headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+    })
 }
 
-/// The most tokens llama-server will generate for this body, `None` when the body sets no bound (the
-/// server's default applies). The same for a policy and for admission whichever key the client used:
-/// - `n_predict` overrides the OpenAI names whenever it holds a number, on every endpoint, so
-///   `{"max_tokens": 1, "n_predict": 500}` may generate 500.
-/// - Between `max_completion_tokens` and `max_tokens` current llama-server takes the former, while
-///   older builds ignore it and read only `max_tokens`. Where they disagree the larger one counts
-///   (a negative one, meaning no bound, counts as the largest): conservative for admission.
-fn max_tokens(body: &Map<String, Value>) -> Option<u64> {
-    let bound = |key: &str| body.get(key).filter(|v| !v.is_null()).and_then(token_bound);
-    if let Some(n_predict) = bound("n_predict") {
-        return n_predict;
-    }
-    match (bound("max_completion_tokens"), bound("max_tokens")) {
-        (None, None) => None,
-        (Some(a), None) | (None, Some(a)) => a,
-        (Some(a), Some(b)) => a.zip(b).map(|(a, b)| a.max(b)),
-    }
-}
-
-/// `sha256:<hex>` of the bearer token, so no policy, log line or label ever holds the key itself.
+/// `sha256:<hex>` of the caller's key, so no policy, log line or label ever holds the key itself.
 fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let key = value
-        .strip_prefix("Bearer ")
-        .or_else(|| value.strip_prefix("bearer "))?
-        .trim();
-    (!key.is_empty()).then(|| hash_api_key(key))
+    api_key(headers).map(hash_api_key)
 }
 
 /// The form in which policies see an API key: `sha256:` and 64 lower-case hex digits.
@@ -239,66 +205,58 @@ pub fn hash_api_key(key: &str) -> String {
 }
 
 impl Intake {
-    /// Applies a policy's request changes. The body is rewritten only when something changes.
+    /// Applies a policy's request changes, each to its one field of the body.
     pub fn apply(&mut self, m: &Mutations) -> Result<(), GateError> {
-        if m.cap_max_tokens.is_none() && !m.disable_prompt_cache && !m.strip_id_slot {
-            return Ok(());
-        }
-        // Only a POST has a JSON body to change. A GET's (empty, or anything) is forwarded as it
+        // Only a slot route's JSON body is changed. A GET's (empty, or anything) is forwarded as it
         // came: parsing it would turn a policy's changes into a 400 for every `GET /v1/models`.
-        if self.json.is_none() {
-            return Ok(());
-        }
-        let mut v: Value = serde_json::from_slice(&self.body)
-            .map_err(|e| GateError::InvalidJson(e.to_string()))?;
-        let Some(obj) = v.as_object_mut() else {
+        let (Some(dialect), Some(Value::Object(obj))) = (self.dialect, &self.json) else {
             return Ok(());
         };
-        if let Some(cap) = m.cap_max_tokens {
-            // llama-server's native endpoints say n_predict; OpenAI's say max_tokens or
-            // max_completion_tokens. Cap every one present, whichever llama-server ends up reading: a
-            // value that is no bound (negative) or not a number at all becomes the cap. Set
-            // max_tokens (n_predict on /completion) when none is present.
-            let mut capped = false;
-            for key in MAX_TOKENS_KEYS {
-                let Some(v) = obj.get(key).filter(|v| !v.is_null()) else {
+        let output = dialect.output();
+        if let Some(cap) = m.cap_max_tokens.filter(|_| !output.none) {
+            // Cap every key present, whichever llama-server ends up reading: a value that is no
+            // bound (negative) or not a number at all becomes the cap. Set the API's own key when
+            // none is present.
+            let mut present = false;
+            let mut edits = Vec::new();
+            for key in output.keys.iter().flat_map(|g| g.iter()) {
+                let Some(v) = obj.get(*key).filter(|v| !v.is_null()) else {
                     continue;
                 };
-                let n = token_bound(v).flatten().map_or(cap, |n| n.min(cap));
-                obj.insert(key.into(), Value::from(n));
-                capped = true;
+                present = true;
+                let current = dialect::token_bound(v).flatten();
+                let n = current.map_or(cap, |n| n.min(cap));
+                // Within the cap already: its bytes stay.
+                if current != Some(n) {
+                    edits.push((*key, n));
+                }
             }
-            if !capped {
-                let key = if self.summary.path == "/completion" {
-                    "n_predict"
-                } else {
-                    "max_tokens"
-                };
-                obj.insert(key.into(), Value::from(cap));
+            for (key, n) in edits {
+                self.set_field(key, Value::from(n))?;
             }
-            self.summary.max_tokens = max_tokens(obj);
+            if !present {
+                self.set_field(output.add, Value::from(cap))?;
+            }
         }
         if m.disable_prompt_cache {
-            obj.insert("cache_prompt".into(), Value::Bool(false));
+            self.set_field("cache_prompt", Value::Bool(false))?;
         }
         if m.strip_id_slot {
-            obj.remove("id_slot");
+            self.remove_field("id_slot")?;
         }
-        self.body =
-            Bytes::from(serde_json::to_vec(&v).map_err(|e| GateError::InvalidJson(e.to_string()))?);
-        self.json = Some(v);
+        self.reread();
         Ok(())
     }
-}
 
-impl Intake {
-    /// For a chat stream whose client did not ask for `stream_options.include_usage`: asks for it in
-    /// the forwarded body, so the stream reports its usage. Returns whether it did (the client's
-    /// stream must then lose the usage chunk again, see `stream_usage`).
+    /// For a stream of an API that reports usage only when asked (chat), whose client did not ask
+    /// for `stream_options.include_usage`: asks for it in the forwarded body, so the stream reports
+    /// its usage. Returns whether it did (the client's stream must then lose the usage chunk again,
+    /// see `stream_usage`).
     pub fn ask_for_stream_usage(&mut self) -> Result<bool, GateError> {
-        if !self.summary.stream
-            || !crate::stream_usage::CHAT_PATHS.contains(&self.summary.path.as_str())
-        {
+        let Some(dialect) = self.dialect else {
+            return Ok(false);
+        };
+        if !self.ask.stream || !dialect.asks_for_stream_usage() {
             return Ok(false);
         }
         let Some(Value::Object(obj)) = self.json.as_mut() else {
@@ -312,6 +270,7 @@ impl Intake {
         if asked {
             return Ok(false);
         }
+        let edited = json_edit::set_nested(&self.body, "stream_options", "include_usage", "true");
         match obj.get_mut("stream_options") {
             Some(Value::Object(opts)) => {
                 opts.insert("include_usage".into(), Value::Bool(true));
@@ -323,27 +282,64 @@ impl Intake {
                 );
             }
         }
-        self.body = Bytes::from(
-            serde_json::to_vec(&self.json).map_err(|e| GateError::InvalidJson(e.to_string()))?,
-        );
+        self.body = match edited {
+            Some(b) => Bytes::from(b),
+            None => self.reserialized()?,
+        };
         Ok(true)
     }
-}
 
-/// Characters of text in a prompt-like value: a string, an array of strings or of messages
-/// (`content` as a string or as parts with `text`).
-fn text_chars(v: Option<&Value>) -> u64 {
-    match v {
-        Some(Value::String(s)) => s.chars().count() as u64,
-        Some(Value::Array(items)) => items.iter().map(|i| text_chars(Some(i))).sum(),
-        Some(Value::Object(o)) => text_chars(o.get("content")) + text_chars(o.get("text")),
-        _ => 0,
+    /// Sets top-level `key` in the body's bytes and in its parsed form alike.
+    fn set_field(&mut self, key: &str, value: Value) -> Result<(), GateError> {
+        let Some(Value::Object(obj)) = self.json.as_mut() else {
+            return Ok(());
+        };
+        let edited = json_edit::set(&self.body, key, &value.to_string());
+        obj.insert(key.to_owned(), value);
+        self.body = match edited {
+            Some(b) => Bytes::from(b),
+            None => self.reserialized()?,
+        };
+        Ok(())
+    }
+
+    fn remove_field(&mut self, key: &str) -> Result<(), GateError> {
+        let Some(Value::Object(obj)) = self.json.as_mut() else {
+            return Ok(());
+        };
+        if obj.remove(key).is_none() {
+            return Ok(());
+        }
+        self.body = match json_edit::remove(&self.body, key) {
+            Some(b) => Bytes::from(b),
+            None => self.reserialized()?,
+        };
+        Ok(())
+    }
+
+    /// The parsed body written out whole: only if the editor could not follow the client's bytes,
+    /// which parsed as JSON a moment ago (logged: the key order is lost).
+    fn reserialized(&self) -> Result<Bytes, GateError> {
+        tracing::warn!(path = %self.summary.path, "request body re-serialised: its key order is not kept");
+        serde_json::to_vec(&self.json)
+            .map(Bytes::from)
+            .map_err(|e| GateError::InvalidJson(e.to_string()))
+    }
+
+    /// After an edit: what the body now asks, and the summary's view of it.
+    fn reread(&mut self) {
+        if let (Some(d), Some(json)) = (self.dialect, &self.json) {
+            self.ask = d.ask(json);
+            self.summary.max_tokens = self.ask.max_tokens;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::Dialect;
+    use serde_json::json;
 
     #[test]
     fn api_keys_are_hashed() {
@@ -352,169 +348,121 @@ mod tests {
             "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         let mut h = http::HeaderMap::new();
+        h.insert("x-api-key", "anthropic-style".parse().unwrap());
+        assert_eq!(api_key_hash(&h), Some(hash_api_key("anthropic-style")));
         h.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
         assert_eq!(api_key_hash(&h), Some(hash_api_key("abc")));
         h.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(api_key_hash(&h), Some(hash_api_key("anthropic-style")));
+        h.remove("x-api-key");
         assert_eq!(api_key_hash(&h), None);
     }
 
-    #[test]
-    fn routes_allow_list() {
-        assert_eq!(
-            route(&Method::POST, "/v1/chat/completions").unwrap(),
-            Kind::Slot
-        );
-        assert_eq!(route(&Method::GET, "/props").unwrap(), Kind::Passthrough);
-        assert_eq!(
-            route(&Method::GET, "/v1/chat/completions")
-                .unwrap_err()
-                .status(),
-            405
-        );
-        assert_eq!(route(&Method::POST, "/slots").unwrap_err().status(), 404);
-    }
-
-    fn intake(path: &str, body: Value) -> Intake {
+    fn intake(path: &str, body: &str) -> Intake {
         let (parts, ()) = Request::post(path).body(()).unwrap().into_parts();
-        let summary = summarize(&parts, Some(&body), None);
-        Intake {
-            parts,
-            body: Bytes::from(body.to_string()),
-            json: Some(body),
-            summary,
-        }
+        let handling = crate::routes::find(&Method::POST, path).unwrap();
+        Intake::new(parts, Bytes::from(body.to_owned()), handling, None).unwrap()
     }
 
-    fn summary_max_tokens(body: Value) -> Option<u64> {
-        intake("/v1/chat/completions", body).summary.max_tokens
-    }
-
-    #[test]
-    fn max_tokens_follows_llama_server_precedence() {
-        use serde_json::json;
-        let cases = [
-            (json!({}), None),
-            (json!({"max_tokens": 9}), Some(9)),
-            (json!({"max_completion_tokens": 9}), Some(9)),
-            (json!({"n_predict": 9}), Some(9)),
-            // n_predict overrides the OpenAI names, larger or smaller.
-            (json!({"max_tokens": 1, "n_predict": 500}), Some(500)),
-            (json!({"max_tokens": 500, "n_predict": 1}), Some(1)),
-            (
-                json!({"max_tokens": 1, "max_completion_tokens": 2, "n_predict": 500}),
-                Some(500),
-            ),
-            (
-                json!({"max_completion_tokens": 1, "n_predict": 500}),
-                Some(500),
-            ),
-            // Builds disagree between the two OpenAI names: the larger counts.
-            (
-                json!({"max_tokens": 1, "max_completion_tokens": 500}),
-                Some(500),
-            ),
-            (
-                json!({"max_tokens": 500, "max_completion_tokens": 1}),
-                Some(500),
-            ),
-            // null is absent, for llama-server too.
-            (json!({"max_tokens": 7, "n_predict": null}), Some(7)),
-            (json!({"max_tokens": null}), None),
-            // A negative bound is none at all (-1: the server's default), and wins like any other.
-            (json!({"max_tokens": 1, "n_predict": -1}), None),
-            (json!({"max_tokens": 5, "max_completion_tokens": -1}), None),
-            (json!({"n_predict": 3, "max_tokens": -1}), Some(3)),
-            // Numbers as llama-server converts them; a non-number is not a bound.
-            (json!({"max_tokens": 1, "n_predict": 500.9}), Some(500)),
-            (json!({"n_predict": true}), Some(1)),
-            (json!({"max_tokens": 8, "n_predict": "500"}), Some(8)),
-            (json!({"max_tokens": [1]}), None),
-        ];
-        for (body, want) in cases {
-            assert_eq!(summary_max_tokens(body.clone()), want, "{body}");
-        }
-        let (parts, ()) = Request::get("/props").body(()).unwrap().into_parts();
-        assert_eq!(summarize(&parts, None, None).max_tokens, None);
-    }
-
-    #[test]
-    fn cap_max_tokens_caps_every_key_present() {
-        use serde_json::json;
-        let cap = |path: &str, body: Value, cap: u64| {
-            let mut i = intake(path, body);
-            let m = Mutations {
-                cap_max_tokens: Some(cap),
-                ..Default::default()
-            };
-            i.apply(&m).unwrap();
-            let sent: Value = serde_json::from_slice(&i.body).unwrap();
-            (sent, i.summary.max_tokens)
+    fn capped(path: &str, body: &str, cap: u64) -> (String, Option<u64>) {
+        let mut i = intake(path, body);
+        let m = Mutations {
+            cap_max_tokens: Some(cap),
+            ..Default::default()
         };
+        i.apply(&m).unwrap();
+        let sent = String::from_utf8(i.body.to_vec()).unwrap();
+        let parsed: Value = serde_json::from_str(&sent).unwrap();
+        assert_eq!(
+            Some(&parsed),
+            i.json.as_ref(),
+            "bytes and parsed body agree"
+        );
+        (sent, i.summary.max_tokens)
+    }
+
+    #[test]
+    fn cap_max_tokens_caps_every_key_present_in_place() {
         let chat = "/v1/chat/completions";
-
-        let (sent, summary) = cap(
-            chat,
-            json!({"max_tokens": 1, "max_completion_tokens": 900, "n_predict": 500}),
-            100,
-        );
         assert_eq!(
-            (
-                &sent["max_tokens"],
-                &sent["max_completion_tokens"],
-                &sent["n_predict"]
+            capped(
+                chat,
+                r#"{"z":1, "max_tokens": 1, "max_completion_tokens": 900, "n_predict": 500}"#,
+                100
             ),
-            (&json!(1), &json!(100), &json!(100))
+            (
+                r#"{"z":1, "max_tokens": 1, "max_completion_tokens": 100, "n_predict": 100}"#
+                    .into(),
+                Some(100)
+            )
         );
-        assert_eq!(summary, Some(100));
-
         // Within the cap: unchanged, and the summary stays the effective value.
-        let (sent, summary) = cap(chat, json!({"max_tokens": 500, "n_predict": 1}), 100);
         assert_eq!(
-            (&sent["max_tokens"], &sent["n_predict"]),
-            (&json!(100), &json!(1))
+            capped(chat, r#"{"max_tokens": 500, "n_predict": 1}"#, 100),
+            (r#"{"max_tokens": 100, "n_predict": 1}"#.into(), Some(1))
         );
-        assert_eq!(summary, Some(1));
-
         // No bound, or no number: the cap takes its place.
-        let (sent, summary) = cap(chat, json!({"max_tokens": 5, "n_predict": -1}), 64);
         assert_eq!(
-            (&sent["max_tokens"], &sent["n_predict"]),
-            (&json!(5), &json!(64))
+            capped(chat, r#"{"max_tokens":5,"n_predict":-1}"#, 64),
+            (r#"{"max_tokens":5,"n_predict":64}"#.into(), Some(64))
         );
-        assert_eq!(summary, Some(64));
-        let (sent, summary) = cap(chat, json!({"n_predict": "lots"}), 64);
         assert_eq!(
-            (&sent["n_predict"], sent.get("max_tokens")),
-            (&json!(64), None)
+            capped(chat, r#"{"n_predict":"lots"}"#, 64),
+            (r#"{"n_predict":64}"#.into(), Some(64))
         );
-        assert_eq!(summary, Some(64));
+        // None present (null is none): the API's own name is added at the end.
+        assert_eq!(
+            capped(chat, r#"{"b":1,"a":2,"max_tokens":null}"#, 32),
+            (r#"{"b":1,"a":2,"max_tokens":32}"#.into(), Some(32))
+        );
+        assert_eq!(
+            capped("/completion", r#"{"prompt":"x"}"#, 32),
+            (r#"{"prompt":"x","n_predict":32}"#.into(), Some(32))
+        );
+        assert_eq!(
+            capped("/v1/responses", r#"{"input":"x"}"#, 32),
+            (r#"{"input":"x","max_output_tokens":32}"#.into(), Some(32))
+        );
+        // Anthropic's required max_tokens; embeddings generate nothing to cap.
+        assert_eq!(
+            capped("/v1/messages", r#"{"max_tokens":4000,"messages":[]}"#, 32),
+            (r#"{"max_tokens":32,"messages":[]}"#.into(), Some(32))
+        );
+        assert_eq!(
+            capped("/v1/embeddings", r#"{"input":"x"}"#, 32),
+            (r#"{"input":"x"}"#.into(), Some(0))
+        );
+    }
 
-        // None present (null is none): the endpoint's own name is set.
-        let (sent, summary) = cap(chat, json!({"max_tokens": null}), 32);
+    #[test]
+    fn stream_usage_is_asked_for_in_place() {
+        let body =
+            r#"{"stream":true,"tools":[{"function":{"parameters":{"z":1,"a":2}}}],"messages":[]}"#;
+        let mut i = intake("/v1/chat/completions", body);
+        assert!(i.ask_for_stream_usage().unwrap());
         assert_eq!(
-            (&sent["max_tokens"], sent.get("n_predict")),
-            (&json!(32), None)
+            String::from_utf8(i.body.to_vec()).unwrap(),
+            r#"{"stream":true,"tools":[{"function":{"parameters":{"z":1,"a":2}}}],"messages":[],"stream_options":{"include_usage":true}}"#
         );
-        assert_eq!(summary, Some(32));
-        let (sent, summary) = cap("/completion", json!({"prompt": "x"}), 32);
-        assert_eq!(
-            (&sent["n_predict"], sent.get("max_tokens")),
-            (&json!(32), None)
+        let mut i = intake(
+            "/v1/chat/completions",
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
         );
-        assert_eq!(summary, Some(32));
+        assert!(!i.ask_for_stream_usage().unwrap());
+        // Other APIs report usage unasked.
+        let mut i = intake(
+            "/v1/messages",
+            r#"{"stream":true,"max_tokens":1,"messages":[]}"#,
+        );
+        assert!(!i.ask_for_stream_usage().unwrap());
     }
 
     #[test]
     fn mutations_leave_a_request_without_a_json_body_alone() {
         // Found by fuzzing: a GET with a policy's changes was refused as invalid JSON.
         let (parts, ()) = Request::get("/v1/models").body(()).unwrap().into_parts();
-        let summary = summarize(&parts, None, None);
-        let mut i = Intake {
-            parts,
-            body: Bytes::new(),
-            json: None,
-            summary,
-        };
+        let handling = crate::routes::find(&Method::GET, "/v1/models").unwrap();
+        let mut i = Intake::new(parts, Bytes::new(), handling, None).unwrap();
         let m = Mutations {
             cap_max_tokens: Some(16),
             disable_prompt_cache: true,
@@ -526,19 +474,36 @@ mod tests {
     }
 
     #[test]
+    fn a_passthrough_body_that_is_not_json_is_forwarded_as_it_came() {
+        let (parts, ()) = Request::post("/tokenize").body(()).unwrap().into_parts();
+        let handling = crate::routes::find(&Method::POST, "/tokenize").unwrap();
+        let i = Intake::new(parts, Bytes::from_static(b"not json"), handling, None).unwrap();
+        assert!(i.json.is_none());
+        let (parts, ()) = Request::post("/v1/chat/completions")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let handling = crate::routes::find(&Method::POST, "/v1/chat/completions").unwrap();
+        let e = Intake::new(parts, Bytes::from_static(b"not json"), handling, None).err();
+        assert!(matches!(e, Some(GateError::InvalidJson(_))));
+    }
+
+    #[test]
     fn summary_counts_prompt_text() {
         let req = Request::post("/v1/chat/completions")
             .header("user-agent", "t")
             .body(())
             .unwrap();
         let (parts, ()) = req.into_parts();
-        let body = serde_json::json!({
+        let body = json!({
             "model": "m", "stream": true, "max_tokens": 9, "priority": -2,
             "messages": [{"role":"user","content":"hello"},{"role":"user","content":[{"type":"text","text":"abc"}]}]
         });
+        let ask = crate::dialect::CHAT.ask(&body);
         let s = summarize(
             &parts,
             Some(&body),
+            &ask,
             Some(Peer {
                 uid: 1,
                 gid: 2,

@@ -40,12 +40,20 @@ fn main() -> ExitCode {
         }
         None => (false, cli.run),
     };
-    // Wrapped, the upstream is the child's private socket, on every (re)load.
+    // Wrapped, the upstream is the child's private socket, on every (re)load, and what its command
+    // line says (the KV pool, its API key) is known.
     let upstream = wrapped.as_ref().map(slotgate::wrap::Wrap::upstream);
+    let launch = wrapped.as_ref().map(slotgate::wrap::Wrap::launch);
     let load = move |args: ConfigArgs| {
         load(args).map(|mut config| {
             if let Some(up) = &upstream {
                 config.upstream = up.clone();
+            }
+            if let Some(launch) = &launch {
+                if config.upstream_api_key.is_none() {
+                    config.upstream_api_key = launch.api_key().map(slotgate::config::Secret);
+                }
+                config.launch = Some(launch.clone());
             }
             config
         })

@@ -36,6 +36,8 @@ pub const UPSTREAM_SLOTS: &str = "slotgate_upstream_slots";
 pub const SLOTS_MISMATCH: &str = "slotgate_slots_mismatch";
 pub const CHILD_RESTARTS_TOTAL: &str = "slotgate_child_restarts_total";
 pub const KV_CACHE_RESERVED_RATIO: &str = "slotgate_kv_cache_reserved_ratio";
+pub const KV_POOL_TOKENS: &str = "slotgate_kv_pool_tokens";
+pub const KV_RESERVED_TOKENS: &str = "slotgate_kv_reserved_tokens";
 pub const STATE_UP: &str = "slotgate_state_up";
 pub const STATE_SYNC_SECONDS: &str = "slotgate_state_sync_seconds";
 pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
@@ -97,11 +99,19 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
 }
 
 fn describe() {
-    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, shutting_down, policy_denied, policy_error).");
+    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, policy_denied, policy_error).");
+    describe_gauge!(
+        KV_POOL_TOKENS,
+        "Tokens of the KV pool llama-server's slots share (its default without -np, or --kv-unified), as slotgate admits by it; 0 when each slot has a context of its own."
+    );
+    describe_gauge!(
+        KV_RESERVED_TOKENS,
+        "KV tokens reserved by the requests in service (prompt + the most each may generate, for the tasks that run at once)."
+    );
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a slot.");
     describe_gauge!(
         KV_CACHE_RESERVED_RATIO,
-        "Share of llama-server's KV cache (n_ctx per slot x slots) reserved by the requests in service (prompt estimate + max_tokens each): an upper bound of its use, for load-aware pickers such as the Gateway API Inference Extension. Updated at each scrape."
+        "Share of llama-server's KV cache (its shared pool, or n_ctx per slot x slots) reserved by the requests in service (prompt + the most each may generate): an upper bound of its use, for load-aware pickers such as the Gateway API Inference Extension. Updated at each scrape."
     );
     describe_counter!(
         CHILD_RESTARTS_TOTAL,
@@ -245,6 +255,8 @@ fn describe() {
     metrics::gauge!(INFLIGHT).set(0.0);
     metrics::gauge!(SLOTS_BUSY).set(0.0);
     metrics::gauge!(UPSTREAM_READY).set(0.0);
+    metrics::gauge!(KV_POOL_TOKENS).set(0.0);
+    metrics::gauge!(KV_RESERVED_TOKENS).set(0.0);
 }
 
 /// Caps the distinct values of a label so a flood of names cannot grow the exporter without bound:

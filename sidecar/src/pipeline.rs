@@ -1,12 +1,14 @@
 //! THE request path, top to bottom:
 //!
 //! ```text
-//! route -> intake (bounded body, JSON) -> policy chain -> claim (tenant, cost, weight, priority)
-//!       -> admission (slot, or the fair priority queue)
+//! route (routes: slot in a dialect | passthrough | health | admin | host)
+//!       -> intake (bounded body, JSON in the dialect) -> policy chain
+//!       -> demand (slots, KV pool tokens) -> claim (tenant, cost, weight, priority)
+//!       -> admission (slots and pool free, or the fair priority queue)
 //!       -> upstream (retry only while nothing was sent) -> GuardedBody (stream, then release)
 //! ```
 //!
-//! The exact prompt count (llama-server's `/apply-template` and `/tokenize`, see `cost`) stays off the
+//! The exact prompt count (llama-server's count endpoints and `/tokenize`, see `cost`) stays off the
 //! path of a request that gets a slot at once: it is forwarded on the estimate and settled from the
 //! usage llama-server reports. A request that has to wait is counted while it waits, and its place in
 //! the queue is re-costed. Only a chain with a policy that asks for the count (`needs_prompt_tokens`)
@@ -23,8 +25,7 @@ use futures_util::FutureExt;
 
 use std::collections::BTreeMap;
 
-use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use slotgate_sdk::{Decision, Peer, QueueSnapshot};
@@ -33,13 +34,15 @@ use tokio::time::Instant;
 use crate::access::{CompletionHook, Exchange};
 use crate::admission::{Claim, Entry, SlotGuard};
 use crate::body::{GuardedBody, HoldSlot, ABANDON_GRACE};
-use crate::cost;
+use crate::cost::{self, Demand, Want};
+use crate::dialect::DialectRef;
 use crate::error::{GateError, Outcome};
-use crate::intake::{self, Intake, Kind};
+use crate::intake::{self, Intake};
 use crate::metrics as m;
 use crate::policy::chain::ChainOutcome;
 use crate::policy::{Chain, EvalError};
 use crate::respond::{self, Body};
+use crate::routes::{self, Handling};
 use crate::stall::WriteWatch;
 use crate::state::App;
 use crate::stream_usage::StripUsage;
@@ -60,33 +63,55 @@ const UNAVAILABLE_RETRY_AFTER: u64 = 5;
 
 pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -> Response<Body> {
     let arrived = Instant::now();
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let handling = routes::find(req.method(), req.uri().path());
+    // `/health` is answered from slotgate's own readiness, unlogged as llama-server leaves it.
+    if let Ok(Handling::Health) = handling {
+        return health(&app, origin.as_ref());
+    }
     let mut ex = Exchange::new(req.method().clone(), req.uri().path(), peer);
     let watch = req.extensions().get::<WriteWatch>().cloned();
+    let preflight = req.method() == http::Method::OPTIONS;
+    let mut reply = Reply {
+        app: &app,
+        dialect: None,
+        origin,
+    };
     // Answered before the body was read to its end: the connection closes lingering, so a client
     // still writing its body gets to read the answer.
-    let early = |ex, e: &GateError| {
+    let early = |ex, e: &GateError, reply: &Reply<'_>| {
         if let Some(w) = &watch {
             w.mark_unread_body();
         }
-        reject(ex, e)
+        reply.refuse(ex, e)
     };
-
-    let kind = match intake::route(req.method(), req.uri().path()) {
-        Ok(kind) => kind,
-        Err(e) => return early(ex, &e),
+    let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+    let handling = match handling {
+        Ok(Handling::Admin) => return early(ex, &GateError::AdminOnly { method, path }, &reply),
+        Ok(Handling::Host) if !app.config.forward_host_endpoints => {
+            return early(ex, &GateError::HostEndpoint { method, path }, &reply)
+        }
+        Ok(h) => h,
+        Err(e) => return early(ex, &e, &reply),
     };
-    let mut intake = match intake::read(req, &app.limits, peer).await {
+    let slot_route = matches!(handling, Handling::Slot(_));
+    if let Handling::Slot(d) = handling {
+        reply.dialect = Some(d);
+    }
+    let mut intake = match intake::read(req, &app.limits, peer, handling).await {
         Ok(i) => i,
-        Err(e @ (GateError::InvalidJson(_) | GateError::BodyTimeout(_))) => return reject(ex, &e),
-        Err(e) => return early(ex, &e),
+        Err(e @ (GateError::InvalidJson(_) | GateError::BodyTimeout(_))) => {
+            return reply.refuse(ex, &e)
+        }
+        Err(e) => return early(ex, &e, &reply),
     };
     // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
+    // A CORS preflight carries no credentials and does nothing: no policy judges it.
     let chain = app.policies.current();
-    let counted_first =
-        kind == Kind::Slot && (app.config.count_first || chain.needs_prompt_tokens());
+    let counted_first = slot_route && (app.config.count_first || chain.needs_prompt_tokens());
     if counted_first {
         if let Err(e) = count_prompt(&app, &mut intake, Before::Chain).await {
-            return reject(ex, &e);
+            return reply.refuse(ex, &e);
         }
     }
     let mut priority = match app.config.trust_client_priority {
@@ -95,7 +120,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     };
     let mut response_headers = BTreeMap::new();
     let mut decided = None;
-    if !chain.is_empty() {
+    if !chain.is_empty() && !preflight {
         let (outcome, own) = decide(&app, &intake, chain.clone()).await;
         // Every policy that allowed hears how the request ended, even when a later one refused it:
         // what it took from a budget can be given back.
@@ -117,7 +142,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
                 // A policy's priority replaces the client's hint (policies clamp hints themselves).
                 priority = decision.priority.unwrap_or(priority);
                 if let Err(e) = intake.apply(&decision.mutations) {
-                    return reject(ex, &e);
+                    return reply.refuse(ex, &e);
                 }
                 response_headers = std::mem::take(&mut decision.mutations.response_headers);
                 decided = Some(decision);
@@ -137,10 +162,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
                     retry_after: decision.retry_after_seconds,
                     policy,
                 };
-                return reject(ex, &e);
+                return reply.refuse(ex, &e);
             }
             ChainOutcome::Failed { policy, error } => {
-                return reject(
+                return reply.refuse(
                     ex,
                     &GateError::PolicyFailed {
                         policy,
@@ -151,49 +176,40 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         }
     }
     ex.set_priority(priority);
-    if kind == Kind::Slot {
-        // Again, after any policy capped max_tokens: what the scheduler charges up front and
-        // `slotgate_tokens_reserved_total` counts. Without the slot's context size: prompt + max_tokens.
-        let s = &mut intake.summary;
-        let prompt = s.prompt_tokens_best();
-        s.reserved_tokens = match cost::reservation(prompt, s.max_tokens, app.cost.slot_context()) {
-            Ok(r) => r,
-            Err(n_ctx) => Some(n_ctx),
-        };
-    }
-    let claim = Claim::new(&intake.summary, decided.as_ref(), priority);
-    ex.set_tenant(claim.tenant.clone());
 
     // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
     // share the one budget the client was promised.
     let deadline = arrived + app.config.queue_timeout;
-    let (slot, queue_wait) = match kind {
-        Kind::Slot => {
-            let admitted = admit(&app, &mut intake, claim, decided.as_ref(), deadline);
-            match admitted.await {
-                Ok((slot, wait)) => (Some(slot), wait),
-                Err(e) => return reject(ex, &e),
+    let (slot, queue_wait) = if slot_route {
+        // Again, after any policy capped max_tokens: what the scheduler charges up front and
+        // holds (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
+        let demand = match demand_of(&app, &mut intake) {
+            Ok(d) => d,
+            Err(e) => return reply.refuse(ex, &e),
+        };
+        let claim = Claim::new(&intake.summary, decided.as_ref(), priority, demand.charge)
+            .holding(demand.slots, demand.kv);
+        ex.set_tenant(claim.tenant.clone());
+        let admitted = admit(&app, &mut intake, claim, decided.as_ref(), demand, deadline);
+        match admitted.await {
+            Ok((slot, wait, demand)) => {
+                ex.set_reserved(demand.reserved.unwrap_or(demand.charge));
+                ex.set_prompt_tokens(intake.summary.prompt_tokens_best());
+                (Some(slot), wait)
             }
+            Err(e) => return reply.refuse(ex, &e),
         }
-        Kind::Passthrough => (None, Duration::ZERO),
+    } else {
+        let claim = Claim::new(&intake.summary, decided.as_ref(), priority, 0);
+        ex.set_tenant(claim.tenant);
+        (None, Duration::ZERO)
     };
     ex.set_queue_wait(queue_wait);
-    if kind == Kind::Slot {
-        let s = &intake.summary;
-        let reserved = s
-            .reserved_tokens
-            .unwrap_or_else(|| s.prompt_tokens_best() + s.max_tokens.unwrap_or(0));
-        ex.set_reserved(reserved);
-        ex.set_prompt_tokens(s.prompt_tokens_best());
-    }
 
     // Every chat stream reports its usage; the client still gets the stream it asked for.
-    let strip_usage = match kind {
-        Kind::Slot => match intake.ask_for_stream_usage() {
-            Ok(asked) => asked,
-            Err(e) => return reject(ex, &e),
-        },
-        Kind::Passthrough => false,
+    let strip_usage = match intake.ask_for_stream_usage() {
+        Ok(asked) => asked,
+        Err(e) => return reply.refuse(ex, &e),
     };
     let inflight = app.upstream.inflight_guard();
     let forwarded_at = Instant::now();
@@ -201,7 +217,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
     // A generation request goes out on a connection of its own when it streams (llama-server closes
     // it after the stream), or when reuse is off; a whole answer may reuse an idle one.
     let own_connection =
-        kind == Kind::Slot && (intake.summary.stream || !app.config.upstream_reuse_connections);
+        slot_route && (intake.ask.stream || !app.config.upstream_reuse_connections);
     let resp = forward(&app, &intake, deadline, own_connection).await;
     let slot = held.disarm();
     let resp = match resp {
@@ -216,24 +232,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
                 (Some(slot), GateError::UpstreamTimeout(_)) => hold_until_dropped(&app, slot),
                 _ => {}
             }
-            return reject(ex, &e);
-        }
-    };
-
-    // Forwarded before it was counted, a prompt that cannot fit a slot is refused by llama-server
-    // itself: the client gets the same 400 slotgate gives when it counted first.
-    let resp = match slot {
-        Some(_) if resp.status() == StatusCode::BAD_REQUEST => match context_refusal(resp).await {
-            Ok(e) => {
-                // Nothing was served; the slot goes on when it drops here.
-                if let Some(mut held) = slot {
-                    held.settle(0);
-                }
-                return reject(ex, &e);
+            // llama-server answers every preflight; while it cannot, slotgate answers as it would.
+            if preflight {
+                ex.set_status(200);
+                ex.finish(Outcome::Ok);
+                return app.cors.preflight(reply.origin.as_ref());
             }
-            Err(resp) => resp,
-        },
-        _ => resp,
+            return reply.refuse(ex, &e);
+        }
     };
 
     let (upstream_parts, body) = resp.into_parts();
@@ -250,7 +256,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         QUEUE_WAIT_HEADER,
         HeaderValue::from(queue_wait.as_millis() as u64),
     );
-    if let Some(n) = intake.summary.prompt_tokens {
+    if let Some(n) = intake.summary.prompt_tokens.filter(|_| slot_route) {
         out.headers_mut()
             .insert(PROMPT_TOKENS_HEADER, HeaderValue::from(n));
     }
@@ -274,13 +280,87 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         ex,
         forwarded_at,
         content_type.as_deref(),
+        intake.dialect,
     )
+    .answered(upstream_parts.status)
     .guarded(watch, app.config.upstream_idle_timeout)
     .on_upstream_timeout(app.clone());
     if strip_usage {
         return out.map(|()| StripUsage::new(guarded.boxed_unsync()).boxed_unsync());
     }
     out.map(|()| guarded.boxed_unsync())
+}
+
+/// How slotgate's own answers to one request are written: in its API's shape, with the CORS
+/// headers llama-server would send.
+struct Reply<'a> {
+    app: &'a App,
+    dialect: Option<DialectRef>,
+    origin: Option<HeaderValue>,
+}
+
+impl Reply<'_> {
+    fn refuse(&self, mut ex: Exchange, e: &GateError) -> Response<Body> {
+        ex.set_status(e.status());
+        ex.finish(e.outcome());
+        if e.outcome() == Outcome::UpstreamError {
+            tracing::warn!(error = %e, "upstream failure");
+        }
+        let mut resp = respond::error(e, self.dialect);
+        self.app
+            .cors
+            .apply(self.origin.as_ref(), resp.headers_mut());
+        resp
+    }
+}
+
+/// llama-server's `/health`, from slotgate's readiness: 200 `{"status":"ok"}` while llama-server
+/// is ready and slotgate is not draining, else 503 as llama-server answers while it loads.
+fn health(app: &App, origin: Option<&HeaderValue>) -> Response<Body> {
+    let ready = app.upstream.is_ready() && !app.admission.stats().closed;
+    let body = match ready {
+        true => serde_json::json!({"status": "ok"}),
+        false => {
+            serde_json::json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+        }
+    };
+    let mut resp = respond::json(if ready { 200 } else { 503 }, &body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    app.cors.apply(origin, resp.headers_mut());
+    resp
+}
+
+/// What a slot request holds while it runs (see `cost::demand`), with the counts it has (exact or
+/// estimated) and the server as slotgate knows it now; the reservation goes into the summary.
+fn demand_of(app: &App, intake: &mut Intake) -> Result<Demand, GateError> {
+    let estimates: Vec<u64>;
+    let (prompts, exact) = match &intake.prompt_counts {
+        Some(counts) => (counts.as_slice(), true),
+        None => {
+            estimates = intake.ask.prompts.iter().map(|c| c.div_ceil(4)).collect();
+            (estimates.as_slice(), false)
+        }
+    };
+    let want = Want {
+        prompts,
+        exact,
+        completions: intake.ask.completions,
+        max_tokens: intake.ask.max_tokens,
+        all_slots: intake.ask.all_slots,
+    };
+    let slots_known = app.capacity.upstream_slots().is_some()
+        || matches!(app.config.slots, crate::config::Slots::Fixed(_));
+    let demand = cost::demand(
+        &want,
+        app.admission.slots(),
+        slots_known,
+        app.capacity.slot_context(),
+    )?;
+    intake.summary.reserved_tokens = demand.reserved;
+    Ok(demand)
 }
 
 /// Holds the slot while the request is with the upstream and no answer has begun. If the client leaves
@@ -328,26 +408,29 @@ impl HoldSlot for App {
 /// A slot for the request. Free, with nobody waiting: at once, charged on the estimate (the slot
 /// settles from llama-server's usage). Else the request queues, and its prompt is counted while it
 /// waits (unless the chain had it counted already): its place is then re-costed, so the fair-share
-/// charge at admission and the wait estimates (Retry-After, doomed waits) of those behind it are
-/// exact, and a prompt that cannot fit a slot leaves the queue with 400 instead of reaching
-/// llama-server. A slot granted before the count is back is taken at once, on the estimate.
+/// charge at admission, what it holds of the pool and the wait estimates (Retry-After, doomed
+/// waits) of those behind it are exact, and a prompt that cannot fit a slot leaves the queue with
+/// 400 instead of reaching llama-server. A slot granted before the count is back is taken at once,
+/// on the estimate.
 async fn admit(
     app: &App,
     intake: &mut Intake,
     claim: Claim,
     decided: Option<&Decision>,
+    demand: Demand,
     deadline: Instant,
-) -> Result<(SlotGuard, Duration), GateError> {
-    let counted = intake.summary.prompt_tokens.is_some();
+) -> Result<(SlotGuard, Duration, Demand), GateError> {
+    let counted = intake.prompt_counts.is_some();
     let forwarded = |s: &slotgate_sdk::RequestSummary| {
         if !counted {
             cost::record(cost::Source::Forwarded, s.prompt_tokens_estimate, None);
         }
     };
+    let mut demand = demand;
     let mut ticket = match app.admission.enter(claim, deadline)? {
         Entry::Admitted(slot) => {
             forwarded(&intake.summary);
-            return Ok((slot, Duration::ZERO));
+            return Ok((slot, Duration::ZERO, demand));
         }
         Entry::Queued(ticket) => ticket,
     };
@@ -358,15 +441,22 @@ async fn admit(
                 if granted.is_ok() {
                     forwarded(&intake.summary);
                 }
-                return granted;
+                return granted.map(|(slot, wait)| (slot, wait, demand));
             }
-            done = count_prompt(app, intake, Before::Slot) => done?,
+            done = count_prompt(app, intake, Before::Slot) => demand = done?,
         }
-        if intake.summary.prompt_tokens.is_some() {
-            ticket.recost(Claim::cost_of(&intake.summary, decided));
+        if intake.prompt_counts.is_some() {
+            ticket.recost(
+                Claim::cost_of(decided, demand.charge),
+                demand.slots,
+                demand.kv,
+            );
         }
     }
-    ticket.wait(deadline).await
+    ticket
+        .wait(deadline)
+        .await
+        .map(|(slot, wait)| (slot, wait, demand))
 }
 
 /// When a prompt is counted.
@@ -378,34 +468,23 @@ enum Before {
     Slot,
 }
 
-/// Counts the prompt with llama-server's own tokenizer (the estimate stands when it cannot) and
-/// bounds the reservation by the slot's context. A prompt that exactly counted cannot fit a slot is
-/// refused here, before it could take a slot.
-async fn count_prompt(app: &App, intake: &mut Intake, when: Before) -> Result<(), GateError> {
-    let s = &mut intake.summary;
+/// Counts the prompt with llama-server's own endpoints (the estimate stands when it cannot) and
+/// works out what the request holds. A prompt that exactly counted cannot fit a slot is refused
+/// here, before it could take a slot.
+async fn count_prompt(app: &App, intake: &mut Intake, when: Before) -> Result<Demand, GateError> {
     // Before the chain, with every slot busy and the queue full, the request will most likely be
     // turned away: keep that 429 fast and do not ask llama-server (the estimate stands).
     let q = app.admission.stats();
     let full = when == Before::Chain && q.busy >= q.slots && q.depth >= q.capacity;
-    let (exact, source) = match &intake.json {
-        Some(json) if !full => app.cost.prompt_tokens(&s.path, json).await,
+    let (exact, source) = match (&intake.json, intake.dialect) {
+        (Some(json), Some(d)) if !full => app.cost.prompt_tokens(d, json, &intake.body).await,
         _ => (None, cost::Source::Estimate),
     };
-    cost::record(source, s.prompt_tokens_estimate, exact);
-    s.prompt_tokens = exact;
-    let slot = app.cost.slot_context();
-    s.reserved_tokens = match cost::reservation(s.prompt_tokens_best(), s.max_tokens, slot) {
-        Ok(r) => r,
-        Err(n_ctx) if exact.is_some() => {
-            return Err(GateError::ContextTooLong {
-                prompt: s.prompt_tokens_best(),
-                n_ctx,
-            })
-        }
-        // An estimate is no ground to refuse: llama-server decides.
-        Err(n_ctx) => Some(n_ctx),
-    };
-    Ok(())
+    let total = exact.as_ref().map(|c| c.iter().sum());
+    cost::record(source, intake.summary.prompt_tokens_estimate, total);
+    intake.summary.prompt_tokens = total;
+    intake.prompt_counts = exact;
+    demand_of(app, intake)
 }
 
 /// Runs the policy chain: on this async worker while the chain has always been fast
@@ -477,49 +556,6 @@ async fn decide(
     })
 }
 
-/// Largest upstream 400 body read to look for a context-size refusal; larger ones pass through.
-const REFUSAL_BODY_LIMIT: usize = 64 * 1024;
-
-/// llama-server's refusal of a prompt longer than a slot's context (`exceed_context_size_error`, with
-/// `n_prompt_tokens` and `n_ctx`) as slotgate's own `context_length_exceeded`; any other 400 is
-/// handed back whole.
-async fn context_refusal(resp: Response<Body>) -> Result<GateError, Response<Body>> {
-    // llama-server's error answers are small and carry a Content-Length; anything else passes.
-    let small = resp
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        .is_some_and(|n| n <= REFUSAL_BODY_LIMIT);
-    if !small {
-        return Err(resp);
-    }
-    let (mut parts, body) = resp.into_parts();
-    let bytes = match body.collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            // Broken mid-body: the client gets the status and no body.
-            tracing::debug!(error = %e, "upstream 400 body unreadable");
-            parts.headers.remove(header::CONTENT_LENGTH);
-            return Err(Response::from_parts(parts, respond::full(Bytes::new())));
-        }
-    };
-    let refusal = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| {
-            let e = v.get("error")?;
-            (e.get("type")?.as_str()? == "exceed_context_size_error").then(|| {
-                GateError::ContextTooLong {
-                    prompt: e
-                        .get("n_prompt_tokens")
-                        .and_then(|n| n.as_u64())
-                        .unwrap_or(0),
-                    n_ctx: e.get("n_ctx").and_then(|n| n.as_u64()).unwrap_or(0),
-                }
-            })
-        });
-    refusal.ok_or_else(|| Response::from_parts(parts, respond::full(bytes)))
-}
-
 /// Sends the request, retrying with exponential backoff and jitter only while the upstream is
 /// unreachable or loading (nothing was processed), until the request's deadline. With
 /// `own_connection` it goes out on a connection of its own (see `Upstream::send`).
@@ -577,15 +613,6 @@ fn backoff(attempt: u32) -> Duration {
         .saturating_mul(1u32 << attempt.min(16))
         .min(RETRY_MAX);
     exp / 2 + exp.mul_f64(fastrand::f64() / 2.0)
-}
-
-fn reject(mut ex: Exchange, e: &GateError) -> Response<Body> {
-    ex.set_status(e.status());
-    ex.finish(e.outcome());
-    if e.outcome() == Outcome::UpstreamError {
-        tracing::warn!(error = %e, "upstream failure");
-    }
-    respond::error(e)
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
-//! Every response slotgate writes itself: OpenAI-shaped JSON errors with status, Retry-After and
-//! retry-after-ms.
+//! Every response slotgate writes itself: JSON errors in the shape of the API the client speaks
+//! (OpenAI's, Anthropic's on `/v1/messages`, llama-server's own for a prompt that cannot fit), with
+//! status, Retry-After and retry-after-ms.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 
+use crate::dialect::{self, DialectRef};
 use crate::error::GateError;
 
 /// The body type of every response slotgate sends: its own JSON, or a guarded upstream stream.
@@ -20,11 +22,23 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed_unsync()
 }
 
-/// `{"error":{"message","type","code"}}` with the error's status and, where useful, Retry-After.
-pub fn error(e: &GateError) -> Response<Body> {
-    let body = serde_json::json!({
-        "error": { "message": e.to_string(), "type": e.error_type(), "code": e.code() }
-    });
+/// The error in `dialect`'s shape (OpenAI's `{"error":{"message","type","code"}}` when none),
+/// with its status and, where useful, Retry-After.
+pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
+    let body = match (e, dialect) {
+        // As llama-server itself refuses it, on every API.
+        (GateError::ContextTooLong { prompt, n_ctx }, _) => serde_json::json!({
+            "error": {
+                "code": 400,
+                "message": e.to_string(),
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": prompt,
+                "n_ctx": n_ctx,
+            }
+        }),
+        (_, Some(d)) => d.error_body(e),
+        (_, None) => dialect::openai_error(e),
+    };
     let mut resp = json(e.status(), &body);
     if let Some(secs) = e.retry_after() {
         metrics::histogram!(crate::metrics::RETRY_AFTER_SECONDS, "code" => e.code())
@@ -67,7 +81,7 @@ mod tests {
     use super::*;
 
     fn headers(e: &GateError) -> (Option<String>, Option<String>) {
-        let resp = error(e);
+        let resp = error(e, None);
         let get = |name: &str| {
             resp.headers()
                 .get(name)

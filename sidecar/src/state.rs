@@ -1,6 +1,6 @@
-//! The state every request shares: the configuration, the slots and queue, the upstream client, the
-//! policy chain and the prompt counter. Built once by `app::run`; read by the request path
-//! (`pipeline`), the admin endpoints and the reloader.
+//! The state every request shares: the configuration, the slots and queue, the upstream client and
+//! what it can hold, the policy chain, the prompt counter and llama-server's CORS rule. Built once
+//! by `app::run`; read by the request path (`pipeline`), the admin endpoints and the reloader.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,7 +8,9 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::admission::{Admission, Fairness};
+use crate::capacity::Capacity;
 use crate::config::{Config, Slots};
+use crate::cors::Cors;
 use crate::cost::Counter;
 use crate::fleet::Fleet;
 use crate::intake::Limits;
@@ -24,8 +26,12 @@ pub struct App {
     pub limits: Limits,
     pub prometheus: PrometheusHandle,
     pub policies: PolicySet,
-    /// Exact prompt counts and the slot context, from llama-server.
+    /// Exact prompt counts, from llama-server.
     pub cost: Counter,
+    /// Its slots, their context and the KV pool they may share.
+    pub capacity: Capacity,
+    /// Its CORS rule, for slotgate's own answers.
+    pub cors: Cors,
     /// The fleet state backend, when `state.backend = redis`.
     pub fleet: Option<Arc<Fleet>>,
     /// The `total_slots` last warned about (a fixed `--slots` that differs from it).
@@ -45,7 +51,12 @@ impl App {
             Slots::Auto => 32,
             Slots::Fixed(n) => n * 2,
         };
-        let upstream = Upstream::new(config.upstream.clone(), config.connect_timeout, pool);
+        let upstream = Upstream::new(
+            config.upstream.clone(),
+            config.connect_timeout,
+            pool,
+            config.upstream_api_key.as_ref().map(|k| k.0.clone()),
+        );
         // The denominators of the busy and queue gauges, for dashboards and alerts.
         metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(slots as f64);
         metrics::gauge!(m::SLOTS_MISMATCH).set(0.0);
@@ -55,6 +66,8 @@ impl App {
             fleet,
             warned_slots: AtomicUsize::new(0),
             cost: Counter::new(config.tokenizer, upstream.clone()),
+            capacity: Capacity::new(upstream.clone(), config.kv_pool, config.launch.clone()),
+            cors: Cors::default(),
             admission: Admission::with_fairness(
                 slots,
                 config.queue_depth,
@@ -74,11 +87,14 @@ impl App {
         }
     }
 
-    /// After llama-server's `/props` was read: `--slots auto` takes its `total_slots`; a fixed
-    /// number that differs is warned about (once per change) and flagged in
-    /// `slotgate_slots_mismatch` and `/status`.
-    pub fn follow_upstream_slots(&self) {
-        let Some(reported) = self.cost.upstream_slots() else {
+    /// After llama-server's `/props` was read: admission follows its KV pool; `--slots auto` takes
+    /// its `total_slots`; a fixed number that differs is warned about (once per change) and flagged
+    /// in `slotgate_slots_mismatch` and `/status`.
+    pub fn follow_upstream(&self) {
+        let pool = self.capacity.slot_context().and_then(|c| c.pool);
+        self.admission.set_pool(pool);
+        metrics::gauge!(m::KV_POOL_TOKENS).set(pool.unwrap_or(0) as f64);
+        let Some(reported) = self.capacity.upstream_slots() else {
             return;
         };
         metrics::gauge!(m::UPSTREAM_SLOTS).set(reported as f64);
@@ -116,7 +132,7 @@ impl App {
     /// For `/status`: where the slot count comes from, what llama-server reports, whether they
     /// differ.
     pub fn slots_status(&self) -> serde_json::Value {
-        let reported = self.cost.upstream_slots();
+        let reported = self.capacity.upstream_slots();
         let total = self.admission.slots();
         serde_json::json!({
             "source": match (self.config.slots, reported) {

@@ -1,6 +1,7 @@
 //! The client side: one keep-alive pool to llama-server over TCP or a Unix socket, fresh upstream
 //! requests built from an allow-list of headers, and the retry rule that never resends a request whose
-//! bytes may have reached the upstream.
+//! bytes may have reached the upstream. slotgate's own calls (`/props`, counting, `/slots`,
+//! `/metrics`) carry the upstream's API key when it wants one; clients' requests carry their own.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -72,6 +73,10 @@ struct Inner {
     scrape_skip_until: std::sync::Mutex<Option<Instant>>,
     ready: AtomicBool,
     inflight: AtomicUsize,
+    /// The key slotgate's own calls carry (`--upstream-api-key-file`, or the wrapped command's).
+    api_key: Option<String>,
+    /// llama-server refused slotgate's own call for want of a (valid) key; logged once a change.
+    unauthorized: AtomicBool,
 }
 
 /// How long the admin scrape waits for llama-server's own `/metrics`.
@@ -170,7 +175,12 @@ impl SendError {
 }
 
 impl Upstream {
-    pub fn new(target: UpstreamAddr, connect_timeout: Duration, pool_size: usize) -> Self {
+    pub fn new(
+        target: UpstreamAddr,
+        connect_timeout: Duration,
+        pool_size: usize,
+        api_key: Option<String>,
+    ) -> Self {
         // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s), so
         // a reused connection is rarely one the server is closing at that moment.
         let client = Pool::new(&target, connect_timeout, pool_size, true);
@@ -188,6 +198,8 @@ impl Upstream {
                 scrape_skip_until: std::sync::Mutex::new(None),
                 ready: AtomicBool::new(false),
                 inflight: AtomicUsize::new(0),
+                api_key,
+                unauthorized: AtomicBool::new(false),
             }),
         }
     }
@@ -198,6 +210,49 @@ impl Upstream {
 
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Relaxed)
+    }
+
+    /// For `/status`: whether slotgate's own calls carry a key, and whether llama-server refused it
+    /// (or wanted one and had none).
+    pub fn auth_status(&self) -> serde_json::Value {
+        let refused = self.inner.unauthorized.load(Ordering::Relaxed);
+        serde_json::json!({
+            "api_key": if self.inner.api_key.is_some() { "set" } else { "none" },
+            "refused": refused,
+            "hint": refused.then_some(match self.inner.api_key {
+                Some(_) => "llama-server refuses slotgate's key: check --upstream-api-key-file against llama-server's --api-key",
+                None => "llama-server wants an API key (--api-key): give it to slotgate with --upstream-api-key-file",
+            }),
+        })
+    }
+
+    /// Adds slotgate's upstream key to `headers` when they carry no key of their own.
+    pub fn authorize(&self, headers: &mut HeaderMap) {
+        let Some(key) = &self.inner.api_key else {
+            return;
+        };
+        if headers.contains_key(header::AUTHORIZATION) || headers.contains_key("x-api-key") {
+            return;
+        }
+        if let Ok(v) = http::HeaderValue::try_from(format!("Bearer {key}")) {
+            headers.insert(header::AUTHORIZATION, v);
+        }
+    }
+
+    /// Records how llama-server answered one of slotgate's own calls to `path`.
+    fn note_auth(&self, path: &str, status: http::StatusCode) {
+        let refused = status == http::StatusCode::UNAUTHORIZED;
+        if status.is_success() || refused {
+            let was = self.inner.unauthorized.swap(refused, Ordering::Relaxed);
+            if refused && !was {
+                match self.inner.api_key {
+                    Some(_) => tracing::error!(path, "llama-server answered 401 to slotgate's own request: it refuses the key of --upstream-api-key-file; slot counts, exact prompt counts and llama-server's metrics are unavailable until it is right"),
+                    None => tracing::error!(path, "llama-server answered 401 to slotgate's own request: it runs with --api-key; give slotgate the key with --upstream-api-key-file (slotgate wrap reads it from the command line); until then slot counts, exact prompt counts and llama-server's metrics are unavailable"),
+                }
+            } else if !refused && was {
+                tracing::info!("llama-server accepts slotgate's key again");
+            }
+        }
     }
 
     pub fn inflight(&self) -> usize {
@@ -296,6 +351,22 @@ impl Upstream {
         serde_json::from_slice(&bytes).map_err(|e| format!("{path} answered non-JSON: {e}"))
     }
 
+    /// [`Upstream::json`] with a body sent exactly as given (a client's bytes, whose key order a
+    /// chat template may print).
+    pub async fn raw_json(
+        &self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, String> {
+        let method = Method::from_bytes(method.as_bytes()).map_err(|e| e.to_string())?;
+        let bytes = self
+            .exchange_bytes(&self.inner.fresh, method, path, body, timeout)
+            .await?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("{path} answered non-JSON: {e}"))
+    }
+
     /// llama-server's own `/metrics` text for the admin scrape, on connections not counted as the
     /// request path's. `None` while another copy is under way or for [`METRICS_COPY_BACKOFF`] after
     /// one failed: a stuck llama-server gets no pile of `/metrics` requests to answer once it runs
@@ -342,9 +413,21 @@ impl Upstream {
         body: Option<&serde_json::Value>,
         timeout: Duration,
     ) -> Result<Bytes, String> {
+        let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        self.exchange_bytes(pool, method, path, bytes, timeout)
+            .await
+    }
+
+    async fn exchange_bytes(
+        &self,
+        pool: &Pool,
+        method: Method,
+        path: &str,
+        bytes: Bytes,
+        timeout: Duration,
+    ) -> Result<Bytes, String> {
         let attempt = async {
-            let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
-            let req = Request::builder()
+            let mut req = Request::builder()
                 .method(method)
                 .uri(self.uri(path))
                 .header(header::CONTENT_TYPE, "application/json")
@@ -354,8 +437,14 @@ impl Upstream {
                 .header(header::CONNECTION, "close")
                 .body(Full::new(bytes))
                 .map_err(|e| e.to_string())?;
+            if let Some(key) = &self.inner.api_key {
+                let value = http::HeaderValue::try_from(format!("Bearer {key}"))
+                    .map_err(|_| "the upstream API key is not a valid header value".to_owned())?;
+                req.headers_mut().insert(header::AUTHORIZATION, value);
+            }
             let resp = pool.request(req).await.map_err(|e| error_chain(&e))?;
             let status = resp.status();
+            self.note_auth(path, status);
             let bytes = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
                 .collect()
                 .await
@@ -413,6 +502,28 @@ impl Upstream {
             }
         };
         let _ = tokio::time::timeout(cap, poll).await;
+    }
+
+    /// The headers of llama-server's answer to a CORS preflight from `origin` (see `cors`).
+    pub async fn preflight(&self, origin: &str, timeout: Duration) -> Option<HeaderMap> {
+        let attempt = async {
+            let req = Request::builder()
+                .method(Method::OPTIONS)
+                .uri(self.uri("/health"))
+                .header(header::ORIGIN, origin)
+                .header("access-control-request-method", "POST")
+                .header(header::USER_AGENT, USER_AGENT)
+                .header(header::CONNECTION, "close")
+                .body(Full::new(Bytes::new()))
+                .ok()?;
+            let resp = self.inner.fresh.request(req).await.ok()?;
+            let headers = resp.headers().clone();
+            let _ = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
+                .collect()
+                .await;
+            Some(headers)
+        };
+        tokio::time::timeout(timeout, attempt).await.ok().flatten()
     }
 
     /// Probes `GET /health` once and records readiness.

@@ -1,14 +1,17 @@
-//! Reads token usage out of a response as it streams past: `usage` of an OpenAI-shaped JSON body or of
-//! an SSE chunk, or llama-server's native `tokens_evaluated` / `tokens_predicted`, and failing both
-//! llama-server's `timings`.
+//! Reads token usage out of a response as it streams past, in the answer's API dialect: OpenAI's
+//! `usage` of a JSON body or an SSE chunk, llama-server's native `tokens_evaluated` /
+//! `tokens_predicted`, Anthropic's `message_start` / `message_delta` usage, the Responses API's
+//! `response.completed` usage, and failing them llama-server's `timings`.
 //!
-//! llama-server leaves `usage` out of a stream unless the client asked for
+//! llama-server leaves `usage` out of a chat stream unless the client asked for
 //! `stream_options.include_usage`; its last chunk then carries only `timings`. There `predicted_n` is
 //! the tokens generated and `prompt_n` + `cache_n` the whole prompt (processed now plus reused from
 //! the prompt cache), which is what its `usage.prompt_tokens` reports. Without this fallback such a
 //! stream would be accounted as using nothing.
 
 use serde_json::Value;
+
+use crate::dialect::{DialectRef, Reported, Trust};
 
 /// More than any usage-bearing JSON response we need to parse; beyond it the body is not buffered.
 const MAX_JSON_BUFFER: usize = 4 << 20;
@@ -21,48 +24,75 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-/// How much a source of usage is trusted: a reported `usage` (or native count) beats `timings`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
-    Timings,
-    Reported,
+/// Counts reported so far by one kind of source; each part is the latest that said it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Partial {
+    prompt: Option<u64>,
+    completion: Option<u64>,
 }
 
-#[derive(Debug)]
+impl Partial {
+    fn merge(&mut self, r: &Reported) {
+        self.prompt = r.prompt.or(self.prompt);
+        self.completion = r.completion.or(self.completion);
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        (self.prompt.is_some() || self.completion.is_some()).then(|| Usage {
+            prompt_tokens: self.prompt.unwrap_or(0),
+            completion_tokens: self.completion.unwrap_or(0),
+        })
+    }
+}
+
 pub struct UsageScanner {
+    dialect: DialectRef,
     sse: bool,
     buf: Vec<u8>,
     gave_up: bool,
-    /// The last usage reported by `usage` or the native counts.
-    reported: Option<Usage>,
-    /// The last usage derived from `timings` (cumulative in llama-server, so the last is the total).
-    timings: Option<Usage>,
+    /// What `usage` (or the native counts) reported.
+    reported: Partial,
+    /// What `timings` said (cumulative in llama-server, so the last is the total).
+    timings: Partial,
     /// Stream events that carried generated text: one token each in llama-server's streams.
     generated: u64,
-    /// The stream's `data: [DONE]` went past: the answer is complete, whatever happens to the
+    /// The stream's closing event went past: the answer is complete, whatever happens to the
     /// connection afterwards.
     done: bool,
 }
 
+impl std::fmt::Debug for UsageScanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageScanner")
+            .field("dialect", &self.dialect.name())
+            .field("sse", &self.sse)
+            .field("generated", &self.generated)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
 impl UsageScanner {
-    /// `content_type` of the response decides between one JSON document and an event stream.
-    pub fn new(content_type: Option<&str>) -> Self {
+    /// `content_type` of the response decides between one JSON document and an event stream;
+    /// `dialect` how either reports usage.
+    pub fn new(content_type: Option<&str>, dialect: DialectRef) -> Self {
         let sse = content_type.is_some_and(|ct| ct.starts_with("text/event-stream"));
         UsageScanner {
+            dialect,
             sse,
             buf: Vec::new(),
             gave_up: false,
-            reported: None,
-            timings: None,
+            reported: Partial::default(),
+            timings: Partial::default(),
             generated: 0,
             done: false,
         }
     }
 
-    fn record(&mut self, found: Option<(Source, Usage)>) {
+    fn record(&mut self, found: Option<Reported>) {
         match found {
-            Some((Source::Reported, u)) => self.reported = Some(u),
-            Some((Source::Timings, u)) => self.timings = Some(u),
+            Some(r) if r.trust == Trust::Reported => self.reported.merge(&r),
+            Some(r) => self.timings.merge(&r),
             None => {}
         }
     }
@@ -85,14 +115,16 @@ impl UsageScanner {
         let (mut start, mut from) = (0, old_len);
         while let Some(nl) = self.buf[from..].iter().position(|&b| b == b'\n') {
             let line = &self.buf[start..from + nl];
-            if line.starts_with(b"data:") && contains(line, b"\"content\":\"") {
-                self.generated += 1;
+            if let Some(data) = line.strip_prefix(b"data:") {
+                if self.dialect.is_token_event(data) {
+                    self.generated += 1;
+                }
+                if self.dialect.is_end_event(data) {
+                    self.done = true;
+                }
+                let found = data_usage(self.dialect, data);
+                self.record(found);
             }
-            if line.strip_prefix(b"data:").map(<[u8]>::trim_ascii) == Some(b"[DONE]") {
-                self.done = true;
-            }
-            let found = sse_line_usage(line);
-            self.record(found);
             start = from + nl + 1;
             from = start;
         }
@@ -102,7 +134,7 @@ impl UsageScanner {
         }
     }
 
-    /// Whether an OpenAI stream's closing `data: [DONE]` has gone past.
+    /// Whether a stream's closing event has gone past.
     pub fn done(&self) -> bool {
         self.done
     }
@@ -113,32 +145,30 @@ impl UsageScanner {
         self.generated
     }
 
-    /// The last usage seen (streams), or the usage of the whole body (JSON). A reported `usage`
-    /// anywhere in the response wins over `timings`.
+    /// The usage of a stream so far, or of the whole body (JSON). A reported `usage` anywhere in
+    /// the response wins over `timings`.
     pub fn finish(&mut self) -> Option<Usage> {
         if !self.sse && !self.gave_up && !self.buf.is_empty() {
             let found = serde_json::from_slice::<Value>(&self.buf)
                 .ok()
                 .as_ref()
-                .and_then(extract);
+                .and_then(|v| self.dialect.usage(v));
             self.record(found);
             self.buf = Vec::new();
         }
         if self.sse && !self.buf.is_empty() {
-            let found = sse_line_usage(&self.buf);
-            self.record(found);
+            if let Some(data) = self.buf.strip_prefix(b"data:") {
+                let found = data_usage(self.dialect, data);
+                self.record(found);
+            }
             self.buf.clear();
         }
-        self.reported.or(self.timings)
+        self.reported.usage().or(self.timings.usage())
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-fn sse_line_usage(line: &[u8]) -> Option<(Source, Usage)> {
-    let data = line.strip_prefix(b"data:")?;
+/// The usage an SSE `data:` line reports.
+fn data_usage(dialect: DialectRef, data: &[u8]) -> Option<Reported> {
     // Cheap filter: most chunks carry one token and no usage (nor timings, unless the client asked
     // for `timings_per_token`).
     let has = |needle: &[u8]| data.windows(needle.len()).any(|w| w == needle);
@@ -148,54 +178,17 @@ fn sse_line_usage(line: &[u8]) -> Option<(Source, Usage)> {
     serde_json::from_slice::<Value>(data.trim_ascii())
         .ok()
         .as_ref()
-        .and_then(extract)
-}
-
-/// The usage one JSON document reports, in order of trust: `usage`, the native
-/// `tokens_evaluated` / `tokens_predicted`, then `timings`.
-fn extract(v: &Value) -> Option<(Source, Usage)> {
-    let count = |o: &Value, key: &str| o.get(key).and_then(Value::as_u64);
-    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-        let usage = Usage {
-            prompt_tokens: count(u, "prompt_tokens").unwrap_or(0),
-            completion_tokens: count(u, "completion_tokens").unwrap_or(0),
-        };
-        return Some((Source::Reported, usage));
-    }
-    let predicted = count(v, "tokens_predicted");
-    let evaluated = count(v, "tokens_evaluated");
-    if predicted.is_some() || evaluated.is_some() {
-        let usage = Usage {
-            prompt_tokens: evaluated.unwrap_or(0),
-            completion_tokens: predicted.unwrap_or(0),
-        };
-        return Some((Source::Reported, usage));
-    }
-    // llama-server's `timings`: `prompt_n` prompt tokens processed for this request, `cache_n` reused
-    // from the slot's cache (older builds send no `cache_n`), `predicted_n` tokens generated.
-    let t = v.get("timings").filter(|t| t.is_object())?;
-    let (processed, cached, predicted) = (
-        count(t, "prompt_n"),
-        count(t, "cache_n"),
-        count(t, "predicted_n"),
-    );
-    if processed.is_none() && cached.is_none() && predicted.is_none() {
-        return None;
-    }
-    let usage = Usage {
-        prompt_tokens: processed.unwrap_or(0).saturating_add(cached.unwrap_or(0)),
-        completion_tokens: predicted.unwrap_or(0),
-    };
-    Some((Source::Timings, usage))
+        .and_then(|v| dialect.usage(v))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::{CHAT, COMPLETION, MESSAGES, RESPONSES};
 
     #[test]
     fn json_body_split_across_chunks() {
-        let mut s = UsageScanner::new(Some("application/json; charset=utf-8"));
+        let mut s = UsageScanner::new(Some("application/json; charset=utf-8"), CHAT);
         let body = br#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}"#;
         s.feed(&body[..20]);
         s.feed(&body[20..]);
@@ -210,7 +203,7 @@ mod tests {
 
     #[test]
     fn sse_final_usage_chunk_and_native_completion() {
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(
             b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"us",
         );
@@ -223,7 +216,7 @@ mod tests {
             })
         );
 
-        let mut n = UsageScanner::new(Some("text/event-stream"));
+        let mut n = UsageScanner::new(Some("text/event-stream"), CHAT);
         n.feed(b"data: {\"content\":\"x\",\"stop\":true,\"tokens_predicted\":4,\"tokens_evaluated\":11}\n\n");
         assert_eq!(
             n.finish(),
@@ -244,7 +237,7 @@ mod tests {
     /// A chat stream as llama-server sends it when the client did not ask for
     #[test]
     fn text_carrying_events_are_counted_as_generated_tokens() {
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         for piece in CHAT_STREAM_TIMINGS_ONLY.chunks(5) {
             s.feed(piece);
         }
@@ -261,24 +254,24 @@ data: [DONE]\n\n";
     #[test]
     fn stream_without_usage_is_counted_from_timings() {
         // Whole, and fed a few bytes at a time so the timings chunk is split mid-object.
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(CHAT_STREAM_TIMINGS_ONLY);
         assert_eq!(s.finish(), usage(9 + 4, 7), "prompt = prompt_n + cache_n");
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         for piece in CHAT_STREAM_TIMINGS_ONLY.chunks(7) {
             s.feed(piece);
         }
         assert_eq!(s.finish(), usage(13, 7));
 
         // A last line without its newline is still read at the end.
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(
             b"data: {\"choices\":[],\"timings\":{\"cache_n\":0,\"prompt_n\":3,\"predicted_n\":2}}",
         );
         assert_eq!(s.finish(), usage(3, 2));
 
         // Older llama-server builds send no `cache_n`: `prompt_n` alone.
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(b"data: {\"content\":\"\",\"stop\":true,\"timings\":{\"prompt_n\":12,\"prompt_ms\":3.0,\"predicted_n\":5}}\n\n");
         assert_eq!(s.finish(), usage(12, 5));
     }
@@ -286,7 +279,7 @@ data: [DONE]\n\n";
     #[test]
     fn timings_per_token_streams_count_the_last_timings() {
         // With `timings_per_token` every chunk carries the running totals.
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         for n in 1..=4 {
             s.feed(format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t\"}}}}],\"timings\":{{\"cache_n\":2,\"prompt_n\":6,\"predicted_n\":{n}}}}}\n\n").as_bytes());
         }
@@ -297,7 +290,7 @@ data: [DONE]\n\n";
     #[test]
     fn usage_wins_over_timings() {
         // In one chunk (`include_usage`: llama-server puts `timings` on the usage chunk).
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7,\"prompt_tokens\":13,\"total_tokens\":20},\"timings\":{\"cache_n\":100,\"prompt_n\":100,\"predicted_n\":100}}\n\n");
         assert_eq!(s.finish(), usage(13, 7));
 
@@ -307,7 +300,7 @@ data: [DONE]\n\n";
                 b"data: {\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"delta\":{}}],\"timings\":{\"cache_n\":50,\"prompt_n\":50,\"predicted_n\":50}}\n\n",
                 b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":13,\"completion_tokens\":7}}\n\n",
             ];
-            let mut s = UsageScanner::new(Some("text/event-stream"));
+            let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
             for i in order {
                 s.feed(chunks[i]);
             }
@@ -315,35 +308,64 @@ data: [DONE]\n\n";
         }
 
         // The native counts win too.
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(b"data: {\"content\":\"\",\"stop\":true,\"tokens_predicted\":4,\"tokens_evaluated\":11,\"timings\":{\"cache_n\":1,\"prompt_n\":1,\"predicted_n\":1}}\n\n");
         assert_eq!(s.finish(), usage(11, 4));
     }
 
     #[test]
     fn whole_json_bodies_fall_back_to_timings() {
-        let mut s = UsageScanner::new(Some("application/json; charset=utf-8"));
+        let mut s = UsageScanner::new(Some("application/json; charset=utf-8"), CHAT);
         s.feed(br#"{"choices":[{"index":0,"message":{"content":"x"}}],"timings":{"cache_n":20,"prompt_n":5,"predicted_n":8}}"#);
         assert_eq!(s.finish(), usage(25, 8));
 
-        let mut s = UsageScanner::new(Some("application/json"));
+        let mut s = UsageScanner::new(Some("application/json"), CHAT);
         s.feed(br#"{"choices":[],"usage":{"prompt_tokens":25,"completion_tokens":8},"timings":{"cache_n":0,"prompt_n":1,"predicted_n":1}}"#);
         assert_eq!(s.finish(), usage(25, 8));
 
         // A `timings` without any count is no usage.
-        let mut s = UsageScanner::new(Some("application/json"));
+        let mut s = UsageScanner::new(Some("application/json"), CHAT);
         s.feed(br#"{"content":"x","timings":{"prompt_ms":1.0}}"#);
         assert_eq!(s.finish(), None);
     }
 
     #[test]
     fn no_usage_is_none() {
-        let mut s = UsageScanner::new(Some("application/json"));
+        let mut s = UsageScanner::new(Some("application/json"), CHAT);
         s.feed(b"{\"tokens\":[1,2,3]}");
         assert_eq!(s.finish(), None);
 
-        let mut s = UsageScanner::new(Some("text/event-stream"));
+        let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"timings\"}}]}\n\ndata: [DONE]\n\n");
         assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn native_streams_end_at_stop_and_anthropic_and_responses_streams_report_usage() {
+        let mut s = UsageScanner::new(Some("text/event-stream"), COMPLETION);
+        s.feed(b"data: {\"content\":\"a\",\"stop\":false}\n\n");
+        assert!(!s.done());
+        s.feed(b"data: {\"content\":\"\",\"stop\":true,\"tokens_predicted\":1,\"tokens_evaluated\":4}\n\n");
+        assert!(s.done());
+        assert_eq!(s.finish(), usage(4, 1));
+
+        let anthropic = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"cache_read_input_tokens\":28,\"input_tokens\":1,\"output_tokens\":0}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" a\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" b\"}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":2}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let mut s = UsageScanner::new(Some("text/event-stream"), MESSAGES);
+        for piece in anthropic.chunks(9) {
+            s.feed(piece);
+        }
+        assert_eq!((s.generated(), s.done()), (2, true));
+        assert_eq!(s.finish(), usage(29, 2));
+
+        let responses = b"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n\
+event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":29,\"output_tokens\":1}},\"timings\":{\"cache_n\":28,\"prompt_n\":1,\"predicted_n\":1}}\n\n";
+        let mut s = UsageScanner::new(Some("text/event-stream"), RESPONSES);
+        s.feed(responses);
+        assert_eq!((s.generated(), s.done()), (1, true));
+        assert_eq!(s.finish(), usage(29, 1));
     }
 }

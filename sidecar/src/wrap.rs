@@ -79,6 +79,11 @@ impl Wrap {
         UpstreamAddr::Unix(self.socket.clone())
     }
 
+    /// The child's command line as llama-server will read it (it inherits slotgate's environment).
+    pub fn launch(&self) -> crate::launch::Launch {
+        crate::launch::Launch::parse(&self.argv, |k| std::env::var(k).ok())
+    }
+
     /// Starts the child (failing at once if it cannot be started at all) and supervises it until
     /// `stop` turns true; then stops it (SIGTERM, SIGKILL after [`STOP_GRACE`]) and removes the
     /// private directory.

@@ -55,3 +55,30 @@ pub fn retry_after(resp: &Response) -> u64 {
     assert!(secs >= 1, "Retry-After must be >= 1, got {secs}");
     secs
 }
+
+/// Asserts `resp` is the refusal of a prompt that cannot fit a slot, in llama-server's own shape
+/// (`exceed_context_size_error`, with `n_prompt_tokens` and `n_ctx`), whoever refused it.
+/// `prompt`: the tokens it must name, when the test knows them.
+pub fn assert_context_refusal(resp: &Response, prompt: Option<u64>, n_ctx: u64) {
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST, "{}", resp.body);
+    let v: serde_json::Value = serde_json::from_str(&resp.body)
+        .unwrap_or_else(|e| panic!("error body is not JSON ({e}): {}", resp.body));
+    let e = &v["error"];
+    assert_eq!(e["type"], "exceed_context_size_error", "{}", resp.body);
+    assert_eq!(e["code"], 400, "{}", resp.body);
+    assert_eq!(e["n_ctx"], n_ctx, "{}", resp.body);
+    let n = e["n_prompt_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no n_prompt_tokens: {}", resp.body));
+    assert!(n >= n_ctx, "{}", resp.body);
+    if let Some(p) = prompt {
+        assert_eq!(n, p, "{}", resp.body);
+    }
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("({n} tokens)"))
+            && message.contains(&format!("({n_ctx} tokens)")),
+        "{}",
+        resp.body
+    );
+}

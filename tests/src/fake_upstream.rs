@@ -51,6 +51,10 @@ pub const GENERATION_PATHS: &[&str] = &[
     "/v1/reranking",
 ];
 
+/// llama-server's count endpoint for chats, which slotgate asks first (older builds: the template and
+/// the tokenizer).
+pub const CHAT_COUNT: &str = "/v1/chat/completions/input_tokens";
+
 /// The body llama-server answers with while it loads a model.
 pub const LOADING_BODY: &str =
     r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
@@ -82,8 +86,10 @@ pub struct FakeUpstream {
     refuse_over_ctx: bool,
     /// Answers for the first generation requests, in arrival order; see [`FakeUpstream::errors`].
     script: Vec<Scripted>,
-    /// How long `POST /tokenize` takes to answer.
+    /// How long `POST /tokenize` and the count endpoint take to answer.
     tokenize_delay: Duration,
+    /// Answer the count endpoint 404, as llama-server builds before it did.
+    no_count_endpoint: bool,
     /// `total_slots` in `/props` (llama-server's `-np`).
     total_slots: usize,
 }
@@ -96,6 +102,8 @@ pub struct SeenRequest {
     pub path: String,
     /// The parsed JSON body (`Null` if it was not JSON).
     pub body: Value,
+    /// The body's bytes as they arrived.
+    pub raw: Bytes,
     pub tag: Option<String>,
     pub stream: bool,
     pub arrived: Instant,
@@ -238,6 +246,7 @@ impl Default for FakeUpstream {
             refuse_over_ctx: false,
             script: Vec::new(),
             tokenize_delay: Duration::ZERO,
+            no_count_endpoint: false,
             total_slots: 1,
         }
     }
@@ -704,6 +713,37 @@ async fn handle(
             let models = json!({"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "fake"}]});
             json_response(StatusCode::OK, models.to_string(), None)
         }
+        // llama-server answers every preflight itself, whatever the path: its default CORS rule.
+        (&Method::OPTIONS, _) => Response::builder()
+            .status(StatusCode::OK)
+            .header(
+                "access-control-allow-origin",
+                parts
+                    .headers
+                    .get("origin")
+                    .cloned()
+                    .unwrap_or(http::HeaderValue::from_static("")),
+            )
+            .header("access-control-allow-credentials", "true")
+            .header("access-control-allow-methods", "GET, POST, DELETE, OPTIONS")
+            .header("access-control-allow-headers", "*")
+            .header("content-type", "text/html")
+            .body(FakeBody::full(Bytes::new(), None))
+            .expect("valid response"),
+        (&Method::POST, CHAT_COUNT) if !cfg.no_count_endpoint => {
+            // As llama-server counts a chat: its template, then its tokenizer.
+            seen(&state, &path);
+            if !cfg.tokenize_delay.is_zero() {
+                tokio::time::sleep(cfg.tokenize_delay).await;
+            }
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            let n = fake_tokens(&fake_template(&body));
+            json_response(
+                StatusCode::OK,
+                json!({"input_tokens": n, "object": "response.input_tokens"}).to_string(),
+                None,
+            )
+        }
         (&Method::POST, "/tokenize" | "/detokenize" | "/apply-template") => {
             seen(&state, &path);
             if path == "/tokenize" && !cfg.tokenize_delay.is_zero() {
@@ -719,11 +759,14 @@ async fn handle(
             };
             json_response(StatusCode::OK, answer.to_string(), None)
         }
-        _ => json_response(
-            StatusCode::NOT_FOUND,
-            r#"{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}"#,
-            None,
-        ),
+        _ => {
+            seen(&state, &path);
+            json_response(
+                StatusCode::NOT_FOUND,
+                r#"{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}"#,
+                None,
+            )
+        }
     };
     Ok(resp)
 }
@@ -754,7 +797,7 @@ async fn generate(
     let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
     let tag = tag_of(&body);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let guard = record_seen(&state, &path, &body);
+    let guard = record_seen(&state, &path, &body, raw);
 
     if matches!(cfg.mode, Mode::Hang) {
         let _guard = guard;
@@ -948,13 +991,14 @@ fn stream_response(
 }
 
 /// Records a generation request that reached the fake and counts it in flight until the guard drops.
-fn record_seen(state: &Arc<State>, path: &str, body: &Value) -> InFlight {
+fn record_seen(state: &Arc<State>, path: &str, body: &Value, raw: &[u8]) -> InFlight {
     let mut seen = state.seen.lock().unwrap();
     let seq = seen.len();
     seen.push(SeenRequest {
         seq,
         path: path.to_owned(),
         body: body.clone(),
+        raw: Bytes::copy_from_slice(raw),
         tag: tag_of(body),
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         arrived: Instant::now(),
@@ -1003,7 +1047,7 @@ impl Scripted {
             Scripted::BadRequest => "invalid_request_error",
             _ => "server_error",
         };
-        let guard = record_seen(state, &path, &body);
+        let guard = record_seen(state, &path, &body, raw);
         let answer = json!({"error": {"code": status.as_u16(), "message": message, "type": kind},
                             "fake_tag": tag_of(&body)});
         json_response(status, answer.to_string(), Some(guard))
@@ -1022,9 +1066,17 @@ impl FakeUpstream {
         }
     }
 
-    /// `POST /tokenize` answers only after `d` (slotgate's prompt count before admission).
+    /// `POST /tokenize` and the count endpoint answer only after `d` (slotgate's prompt count
+    /// before admission).
     pub fn tokenize_delay(mut self, d: Duration) -> Self {
         self.tokenize_delay = d;
+        self
+    }
+
+    /// Like a llama-server build older than the count endpoints: `POST` [`CHAT_COUNT`] is a 404,
+    /// so slotgate counts a chat with `/apply-template` and `/tokenize`.
+    pub fn without_count_endpoint(mut self) -> Self {
+        self.no_count_endpoint = true;
         self
     }
 }

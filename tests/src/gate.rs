@@ -134,6 +134,8 @@ pub struct Gate {
     wrapper: Vec<String>,
     /// `slotgate wrap -- <this>` instead of `slotgate run`.
     wrapped: Vec<String>,
+    /// The upstream is the fake, which gives each slot a context of its own.
+    fake: bool,
 }
 
 impl Default for Gate {
@@ -155,6 +157,7 @@ impl Gate {
             wait_ready: true,
             wrapper: Vec::new(),
             wrapped: Vec::new(),
+            fake: false,
         }
     }
 
@@ -188,8 +191,12 @@ impl Gate {
         self
     }
 
+    /// The fake upstream: like llama-server run with `-np N`, each slot has a context of its own,
+    /// so slotgate is told `--kv-pool per-slot` (its command line is not llama-server's to read)
+    /// unless the test sets `--kv-pool` itself.
     pub fn upstream(mut self, up: &RunningUpstream) -> Self {
         self.upstream = Some(up.url());
+        self.fake = true;
         self
     }
 
@@ -345,6 +352,9 @@ impl Gate {
             if let Some(v) = value {
                 cmd.arg(v);
             }
+        }
+        if self.fake && !self.opts.iter().any(|(n, _)| n == "--kv-pool") {
+            cmd.arg("--kv-pool").arg("per-slot");
         }
         if !self.wrapped.is_empty() {
             cmd.arg("--").args(&self.wrapped);

@@ -36,7 +36,7 @@ pub mod wait;
 pub mod wat;
 
 pub use client::{Client, Conn, Response, SseRead, Streaming, Target};
-pub use errors::{assert_error, parse_error, retry_after};
+pub use errors::{assert_context_refusal, assert_error, parse_error, retry_after};
 pub use fake_upstream::{FakeUpstream, RunningUpstream, SeenRequest};
 pub use gate::{Exited, Gate, RunningGate};
 pub use metrics::Metrics;

@@ -29,15 +29,21 @@ pub const PROMPT: &str = "Tell me a long story about a lighthouse keeper.";
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The llama-server binary and the model it serves.
+/// The llama-server binary, the models it serves and the source it was built from.
 #[derive(Debug, Clone)]
 pub struct LlamaPaths {
     pub server: PathBuf,
+    /// 2048 tokens of training context.
     pub model: PathBuf,
+    /// 16384 tokens of training context and fill-in-the-middle tokens (`/infill`).
+    pub model_long: PathBuf,
+    /// The sdist's llama.cpp tree (`tools/server/server.cpp`).
+    pub source: PathBuf,
 }
 
 impl LlamaPaths {
-    /// `LLAMA_SERVER` and `LLAMA_MODEL` if both are set, else what `scripts/setup-llama.sh` prints.
+    /// `LLAMA_SERVER`, `LLAMA_MODEL`, `LLAMA_MODEL_LONG` and `LLAMA_SOURCE` if all are set, else
+    /// what `scripts/setup-llama.sh` prints.
     /// Panics with the reason (for the script: its exit status and stderr) when neither works.
     pub fn get() -> &'static LlamaPaths {
         static PATHS: OnceLock<Result<LlamaPaths, String>> = OnceLock::new();
@@ -49,14 +55,21 @@ impl LlamaPaths {
 }
 
 fn resolve_paths() -> Result<LlamaPaths, String> {
-    if let (Some(server), Some(model)) = (
-        std::env::var_os("LLAMA_SERVER"),
-        std::env::var_os("LLAMA_MODEL"),
+    let var = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    if let (Some(server), Some(model), Some(model_long), Some(source)) = (
+        var("LLAMA_SERVER"),
+        var("LLAMA_MODEL"),
+        var("LLAMA_MODEL_LONG"),
+        var("LLAMA_SOURCE"),
     ) {
         return checked(
-            PathBuf::from(server),
-            PathBuf::from(model),
-            "LLAMA_SERVER / LLAMA_MODEL",
+            LlamaPaths {
+                server,
+                model,
+                model_long,
+                source,
+            },
+            "LLAMA_SERVER / LLAMA_MODEL / LLAMA_MODEL_LONG / LLAMA_SOURCE",
         );
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-llama.sh");
@@ -88,22 +101,31 @@ fn resolve_paths() -> Result<LlamaPaths, String> {
             })
     };
     checked(
-        field("LLAMA_SERVER")?,
-        field("LLAMA_MODEL")?,
+        LlamaPaths {
+            server: field("LLAMA_SERVER")?,
+            model: field("LLAMA_MODEL")?,
+            model_long: field("LLAMA_MODEL_LONG")?,
+            source: field("LLAMA_SOURCE")?,
+        },
         &script.display().to_string(),
     )
 }
 
-fn checked(server: PathBuf, model: PathBuf, source: &str) -> Result<LlamaPaths, String> {
-    for p in [&server, &model] {
+fn checked(paths: LlamaPaths, from: &str) -> Result<LlamaPaths, String> {
+    for p in [&paths.server, &paths.model, &paths.model_long] {
         if !p.is_file() {
-            return Err(format!(
-                "{source} names {}, which is not a file",
-                p.display()
-            ));
+            return Err(format!("{from} names {}, which is not a file", p.display()));
         }
     }
-    Ok(LlamaPaths { server, model })
+    let server_cpp = paths.source.join("tools/server/server.cpp");
+    if !server_cpp.is_file() {
+        return Err(format!(
+            "{from} names the source {}, which has no {}",
+            paths.source.display(),
+            server_cpp.display()
+        ));
+    }
+    Ok(paths)
 }
 
 /// Starts llama-server.
@@ -114,10 +136,16 @@ impl LlamaServer {
     /// Starts llama-server with `np` slots on a fresh Unix socket and waits until `/health` answers 200
     /// (it answers 503 while the model loads). Panics with the server's log if it exits or never gets ready.
     pub async fn start(np: usize) -> RunningLlama {
+        Self::start_argv(server_argv(np)).await
+    }
+
+    /// Starts llama-server as `argv` says (the binary first, no address: a fresh Unix socket is
+    /// added) and waits until `/health` answers 200.
+    pub async fn start_argv(argv: Vec<String>) -> RunningLlama {
         let dir = unique_dir("llama");
         let socket = dir.join("llama.sock");
         let log = dir.join("llama-server.log");
-        let child = spawn_server(&socket, &log, np);
+        let child = spawn_server(&socket, &log, &argv);
         let client = Client::unix(&socket);
         let mut llama = RunningLlama {
             child,
@@ -125,12 +153,35 @@ impl LlamaServer {
             socket,
             log,
             client,
-            np,
+            argv,
             starts: 1,
         };
         llama.wait_healthy().await;
         llama
     }
+
+    /// llama-server as people run it with its own defaults: no `-np` (4 slots sharing one KV pool),
+    /// on the long-context model, the pool `-c ctx` tokens; `extra` arguments after.
+    pub async fn start_default(ctx: usize, extra: &[&str]) -> RunningLlama {
+        Self::start_argv(default_argv(ctx, extra)).await
+    }
+}
+
+/// The command line of [`LlamaServer::start_default`].
+pub fn default_argv(ctx: usize, extra: &[&str]) -> Vec<String> {
+    let paths = LlamaPaths::get();
+    let mut argv = vec![
+        paths.server.display().to_string(),
+        "-m".into(),
+        paths.model_long.display().to_string(),
+        "-c".into(),
+        ctx.to_string(),
+        "--metrics".into(),
+        "--slots".into(),
+        "--no-webui".into(),
+    ];
+    argv.extend(extra.iter().map(|a| (*a).to_owned()));
+    argv
 }
 
 /// The llama-server command line every test runs, without an address: the binary, the model, `np`
@@ -168,10 +219,9 @@ pub fn library_path() -> std::ffi::OsString {
     }
 }
 
-/// Spawns llama-server with `np` slots listening on `socket`, its stdout and stderr in `log`.
-fn spawn_server(socket: &Path, log: &Path, np: usize) -> Child {
+/// Spawns llama-server as `argv` says, listening on `socket`, its stdout and stderr in `log`.
+fn spawn_server(socket: &Path, log: &Path, argv: &[String]) -> Child {
     let log_file = File::create(log).expect("create llama-server log");
-    let argv = server_argv(np);
     Command::new(&argv[0])
         .args(&argv[1..])
         // A --host ending in `.sock` makes llama-server listen on that Unix socket.
@@ -192,8 +242,8 @@ pub struct RunningLlama {
     socket: PathBuf,
     log: PathBuf,
     client: Client,
-    /// Slots (`-np`), kept for [`RunningLlama::restart`].
-    np: usize,
+    /// Its command line, kept for [`RunningLlama::restart`].
+    argv: Vec<String>,
     /// Processes started so far; each one logs to a file of its own.
     starts: usize,
 }
@@ -467,7 +517,7 @@ impl RunningLlama {
         eprintln!("llama-server {} killed: {status}", self.child.id());
     }
 
-    /// Starts a new llama-server (same model and `-np`) on the same socket path, as a supervisor would
+    /// Starts a new llama-server (same command line) on the same socket path, as a supervisor would
     /// after a crash, and waits until it is healthy. A process still running is killed first; a stale
     /// socket file is removed, since llama-server binds the path without unlinking it.
     pub async fn restart(&mut self) {
@@ -481,7 +531,7 @@ impl RunningLlama {
         }
         self.starts += 1;
         self.log = self.dir.join(format!("llama-server.{}.log", self.starts));
-        self.child = spawn_server(&self.socket, &self.log, self.np);
+        self.child = spawn_server(&self.socket, &self.log, &self.argv);
         self.wait_healthy().await;
     }
 

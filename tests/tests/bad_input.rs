@@ -127,14 +127,25 @@ async fn malformed_json_gets_400_and_is_never_forwarded() {
     let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
     let client = gate.client();
 
+    // A slot route's body is what admission reads: it must be a JSON object.
     for body in ["{not json", "", "[1, 2, 3]", "\"just a string\""] {
         let resp = client.post_raw(CHAT, body.to_owned()).await;
         assert_error(&resp, 400, "invalid_json");
     }
-    let resp = client.post_raw("/tokenize", "{oops").await;
-    assert_error(&resp, 400, "invalid_json");
-
+    // In Anthropic's shape on its API.
+    let resp = client.post_raw("/v1/messages", "{oops".to_owned()).await;
+    assert_eq!(resp.status, 400, "{}", resp.body);
+    let v: serde_json::Value = serde_json::from_str(&resp.body).unwrap();
+    assert_eq!(
+        (v["type"].as_str(), v["error"]["type"].as_str()),
+        (Some("error"), Some("invalid_request_error")),
+        "{v}"
+    );
     assert_nothing_forwarded(&up);
+    // A passthrough's is llama-server's to judge: forwarded as it came.
+    let resp = client.post_raw("/tokenize", "{oops").await;
+    assert_eq!(resp.status, 200, "the fake answers anything: {}", resp.body);
+    assert_eq!(up.passthrough_seen(), ["/tokenize"]);
     gate.assert_settled(&up, 1).await;
 }
 
@@ -148,10 +159,21 @@ async fn unknown_path_gets_404_and_wrong_method_405() {
         .await;
     let ty = assert_error(&resp, 404, "not_found");
     assert_eq!(ty, "not_found_error");
-    let resp = client.get("/slots").await;
+    let resp = client.get("/v1/files").await;
     assert_error(&resp, 404, "not_found");
-    let resp = client.get("/metrics").await;
-    assert_error(&resp, 404, "not_found");
+    assert!(
+        resp.body
+            .contains("slotgate forwards every route llama-server serves"),
+        "{}",
+        resp.body
+    );
+    // llama-server's whole-server endpoints belong to the admin listener.
+    for path in ["/slots", "/metrics", "/lora-adapters"] {
+        let resp = client.get(path).await;
+        let ty = assert_error(&resp, 403, "admin_endpoint");
+        assert_eq!(ty, "permission_error");
+        assert!(resp.body.contains("admin listener"), "{}", resp.body);
+    }
 
     let resp = client.get(CHAT).await;
     assert_error(&resp, 405, "method_not_allowed");

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use slotgate_tests::fake_upstream::{Scripted, BAD_REQUEST_MESSAGE};
+use slotgate_tests::fake_upstream::{Scripted, BAD_REQUEST_MESSAGE, CHAT_COUNT};
 
 use serde_json::json;
 use slotgate_tests::*;
@@ -80,8 +80,12 @@ async fn a_request_with_a_free_slot_is_forwarded_at_once_uncounted_and_settled_f
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.header(PROMPT_HEADER), None, "not counted");
     assert_eq!(
-        (counts(&up, "/apply-template"), counts(&up, "/tokenize")),
-        (0, 0),
+        (
+            counts(&up, CHAT_COUNT),
+            counts(&up, "/apply-template"),
+            counts(&up, "/tokenize")
+        ),
+        (0, 0, 0),
         "no round trip to llama-server before forwarding: {:?}",
         up.internal_seen()
     );
@@ -129,7 +133,9 @@ async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
     );
     assert_eq!(
         up.internal_seen().iter().filter(|p| *p != "/props").count(),
-        2
+        1,
+        "one call to llama-server's count endpoint: {:?}",
+        up.internal_seen()
     );
     // Only max_tokens differs: the same prompt, counted from the cache.
     let mut again = chat(text);
@@ -141,7 +147,7 @@ async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
         .into_iter()
         .filter(|p| p != "/props")
         .collect();
-    assert_eq!(calls, ["/apply-template", "/tokenize"], "counted once");
+    assert_eq!(calls, [CHAT_COUNT], "counted once");
     assert!(
         up.passthrough_seen().is_empty(),
         "slotgate's own calls are not client passthroughs"
@@ -174,7 +180,9 @@ async fn the_estimate_mode_asks_llama_server_nothing() {
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.header(PROMPT_HEADER), None);
     assert!(
-        !up.internal_seen().iter().any(|p| p == "/tokenize"),
+        !up.internal_seen()
+            .iter()
+            .any(|p| p == "/tokenize" || p == CHAT_COUNT),
         "{:?}",
         up.internal_seen()
     );
@@ -191,12 +199,8 @@ async fn a_waiting_prompt_longer_than_a_slot_leaves_the_queue_with_400() {
     let (up, gate) = start_with_slot_context(64).await;
     // 400 characters: 101 tokens, more than the 64 a slot holds; counted while it waits.
     let resp = post_behind_busy_slot(&gate, &chat(&"x".repeat(400))).await;
-    assert_error(&resp, 400, "context_length_exceeded");
-    assert!(
-        resp.body.contains("101 tokens") && resp.body.contains("64"),
-        "{}",
-        resp.body
-    );
+    // slotgate's own refusal, in llama-server's words and shape.
+    assert_context_refusal(&resp, Some(101), 64);
     assert_eq!(
         up.count(),
         1,
@@ -213,14 +217,14 @@ async fn a_waiting_prompt_longer_than_a_slot_leaves_the_queue_with_400() {
 async fn a_prompt_forwarded_at_once_that_cannot_fit_gets_the_same_400_from_llama_server() {
     let (up, gate) = start_with_slot_context(64).await;
     let resp = gate.client().post_json(CHAT, &chat(&"x".repeat(400))).await;
-    assert_error(&resp, 400, "context_length_exceeded");
-    assert!(
-        resp.body.contains("101 tokens") && resp.body.contains("64"),
-        "llama-server's counts carried over: {}",
-        resp.body
-    );
+    assert_context_refusal(&resp, Some(101), 64);
     assert_eq!(up.count(), 1, "forwarded once, refused by the upstream");
-    gate.wait_outcome("bad_request", 1).await;
+    // llama-server's own answer, byte for byte.
+    let theirs = serde_json::json!({"error": {"code": 400, "type": "exceed_context_size_error",
+        "message": "request (101 tokens) exceeds the available context size (64 tokens), try increasing it",
+        "n_prompt_tokens": 101, "n_ctx": 64}});
+    assert_eq!(resp.body, theirs.to_string());
+    gate.wait_outcome("upstream_4xx", 1).await;
     gate.assert_settled(&up, 1).await;
 }
 
@@ -250,7 +254,7 @@ async fn a_policy_that_asks_for_the_exact_count_has_every_request_counted_first(
     let ok = gate.client().post_json(CHAT, &chat(&"y".repeat(40))).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(ok.header(PROMPT_HEADER).as_deref(), Some("11"));
-    assert_eq!(counts(&up, "/tokenize"), 1);
+    assert_eq!(counts(&up, CHAT_COUNT), 1);
     // 80 characters: 20 tokens by the estimate (within the limit), 21 exactly: refused on the exact
     // count, which the policy's message shows (no "about").
     let over = gate.client().post_json(CHAT, &chat(&"w".repeat(80))).await;
@@ -308,7 +312,7 @@ async fn a_full_queue_answers_429_without_asking_llama_server_to_count() {
     let queued = gate.enqueue(&Req::chat("queued")).await;
     // The waiter is counted while it waits.
     eventually(Duration::from_secs(5), "the waiter counted", || async {
-        (counts(&up, "/tokenize") == 1).then_some(())
+        (counts(&up, CHAT_COUNT) == 1).then_some(())
     })
     .await;
     let counted = 1;
@@ -318,10 +322,7 @@ async fn a_full_queue_answers_429_without_asking_llama_server_to_count() {
         .await;
     assert_error(&resp, 429, "queue_full");
     assert_eq!(
-        up.internal_seen()
-            .iter()
-            .filter(|p| *p == "/tokenize")
-            .count(),
+        counts(&up, CHAT_COUNT),
         counted,
         "the turned-away request was not counted"
     );
@@ -369,6 +370,41 @@ async fn chat_streams_always_ask_llama_server_for_usage() {
         include("whole"),
         serde_json::Value::Null,
         "not a stream: untouched"
+    );
+    gate.assert_settled(&up, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_older_llama_server_without_the_count_endpoint_is_counted_by_template_and_tokenizer() {
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .start_with(FakeUpstream::instant().without_count_endpoint())
+        .await;
+    for round in 0..2 {
+        let resp = post_behind_busy_slot(&gate, &chat(&format!("round {round} of twelve"))).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        assert_eq!(
+            resp.header(PROMPT_HEADER).as_deref(),
+            Some("6"),
+            "21 chars / 4 + 1"
+        );
+    }
+    let calls: Vec<_> = up
+        .internal_seen()
+        .into_iter()
+        .filter(|p| p != "/props")
+        .collect();
+    // Asked once, refused (404): the endpoint is not asked again for a while.
+    assert_eq!(
+        calls,
+        [
+            CHAT_COUNT,
+            "/apply-template",
+            "/tokenize",
+            "/apply-template",
+            "/tokenize"
+        ],
+        "{calls:?}"
     );
     gate.assert_settled(&up, 1).await;
 }

@@ -45,14 +45,9 @@ fn never_fits() -> Value {
     json!({"messages": [{"role": "user", "content": words}], "max_tokens": 4})
 }
 
-/// 400 `context_length_exceeded`, naming the slot's context size.
+/// 400 in llama-server's own `exceed_context_size_error` shape, naming the slot's context size.
 fn assert_refused_as_too_long(resp: &Response) {
-    assert_error(resp, 400, "context_length_exceeded");
-    assert!(
-        resp.body.contains(&CTX_PER_SLOT.to_string()),
-        "{}",
-        resp.body
-    );
+    assert_context_refusal(resp, None, CTX_PER_SLOT as u64);
 }
 
 fn counted(resp: &Response) -> u64 {
@@ -232,7 +227,7 @@ async fn a_prompt_that_can_never_fit_is_refused_without_a_slot() {
 /// stream of a client that did not ask, moving its `timings` onto the finishing chunk. The
 /// reservation is refunded down to exactly what was used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_is_mapped() {
+async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_passes_unchanged() {
     let _one = ONE_AT_A_TIME.lock().await;
     let llama = LlamaServer::start(1).await;
     let gate = Gate::new()
@@ -269,12 +264,12 @@ async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_i
         .sum();
     assert_eq!(charged, used);
 
-    // With the slot free: llama-server refuses it, and the client gets slotgate's error, with
-    // llama-server's counts.
+    // With the slot free: llama-server refuses it, and its own answer reaches the client
+    // unchanged, the same shape slotgate answers in when it counted first.
     let resp = gate.client().post_json(CHAT, &never_fits()).await;
     assert_refused_as_too_long(&resp);
-    eprintln!("mapped: {}", resp.body);
-    gate.wait_outcome("bad_request", 1).await;
+    eprintln!("llama-server's own: {}", resp.body);
+    gate.wait_outcome("upstream_4xx", 1).await;
     gate.assert_idle().await;
     assert_eq!(llama.busy_slots().await, 0);
 }

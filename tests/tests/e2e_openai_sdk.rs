@@ -197,7 +197,8 @@ struct Raised {
     #[serde(default)]
     ancestry: Vec<String>,
     status: Option<u16>,
-    code: Option<String>,
+    /// A string for slotgate's own codes; llama-server's errors carry the HTTP status as a number.
+    code: Option<Value>,
     #[serde(rename = "type")]
     error_type: Option<String>,
     body: Option<Value>,
@@ -216,7 +217,11 @@ impl Raised {
             "{self:#?}"
         );
         assert_eq!(self.status, Some(status), "{self:#?}");
-        assert_eq!(self.code.as_deref(), Some(code), "{self:#?}");
+        assert_eq!(
+            self.code.as_ref().and_then(Value::as_str),
+            Some(code),
+            "{self:#?}"
+        );
         assert_eq!(self.error_type.as_deref(), Some(error_type), "{self:#?}");
         let body = self.body.as_ref().expect("the SDK kept the body");
         assert_eq!(
@@ -478,9 +483,9 @@ async fn whole_and_streamed_answers_parse_with_the_sdk() {
 
 /// slotgate's own errors reach SDK code as the SDK's typed exceptions, with slotgate's code, type
 /// and message: 404 `NotFoundError`, 413 the base `APIStatusError` (the SDK has no class for 413 and
-/// does not retry it), a prompt over the slot's context `BadRequestError` (400
-/// `context_length_exceeded`), and a full queue `RateLimitError` (429 `queue_full`, with
-/// `max_retries=0` one attempt, the wait in its headers).
+/// does not retry it), a prompt over the slot's context `BadRequestError` (400, in llama-server's own
+/// `exceed_context_size_error` shape whoever refused it), and a full queue `RateLimitError` (429
+/// `queue_full`, with `max_retries=0` one attempt, the wait in its headers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slotgate_errors_surface_as_the_sdks_typed_exceptions() {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -494,7 +499,10 @@ async fn slotgate_errors_surface_as_the_sdks_typed_exceptions() {
 
     let not_found = error(&["--max-retries", "0", "error", "--call", "files"]).await;
     let message = not_found.assert_slotgate("NotFoundError", 404, "not_found", "not_found_error");
-    assert_eq!(message, "no such endpoint: GET /v1/files");
+    assert_eq!(
+        message,
+        "no such endpoint: GET /v1/files (slotgate forwards every route llama-server serves; see docs/endpoints.md)"
+    );
 
     // The SDK's default retries (2): a 413 is not retried.
     let too_large = error(&["error", "--prompt-chars", "40000"]).await;
@@ -508,18 +516,28 @@ async fn slotgate_errors_surface_as_the_sdks_typed_exceptions() {
 
     // About 5,000 tokens for a slot of 2,048, in a body under the 32 KiB limit; not retried either.
     let too_long = error(&["error", "--prompt-chars", "20000"]).await;
-    let message = too_long.assert_slotgate(
-        "BadRequestError",
-        400,
-        "context_length_exceeded",
-        "invalid_request_error",
+    assert_eq!(
+        too_long.raised.as_deref(),
+        Some("BadRequestError"),
+        "{too_long:#?}"
     );
-    // In slotgate's words, whether it counted the prompt itself or mapped llama-server's refusal.
+    assert_eq!(too_long.status, Some(400), "{too_long:#?}");
+    assert_eq!(
+        too_long.error_type.as_deref(),
+        Some("exceed_context_size_error")
+    );
+    let body = too_long.body.as_ref().expect("the SDK kept the body");
+    assert_eq!(body["n_ctx"], 2048, "{body}");
     assert!(
-        message.starts_with("the prompt has ")
-            && message.ends_with(
-                "a slot of this server holds 2048 tokens in all, so it can never be served"
-            ),
+        body["n_prompt_tokens"].as_u64().is_some_and(|n| n >= 2048),
+        "{body}"
+    );
+    // In llama-server's words, whether slotgate counted the prompt itself or llama-server refused.
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("request (")
+            && message
+                .ends_with("exceeds the available context size (2048 tokens), try increasing it"),
         "{message}"
     );
 
@@ -559,6 +577,7 @@ async fn slotgate_errors_surface_as_the_sdks_typed_exceptions() {
     chat_usage(&resp, long);
 
     gate.wait_outcome("queue_full", 1).await;
-    gate.wait_outcome("bad_request", 3).await;
+    gate.wait_outcome("bad_request", 2).await;
+    gate.wait_outcome("upstream_4xx", 1).await;
     assert_both_idle(&gate, &llama).await;
 }

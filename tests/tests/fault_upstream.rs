@@ -562,8 +562,10 @@ async fn a_slow_tokenizer_falls_back_to_the_estimate_within_the_count_timeout() 
         );
     }
     assert!(
-        up.internal_seen().iter().any(|p| p == "/tokenize"),
-        "slotgate never asked /tokenize, so this proves nothing: {:?}",
+        up.internal_seen()
+            .iter()
+            .any(|p| p == slotgate_tests::fake_upstream::CHAT_COUNT),
+        "slotgate never asked to count, so this proves nothing: {:?}",
         up.internal_seen()
     );
     gate.wait_metric(

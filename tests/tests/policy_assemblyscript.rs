@@ -342,7 +342,7 @@ async fn request_guard_asks_for_the_exact_prompt_count() {
     let tokenized = || {
         up.internal_seen()
             .iter()
-            .filter(|p| *p == "/tokenize")
+            .filter(|p| *p == slotgate_tests::fake_upstream::CHAT_COUNT)
             .count()
     };
     let chat = |content: &str| json!({"messages": [{"role": "user", "content": content}], "max_tokens": 8});

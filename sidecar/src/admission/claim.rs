@@ -1,5 +1,6 @@
 //! What a request asks of the scheduler: whose it is (tenant), what it is expected to cost in tokens,
-//! its tenant's weight and its priority. Built once per request, after the policy chain.
+//! its tenant's weight, its priority, and what it holds while it runs (slots, KV pool tokens). Built
+//! once per request, after the policy chain.
 
 use std::sync::Arc;
 
@@ -20,32 +21,49 @@ pub struct Claim {
     pub weight: f64,
     /// Lower is served earlier.
     pub priority: i64,
+    /// Slots it runs on at once.
+    pub slots: usize,
+    /// Tokens of the shared KV pool it holds while it runs.
+    pub kv: u64,
 }
 
 impl Claim {
     /// The claim of `request`: the policies' tenant, cost and weight where the chain set them
-    /// (`decision`), else the caller's identity, [`estimated_cost`] and 1.
-    pub fn new(request: &RequestSummary, decision: Option<&Decision>, priority: i64) -> Claim {
+    /// (`decision`), else the caller's identity, `charge` (see `cost::Demand`) and 1. It holds one
+    /// slot and no pool tokens until [`Claim::holding`] says more.
+    pub fn new(
+        request: &RequestSummary,
+        decision: Option<&Decision>,
+        priority: i64,
+        charge: u64,
+    ) -> Claim {
         let tenant = match decision.and_then(|d| d.tenant.as_deref()) {
             Some(t) => Arc::from(t),
             None => Arc::from(request.identity().to_string()),
         };
         Claim {
             tenant,
-            cost: Claim::cost_of(request, decision),
+            cost: Claim::cost_of(decision, charge),
             weight: decision
                 .and_then(|d| d.weight)
                 .filter(|w| w.is_finite() && *w > 0.0)
                 .unwrap_or(1.0),
             priority,
+            slots: 1,
+            kv: 0,
         }
     }
 
-    /// The tokens charged up front: the cost the chain set, else [`estimated_cost`].
-    pub fn cost_of(request: &RequestSummary, decision: Option<&Decision>) -> u64 {
-        decision
-            .and_then(|d| d.cost)
-            .unwrap_or_else(|| estimated_cost(request))
+    /// What the request holds while it runs.
+    pub fn holding(mut self, slots: usize, kv: u64) -> Claim {
+        self.slots = slots.max(1);
+        self.kv = kv;
+        self
+    }
+
+    /// The tokens charged up front: the cost the chain set, else `charge`.
+    pub fn cost_of(decision: Option<&Decision>, charge: u64) -> u64 {
+        decision.and_then(|d| d.cost).unwrap_or(charge)
     }
 
     /// What the tenant's counter grows by when the request is admitted.
@@ -61,6 +79,8 @@ impl Claim {
             cost: 1,
             weight: 1.0,
             priority,
+            slots: 1,
+            kv: 0,
         }
     }
 }
@@ -94,14 +114,14 @@ mod tests {
             }),
             ..RequestSummary::default()
         };
-        let c = Claim::new(&r, None, 3);
+        let c = Claim::new(&r, None, 3, estimated_cost(&r));
         assert_eq!(
             (&*c.tenant, c.cost, c.weight, c.priority),
             ("uid:7", 140, 1.0, 3)
         );
         r.max_tokens = None;
         r.api_key = Some("sha256:ab".into());
-        let c = Claim::new(&r, Some(&Decision::allow()), 0);
+        let c = Claim::new(&r, Some(&Decision::allow()), 0, estimated_cost(&r));
         assert_eq!((&*c.tenant, c.cost), ("sha256:ab", 40 + DEFAULT_MAX_TOKENS));
         let d = Decision {
             tenant: Some("team-a".into()),
@@ -109,7 +129,7 @@ mod tests {
             weight: Some(2.5),
             ..Decision::allow()
         };
-        let c = Claim::new(&r, Some(&d), 0);
+        let c = Claim::new(&r, Some(&d), 0, estimated_cost(&r));
         assert_eq!((&*c.tenant, c.cost, c.weight), ("team-a", 9, 2.5));
     }
 }

@@ -1,11 +1,17 @@
-//! Slots and the bounded queue in front of them. A released slot is handed straight to the next
-//! waiter under the same lock, so no newcomer can overtake the queue. The next waiter is:
+//! Slots, the KV pool they may share, and the bounded queue in front of them. A request holds as
+//! many slots as llama-server runs tasks for it, and, where the slots share one pool, the tokens it
+//! reserves there; it is admitted when both fit beside what is in service. What a finished request
+//! gives back goes straight to the next waiters under the same lock, so no newcomer can overtake
+//! the queue. The next waiter is:
 //!
 //! 1. the most urgent by *effective* priority: its priority, improved by one level for every
 //!    `aging` it has waited, so a less urgent request still runs once it has waited long enough;
 //! 2. among those, the one whose tenant has the lowest virtual token counter (see [`super::fair`]):
 //!    tenants share the slots by tokens served, whoever sends more;
 //! 3. among those, the first to arrive (so each tenant's own requests keep their order).
+//!
+//! The next waiter is served first even when a smaller one behind it would fit now: it waits until
+//! enough is free, and nobody overtakes it (a large request is never starved by small ones).
 //!
 //! A full queue rejects instead of growing: a tenant within its share of the queue takes the place of
 //! the newest waiter of a tenant beyond it, else a strictly more urgent arrival displaces the least
@@ -17,7 +23,7 @@
 //! deadline) leaves the queue.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -58,13 +64,21 @@ pub struct Fairness {
 struct Shared {
     /// Changes only through [`Admission::set_slots`] (`--slots auto` following llama-server).
     slots: AtomicUsize,
+    /// Tokens of the KV pool the slots share; 0: each slot has a context of its own (not limited
+    /// here). Changes through [`Admission::set_pool`].
+    pool: AtomicU64,
     capacity: usize,
     fairness: Fairness,
     state: Mutex<State>,
 }
 
 struct State {
+    /// Slots held by the requests in service.
     busy: usize,
+    /// Requests in service.
+    serving: usize,
+    /// Pool tokens held by the requests in service.
+    kv: u64,
     /// Keyed by arrival sequence.
     waiters: BTreeMap<u64, Waiter>,
     tenants: Tenants,
@@ -102,16 +116,17 @@ struct Drain {
 }
 
 impl Drain {
-    /// Seconds for `ahead` charged tokens to drain through `slots`, once a throughput is known.
-    fn seconds(&self, ahead: f64, slots: usize) -> Option<f64> {
+    /// Seconds for `ahead` charged tokens to drain through `lanes` slots working at once, once a
+    /// throughput is known.
+    fn seconds(&self, ahead: f64, lanes: f64) -> Option<f64> {
         let rate = self.rate.filter(|r| *r > 0.0)?;
-        Some(ahead * self.fill.unwrap_or(1.0) / (rate * slots as f64))
+        Some(ahead * self.fill.unwrap_or(1.0) / (rate * lanes))
     }
 
     /// [`Drain::seconds`] with room for the measured spread of throughput (at most doubled): a
     /// client told to come back should find the work ahead drained even if it runs slower than usual.
-    fn cautious_seconds(&self, ahead: f64, slots: usize) -> Option<f64> {
-        Some(self.seconds(ahead, slots)? * (1.0 + self.spread.min(1.0)))
+    fn cautious_seconds(&self, ahead: f64, lanes: f64) -> Option<f64> {
+        Some(self.seconds(ahead, lanes)? * (1.0 + self.spread.min(1.0)))
     }
 
     /// Books a return `secs` from `now`, moved later while that second already has `places` clients
@@ -135,23 +150,25 @@ impl Drain {
     }
 
     /// Ages the returning clients' tokens by the drain rate since they were last counted.
-    fn decay(&mut self, now: Instant, slots: usize) {
+    fn decay(&mut self, now: Instant, lanes: f64) {
         if let (Some(at), Some(rate)) = (self.returning_at, self.rate) {
-            let per_second = rate * slots as f64 / self.fill.unwrap_or(1.0).max(1e-6);
+            let per_second = rate * lanes / self.fill.unwrap_or(1.0).max(1e-6);
             let elapsed = now.saturating_duration_since(at).as_secs_f64();
             self.returning = (self.returning - elapsed * per_second).max(0.0);
         }
         self.returning_at = Some(now);
     }
 
-    fn learn(&mut self, charged: u64, used: u64, seconds: f64) {
+    /// A request that held `slots` used `used` of the `charged` tokens in `seconds`.
+    fn learn(&mut self, charged: u64, used: u64, seconds: f64, slots: usize) {
         if used == 0 || seconds <= 0.0 {
             return;
         }
         let ewma = |old: Option<f64>, sample: f64| {
             Some(old.map_or(sample, |avg| avg + EWMA_ALPHA * (sample - avg)))
         };
-        let sample = used as f64 / seconds;
+        // Per slot: a request on two slots delivers about twice one slot's tokens.
+        let sample = used as f64 / seconds / slots.max(1) as f64;
         if let Some(rate) = self.rate.filter(|r| *r > 0.0) {
             let off = (sample / rate - 1.0).abs();
             self.spread += EWMA_ALPHA * (off - self.spread);
@@ -172,7 +189,8 @@ struct Waiter {
 /// What a waiter is told when it leaves the queue other than by timing out.
 #[derive(Debug)]
 enum Grant {
-    Slot,
+    /// Its slots (and pool tokens) are taken for it: this many.
+    Slot(Hold),
     Displaced {
         retry_after: Duration,
     },
@@ -186,11 +204,24 @@ enum Grant {
     },
 }
 
+/// What one request in service holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    slots: usize,
+    kv: u64,
+}
+
 /// A point-in-time view for /status and for Retry-After.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QueueStats {
     pub slots: usize,
+    /// Slots held by the requests in service.
     pub busy: usize,
+    /// Requests in service.
+    pub serving: usize,
+    /// KV pool tokens they hold, and the pool (`None`: a context per slot).
+    pub kv_reserved: u64,
+    pub kv_pool: Option<u64>,
     pub depth: usize,
     pub capacity: usize,
     pub tenant_limit: Option<usize>,
@@ -228,10 +259,13 @@ impl Admission {
         Admission {
             shared: Arc::new(Shared {
                 slots: AtomicUsize::new(slots),
+                pool: AtomicU64::new(0),
                 capacity,
                 fairness,
                 state: Mutex::new(State {
                     busy: 0,
+                    serving: 0,
+                    kv: 0,
                     waiters: BTreeMap::new(),
                     tenants: Tenants::default(),
                     labels: BoundedLabels::new(TENANT_LABELS),
@@ -267,12 +301,11 @@ impl Admission {
         if st.closed {
             return Err(GateError::ShuttingDown { retry_after: 1 });
         }
-        if st.busy < self.slots() && st.waiters.is_empty() {
-            st.busy += 1;
-            st.drain.in_service += claim.cost as f64;
+        if st.waiters.is_empty() && self.fits(&st, &claim) {
+            let hold = self.take(&mut st, &claim);
             st.tenants.admit(&claim.tenant, claim.charge());
             self.publish(&st);
-            return Ok(Entry::Admitted(self.guard(&claim)));
+            return Ok(Entry::Admitted(self.guard(&claim, hold)));
         }
         if self.shared.fairness.reject_doomed {
             let now = Instant::now();
@@ -405,22 +438,57 @@ impl Admission {
     }
 
     /// Admits to `n` slots from now on (at least 1). More slots go at once to waiters; with fewer,
-    /// requests already in service finish and no new one is admitted until `busy` is below `n`.
+    /// requests already in service finish and no new one is admitted until the rest fit.
     pub fn set_slots(&self, n: usize) {
-        let n = n.max(1);
         let mut st = self.lock();
-        let old = self.shared.slots.swap(n, Ordering::Relaxed);
-        if n > old {
-            // As many grants as new places, each to the next waiter (as a finished request would).
-            for _ in 0..(n - old) {
-                if st.waiters.is_empty() || st.busy >= n {
-                    break;
-                }
-                st.busy += 1;
-                self.release(&mut st);
-            }
+        self.shared.slots.store(n.max(1), Ordering::Relaxed);
+        self.dispatch(&mut st);
+    }
+
+    /// Tokens of the KV pool the slots share from now on (`None`: each slot its own context).
+    /// A larger pool goes at once to waiters; with a smaller one, what is in service finishes.
+    pub fn set_pool(&self, tokens: Option<u64>) {
+        let mut st = self.lock();
+        self.shared
+            .pool
+            .store(tokens.unwrap_or(0), Ordering::Relaxed);
+        self.dispatch(&mut st);
+    }
+
+    /// The pool, when the slots share one.
+    pub fn pool(&self) -> Option<u64> {
+        match self.shared.pool.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
         }
-        self.publish(&st);
+    }
+
+    /// What `claim` holds if admitted now: its slots and pool tokens, neither more than there is
+    /// (alone, a request may use the whole server).
+    fn hold_of(&self, claim: &Claim) -> Hold {
+        Hold {
+            slots: claim.slots.clamp(1, self.slots()),
+            kv: self.pool().map_or(claim.kv, |p| claim.kv.min(p)),
+        }
+    }
+
+    /// Whether `claim` can be admitted beside what is in service.
+    fn fits(&self, st: &State, claim: &Claim) -> bool {
+        if st.serving == 0 {
+            return true;
+        }
+        let hold = self.hold_of(claim);
+        st.busy + hold.slots <= self.slots() && self.pool().is_none_or(|p| st.kv + hold.kv <= p)
+    }
+
+    /// Takes what `claim` holds, counted as in service.
+    fn take(&self, st: &mut State, claim: &Claim) -> Hold {
+        let hold = self.hold_of(claim);
+        st.busy += hold.slots;
+        st.kv += hold.kv;
+        st.serving += 1;
+        st.drain.in_service += claim.cost as f64;
+        hold
     }
 
     /// Turns every waiter away and refuses new ones; slots already held drain normally.
@@ -442,6 +510,9 @@ impl Admission {
         QueueStats {
             slots: self.slots(),
             busy: st.busy,
+            serving: st.serving,
+            kv_reserved: st.kv,
+            kv_pool: self.pool(),
             depth: st.waiters.len(),
             capacity: self.shared.capacity,
             tenant_limit: self.shared.fairness.tenant_limit,
@@ -455,13 +526,35 @@ impl Admission {
     /// Seconds until the work ahead of a newcomer has drained: by tokens once a throughput has been
     /// measured, else `(busy + queued) * service_ewma / slots`.
     fn wait_seconds(&self, st: &State) -> f64 {
+        let lanes = self.lanes(st);
         st.drain
-            .seconds(self.tokens_ahead(st), self.slots())
+            .seconds(self.tokens_ahead(st), lanes)
             .unwrap_or_else(|| {
-                (st.busy + st.waiters.len()) as f64
+                (st.serving + st.waiters.len()) as f64
                     * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
-                    / self.slots() as f64
+                    / lanes
             })
+    }
+
+    /// Requests that run at once, on average: the slots, or fewer when the pool holds fewer of the
+    /// reservations in service and waiting; a request on several slots counts for them all.
+    fn lanes(&self, st: &State) -> f64 {
+        let slots = self.slots() as f64;
+        let waiting = st.waiters.values().map(|w| &w.claim);
+        let (n, held_slots, kv) = waiting.fold((st.serving, st.busy, st.kv), |(n, s, kv), c| {
+            let h = self.hold_of(c);
+            (n + 1, s + h.slots, kv + h.kv)
+        });
+        if n == 0 {
+            return slots;
+        }
+        let per_request_slots = held_slots as f64 / n as f64;
+        let by_slots = slots / per_request_slots.max(1.0);
+        let by_pool = match self.pool() {
+            Some(pool) if kv > 0 => pool as f64 / (kv as f64 / n as f64),
+            _ => f64::INFINITY,
+        };
+        by_slots.min(by_pool).clamp(1.0, slots) * per_request_slots.max(1.0)
     }
 
     /// Charged tokens ahead of a newcomer: in service, waiting, and due back.
@@ -493,9 +586,10 @@ impl Admission {
             .filter(|w| first(w))
             .fold((0, 0.0), |(n, t), w| (n + 1, t + w.claim.cost as f64));
         let tokens = st.drain.in_service + ahead_tokens;
-        st.drain.seconds(tokens, self.slots()).or_else(|| {
+        let lanes = self.lanes(st);
+        st.drain.seconds(tokens, lanes).or_else(|| {
             st.service_ewma
-                .map(|s| (st.busy + ahead) as f64 * s / self.slots() as f64)
+                .map(|s| (st.serving + ahead) as f64 * s / lanes)
         })
     }
 
@@ -530,11 +624,12 @@ impl Admission {
     /// clients moves the estimate on by whole seconds.
     fn retry_after(&self, st: &mut State, cost: u64) -> Duration {
         let now = Instant::now();
-        st.drain.decay(now, self.slots());
+        let lanes = self.lanes(st);
+        st.drain.decay(now, lanes);
         let ahead = self.tokens_ahead(st);
         let wait = st
             .drain
-            .cautious_seconds(ahead, self.slots())
+            .cautious_seconds(ahead, lanes)
             .unwrap_or_else(|| self.wait_seconds(st));
         let secs = (wait.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
         let exact = Duration::try_from_secs_f64(wait.min(MAX_RETRY_AFTER_SECONDS as f64))
@@ -548,10 +643,11 @@ impl Admission {
         exact + Duration::from_secs(booked - secs)
     }
 
-    /// The guard of a slot already counted as busy and charged to `claim`'s tenant.
-    fn guard(&self, claim: &Claim) -> SlotGuard {
+    /// The guard of what `hold` took, already counted as in service and charged to `claim`'s tenant.
+    fn guard(&self, claim: &Claim, hold: Hold) -> SlotGuard {
         SlotGuard {
             admission: self.clone(),
+            hold,
             started: Instant::now(),
             completed: false,
             tenant: claim.tenant.clone(),
@@ -568,34 +664,34 @@ impl Admission {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Gives a slot back: straight to the next waiter, else to the pool.
-    fn release(&self, st: &mut State) {
-        if st.busy > self.slots() {
-            // The slots were reduced (`set_slots`): this one goes, it is not handed on.
-            st.busy -= 1;
-            self.publish(st);
-            return;
-        }
+    /// Admits the next waiters while they fit beside what is in service, in their order.
+    fn dispatch(&self, st: &mut State) {
         let now = Instant::now();
         while let Some(seq) = self.next_waiter(st, now) {
+            let Some(claim) = st.waiters.get(&seq).map(|w| w.claim.clone()) else {
+                break;
+            };
+            if !self.fits(st, &claim) {
+                break;
+            }
             let Some(w) = st.waiters.remove(&seq) else {
                 break;
             };
-            if w.tx.send(Grant::Slot).is_ok() {
+            let hold = self.hold_of(&w.claim);
+            if w.tx.send(Grant::Slot(hold)).is_ok() {
+                self.take(st, &w.claim);
                 st.tenants.promote(&w.claim.tenant, w.claim.charge());
-                st.drain.in_service += w.claim.cost as f64;
-                self.publish(st);
-                return;
+            } else {
+                st.tenants.dequeue(&w.claim.tenant);
             }
-            st.tenants.dequeue(&w.claim.tenant);
         }
-        st.busy = st.busy.saturating_sub(1);
         self.publish(st);
     }
 
     fn publish(&self, st: &State) {
         metrics::gauge!(m::QUEUE_DEPTH).set(st.waiters.len() as f64);
         metrics::gauge!(m::SLOTS_BUSY).set(st.busy as f64);
+        metrics::gauge!(m::KV_RESERVED_TOKENS).set(st.kv as f64);
     }
 }
 
@@ -634,11 +730,11 @@ impl Ticket {
         match grant {
             // Granted in the same instant as the deadline passed: the promise was "never forwarded
             // after the timeout", so the slot goes straight on to the next waiter.
-            Grant::Slot if Instant::now() > deadline => {
-                self.guard().settle(0);
+            Grant::Slot(hold) if Instant::now() > deadline => {
+                self.guard(hold).settle(0);
                 Err(GateError::QueueTimeout(self.queued.elapsed()))
             }
-            Grant::Slot => Ok((self.guard(), self.queued.elapsed())),
+            Grant::Slot(hold) => Ok((self.guard(hold), self.queued.elapsed())),
             Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
             Grant::OverShare {
                 waiting,
@@ -655,11 +751,15 @@ impl Ticket {
     /// waited): what its tenant is charged when it is admitted, and what the wait estimates of those
     /// behind it count. A waiter already granted keeps the cost it was charged; its slot settles
     /// from the real usage.
-    pub fn recost(&mut self, cost: u64) {
+    pub fn recost(&mut self, cost: u64, slots: usize, kv: u64) {
         let mut st = self.admission.lock();
         if let Some(w) = st.waiters.get_mut(&self.seq) {
             w.claim.cost = cost;
-            self.claim.cost = cost;
+            w.claim.slots = slots;
+            w.claim.kv = kv;
+            self.claim = w.claim.clone();
+            // Smaller now, it may fit already.
+            self.admission.dispatch(&mut st);
         }
     }
 
@@ -676,9 +776,9 @@ impl Ticket {
         self.rx.try_recv().ok()
     }
 
-    /// The slot this ticket was granted (already busy and charged when the grant was sent).
-    fn guard(&self) -> SlotGuard {
-        self.admission.guard(&self.claim)
+    /// What this ticket was granted (already in service and charged when the grant was sent).
+    fn guard(&self, hold: Hold) -> SlotGuard {
+        self.admission.guard(&self.claim, hold)
     }
 }
 
@@ -687,16 +787,18 @@ impl Drop for Ticket {
         if self.resolved {
             return;
         }
-        if let Some(Grant::Slot) = self.leave() {
+        if let Some(Grant::Slot(hold)) = self.leave() {
             // Never used: nothing was served, and the slot goes on to the next waiter.
-            self.guard().settle(0);
+            self.guard(hold).settle(0);
         }
     }
 }
 
-/// One upstream slot, held until the response has been fully streamed or the client has gone.
+/// A request's slots (and pool tokens), held until the response has been fully streamed or the
+/// client has gone.
 pub struct SlotGuard {
     admission: Admission,
+    hold: Hold,
     started: Instant,
     completed: bool,
     tenant: Arc<str>,
@@ -748,17 +850,21 @@ impl Drop for SlotGuard {
     fn drop(&mut self) {
         let mut st = self.admission.lock();
         st.drain.in_service = (st.drain.in_service - self.cost as f64).max(0.0);
+        st.busy = st.busy.saturating_sub(self.hold.slots);
+        st.kv = st.kv.saturating_sub(self.hold.kv);
+        st.serving = st.serving.saturating_sub(1);
         if self.completed {
             let sample = self.started.elapsed().as_secs_f64();
             st.service_ewma = Some(match st.service_ewma {
                 Some(avg) => avg + EWMA_ALPHA * (sample - avg),
                 None => sample,
             });
-            st.drain.learn(self.cost, self.used.unwrap_or(0), sample);
+            st.drain
+                .learn(self.cost, self.used.unwrap_or(0), sample, self.hold.slots);
         }
         st.tenants
             .finish(&self.tenant, self.unsettled.unwrap_or(0.0));
-        self.admission.release(&mut st);
+        self.admission.dispatch(&mut st);
     }
 }
 
