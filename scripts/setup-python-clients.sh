@@ -24,7 +24,7 @@ want="$(sha256sum "$requirements" | cut -d' ' -f1)"
 installed() {
   # find_spec, not import: importing the SDK takes most of a second.
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$python" -c \
-    'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("openai", "httpx2"))))' 2>/dev/null
+    'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("openai", "anthropic", "httpx2"))))' 2>/dev/null
 }
 
 if ! installed; then

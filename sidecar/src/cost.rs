@@ -225,8 +225,9 @@ impl Counter {
             Piece::Tokens(n) => Ok((*n, Source::Cache)),
             Piece::Text(t) => self.text(t, true).await,
             Piece::Parts(parts, extra) => {
-                let mut total = *extra;
-                let mut source = Source::Cache;
+                // The special tokens the model adds to any prompt (BOS), as an empty text shows.
+                let (special, mut source) = self.text("", true).await?;
+                let mut total = extra + special;
                 for p in parts {
                     let (n, s) = self.text(p, false).await?;
                     total += n;

@@ -179,7 +179,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
 
     // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
     // share the one budget the client was promised.
-    let deadline = arrived + app.config.queue_timeout;
+    // A preflight is answered at once: by llama-server, or for it when it cannot (no retries).
+    let deadline = match preflight {
+        true => Instant::now(),
+        false => arrived + app.config.queue_timeout,
+    };
     let (slot, queue_wait) = if slot_route {
         // Again, after any policy capped max_tokens: what the scheduler charges up front and
         // holds (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.

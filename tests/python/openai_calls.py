@@ -2,6 +2,7 @@
 
     "$SLOTGATE_PYTHON" tests/python/openai_calls.py --base-url URL chat   --max-tokens 16
     "$SLOTGATE_PYTHON" tests/python/openai_calls.py --base-url URL stream --max-tokens 16 [--include-usage]
+    "$SLOTGATE_PYTHON" tests/python/openai_calls.py --base-url URL responses --max-tokens 16 [--stream]
     "$SLOTGATE_PYTHON" tests/python/openai_calls.py --base-url URL error  --call chat|files \
         [--prompt-chars N] [--max-retries N]
 
@@ -74,6 +75,27 @@ def stream(client, args):
     }
 
 
+def responses(client, args):
+    """The Responses API (`client.responses.create`), whole or streamed."""
+    kwargs = {"model": "tiny", "input": PROMPT, "max_output_tokens": args.max_tokens}
+    if not args.stream:
+        r = client.responses.create(**kwargs)
+        return {
+            "object": r.object,
+            "status": r.status,
+            "content": r.output_text,
+            "usage": r.usage.model_dump() if r.usage else None,
+        }
+    events, text, usage, status = [], [], None, None
+    for event in client.responses.create(stream=True, **kwargs):
+        events.append(event.type)
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+        if event.type == "response.completed":
+            usage, status = event.response.usage.model_dump(), event.response.status
+    return {"object": "response", "status": status, "content": "".join(text), "usage": usage, "events": events}
+
+
 def error(client, args):
     try:
         if args.call == "files":
@@ -101,12 +123,14 @@ def main():
     parser.add_argument("--max-retries", type=int, default=2, help="the SDK's default is 2")
     parser.add_argument("--on-cue", action="store_true", help="print `ready`, call once stdin has a line")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("chat", "stream", "error"):
+    for name in ("chat", "stream", "responses", "error"):
         p = sub.add_parser(name)
         p.add_argument("--max-tokens", type=int, default=16)
         p.add_argument("--prompt-chars", type=int, help="a prompt of this many characters instead")
         if name == "stream":
             p.add_argument("--include-usage", action="store_true")
+        if name == "responses":
+            p.add_argument("--stream", action="store_true")
         if name == "error":
             p.add_argument("--call", choices=("chat", "files"), default="chat")
     args = parser.parse_args()
@@ -119,7 +143,7 @@ def main():
         print("ready", flush=True)
         sys.stdin.readline()
     try:
-        result = {"chat": chat, "stream": stream, "error": error}[args.command](client, args)
+        result = {"chat": chat, "stream": stream, "responses": responses, "error": error}[args.command](client, args)
     finally:
         client.close()
     result["versions"] = versions()

@@ -80,4 +80,11 @@ def sdk_client(base_url, recorder, max_retries, api_key="sk-slotgate-tests"):
 
 
 def versions():
-    return {"openai": openai.__version__, "httpx2": httpx2.__version__}
+    found = {"openai": openai.__version__, "httpx2": httpx2.__version__}
+    try:
+        import anthropic
+
+        found["anthropic"] = anthropic.__version__
+    except ImportError:
+        pass
+    return found

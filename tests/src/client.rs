@@ -243,6 +243,25 @@ impl Client {
         self.request(Method::GET, path).await
     }
 
+    /// Sends `method path` with exactly `body` and these headers (beside `host` and a JSON
+    /// content type); panics on a transport error.
+    pub async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Response {
+        let mut req = json_request(method.clone(), path, body.into());
+        for (name, value) in headers {
+            req.headers_mut().insert(
+                http::HeaderName::try_from(*name).expect("valid header name"),
+                http::HeaderValue::try_from(*value).expect("valid header value"),
+            );
+        }
+        answered(method.as_str(), path, self.try_send(req).await)
+    }
+
     /// POSTs `body` and returns as soon as the response head arrives; the body is read incrementally.
     pub async fn try_stream(
         &self,

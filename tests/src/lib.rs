@@ -28,6 +28,7 @@ pub mod gate;
 pub mod kube;
 pub mod llama;
 pub mod metrics;
+pub mod python;
 pub mod redis;
 pub mod request;
 pub mod soak;

@@ -147,6 +147,12 @@ impl LlamaServer {
         let log = dir.join("llama-server.log");
         let child = spawn_server(&socket, &log, &argv);
         let client = Client::unix(&socket);
+        // Its own `--api-key`: the test's direct calls (`/metrics`, `/slots`) carry it.
+        let api_key = argv
+            .iter()
+            .position(|a| a == "--api-key")
+            .and_then(|i| argv.get(i + 1))
+            .map(|k| k.split(',').next().unwrap_or(k).to_owned());
         let mut llama = RunningLlama {
             child,
             dir,
@@ -154,6 +160,7 @@ impl LlamaServer {
             log,
             client,
             argv,
+            api_key,
             starts: 1,
         };
         llama.wait_healthy().await;
@@ -244,6 +251,8 @@ pub struct RunningLlama {
     client: Client,
     /// Its command line, kept for [`RunningLlama::restart`].
     argv: Vec<String>,
+    /// The key it wants, if it was started with `--api-key`.
+    api_key: Option<String>,
     /// Processes started so far; each one logs to a file of its own.
     starts: usize,
 }
@@ -264,7 +273,14 @@ impl RunningLlama {
 
     /// GET `path` straight from llama-server (not through slotgate).
     pub async fn get(&self, path: &str) -> Response {
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.client.try_send(get_request(path))).await {
+        let mut req = get_request(path);
+        if let Some(key) = &self.api_key {
+            req.headers_mut().insert(
+                http::header::AUTHORIZATION,
+                http::HeaderValue::try_from(format!("Bearer {key}")).expect("a header value"),
+            );
+        }
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.client.try_send(req)).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => panic!("llama-server GET {path}: {e:#}\n{}", self.log_tail(40)),
             Err(_) => panic!(

@@ -42,7 +42,7 @@ impl Dialect for Infill {
         ask
     }
 
-    /// The parts tokenized one by one plus the three markers (llama-server's
+    /// The parts tokenized one by one plus the three markers and the model's BOS (llama-server's
     /// `format_prompt_infill`); it may trim a prefix or suffix too long for its batch, so this is
     /// an upper bound there. Extra context chunks are not counted exactly.
     fn count<'a>(&self, body: &'a Value) -> Count<'a> {

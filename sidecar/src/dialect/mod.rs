@@ -132,8 +132,8 @@ pub enum Piece<'a> {
     Text(&'a str),
     /// Already token ids: this many.
     Tokens(u64),
-    /// Pieces tokenized without special tokens and summed, plus this many special tokens (the
-    /// fill-in-the-middle markers of `/infill`).
+    /// Pieces tokenized without special tokens and summed, plus this many markers (the
+    /// fill-in-the-middle ones of `/infill`) and the special tokens the model adds to a prompt.
     Parts(Vec<&'a str>, u64),
 }
 

@@ -1,0 +1,120 @@
+//! The Python clients the SDK tests drive (the pinned `openai` and `anthropic` SDKs of
+//! `tests/python/requirements.txt`, in the venv `scripts/setup-python-clients.sh` makes): run a
+//! driver in `tests/python/` under `$SLOTGATE_PYTHON` and read the JSON it prints. Without
+//! `$SLOTGATE_PYTHON` a test fails, naming the script: it never skips.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+const SETUP: &str = "eval \"$(bash scripts/setup-python-clients.sh)\" && export SLOTGATE_PYTHON";
+/// A driver runs one SDK scenario; a burst is the longest, about 10 s.
+const DRIVER_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `$SLOTGATE_PYTHON`; unset or not a file fails the test with the command that provides it.
+pub fn python() -> PathBuf {
+    let Some(path) = std::env::var_os("SLOTGATE_PYTHON") else {
+        panic!(
+            "SLOTGATE_PYTHON is not set: the OpenAI SDK tests run the pinned Python clients; \
+             run `{SETUP}` first (scripts/setup-python-clients.sh)"
+        )
+    };
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "SLOTGATE_PYTHON={} is not a file; run `{SETUP}` (scripts/setup-python-clients.sh)",
+        path.display()
+    );
+    path
+}
+
+fn command(script: &str, args: &[String]) -> tokio::process::Command {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(script);
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(path)
+        .args(args)
+        // No __pycache__ left in the source tree.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Runs `tests/python/<script>` with `args` under `$SLOTGATE_PYTHON` and parses the JSON it prints.
+pub async fn driver<T: DeserializeOwned>(script: &str, args: &[String]) -> T {
+    let out = tokio::time::timeout(DRIVER_TIMEOUT, command(script, args).output())
+        .await
+        .unwrap_or_else(|_| panic!("{script} {args:?} did not finish within {DRIVER_TIMEOUT:?}"))
+        .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+    result(script, args, &out)
+}
+
+/// Like [`driver`], with `--on-cue`: once the driver is ready to call, runs `cue` (which sets the
+/// scene), then lets the call go; returns the driver's result and the cue's.
+pub async fn driver_on_cue<T: DeserializeOwned, C>(
+    script: &str,
+    args: &[String],
+    cue: impl std::future::Future<Output = C>,
+) -> (T, C) {
+    let args: Vec<String> = std::iter::once(arg("--on-cue"))
+        .chain(args.iter().cloned())
+        .collect();
+    let mut child = command(script, &args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    let ready = tokio::time::timeout(DRIVER_TIMEOUT, stdout.read_line(&mut line)).await;
+    if !matches!(ready, Ok(Ok(_))) || line.trim() != "ready" {
+        let _ = child.start_kill();
+        let out = child.wait_with_output().await.expect("reap the driver");
+        panic!(
+            "{script} {args:?} never said ready (got {line:?}); stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let scene = cue.await;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin.write_all(b"go\n").await.expect("cue the driver");
+    drop(stdin);
+    let mut rest = Vec::new();
+    let finished = async {
+        stdout
+            .read_to_end(&mut rest)
+            .await
+            .expect("read the driver");
+        child.wait_with_output().await.expect("wait for the driver")
+    };
+    let mut out = tokio::time::timeout(DRIVER_TIMEOUT, finished)
+        .await
+        .unwrap_or_else(|_| panic!("{script} {args:?} did not finish within {DRIVER_TIMEOUT:?}"));
+    out.stdout = rest;
+    (result(script, &args, &out), scene)
+}
+
+/// The JSON a driver that exited 0 printed; else a failure with its output.
+pub fn result<T: DeserializeOwned>(script: &str, args: &[String], out: &std::process::Output) -> T {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed ({}); stderr:\n{stderr}\nstdout:\n{stdout}",
+        out.status
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("{script} printed no JSON result ({e}):\n{stdout}\nstderr:\n{stderr}")
+    })
+}
+
+/// One command-line argument.
+pub fn arg(s: impl ToString) -> String {
+    s.to_string()
+}
