@@ -39,6 +39,12 @@ pub struct GuardedBody {
     on_upstream_timeout: Option<Arc<dyn HoldSlot>>,
     /// llama-server's status: a refusal (4xx) or a failure (5xx) served nothing, whatever its body.
     status: http::StatusCode,
+    /// The request named a conversation (`X-Conversation-Id`): llama-server finishes its answer
+    /// into a session the client can resume (`GET /v1/stream`) even after the client has left.
+    resumable: bool,
+    /// The client has left a resumable answer: it is read to its end in the background, holding
+    /// the slot, and recorded as `client_gone` with the usage it really had.
+    client_left: bool,
 }
 
 /// Who keeps a slot after an upstream timeout until llama-server has dropped the request: shared,
@@ -113,7 +119,15 @@ impl GuardedBody {
             idle: None,
             on_upstream_timeout: None,
             status: http::StatusCode::OK,
+            resumable: false,
+            client_left: false,
         }
+    }
+
+    /// The request named a conversation: its answer outlives its client (see `resumable`).
+    pub fn resumable(mut self, resumable: bool) -> Self {
+        self.resumable = resumable;
+        self
     }
 
     /// llama-server's status: a refusal or a failure is no success, whatever it streams.
@@ -161,7 +175,9 @@ impl GuardedBody {
         let elapsed = self.forwarded_at.elapsed();
         held.exchange.set_upstream_time(elapsed);
         metrics::histogram!(m::UPSTREAM_SECONDS).record(elapsed.as_secs_f64());
-        if outcome == Outcome::Ok {
+        // Only work a slot did is counted: a passthrough that replays a stream (`GET /v1/stream`)
+        // carries the usage of a generation counted already.
+        if outcome == Outcome::Ok && held.slot.is_some() {
             let usage = self.usage.finish();
             if let Some(u) = usage {
                 held.exchange.set_usage(u);
@@ -205,7 +221,11 @@ impl GuardedBody {
                 slot.settle(prompt + completion);
             }
         }
-        held.exchange.finish(outcome);
+        // A resumable answer read to its end after its client left: what happened to the client.
+        held.exchange.finish(match self.client_left {
+            true if outcome == Outcome::Ok => Outcome::ClientGone,
+            _ => outcome,
+        });
         if abandoned {
             if let Some(slot) = held.slot.take() {
                 match self.on_upstream_timeout.take() {
@@ -282,8 +302,8 @@ impl HttpBody for GuardedBody {
 impl Drop for GuardedBody {
     fn drop(&mut self) {
         // hyper stops polling once `is_end_stream` says so, and never polls an empty body at all. A
-        // client that closes once it has read `data: [DONE]` (many SDKs do, before the stream's
-        // end reaches it) got the whole answer.
+        // client that closes once it has read the stream's last event (many SDKs do, before the
+        // stream's end reaches it) got the whole answer.
         let outcome = if self.inner.is_end_stream() || self.usage.done() {
             Outcome::Ok
         } else if self.watch.as_ref().is_some_and(WriteWatch::is_stalled) {
@@ -291,6 +311,16 @@ impl Drop for GuardedBody {
         } else {
             Outcome::ClientGone
         };
+        if self.resumable && outcome != Outcome::Ok && self.held.is_some() {
+            // llama-server goes on generating into the conversation's session, whatever the
+            // connection: the slot stays held until it is done, or the next request would run on
+            // a slot still in use.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let rest = self.take_rest();
+                rt.spawn(rest.read_to_end());
+                return;
+            }
+        }
         // Close the upstream connection before the slot is handed on, so llama-server stops
         // generating for a client that has gone as early as it can notice.
         drop(std::mem::replace(
@@ -298,5 +328,34 @@ impl Drop for GuardedBody {
             respond::full(Bytes::new()),
         ));
         self.settle(outcome);
+    }
+}
+
+impl GuardedBody {
+    /// Everything this body still holds, moved into a body of its own, to be read without a client.
+    fn take_rest(&mut self) -> GuardedBody {
+        GuardedBody {
+            inner: std::mem::replace(&mut self.inner, respond::full(Bytes::new())),
+            held: self.held.take(),
+            forwarded_at: self.forwarded_at,
+            first_byte: self.first_byte,
+            usage: std::mem::replace(&mut self.usage, UsageScanner::new(None, dialect::CHAT)),
+            watch: None,
+            idle: self.idle.take(),
+            on_upstream_timeout: self.on_upstream_timeout.take(),
+            status: self.status,
+            resumable: false,
+            client_left: true,
+        }
+    }
+
+    /// Reads the answer to its end (or its idle timeout); settling happens as it ends.
+    async fn read_to_end(mut self) {
+        use http_body_util::BodyExt;
+        while let Some(frame) = self.frame().await {
+            if frame.is_err() {
+                break;
+            }
+        }
     }
 }

@@ -5,20 +5,27 @@
 //!                                              │
 //!                                              ▼
 //!                                    pipeline::handle
-//!          intake (route, bounded body, JSON) ─▶ policy chain (wasm on a fiber; deny / allow)
-//!              ─▶ admission (slot | priority queue, tenants served fairly by tokens | 429/504)
+//!          routes (slot in a dialect | passthrough | health | admin | host)
+//!              ─▶ intake (bounded body, JSON read in its dialect; json_edit keeps its bytes)
+//!              ─▶ count (cost: llama-server's count endpoints) ─▶ policy chain (wasm on a fiber)
+//!              ─▶ demand (slots and KV pool tokens it holds) ─▶ admission (slots + pool | the
+//!                 priority queue, tenants served fairly by tokens | 429/504)
 //!              ─▶ upstream (keep-alive pool, retry only unsent) ─▶ body::GuardedBody
-//!                  (streams, then frees slot + records; access: on_complete to the policies)
+//!                  (streams, usage read in its dialect, then frees slot + records; access:
+//!                  on_complete to the policies)
 //!                                              ▼
 //!                                        llama-server
 //!
-//!  admin listener: /metrics /livez /readyz /status        app: wiring, signal, drain
+//!  admin listener: /metrics /livez /readyz /status, llama-server's admin routes   app: wiring, drain
+//!  capacity: slots, slot context and KV pool from /props and llama-server's command line (launch,
+//!            upstream_process); cors: llama-server's rule, learnt from a preflight
 //!  state: the `App` every request, the admin endpoints and the reloader share
 //!  reload: SIGHUP / file watch ─▶ policy::set builds a new chain off the request path, swaps it
 //! ```
 //!
-//! Leaves (`error`, `metrics`, `respond`, `usage`, `config`, and the `slotgate-sdk` wire types)
-//! import nothing above them.
+//! Leaves (`error`, `metrics`, `json_edit`, `launch`, `config` (which reads `launch`), and the
+//! `slotgate-sdk` wire types) import nothing above them; `dialect` imports only `error`, and
+//! `respond` and `usage` only `dialect` and `error`.
 
 pub mod access;
 pub mod admin;

@@ -287,6 +287,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         intake.dialect,
     )
     .answered(upstream_parts.status)
+    .resumable(slot_route && intake.parts.headers.contains_key("x-conversation-id"))
     .guarded(watch, app.config.upstream_idle_timeout)
     .on_upstream_timeout(app.clone());
     if strip_usage {

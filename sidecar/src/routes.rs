@@ -211,6 +211,34 @@ mod tests {
     }
 
     #[test]
+    fn docs_endpoints_lists_every_route_as_handled() {
+        let doc = include_str!("../../docs/endpoints.md");
+        let listed: Vec<(String, String, String)> = doc
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let code = |c: &str| c.strip_prefix('`')?.strip_suffix('`').map(str::to_owned);
+                Some((
+                    code(cells.get(1)?)?,
+                    code(cells.get(2)?)?,
+                    (*cells.get(3)?).to_owned(),
+                ))
+            })
+            .collect();
+        let table: Vec<(String, String, String)> = ROUTES
+            .iter()
+            .map(|r| {
+                (
+                    r.method.to_owned(),
+                    r.path.to_owned(),
+                    r.handling.label().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(listed, table, "docs/endpoints.md and ROUTES differ");
+    }
+
+    #[test]
     fn every_route_is_unique() {
         for (i, a) in ROUTES.iter().enumerate() {
             for b in &ROUTES[i + 1..] {

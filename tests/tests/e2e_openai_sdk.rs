@@ -23,7 +23,6 @@ use tokio::sync::Mutex;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
-
 /// SDK clients in the burst, against one slot and two queue places.
 const BURST: usize = 12;
 const BURST_QUEUE: usize = 2;

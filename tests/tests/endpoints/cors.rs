@@ -17,14 +17,20 @@ async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers()
             .send_with(
                 Method::OPTIONS,
                 "/v1/messages",
-                &[("origin", ORIGIN), ("access-control-request-method", "POST")],
+                &[
+                    ("origin", ORIGIN),
+                    ("access-control-request-method", "POST"),
+                ],
                 "",
             )
             .await
     };
     let resp = preflight(client.clone()).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
-    assert_eq!(resp.header("access-control-allow-origin").as_deref(), Some(ORIGIN));
+    assert_eq!(
+        resp.header("access-control-allow-origin").as_deref(),
+        Some(ORIGIN)
+    );
     assert_eq!(
         resp.header("access-control-allow-methods").as_deref(),
         Some("GET, POST, DELETE, OPTIONS")
@@ -36,20 +42,36 @@ async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers()
         .post_json_with_headers(CHAT, &Req::chat("late").json(), &[("origin", ORIGIN)])
         .await;
     assert_error(&refused, 429, "queue_full");
-    assert_eq!(refused.header("access-control-allow-origin").as_deref(), Some(ORIGIN));
+    assert_eq!(
+        refused.header("access-control-allow-origin").as_deref(),
+        Some(ORIGIN)
+    );
     held.await.unwrap();
-    let health = client.send_with(Method::GET, "/health", &[("origin", ORIGIN)], "").await;
-    assert_eq!(health.header("access-control-allow-origin").as_deref(), Some(ORIGIN));
+    let health = client
+        .send_with(Method::GET, "/health", &[("origin", ORIGIN)], "")
+        .await;
+    assert_eq!(
+        health.header("access-control-allow-origin").as_deref(),
+        Some(ORIGIN)
+    );
     gate.assert_settled(&up, 1).await;
 
     // llama-server down: slotgate answers the preflight as llama-server would.
     up.stop();
-    eventually(std::time::Duration::from_secs(10), "upstream down", || async {
-        (gate.readyz().await == 503).then_some(())
-    })
+    eventually(
+        std::time::Duration::from_secs(10),
+        "upstream down",
+        || async { (gate.readyz().await == 503).then_some(()) },
+    )
     .await;
     let resp = preflight(client.clone()).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
-    assert_eq!(resp.header("access-control-allow-origin").as_deref(), Some(ORIGIN));
-    assert_eq!(resp.header("access-control-allow-credentials").as_deref(), Some("true"));
+    assert_eq!(
+        resp.header("access-control-allow-origin").as_deref(),
+        Some(ORIGIN)
+    );
+    assert_eq!(
+        resp.header("access-control-allow-credentials").as_deref(),
+        Some("true")
+    );
 }

@@ -14,7 +14,10 @@ const TOOL_CHAT: &str = r#"{"model": "fake",  "stream":true, "tools": [{"type": 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_streamed_chat_reaches_llama_server_byte_for_byte_but_the_field_slotgate_adds() {
-    let (up, gate) = Gate::new().slots(1).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .start_with(FakeUpstream::instant())
+        .await;
     let client = gate.client();
     let sse = client
         .connect()
@@ -28,7 +31,9 @@ async fn a_streamed_chat_reaches_llama_server_byte_for_byte_but_the_field_slotga
     assert!(sse.complete(), "{sse:?}");
     // The same body, sent whole (no usage asked for): unchanged entirely.
     let whole = TOOL_CHAT.replace(r#""stream":true"#, r#""stream":false"#);
-    let resp = client.send_with(Method::POST, CHAT, &[], whole.clone()).await;
+    let resp = client
+        .send_with(Method::POST, CHAT, &[], whole.clone())
+        .await;
     assert_eq!(resp.status, 200, "{}", resp.body);
 
     let seen = up.requests_seen();
@@ -49,7 +54,9 @@ async fn a_policy_cap_and_the_count_keep_the_clients_bytes() {
         .start_with(FakeUpstream::instant())
         .await;
     let body = r#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"function":{"parameters":{"z":1,"a":2}}}],"max_tokens":500, "n_predict" : 9}"#;
-    let held = gate.hold_slot(&Req::chat("holder").delay(Duration::from_millis(300))).await;
+    let held = gate
+        .hold_slot(&Req::chat("holder").delay(Duration::from_millis(300)))
+        .await;
     // Waits, so it is counted: the count endpoint gets the client's own bytes (after the cap).
     let resp = gate.client().send_with(Method::POST, CHAT, &[], body).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
@@ -72,7 +79,11 @@ async fn a_policy_cap_and_the_count_keep_the_clients_bytes() {
 async fn llama_servers_own_errors_reach_the_client_unchanged() {
     let (up, gate) = Gate::new()
         .slots(1)
-        .start_with(FakeUpstream::errors([Scripted::BadRequest, Scripted::ServerError, Scripted::Busy]))
+        .start_with(FakeUpstream::errors([
+            Scripted::BadRequest,
+            Scripted::ServerError,
+            Scripted::Busy,
+        ]))
         .await;
     for (want, tag) in [(400, "bad"), (500, "broken"), (503, "busy")] {
         let resp = gate.client().post_json(CHAT, &Req::chat(tag).json()).await;
@@ -94,6 +105,8 @@ fn raw_post(path: &str, body: &str) -> http::Request<http_body_util::Full<bytes:
     http::Request::post(path)
         .header("host", "localhost")
         .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_owned())))
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_owned(),
+        )))
         .unwrap()
 }

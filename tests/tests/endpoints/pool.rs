@@ -26,18 +26,31 @@ async fn requests_are_admitted_while_their_reservations_fit_the_pool() {
     // "hi" is about 1 token; with max_tokens 400, each reserves 401: two fit in 1000, a third not.
     let calls: Vec<_> = (0..3)
         .map(|i| {
-            let req = Req::chat(&format!("r{i}")).set("max_tokens", 400).delay(ms(300));
+            let req = Req::chat(&format!("r{i}"))
+                .set("max_tokens", 400)
+                .delay(ms(300));
             spawn_post(&gate.client(), CHAT, &req)
         })
         .collect();
     let s = gate.wait_queue_depth(1).await;
-    assert_eq!((s["slots"]["busy"].as_u64(), s["requests_in_service"].as_u64()), (Some(2), Some(2)), "{s}");
+    assert_eq!(
+        (
+            s["slots"]["busy"].as_u64(),
+            s["requests_in_service"].as_u64()
+        ),
+        (Some(2), Some(2)),
+        "{s}"
+    );
     assert_eq!(s["kv_pool"]["tokens"], 1000, "{s}");
     assert_eq!(s["kv_pool"]["reserved_tokens"], 802, "{s}");
     for (resp, _) in join_all(calls).await {
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
-    assert_eq!(up.max_concurrency(), 2, "two slots stayed free: the pool was the limit");
+    assert_eq!(
+        up.max_concurrency(),
+        2,
+        "two slots stayed free: the pool was the limit"
+    );
     let m = gate.metrics().await;
     assert_eq!(m.value_or_zero("slotgate_kv_pool_tokens", &[]), 1000.0);
     gate.assert_settled(&up, 2).await;
@@ -53,9 +66,16 @@ async fn a_request_without_an_output_bound_takes_the_whole_pool() {
     .await;
     let open = spawn_post(&gate.client(), CHAT, &Req::chat("open").delay(ms(300)));
     gate.wait_busy(1).await;
-    let small = spawn_post(&gate.client(), CHAT, &Req::chat("small").set("max_tokens", 8));
+    let small = spawn_post(
+        &gate.client(),
+        CHAT,
+        &Req::chat("small").set("max_tokens", 8),
+    );
     let s = gate.wait_queue_depth(1).await;
-    assert_eq!(s["kv_pool"]["reserved_tokens"], 1000, "it may generate until the pool is full: {s}");
+    assert_eq!(
+        s["kv_pool"]["reserved_tokens"], 1000,
+        "it may generate until the pool is full: {s}"
+    );
     for (resp, _) in join_all(vec![open, small]).await {
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
@@ -71,10 +91,20 @@ async fn a_pool_is_assumed_when_llama_servers_command_line_cannot_be_seen() {
         .start_with(FakeUpstream::instant().total_slots(2).n_ctx(3000))
         .await;
     let s = gate
-        .wait_status(ms(5000), "the pool learned", |s| s["kv_pool"]["tokens"] == 3000)
+        .wait_status(ms(5000), "the pool learned", |s| {
+            s["kv_pool"]["tokens"] == 3000
+        })
         .await;
     assert_eq!(s["kv_pool"]["shared"], true, "{s}");
-    assert!(s["kv_pool"]["source"].as_str().unwrap().starts_with("assumed"), "{s}");
-    assert!(gate.stderr_text().contains("cannot see llama-server's command line"));
+    assert!(
+        s["kv_pool"]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("assumed"),
+        "{s}"
+    );
+    assert!(gate
+        .stderr_text()
+        .contains("cannot see llama-server's command line"));
     gate.assert_settled(&up, 2).await;
 }

@@ -22,8 +22,15 @@ async fn health_answers_from_slotgates_readiness_in_llama_servers_shape() {
     }
     // Answered by slotgate: no extra probe reached llama-server for them, and nothing was logged
     // or counted as a request.
-    assert!(up.health_checks() <= checks_before + 2, "the health loop's own probes only");
-    assert!(!gate.stderr_text().contains("path=/health"), "{}", gate.stderr_text());
+    assert!(
+        up.health_checks() <= checks_before + 2,
+        "the health loop's own probes only"
+    );
+    assert!(
+        !gate.stderr_text().contains("path=/health"),
+        "{}",
+        gate.stderr_text()
+    );
 
     // llama-server gone: 503 as llama-server answers while it cannot serve.
     up.stop();
@@ -55,12 +62,22 @@ async fn whole_server_endpoints_are_refused_to_clients_and_forwarded_on_the_admi
         // On the admin listener they reach llama-server (the fake has none of them: its 404).
         let resp = gate.admin().request(method.clone(), path).await;
         assert_eq!(resp.status, 404, "{method} {path}: {}", resp.body);
-        assert!(resp.body.contains("File Not Found"), "llama-server's answer: {}", resp.body);
+        assert!(
+            resp.body.contains("File Not Found"),
+            "llama-server's answer: {}",
+            resp.body
+        );
     }
     let reached: Vec<String> = up.passthrough_seen();
     assert_eq!(
         reached,
-        ["/slots", "/slots/0", "/lora-adapters", "/props", "/models/load"],
+        [
+            "/slots",
+            "/slots/0",
+            "/lora-adapters",
+            "/props",
+            "/models/load"
+        ],
         "each forwarded once, from the admin listener only"
     );
     gate.assert_settled(&up, 1).await;
@@ -72,7 +89,11 @@ async fn host_endpoints_are_refused_unless_the_operator_enables_them() {
     for (method, path) in [(Method::POST, "/tools"), (Method::GET, "/cors-proxy")] {
         let resp = gate.client().request(method, path).await;
         assert_error(&resp, 403, "host_endpoint");
-        assert!(resp.body.contains("--forward-host-endpoints"), "{}", resp.body);
+        assert!(
+            resp.body.contains("--forward-host-endpoints"),
+            "{}",
+            resp.body
+        );
     }
     assert!(up.passthrough_seen().is_empty());
     drop(gate);
@@ -94,7 +115,8 @@ async fn a_route_llama_server_lacks_is_a_404_that_says_so_and_the_ui_is_forwarde
     let resp = gate.client().get("/v1/files").await;
     assert_error(&resp, 404, "not_found");
     assert!(
-        resp.body.contains("slotgate forwards every route llama-server serves"),
+        resp.body
+            .contains("slotgate forwards every route llama-server serves"),
         "{}",
         resp.body
     );

@@ -26,10 +26,16 @@ async fn slotgate_calls_a_server_that_wants_a_key_with_the_key_it_was_given() {
     let dir = unique_dir("key");
     let file = dir.join("llama.key");
     std::fs::write(&file, format!("# llama-server's key\n{KEY}\n")).unwrap();
-    let (gate, _) = gate_before(&llama, Gate::new().opt("--upstream-api-key-file", file.display())).await;
+    let (gate, _) = gate_before(
+        &llama,
+        Gate::new().opt("--upstream-api-key-file", file.display()),
+    )
+    .await;
     // /props read with the key: the slot count learnt.
     let s = gate
-        .wait_status(Duration::from_secs(10), "slots learnt", |s| s["slots"]["total"] == 2)
+        .wait_status(Duration::from_secs(10), "slots learnt", |s| {
+            s["slots"]["total"] == 2
+        })
         .await;
     assert_eq!(s["upstream"]["auth"]["refused"], false, "{s}");
     assert_eq!(s["upstream"]["auth"]["api_key"], "set", "{s}");
@@ -37,7 +43,13 @@ async fn slotgate_calls_a_server_that_wants_a_key_with_the_key_it_was_given() {
     let bearer = format!("Bearer {KEY}");
     let hold = chat(PROMPT, 1500, false);
     let holders: Vec<_> = (0..2)
-        .map(|_| spawn_post(&gate.client(), CHAT, &Req::from_json(hold.clone()).header("authorization", &bearer)))
+        .map(|_| {
+            spawn_post(
+                &gate.client(),
+                CHAT,
+                &Req::from_json(hold.clone()).header("authorization", &bearer),
+            )
+        })
         .collect();
     gate.wait_busy(2).await;
     // Behind both slots it waits and is counted exactly (the count endpoint took the key).
@@ -46,7 +58,11 @@ async fn slotgate_calls_a_server_that_wants_a_key_with_the_key_it_was_given() {
         .post_json_with_headers(CHAT, &chat(PROMPT, 4, false), &[("x-api-key", KEY)])
         .await;
     let usage = chat_usage(&resp, 4);
-    assert_eq!(resp.header("x-slotgate-prompt-tokens").and_then(|v| v.parse().ok()), Some(usage.prompt));
+    assert_eq!(
+        resp.header("x-slotgate-prompt-tokens")
+            .and_then(|v| v.parse().ok()),
+        Some(usage.prompt)
+    );
     for (r, _) in join_all(holders).await {
         chat_usage(&r, 1500);
     }
@@ -56,7 +72,11 @@ async fn slotgate_calls_a_server_that_wants_a_key_with_the_key_it_was_given() {
     // A client's wrong key: llama-server's own 401, counted as its refusal.
     let wrong = gate
         .client()
-        .post_json_with_headers(CHAT, &chat(PROMPT, 4, false), &[("authorization", "Bearer nope")])
+        .post_json_with_headers(
+            CHAT,
+            &chat(PROMPT, 4, false),
+            &[("authorization", "Bearer nope")],
+        )
         .await;
     assert_eq!(wrong.status, 401, "{}", wrong.body);
     assert_eq!(wrong.json()["error"]["message"], "Invalid API Key");
@@ -70,20 +90,33 @@ async fn without_the_key_slotgate_says_what_to_set_and_wrap_finds_it_itself() {
     let llama = LlamaServer::start_argv(with_key()).await;
     let (gate, _) = gate_before(&llama, Gate::new()).await;
     let s = gate
-        .wait_status(Duration::from_secs(10), "the 401 noticed", |s| s["upstream"]["auth"]["refused"] == true)
+        .wait_status(Duration::from_secs(10), "the 401 noticed", |s| {
+            s["upstream"]["auth"]["refused"] == true
+        })
         .await;
-    assert!(s["upstream"]["auth"]["hint"].as_str().unwrap().contains("--upstream-api-key-file"), "{s}");
+    assert!(
+        s["upstream"]["auth"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("--upstream-api-key-file"),
+        "{s}"
+    );
     assert_eq!(s["slots"]["total"], 1, "the slot count cannot be read: {s}");
     let log = gate.stderr_text();
     assert_eq!(
-        log.matches("llama-server answered 401 to slotgate's own request").count(),
+        log.matches("llama-server answered 401 to slotgate's own request")
+            .count(),
         1,
         "logged once: {log}"
     );
     // Clients with the key are still served.
     let ok = gate
         .client()
-        .post_json_with_headers(CHAT, &chat(PROMPT, 2, false), &[("authorization", &format!("Bearer {KEY}"))])
+        .post_json_with_headers(
+            CHAT,
+            &chat(PROMPT, 2, false),
+            &[("authorization", &format!("Bearer {KEY}"))],
+        )
         .await;
     chat_usage(&ok, 2);
     drop(gate);
@@ -92,12 +125,18 @@ async fn without_the_key_slotgate_says_what_to_set_and_wrap_finds_it_itself() {
     // Wrapped, slotgate reads the key from the command line.
     let gate = Gate::new().wrapping(with_key()).start().await;
     let s = gate
-        .wait_status(Duration::from_secs(30), "slots learnt", |s| s["slots"]["total"] == 2)
+        .wait_status(Duration::from_secs(30), "slots learnt", |s| {
+            s["slots"]["total"] == 2
+        })
         .await;
     assert_eq!(s["upstream"]["auth"]["api_key"], "set", "{s}");
     let ok = gate
         .client()
-        .post_json_with_headers(CHAT, &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}), &[("x-api-key", KEY)])
+        .post_json_with_headers(
+            CHAT,
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+            &[("x-api-key", KEY)],
+        )
         .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     gate.assert_idle().await;

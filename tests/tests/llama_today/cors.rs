@@ -19,8 +19,14 @@ async fn check(cors: &[&str], origins: &[&str]) {
     learned(&gate).await;
     let direct = Client::unix(llama.socket());
     for origin in origins {
-        let headers = [("origin", *origin), ("access-control-request-method", "POST")];
-        let ours = gate.client().send_with(Method::OPTIONS, CHAT, &headers, "").await;
+        let headers = [
+            ("origin", *origin),
+            ("access-control-request-method", "POST"),
+        ];
+        let ours = gate
+            .client()
+            .send_with(Method::OPTIONS, CHAT, &headers, "")
+            .await;
         let theirs = direct.send_with(Method::OPTIONS, CHAT, &headers, "").await;
         assert_eq!(ours.status, theirs.status, "{cors:?} {origin}");
         for name in [
@@ -29,11 +35,19 @@ async fn check(cors: &[&str], origins: &[&str]) {
             "access-control-allow-methods",
             "access-control-allow-headers",
         ] {
-            assert_eq!(ours.header(name), theirs.header(name), "{cors:?} {origin}: {name}");
+            assert_eq!(
+                ours.header(name),
+                theirs.header(name),
+                "{cors:?} {origin}: {name}"
+            );
         }
         // What llama-server puts on an answer to this origin, slotgate puts on its own refusal.
         let answer = direct
-            .post_json_with_headers(CHAT, &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}), &[("origin", *origin)])
+            .post_json_with_headers(
+                CHAT,
+                &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+                &[("origin", *origin)],
+            )
             .await;
         assert_eq!(answer.status, 200, "{}", answer.body);
         let held = gate
@@ -61,10 +75,18 @@ async fn slotgates_own_answers_carry_the_cors_headers_llama_server_would_send() 
     // Its default: any origin echoed, with credentials.
     check(&[], &["http://app.example"]).await;
     // Only localhost origins.
-    check(&["--cors-origins", "localhost"], &["http://app.example", "http://localhost:5173"]).await;
+    check(
+        &["--cors-origins", "localhost"],
+        &["http://app.example", "http://localhost:5173"],
+    )
+    .await;
     // One origin, whatever the request's.
     check(
-        &["--cors-origins", "https://ui.example", "--no-cors-credentials"],
+        &[
+            "--cors-origins",
+            "https://ui.example",
+            "--no-cors-credentials",
+        ],
         &["http://app.example"],
     )
     .await;

@@ -59,10 +59,22 @@ async fn every_endpoint_its_clients_use_is_served_through_slotgate() {
 
     let whole: [(&str, Value, &str); 7] = [
         ("/v1/messages", messages(false), "/type"),
-        ("/v1/messages/count_tokens", messages(false), "/input_tokens"),
+        (
+            "/v1/messages/count_tokens",
+            messages(false),
+            "/input_tokens",
+        ),
         ("/v1/responses", responses(false), "/object"),
-        ("/v1/responses/input_tokens", responses(false), "/input_tokens"),
-        ("/v1/chat/completions/input_tokens", chat(PROMPT, 4, false), "/input_tokens"),
+        (
+            "/v1/responses/input_tokens",
+            responses(false),
+            "/input_tokens",
+        ),
+        (
+            "/v1/chat/completions/input_tokens",
+            chat(PROMPT, 4, false),
+            "/input_tokens",
+        ),
         ("/infill", infill(false), "/tokens_predicted"),
         (CHAT, chat(PROMPT, 4, false), "/object"),
     ];
@@ -83,16 +95,29 @@ async fn every_endpoint_its_clients_use_is_served_through_slotgate() {
         ("/v1/responses", responses(true), "response.completed"),
         ("/infill", infill(true), "\"stop\":true"),
     ] {
-        let sse = client.stream(path, &body).await.read_all(Duration::from_secs(30)).await;
+        let sse = client
+            .stream(path, &body)
+            .await
+            .read_all(Duration::from_secs(30))
+            .await;
         assert!(sse.raw.contains(last), "POST {path} stream: {}", sse.raw);
     }
     for path in ["/health", "/v1/health"] {
         let resp = client.get(path).await;
-        assert_eq!((resp.status.as_u16(), resp.json()), (200, json!({"status": "ok"})), "{path}");
+        assert_eq!(
+            (resp.status.as_u16(), resp.json()),
+            (200, json!({"status": "ok"})),
+            "{path}"
+        );
     }
     // A preflight, as a browser sends it.
     let pre = client
-        .send_with(Method::OPTIONS, "/v1/messages", &[("origin", "http://localhost:5173")], "")
+        .send_with(
+            Method::OPTIONS,
+            "/v1/messages",
+            &[("origin", "http://localhost:5173")],
+            "",
+        )
         .await;
     assert_eq!(pre.status, 200);
 
@@ -104,13 +129,20 @@ async fn every_endpoint_its_clients_use_is_served_through_slotgate() {
         "{}",
         m.text
     );
-    assert_eq!(m.value_or_zero("slotgate_requests_total", &[("outcome", "upstream_4xx")]), 0.0);
+    assert_eq!(
+        m.value_or_zero("slotgate_requests_total", &[("outcome", "upstream_4xx")]),
+        0.0
+    );
     assert_both_idle(&gate, &llama).await;
 }
 
 /// The prompt tokens an answer of `path` reports, and the tokens it generated.
 fn reported(path: &str, v: &Value) -> (u64, u64) {
-    let n = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or_else(|| panic!("{p} in {v}"));
+    let n = |p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_u64)
+            .unwrap_or_else(|| panic!("{p} in {v}"))
+    };
     match path {
         "/v1/messages" => (
             n("/usage/input_tokens") + n("/usage/cache_read_input_tokens"),
@@ -128,25 +160,36 @@ async fn each_dialect_is_counted_exactly_and_settled_from_its_own_usage() {
     let llama = llama(1).await;
     let (gate, _) = gate_before(&llama, Gate::new().queue_timeout("120s")).await;
     learned(&gate).await;
-    let hold = llama.tokens_for(Duration::from_millis(600), (32, 1000)).await;
+    let hold = llama
+        .tokens_for(Duration::from_millis(600), (32, 1000))
+        .await;
     let cases: [(&str, Value); 6] = [
         (CHAT, chat(&format!("{PROMPT} chat"), 4, false)),
         ("/v1/messages", messages(false)),
         ("/v1/responses", responses(false)),
         ("/infill", infill(false)),
-        ("/completion", json!({"prompt": "Once upon a time, a lighthouse", "n_predict": 4})),
-        ("/v1/completions", json!({"prompt": "Once upon a time, a keeper", "max_tokens": 4})),
+        (
+            "/completion",
+            json!({"prompt": "Once upon a time, a lighthouse", "n_predict": 4}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Once upon a time, a keeper", "max_tokens": 4}),
+        ),
     ];
     let mut used = 0;
     for (path, body) in &cases {
         // Behind a busy slot the request waits, and is counted meanwhile.
-        let holder = gate.hold_slot(&Req::from_json(chat(PROMPT, hold, false))).await;
+        let holder = gate
+            .hold_slot(&Req::from_json(chat(PROMPT, hold, false)))
+            .await;
         let resp = gate.client().post_json(path, body).await;
         assert_eq!(resp.status, 200, "POST {path}: {}", resp.body);
         let (prompt, completion) = reported(path, &resp.json());
         assert_eq!(completion, 4, "POST {path}: {}", resp.body);
         assert_eq!(
-            resp.header("x-slotgate-prompt-tokens").and_then(|h| h.parse().ok()),
+            resp.header("x-slotgate-prompt-tokens")
+                .and_then(|h| h.parse().ok()),
             Some(prompt),
             "POST {path}: slotgate's count and llama-server's usage differ: {}",
             resp.body

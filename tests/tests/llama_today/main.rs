@@ -8,6 +8,7 @@ mod api_key;
 mod cors;
 mod dialects;
 mod pool;
+mod resumable;
 mod sdks;
 mod several;
 
@@ -31,7 +32,10 @@ async fn serial() -> MutexGuard<'static, ()> {
 async fn gate_before(llama: &RunningLlama, gate: Gate) -> (RunningGate, String) {
     let port = free_port();
     let gate = gate
-        .listen(format!("unix:{}", unique_dir("sock").join("slotgate.sock").display()))
+        .listen(format!(
+            "unix:{}",
+            unique_dir("sock").join("slotgate.sock").display()
+        ))
         .listen(format!("tcp:127.0.0.1:{port}"))
         .upstream_path(llama.socket())
         .start()

@@ -39,7 +39,10 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
     let llama = LlamaServer::start_default(POOL as usize, &[]).await;
     let props = llama.get("/props").await.json();
     assert_eq!(props["total_slots"], 4, "llama-server's default: {props}");
-    assert_eq!(props["default_generation_settings"]["n_ctx"], POOL, "each slot reports the pool");
+    assert_eq!(
+        props["default_generation_settings"]["n_ctx"], POOL,
+        "each slot reports the pool"
+    );
     let body = chat(&prompt(), ANSWER, false);
 
     // Straight to llama-server: together they overflow the pool, and it fails every one of them.
@@ -47,9 +50,16 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
     let calls: Vec<_> = (0..4)
         .map(|_| spawn_post(&direct, CHAT, &Req::from_json(body.clone())))
         .collect();
-    let statuses: Vec<u16> = join_all(calls).await.iter().map(|(r, _)| r.status.as_u16()).collect();
+    let statuses: Vec<u16> = join_all(calls)
+        .await
+        .iter()
+        .map(|(r, _)| r.status.as_u16())
+        .collect();
     eprintln!("direct: {statuses:?}");
-    assert!(statuses.contains(&500), "the scenario must overflow the pool: {statuses:?}");
+    assert!(
+        statuses.contains(&500),
+        "the scenario must overflow the pool: {statuses:?}"
+    );
     llama.assert_idle().await;
 
     // Through slotgate, auto: the pool from llama-server's own command line.
@@ -58,7 +68,10 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
     assert_eq!(s["kv_pool"]["shared"], true, "{s}");
     assert_eq!(s["kv_pool"]["tokens"], POOL, "{s}");
     assert!(
-        s["kv_pool"]["source"].as_str().unwrap().contains(&format!("pid {}", llama.pid())),
+        s["kv_pool"]["source"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("pid {}", llama.pid())),
         "{s}"
     );
     assert_eq!(s["slots"]["total"], 4, "{s}");
@@ -83,7 +96,10 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
         .map(|_| spawn_post(&gate.client(), CHAT, &Req::from_json(body.clone())))
         .collect();
     let s = gate.wait_queue_depth(2).await;
-    assert_eq!(s["requests_in_service"], 2, "two fit the pool, two wait: {s}");
+    assert_eq!(
+        s["requests_in_service"], 2,
+        "two fit the pool, two wait: {s}"
+    );
     for (resp, took) in join_all(calls).await {
         chat_usage(&resp, ANSWER);
         eprintln!("served in {took:?}");
@@ -93,8 +109,14 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
     eprintln!("peak KV cells in use: {peak} of {POOL}");
     assert!(peak > 0 && peak <= POOL, "peak {peak}");
     let m = gate.metrics().await;
-    assert_eq!(m.value_or_zero("slotgate_requests_total", &[("outcome", "upstream_5xx")]), 0.0);
-    assert_eq!(m.value_or_zero("slotgate_requests_total", &[("outcome", "ok")]), 4.0);
+    assert_eq!(
+        m.value_or_zero("slotgate_requests_total", &[("outcome", "upstream_5xx")]),
+        0.0
+    );
+    assert_eq!(
+        m.value_or_zero("slotgate_requests_total", &[("outcome", "ok")]),
+        4.0
+    );
     assert_both_idle(&gate, &llama).await;
 }
 
@@ -112,8 +134,15 @@ async fn a_context_per_slot_is_learned_and_a_setting_that_differs_is_warned_abou
     let llama = LlamaServer::start(2).await;
     let (gate, _) = gate_before(&llama, Gate::new()).await;
     let s = learned(&gate).await;
-    assert_eq!((s["kv_pool"]["shared"].as_bool(), &s["kv_pool"]["tokens"]), (Some(false), &Value::Null), "{s}");
-    assert!(s["kv_pool"]["source"].as_str().unwrap().contains("pid"), "{s}");
+    assert_eq!(
+        (s["kv_pool"]["shared"].as_bool(), &s["kv_pool"]["tokens"]),
+        (Some(false), &Value::Null),
+        "{s}"
+    );
+    assert!(
+        s["kv_pool"]["source"].as_str().unwrap().contains("pid"),
+        "{s}"
+    );
     assert_eq!(s["kv_pool"]["mismatch"], Value::Null);
     drop(gate);
 
@@ -122,17 +151,38 @@ async fn a_context_per_slot_is_learned_and_a_setting_that_differs_is_warned_abou
     let s = learned(&gate).await;
     assert_eq!(s["kv_pool"]["tokens"], 3000, "{s}");
     let why = s["kv_pool"]["mismatch"].as_str().unwrap_or_default();
-    assert!(why.contains("one pool of 3000 tokens") && why.contains("a context per slot"), "{s}");
-    assert!(gate.stderr_text().contains("--kv-pool differs from llama-server's command line"));
+    assert!(
+        why.contains("one pool of 3000 tokens") && why.contains("a context per slot"),
+        "{s}"
+    );
+    assert!(gate
+        .stderr_text()
+        .contains("--kv-pool differs from llama-server's command line"));
     drop(gate);
 
     // slotgate wrap reads the child's own command line.
     let argv = default_argv(4096, &[]);
     let gate = Gate::new().wrapping(argv).start().await;
     let s = learned(&gate).await;
-    assert_eq!((s["kv_pool"]["tokens"].as_u64(), s["slots"]["total"].as_u64()), (Some(4096), Some(4)), "{s}");
-    assert_eq!(s["kv_pool"]["source"], "the command line slotgate wrap runs", "{s}");
-    let ok = gate.client().post_json(CHAT, &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})).await;
+    assert_eq!(
+        (
+            s["kv_pool"]["tokens"].as_u64(),
+            s["slots"]["total"].as_u64()
+        ),
+        (Some(4096), Some(4)),
+        "{s}"
+    );
+    assert_eq!(
+        s["kv_pool"]["source"], "the command line slotgate wrap runs",
+        "{s}"
+    );
+    let ok = gate
+        .client()
+        .post_json(
+            CHAT,
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        )
+        .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     gate.assert_idle().await;
 }

@@ -50,18 +50,36 @@ async fn the_anthropic_sdk_works_through_slotgate_and_its_retries_honour_retry_a
         args
     };
 
-    let m: Value = driver("anthropic_calls.py", &call(&["messages", "--max-tokens", "6"])).await;
+    let m: Value = driver(
+        "anthropic_calls.py",
+        &call(&["messages", "--max-tokens", "6"]),
+    )
+    .await;
     assert_eq!(m["type"], "message", "{m}");
     assert_eq!(m["usage"]["output_tokens"], 6, "{m}");
-    let input = m["usage"]["input_tokens"].as_u64().unwrap() + m["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    let input = m["usage"]["input_tokens"].as_u64().unwrap()
+        + m["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0);
     assert!(input > 0, "{m}");
-    let s: Value = driver("anthropic_calls.py", &call(&["stream", "--max-tokens", "5"])).await;
-    let events: Vec<&str> = s["events"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let s: Value = driver(
+        "anthropic_calls.py",
+        &call(&["stream", "--max-tokens", "5"]),
+    )
+    .await;
+    let events: Vec<&str> = s["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
     assert_eq!(events.first(), Some(&"message_start"), "{s}");
     assert_eq!(events.last(), Some(&"message_stop"), "{s}");
     assert_eq!(s["usage"]["output_tokens"], 5, "{s}");
     let c: Value = driver("anthropic_calls.py", &call(&["count"])).await;
-    assert_eq!(c["input_tokens"].as_u64(), Some(input), "the count is the prompt the answer used: {c}");
+    assert_eq!(
+        c["input_tokens"].as_u64(),
+        Some(input),
+        "the count is the prompt the answer used: {c}"
+    );
 
     // A busy slot and no queue place, before the same llama-server: the SDK's typed error, carrying
     // slotgate's message and Anthropic's error type.
@@ -70,34 +88,70 @@ async fn the_anthropic_sdk_works_through_slotgate_and_its_retries_honour_retry_a
     let long = llama.tokens_for(Duration::from_secs(2), (50, 1800)).await;
     let (raised, (held,)): (Value, _) = driver_on_cue(
         "anthropic_calls.py",
-        &[arg("--base-url"), arg(&no_queue_base), arg("--max-retries"), arg(0), arg("error")],
-        async { (no_queue.hold_slot(&Req::from_json(chat(PROMPT, long, false))).await,) },
+        &[
+            arg("--base-url"),
+            arg(&no_queue_base),
+            arg("--max-retries"),
+            arg(0),
+            arg("error"),
+        ],
+        async {
+            (no_queue
+                .hold_slot(&Req::from_json(chat(PROMPT, long, false)))
+                .await,)
+        },
     )
     .await;
     held.await.unwrap();
     assert_eq!(raised["raised"], "RateLimitError", "{raised}");
     assert_eq!(raised["status"], 429, "{raised}");
     assert_eq!(raised["body"]["type"], "error", "{raised}");
-    assert_eq!(raised["body"]["error"]["type"], "rate_limit_error", "{raised}");
-    assert!(
-        raised["body"]["error"]["message"].as_str().unwrap().starts_with("the queue is full"),
+    assert_eq!(
+        raised["body"]["error"]["type"], "rate_limit_error",
         "{raised}"
     );
-    assert!(raised["message"].as_str().unwrap().contains("the queue is full"), "{raised}");
+    assert!(
+        raised["body"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the queue is full"),
+        "{raised}"
+    );
+    assert!(
+        raised["message"]
+            .as_str()
+            .unwrap()
+            .contains("the queue is full"),
+        "{raised}"
+    );
     no_queue.assert_idle().await;
     drop(no_queue);
 
     // A burst: most are turned away at first; the SDK's retries carry every one through, none sent
     // before the retry-after-ms it was given.
-    let tokens = llama.tokens_for(Duration::from_millis(250), (16, 200)).await;
+    let tokens = llama
+        .tokens_for(Duration::from_millis(250), (16, 200))
+        .await;
     let burst: Burst = driver(
         "anthropic_calls.py",
-        &call(&["--max-retries", "30", "burst", "--clients", &BURST.to_string(), "--max-tokens", &tokens.to_string()]),
+        &call(&[
+            "--max-retries",
+            "30",
+            "burst",
+            "--clients",
+            &BURST.to_string(),
+            "--max-tokens",
+            &tokens.to_string(),
+        ]),
     )
     .await;
     let mut refusals = 0;
     for c in &burst.clients {
-        assert!(c.ok, "client {} raised {:?}: {:#?}", c.index, c.raised, c.attempts);
+        assert!(
+            c.ok,
+            "client {} raised {:?}: {:#?}",
+            c.index, c.raised, c.attempts
+        );
         assert_eq!(c.usage.as_ref().unwrap()["output_tokens"], tokens);
         for pair in c.attempts.windows(2) {
             let (refused, retry) = (&pair[0], &pair[1]);
@@ -105,11 +159,18 @@ async fn the_anthropic_sdk_works_through_slotgate_and_its_retries_honour_retry_a
             refusals += 1;
             let told = refused.retry_after_ms.expect("retry-after-ms on every 429");
             let waited = retry.sent_ms - refused.received_ms.unwrap();
-            assert!(waited >= told - 2.0, "client {} retried after {waited} ms, told {told}", c.index);
+            assert!(
+                waited >= told - 2.0,
+                "client {} retried after {waited} ms, told {told}",
+                c.index
+            );
         }
     }
     eprintln!("{BURST} Anthropic SDK clients: {refusals} refusals, all served");
-    assert!(refusals > 0, "the burst never met a full queue: it proves nothing");
+    assert!(
+        refusals > 0,
+        "the burst never met a full queue: it proves nothing"
+    );
     assert_both_idle(&gate, &llama).await;
 }
 
@@ -122,7 +183,13 @@ async fn the_openai_sdks_responses_api_works_through_slotgate() {
     learned(&gate).await;
     let base = format!("{base}/v1");
     for stream in [false, true] {
-        let mut args = vec![arg("--base-url"), arg(&base), arg("responses"), arg("--max-tokens"), arg(6)];
+        let mut args = vec![
+            arg("--base-url"),
+            arg(&base),
+            arg("responses"),
+            arg("--max-tokens"),
+            arg(6),
+        ];
         if stream {
             args.push(arg("--stream"));
         }
@@ -132,10 +199,19 @@ async fn the_openai_sdks_responses_api_works_through_slotgate() {
         assert!(r["usage"]["input_tokens"].as_u64().unwrap() > 0, "{r}");
         if stream {
             let events = r["events"].as_array().unwrap();
-            assert_eq!(events.last().and_then(Value::as_str), Some("response.completed"), "{r}");
+            assert_eq!(
+                events.last().and_then(Value::as_str),
+                Some("response.completed"),
+                "{r}"
+            );
         }
     }
     let m = gate.metrics().await;
-    assert_eq!(m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]), 12.0, "{}", m.text);
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]),
+        12.0,
+        "{}",
+        m.text
+    );
     assert_both_idle(&gate, &llama).await;
 }

@@ -40,7 +40,13 @@ async fn two_completions_wait_beside_a_running_stream_instead_of_being_deferred(
     let stream = tokio::spawn({
         let client = gate.client();
         let body = chat(PROMPT, long, true);
-        async move { client.stream(CHAT, &body).await.read_sse(Duration::from_secs(60)).await }
+        async move {
+            client
+                .stream(CHAT, &body)
+                .await
+                .read_sse(Duration::from_secs(60))
+                .await
+        }
     });
     gate.wait_busy(1).await;
     let mut pair = chat(PROMPT, 8, false);
@@ -54,9 +60,17 @@ async fn two_completions_wait_beside_a_running_stream_instead_of_being_deferred(
     let (resp, _) = answer.await.unwrap();
     assert_eq!(resp.status, 200, "{}", resp.body);
     let v = resp.json();
-    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2), "two completions: {v}");
+    assert_eq!(
+        v["choices"].as_array().map(Vec::len),
+        Some(2),
+        "two completions: {v}"
+    );
     watching.abort();
-    assert_eq!(deferred.load(Ordering::Relaxed), 0, "llama-server deferred a request");
+    assert_eq!(
+        deferred.load(Ordering::Relaxed),
+        0,
+        "llama-server deferred a request"
+    );
     // More than the server runs: refused before it is queued, with the reason.
     let mut many = chat(PROMPT, 8, false);
     many["n"] = 3.into();
@@ -99,7 +113,11 @@ async fn embedding_batches_hold_a_slot_per_input_and_are_charged_for_every_input
         prompt_tokens += v["usage"]["prompt_tokens"].as_u64().unwrap();
     }
     watching.abort();
-    assert_eq!(deferred.load(Ordering::Relaxed), 0, "llama-server deferred an input");
+    assert_eq!(
+        deferred.load(Ordering::Relaxed),
+        0,
+        "llama-server deferred an input"
+    );
     assert_eq!(prompt_tokens, expected);
     let m = gate.metrics().await;
     let charged: f64 = m
@@ -108,15 +126,26 @@ async fn embedding_batches_hold_a_slot_per_input_and_are_charged_for_every_input
         .filter(|s| s.name == "slotgate_tenant_tokens_total")
         .map(|s| s.value)
         .sum();
-    assert_eq!(charged, prompt_tokens as f64, "charged every input's tokens: {}", m.text);
+    assert_eq!(
+        charged, prompt_tokens as f64,
+        "charged every input's tokens: {}",
+        m.text
+    );
     // More inputs than slots: it holds them all (llama-server runs the rest as they free up), and
     // is charged for every input.
     let three = json!({"input": ["one", "two two", "three three three"]});
-    let theirs = Client::unix(llama.socket()).post_json("/v1/embeddings", &three).await;
+    let theirs = Client::unix(llama.socket())
+        .post_json("/v1/embeddings", &three)
+        .await;
     let ours = gate.client().post_json("/v1/embeddings", &three).await;
     assert_eq!(ours.status, 200, "{}", ours.body);
     assert_eq!(ours.json()["usage"], theirs.json()["usage"]);
     let more = theirs.json()["usage"]["prompt_tokens"].as_f64().unwrap();
-    gate.wait_metric("slotgate_tokens_total", &[("kind", "prompt")], prompt_tokens as f64 + more).await;
+    gate.wait_metric(
+        "slotgate_tokens_total",
+        &[("kind", "prompt")],
+        prompt_tokens as f64 + more,
+    )
+    .await;
     assert_both_idle(&gate, &llama).await;
 }

@@ -1,0 +1,91 @@
+//! A request naming a conversation (`X-Conversation-Id`) is one llama-server finishes into a
+//! session the client can resume (`GET /v1/stream?conv_id=`), whether or not the client stays.
+//! When the client leaves, slotgate keeps the slot until llama-server is done with it: handing it on
+//! at once would put a second request on a slot still generating, which llama-server defers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use slotgate_tests::client::post_with_headers;
+use slotgate_tests::llama::{chat, chat_usage, try_sample, LlamaServer, PROMPT};
+use slotgate_tests::*;
+
+use super::{assert_both_idle, gate_before, learned, serial};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conversation_left_by_its_client_keeps_its_slot_until_llama_server_is_done() {
+    let _one = serial().await;
+    let llama = LlamaServer::start(1).await;
+    let long = llama.tokens_for(Duration::from_secs(2), (64, 1800)).await;
+    let (gate, _) = gate_before(&llama, Gate::new().queue_timeout("120s")).await;
+    learned(&gate).await;
+
+    let deferred = Arc::new(AtomicU64::new(0));
+    let watching = {
+        let (d, socket) = (deferred.clone(), llama.socket().to_owned());
+        tokio::spawn(async move {
+            loop {
+                if let Some(s) = try_sample(&socket, Duration::from_secs(1)).await {
+                    d.fetch_max(s.load.requests_deferred as u64, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    let req = post_with_headers(
+        CHAT,
+        &chat(PROMPT, long, true),
+        &[("x-conversation-id", "conv-slotgate-1")],
+    );
+    let mut stream = gate
+        .client()
+        .connect()
+        .await
+        .unwrap()
+        .send_streaming(req)
+        .await
+        .unwrap();
+    let first = stream.first_event(Duration::from_secs(10)).await;
+    assert!(first.contains("chat.completion.chunk"), "{first}");
+    drop(stream);
+
+    // The client is gone; llama-server goes on, and so does the slot's hold.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(llama.busy_slots().await, 1, "llama-server still generating");
+    assert_eq!(gate.status().await["slots"]["busy"], 1);
+    let next = spawn_post(
+        &gate.client(),
+        CHAT,
+        &Req::from_json(chat(PROMPT, 4, false)),
+    );
+    gate.wait_queue_depth(1).await;
+    let (resp, waited) = next.await.unwrap();
+    chat_usage(&resp, 4);
+    eprintln!("the next request waited {waited:?}");
+    watching.abort();
+    assert_eq!(
+        deferred.load(Ordering::Relaxed),
+        0,
+        "llama-server deferred the next request"
+    );
+
+    // The session is the client's to resume, through slotgate.
+    let resumed = gate
+        .client()
+        .get("/v1/stream?conv_id=conv-slotgate-1")
+        .await;
+    assert_eq!(resumed.status, 200, "{}", resumed.body);
+    assert!(resumed.body.contains("[DONE]"), "{}", resumed.body);
+    // Recorded as the client's leaving, charged what llama-server really did.
+    gate.wait_outcome("client_gone", 1).await;
+    let m = gate.metrics().await;
+    assert_eq!(
+        m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]),
+        (long + 4) as f64,
+        "{}",
+        m.text
+    );
+    assert_both_idle(&gate, &llama).await;
+}
