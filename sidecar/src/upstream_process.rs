@@ -54,6 +54,10 @@ pub async fn find(target: &UpstreamAddr) -> Option<Process> {
                 .ok()??
         }
     };
+    // 0: the peer is in another pid namespace (another container), invisible from here.
+    if pid == 0 {
+        return None;
+    }
     tokio::task::spawn_blocking(move || read(pid)).await.ok()?
 }
 

@@ -353,3 +353,60 @@ fn policy_denial_status_comes_from_flag_env_and_file_and_is_a_client_error() {
         assert!(err.contains("policy-denial-status"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn the_llama_server_settings_are_checked_and_shown_and_the_key_never() {
+    let dir = unique_dir("key");
+    let key = dir.join("llama.key");
+    std::fs::write(
+        &key,
+        "# the key llama-server was started with\nsk-secret-value\n",
+    )
+    .unwrap();
+    let key_arg = key.display().to_string();
+    let file = config_file("kv-pool = 8192\nforward-host-endpoints = true\n");
+    let out = check(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--upstream-api-key-file",
+            &key_arg,
+        ],
+        &[],
+    );
+    let t = settings(&out);
+    assert_eq!(get(&t, "kv-pool").as_integer(), Some(8192));
+    assert_eq!(get(&t, "forward-host-endpoints").as_bool(), Some(true));
+    assert_eq!(
+        get(&t, "upstream-api-key-file").as_str(),
+        Some(key_arg.as_str())
+    );
+    assert!(
+        !text(&out.stdout).contains("sk-secret"),
+        "the key itself is never printed"
+    );
+    let out = check(&[], &[("SLOTGATE_KV_POOL", "per-slot")]);
+    assert_eq!(get(&settings(&out), "kv-pool").as_str(), Some("per-slot"));
+    assert_eq!(
+        get(&settings(&check(&[], &[])), "kv-pool").as_str(),
+        Some("auto")
+    );
+
+    let err = rejected(&["--kv-pool", "lots"]);
+    assert!(
+        err.contains("auto, per-slot or a number of tokens"),
+        "{err}"
+    );
+    let err = rejected(&["--kv-pool", "0"]);
+    assert!(err.contains("kv-pool"), "{err}");
+    let err = rejected(&["--upstream-api-key-file", "/nonexistent/llama.key"]);
+    assert!(
+        err.contains("upstream-api-key-file") && err.contains("/nonexistent/llama.key"),
+        "{err}"
+    );
+    let empty = dir.join("empty.key");
+    std::fs::write(&empty, "# no key here\n\n").unwrap();
+    let err = rejected(&["--upstream-api-key-file", empty.to_str().unwrap()]);
+    assert!(err.contains("holds no key"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

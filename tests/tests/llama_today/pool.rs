@@ -186,3 +186,45 @@ async fn a_context_per_slot_is_learned_and_a_setting_that_differs_is_warned_abou
     assert_eq!(ok.status, 200, "{}", ok.body);
     gate.assert_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn told_the_slots_have_their_own_contexts_slotgate_lets_the_pool_overflow_and_says_so() {
+    let _one = serial().await;
+    let llama = LlamaServer::start_default(POOL as usize, &[]).await;
+    // The wrong setting: slotgate admits by slots only, as before it knew the pool.
+    let (gate, _) = gate_before(&llama, Gate::new().opt("--kv-pool", "per-slot")).await;
+    let s = learned(&gate).await;
+    assert!(
+        s["kv_pool"]["mismatch"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("exhaust"),
+        "{s}"
+    );
+    let body = chat(&prompt(), ANSWER, false);
+    let calls: Vec<_> = (0..4)
+        .map(|_| spawn_post(&gate.client(), CHAT, &Req::from_json(body.clone())))
+        .collect();
+    let statuses: Vec<u16> = join_all(calls)
+        .await
+        .iter()
+        .map(|(r, _)| r.status.as_u16())
+        .collect();
+    eprintln!("through slotgate told per-slot: {statuses:?}");
+    let failed = statuses.iter().filter(|s| **s == 500).count() as u64;
+    assert!(failed > 0, "the pool overflowed: {statuses:?}");
+    // Each failure is what it was: llama-server's 5xx, in the access log and the metrics.
+    gate.wait_outcome("upstream_5xx", failed).await;
+    gate.wait_outcome("ok", 4 - failed).await;
+    let log = gate.stderr_text();
+    let failures = log
+        .lines()
+        .filter(|l| l.contains("slotgate::access") && l.contains("outcome=upstream_5xx status=500"))
+        .count() as u64;
+    assert_eq!(failures, failed, "{log}");
+    assert!(
+        !log.lines().any(|l| l.contains("outcome=ok status=500")),
+        "{log}"
+    );
+    assert_both_idle(&gate, &llama).await;
+}
