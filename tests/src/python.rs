@@ -8,6 +8,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 const SETUP: &str = "eval \"$(bash scripts/setup-python-clients.sh)\" && export SLOTGATE_PYTHON";
@@ -117,4 +119,18 @@ pub fn result<T: DeserializeOwned>(script: &str, args: &[String], out: &std::pro
 /// One command-line argument.
 pub fn arg(s: impl ToString) -> String {
     s.to_string()
+}
+
+/// One HTTP attempt the SDK made, as the drivers' event hooks saw it (times in ms on one clock).
+#[derive(Debug, Deserialize)]
+pub struct Attempt {
+    pub sent_ms: f64,
+    pub received_ms: Option<f64>,
+    pub status: Option<u16>,
+    pub retry_after_ms: Option<f64>,
+    pub retry_after: Option<f64>,
+    /// The SDK's own `x-stainless-retry-count`: 0 on the first attempt of a call.
+    pub retry_count: i64,
+    pub path: String,
+    pub error: Option<Value>,
 }

@@ -106,11 +106,7 @@ async fn a_request_with_a_free_slot_is_forwarded_at_once_uncounted_and_settled_f
     );
     // The tenant is charged what was used, not what was estimated.
     assert_eq!(
-        m.samples
-            .iter()
-            .filter(|s| s.name == "slotgate_tenant_tokens_total")
-            .map(|s| s.value)
-            .sum::<f64>(),
+        m.sum("slotgate_tenant_tokens_total", &[]),
         41.0,
         "{}",
         m.text

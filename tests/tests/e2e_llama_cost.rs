@@ -257,11 +257,7 @@ async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_p
     let charged: f64 = gate
         .metrics()
         .await
-        .samples
-        .iter()
-        .filter(|s| s.name == "slotgate_tenant_tokens_total")
-        .map(|s| s.value)
-        .sum();
+        .sum("slotgate_tenant_tokens_total", &[]);
     assert_eq!(charged, used);
 
     // With the slot free: llama-server refuses it, and its own answer reaches the client

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use slotgate_tests::gate::free_port;
 use slotgate_tests::llama::{chat, chat_usage, LlamaServer, RunningLlama, PROMPT};
-use slotgate_tests::python::{arg, driver, driver_on_cue, python};
+use slotgate_tests::python::{arg, driver, driver_on_cue, python, Attempt};
 use slotgate_tests::*;
 use tokio::sync::Mutex;
 
@@ -38,20 +38,6 @@ const CLOCK_SLACK_MS: f64 = 2.0;
 /// Loose bounds on how much longer than told the SDK waited (thread wake-ups of 12 Python threads
 /// on 2 busy cores): at most this for any one retry, a tenth of it for the median.
 const OVERSLEEP_MS: f64 = 1000.0;
-
-/// One HTTP attempt the SDK made, as the drivers' event hooks saw it (times in ms on one clock).
-#[derive(Debug, Deserialize)]
-struct Attempt {
-    sent_ms: f64,
-    received_ms: Option<f64>,
-    status: Option<u16>,
-    retry_after_ms: Option<f64>,
-    retry_after: Option<f64>,
-    /// The SDK's own `x-stainless-retry-count`: 0 on the first attempt of a call.
-    retry_count: i64,
-    path: String,
-    error: Option<Value>,
-}
 
 /// One burst client: its answer or the error it ended with, and its attempts.
 #[derive(Debug, Deserialize)]

@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use super::{common, piece, prompt_list, text_chars, Ask, Count, Dialect, Output};
+use super::{
+    common, piece, prompt_list, text_chars, Ask, Count, Dialect, Output, NOTHING_GENERATED,
+};
 
 pub static EMBEDDINGS: &Embeddings = &Embeddings { openai: false };
 pub static OAI_EMBEDDINGS: &Embeddings = &Embeddings { openai: true };
@@ -45,11 +47,6 @@ impl Dialect for Embeddings {
     }
 
     fn output(&self) -> Output {
-        Output {
-            keys: &[],
-            add: "n_predict",
-            default: Some(0),
-            none: true,
-        }
+        NOTHING_GENERATED
     }
 }

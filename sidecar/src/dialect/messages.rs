@@ -4,7 +4,9 @@
 
 use serde_json::{json, Value};
 
-use super::{common, contains, text_chars, Ask, Count, Dialect, Output, Reported, Trust};
+use super::{
+    common, contains, text_chars, usage_object, Ask, Count, Dialect, Output, Reported, Trust,
+};
 use crate::error::GateError;
 
 pub static MESSAGES: &Messages = &Messages;
@@ -51,11 +53,7 @@ impl Dialect for Messages {
     /// of `message_delta` (the output only). Anthropic's `input_tokens` leaves out what was read
     /// from the cache (`cache_read_input_tokens`); the prompt is both.
     fn usage(&self, doc: &Value) -> Option<Reported> {
-        let usage = doc
-            .get("usage")
-            .or_else(|| doc.get("message").and_then(|m| m.get("usage")))
-            .filter(|u| u.is_object());
-        let Some(u) = usage else {
+        let Some(u) = usage_object(doc, "message") else {
             return super::timings(doc);
         };
         let count = |key: &str| u.get(key).and_then(Value::as_u64);

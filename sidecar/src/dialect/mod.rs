@@ -151,6 +151,22 @@ pub struct Output {
     pub none: bool,
 }
 
+/// The output of an API that generates no text (embeddings, rerank, decisions): 0.
+pub const NOTHING_GENERATED: Output = Output {
+    keys: &[],
+    add: "n_predict",
+    default: Some(0),
+    none: true,
+};
+
+/// A usage object of `doc`: its own `usage`, else the `usage` of its `under` member (an Anthropic
+/// `message_start`'s `message`, a Responses `response.completed`'s `response`).
+pub fn usage_object<'a>(doc: &'a Value, under: &str) -> Option<&'a Value> {
+    doc.get("usage")
+        .or_else(|| doc.get(under).and_then(|m| m.get("usage")))
+        .filter(|u| u.is_object())
+}
+
 /// The keys of OpenAI-style generation endpoints as llama-server's schema reads them: `n_predict`
 /// first, then `max_completion_tokens` and `max_tokens` (its aliases).
 pub const OPENAI_OUTPUT_KEYS: &[&[&str]] =

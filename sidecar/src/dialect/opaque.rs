@@ -39,15 +39,14 @@ impl Dialect for Opaque {
     }
 
     fn output(&self) -> Output {
-        Output {
-            keys: if self.json {
-                &[]
-            } else {
-                super::OPENAI_OUTPUT_KEYS
+        match self.json {
+            true => super::NOTHING_GENERATED,
+            false => Output {
+                keys: super::OPENAI_OUTPUT_KEYS,
+                add: "max_tokens",
+                default: None,
+                none: false,
             },
-            add: "max_tokens",
-            default: if self.json { Some(0) } else { None },
-            none: self.json,
         }
     }
 

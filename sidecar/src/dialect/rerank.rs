@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{common, text_chars, Ask, Dialect, Output};
+use super::{common, text_chars, Ask, Dialect, Output, NOTHING_GENERATED};
 
 pub static RERANK: &Rerank = &Rerank;
 
@@ -31,11 +31,6 @@ impl Dialect for Rerank {
     }
 
     fn output(&self) -> Output {
-        Output {
-            keys: &[],
-            add: "n_predict",
-            default: Some(0),
-            none: true,
-        }
+        NOTHING_GENERATED
     }
 }

@@ -5,7 +5,8 @@
 use serde_json::Value;
 
 use super::{
-    common, completions, contains, text_chars, Ask, Count, Dialect, Output, Reported, Trust,
+    common, completions, contains, text_chars, usage_object, Ask, Count, Dialect, Output, Reported,
+    Trust,
 };
 
 pub static RESPONSES: &Responses = &Responses;
@@ -54,11 +55,7 @@ impl Dialect for Responses {
     /// `usage` of the whole answer, or of `response.completed` (under `response`). Its
     /// `input_tokens` is the whole prompt (`input_tokens_details.cached_tokens` of it from the cache).
     fn usage(&self, doc: &Value) -> Option<Reported> {
-        let usage = doc
-            .get("usage")
-            .or_else(|| doc.get("response").and_then(|r| r.get("usage")))
-            .filter(|u| u.is_object());
-        let Some(u) = usage else {
+        let Some(u) = usage_object(doc, "response") else {
             return super::timings(doc);
         };
         let count = |key: &str| u.get(key).and_then(Value::as_u64);

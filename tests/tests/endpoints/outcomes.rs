@@ -59,12 +59,7 @@ async fn llama_servers_failures_and_refusals_are_counted_as_such() {
     );
     // Only the answer that was served is charged: its usage, 10 + 5 by the fake.
     let m = gate.metrics().await;
-    let charged: f64 = m
-        .samples
-        .iter()
-        .filter(|s| s.name == "slotgate_tenant_tokens_total")
-        .map(|s| s.value)
-        .sum();
+    let charged: f64 = m.sum("slotgate_tenant_tokens_total", &[]);
     assert_eq!(charged, 15.0, "{}", m.text);
     gate.assert_settled(&up, 1).await;
 }

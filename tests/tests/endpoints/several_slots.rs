@@ -79,12 +79,7 @@ async fn a_batch_of_inputs_holds_a_slot_per_input_at_most_all_and_is_charged_for
     assert_eq!(resp.status, 200, "{}", resp.body);
     // Charged what the answer reports for all its inputs.
     let m = gate.metrics().await;
-    let charged: f64 = m
-        .samples
-        .iter()
-        .filter(|s| s.name == "slotgate_tenant_tokens_total")
-        .map(|s| s.value)
-        .sum();
+    let charged: f64 = m.sum("slotgate_tenant_tokens_total", &[]);
     assert_eq!(charged, 12.0, "{}", m.text);
     gate.assert_settled(&up, 2).await;
 }

@@ -198,12 +198,7 @@ async fn each_dialect_is_counted_exactly_and_settled_from_its_own_usage() {
         used += prompt + completion + chat_usage(&held, hold).total();
     }
     let m = gate.metrics().await;
-    let charged: f64 = m
-        .samples
-        .iter()
-        .filter(|s| s.name == "slotgate_tenant_tokens_total")
-        .map(|s| s.value)
-        .sum();
+    let charged: f64 = m.sum("slotgate_tenant_tokens_total", &[]);
     assert_eq!(charged, used as f64, "{}", m.text);
     assert_eq!(
         m.value_or_zero("slotgate_prompt_counts_total", &[("source", "estimate")]),

@@ -12,11 +12,13 @@ mod resumable;
 mod sdks;
 mod several;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use slotgate_tests::gate::free_port;
-use slotgate_tests::llama::RunningLlama;
+use slotgate_tests::llama::{try_sample, RunningLlama};
 use slotgate_tests::*;
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -57,4 +59,19 @@ async fn assert_both_idle(gate: &RunningGate, llama: &RunningLlama) {
     gate.assert_idle().await;
     assert_eq!(gate.status().await["kv_pool"]["reserved_tokens"], 0);
     llama.assert_idle().await;
+}
+
+/// Samples llama-server's `requests_deferred` every 20 ms; the largest seen.
+pub fn watch_deferred(socket: &std::path::Path) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+    let peak = Arc::new(AtomicU64::new(0));
+    let (p, socket) = (peak.clone(), socket.to_owned());
+    let task = tokio::spawn(async move {
+        loop {
+            if let Some(s) = try_sample(&socket, Duration::from_secs(1)).await {
+                p.fetch_max(s.load.requests_deferred as u64, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    (peak, task)
 }

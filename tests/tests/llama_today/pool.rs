@@ -23,6 +23,12 @@ fn prompt() -> String {
     "the lighthouse keeper kept the light burning ".repeat(40)
 }
 
+/// The four requests at once, sent by `client`: about 3,300 tokens each.
+fn four(client: &Client) -> Vec<tokio::task::JoinHandle<(Response, Duration)>> {
+    let body = Req::from_json(chat(&prompt(), ANSWER, false));
+    (0..4).map(|_| spawn_post(client, CHAT, &body)).collect()
+}
+
 /// The KV cells llama-server's busy slots hold now, from `/slots`: each slot's cached tokens
 /// (`n_prompt_tokens`, the prompt and what it generated so far).
 fn cells_in_use(slots: &[Value]) -> u64 {
@@ -43,13 +49,10 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
         props["default_generation_settings"]["n_ctx"], POOL,
         "each slot reports the pool"
     );
-    let body = chat(&prompt(), ANSWER, false);
 
     // Straight to llama-server: together they overflow the pool, and it fails every one of them.
     let direct = Client::unix(llama.socket());
-    let calls: Vec<_> = (0..4)
-        .map(|_| spawn_post(&direct, CHAT, &Req::from_json(body.clone())))
-        .collect();
+    let calls = four(&direct);
     let statuses: Vec<u16> = join_all(calls)
         .await
         .iter()
@@ -92,9 +95,7 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
             }
         })
     };
-    let calls: Vec<_> = (0..4)
-        .map(|_| spawn_post(&gate.client(), CHAT, &Req::from_json(body.clone())))
-        .collect();
+    let calls = four(&gate.client());
     let s = gate.wait_queue_depth(2).await;
     assert_eq!(
         s["requests_in_service"], 2,
@@ -201,10 +202,7 @@ async fn told_the_slots_have_their_own_contexts_slotgate_lets_the_pool_overflow_
             .contains("exhaust"),
         "{s}"
     );
-    let body = chat(&prompt(), ANSWER, false);
-    let calls: Vec<_> = (0..4)
-        .map(|_| spawn_post(&gate.client(), CHAT, &Req::from_json(body.clone())))
-        .collect();
+    let calls = four(&gate.client());
     let statuses: Vec<u16> = join_all(calls)
         .await
         .iter()

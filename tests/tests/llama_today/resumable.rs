@@ -3,15 +3,14 @@
 //! When the client leaves, slotgate keeps the slot until llama-server is done with it: handing it on
 //! at once would put a second request on a slot still generating, which llama-server defers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use slotgate_tests::client::post_with_headers;
-use slotgate_tests::llama::{chat, chat_usage, try_sample, LlamaServer, PROMPT};
+use slotgate_tests::llama::{chat, chat_usage, LlamaServer, PROMPT};
 use slotgate_tests::*;
 
-use super::{assert_both_idle, gate_before, learned, serial};
+use super::{assert_both_idle, gate_before, learned, serial, watch_deferred};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_conversation_left_by_its_client_keeps_its_slot_until_llama_server_is_done() {
@@ -21,18 +20,7 @@ async fn a_conversation_left_by_its_client_keeps_its_slot_until_llama_server_is_
     let (gate, _) = gate_before(&llama, Gate::new().queue_timeout("120s")).await;
     learned(&gate).await;
 
-    let deferred = Arc::new(AtomicU64::new(0));
-    let watching = {
-        let (d, socket) = (deferred.clone(), llama.socket().to_owned());
-        tokio::spawn(async move {
-            loop {
-                if let Some(s) = try_sample(&socket, Duration::from_secs(1)).await {
-                    d.fetch_max(s.load.requests_deferred as u64, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let (deferred, watching) = watch_deferred(llama.socket());
 
     let req = post_with_headers(
         CHAT,

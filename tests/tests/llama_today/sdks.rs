@@ -8,20 +8,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 use slotgate_tests::llama::{chat, LlamaServer, PROMPT};
-use slotgate_tests::python::{arg, driver, driver_on_cue, python};
+use slotgate_tests::python::{arg, driver, driver_on_cue, python, Attempt};
 use slotgate_tests::*;
 
 use super::{assert_both_idle, gate_before, learned, serial};
 
 const BURST: usize = 8;
-
-#[derive(Debug, Deserialize)]
-struct Attempt {
-    sent_ms: f64,
-    received_ms: Option<f64>,
-    status: Option<u16>,
-    retry_after_ms: Option<f64>,
-}
 
 #[derive(Debug, Deserialize)]
 struct BurstClient {

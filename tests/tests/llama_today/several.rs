@@ -3,30 +3,14 @@
 //! input). Behind slotgate neither ever waits in llama-server's own queue
 //! (`llamacpp:requests_deferred` stays 0), and each is charged for all its tasks.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::json;
-use slotgate_tests::llama::{chat, server_argv, try_sample, LlamaServer, PROMPT};
+use slotgate_tests::llama::{chat, server_argv, LlamaServer, PROMPT};
 use slotgate_tests::*;
 
-use super::{assert_both_idle, gate_before, learned, serial};
-
-/// Samples llama-server's `requests_deferred` every 20 ms; the largest seen.
-fn watch_deferred(socket: &std::path::Path) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
-    let peak = Arc::new(AtomicU64::new(0));
-    let (p, socket) = (peak.clone(), socket.to_owned());
-    let task = tokio::spawn(async move {
-        loop {
-            if let Some(s) = try_sample(&socket, Duration::from_secs(1)).await {
-                p.fetch_max(s.load.requests_deferred as u64, Ordering::Relaxed);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    (peak, task)
-}
+use super::{assert_both_idle, gate_before, learned, serial, watch_deferred};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_completions_wait_beside_a_running_stream_instead_of_being_deferred() {
@@ -120,12 +104,7 @@ async fn embedding_batches_hold_a_slot_per_input_and_are_charged_for_every_input
     );
     assert_eq!(prompt_tokens, expected);
     let m = gate.metrics().await;
-    let charged: f64 = m
-        .samples
-        .iter()
-        .filter(|s| s.name == "slotgate_tenant_tokens_total")
-        .map(|s| s.value)
-        .sum();
+    let charged: f64 = m.sum("slotgate_tenant_tokens_total", &[]);
     assert_eq!(
         charged, prompt_tokens as f64,
         "charged every input's tokens: {}",
