@@ -175,6 +175,15 @@ const CONTENT_TYPES: [Option<&str>; 4] = [
     None,
 ];
 
+/// The APIs whose answers the `sse_usage` target reads (bits 2-3 of byte 0): each reports usage in
+/// its own way.
+const SCAN_DIALECTS: [crate::dialect::DialectRef; 4] = [
+    crate::dialect::CHAT,
+    crate::dialect::MESSAGES,
+    crate::dialect::RESPONSES,
+    crate::dialect::COMPLETION,
+];
+
 /// Below this no event can outgrow the stream filter's buffer (256 KiB), so where the stream is cut
 /// into chunks cannot matter; a longer event makes the filter stand aside, depending on the cuts.
 const FILTER_SPLIT_INVARIANT_BELOW: usize = 256 * 1024;
@@ -189,6 +198,7 @@ pub fn sse_usage(data: &[u8]) {
         return;
     };
     let content_type = CONTENT_TYPES[usize::from(sel & 3)];
+    let dialect = SCAN_DIALECTS[usize::from((sel >> 2) & 3)];
     let cuts = [
         vec![stream],
         cut(stream, *seed),
@@ -215,7 +225,10 @@ pub fn sse_usage(data: &[u8]) {
         stream.len()
     );
 
-    let scanned: Vec<_> = cuts.iter().map(|c| scan(content_type, c)).collect();
+    let scanned: Vec<_> = cuts
+        .iter()
+        .map(|c| scan(content_type, dialect, c))
+        .collect();
     if stream.len() < SCANNER_SPLIT_INVARIANT_BELOW {
         assert_eq!(scanned[1], scanned[0], "cut at seed {seed}");
         assert_eq!(scanned[2], scanned[0], "cut into single bytes");
@@ -270,8 +283,12 @@ fn strip_usage(chunks: &[&[u8]]) -> Vec<u8> {
 }
 
 /// The usage and the generated-token count the scanner reads from `chunks`.
-fn scan(content_type: Option<&str>, chunks: &[&[u8]]) -> (Option<crate::usage::Usage>, u64) {
-    let mut scanner = UsageScanner::new(content_type, crate::dialect::CHAT);
+fn scan(
+    content_type: Option<&str>,
+    dialect: crate::dialect::DialectRef,
+    chunks: &[&[u8]],
+) -> (Option<crate::usage::Usage>, u64) {
+    let mut scanner = UsageScanner::new(content_type, dialect);
     for chunk in chunks {
         scanner.feed(chunk);
     }

@@ -504,7 +504,8 @@ impl Upstream {
         let _ = tokio::time::timeout(cap, poll).await;
     }
 
-    /// The headers of llama-server's answer to a CORS preflight from `origin` (see `cors`).
+    /// The headers of llama-server's answer to a CORS preflight from `origin` (see `cors`), when it
+    /// answered it (2xx).
     pub async fn preflight(&self, origin: &str, timeout: Duration) -> Option<HeaderMap> {
         let attempt = async {
             let req = Request::builder()
@@ -517,11 +518,12 @@ impl Upstream {
                 .body(Full::new(Bytes::new()))
                 .ok()?;
             let resp = self.inner.fresh.request(req).await.ok()?;
-            let headers = resp.headers().clone();
+            // Only llama-server's own answer to a preflight says its rule.
+            let headers = resp.status().is_success().then(|| resp.headers().clone());
             let _ = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
                 .collect()
                 .await;
-            Some(headers)
+            headers
         };
         tokio::time::timeout(timeout, attempt).await.ok().flatten()
     }
