@@ -51,7 +51,7 @@ async fn check(cors: &[&str], origins: &[&str]) {
             .await;
         assert_eq!(answer.status, 200, "{}", answer.body);
         let held = gate
-            .hold_slot(&Req::from_json(json!({"messages": [{"role": "user", "content": "hold"}], "max_tokens": 400, "ignore_eos": true})))
+            .hold_slot(&Req::from_json(json!({"messages": [{"role": "user", "content": "hold"}], "max_tokens": 1500, "ignore_eos": true})))
             .await;
         let refused = gate
             .client()

@@ -161,7 +161,7 @@ async fn each_dialect_is_counted_exactly_and_settled_from_its_own_usage() {
     let (gate, _) = gate_before(&llama, Gate::new().queue_timeout("120s")).await;
     learned(&gate).await;
     let hold = llama
-        .tokens_for(Duration::from_millis(600), (32, 1000))
+        .tokens_for(Duration::from_millis(1500), (32, 1800))
         .await;
     let cases: [(&str, Value); 6] = [
         (CHAT, chat(&format!("{PROMPT} chat"), 4, false)),
