@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # slotgate in one command: a real llama-server with one slot, slotgate in front of it, and a burst of
 # concurrent chat requests. Shows who got served, who waited in the queue and for how long, who was turned
-# away at once with 429 and Retry-After, /status during the burst, and the metrics afterwards.
+# away at once with 429 and Retry-After, /status during the burst, and the metrics afterwards. Then
+# llama-server with its own defaults (4 slots sharing one KV pool): four long requests at once fail
+# straight to it, and are all served through slotgate, which admits them as the pool holds them.
 #
 #   scripts/demo.sh            # first run builds llama-server (~6 min on 2 cores), later runs take seconds
 #
@@ -80,21 +82,22 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-say "1/6 llama-server and a tiny model (scripts/setup-llama.sh, cached after the first run)"
+say "1/7 llama-server and a tiny model (scripts/setup-llama.sh, cached after the first run)"
 setup_out="$("$root/scripts/setup-llama.sh")" || die "scripts/setup-llama.sh failed (see its messages above)"
 LLAMA_SERVER="$(sed -n 's/^LLAMA_SERVER=//p' <<<"$setup_out")"
 LLAMA_MODEL="$(sed -n 's/^LLAMA_MODEL=//p' <<<"$setup_out")"
+LLAMA_MODEL_LONG="$(sed -n 's/^LLAMA_MODEL_LONG=//p' <<<"$setup_out")"
 [ -x "$LLAMA_SERVER" ] && [ -f "$LLAMA_MODEL" ] || die "setup-llama.sh printed no usable paths: $setup_out"
 echo "llama-server: $LLAMA_SERVER"
 echo "model:        $LLAMA_MODEL"
 
-say "2/6 cargo build --release -p slotgate"
+say "2/7 cargo build --release -p slotgate"
 (cd "$root" && cargo build --release -p slotgate)
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 slotgate="$target_dir/release/slotgate"
 [ -x "$slotgate" ] || die "no binary at $slotgate"
 
-say "3/6 llama-server -np 1 on $work/llama.sock"
+say "3/7 llama-server -np 1 on $work/llama.sock"
 llama_sock="$work/llama.sock"
 LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   "$LLAMA_SERVER" -m "$LLAMA_MODEL" --host "$llama_sock" -np 1 -c 2048 --metrics --no-webui \
@@ -107,14 +110,14 @@ admin_port="${DEMO_ADMIN_PORT:-9464}"
 port_free "$admin_port" || admin_port="$(free_port)"
 admin="http://127.0.0.1:$admin_port"
 gate_sock="$work/slotgate.sock"
-say "4/6 slotgate --slots 1 --queue-depth $queue_depth (clients: $gate_sock, admin: $admin)"
+say "4/7 slotgate --slots 1 --queue-depth $queue_depth (clients: $gate_sock, admin: $admin)"
 "$slotgate" --listen "unix:$gate_sock" --upstream "unix:$llama_sock" --admin-listen "tcp:127.0.0.1:$admin_port" \
   --slots 1 --queue-depth "$queue_depth" --health-interval 200ms >"$work/slotgate.log" 2>&1 &
 gate_pid=$!
 wait_for 15 http_ok "$admin/readyz" || die "slotgate did not become ready"
 echo "ready (pid $gate_pid)"
 
-say "5/6 a burst of $requests concurrent chat requests, 30 ms apart, max_tokens $max_tokens"
+say "5/7 a burst of $requests concurrent chat requests, 30 ms apart, max_tokens $max_tokens"
 body="$(printf '{"messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":%d,"ignore_eos":true}' \
   "$max_tokens")"
 start_ns="$(date +%s%N)"
@@ -175,7 +178,7 @@ done
 echo
 echo "$served served one at a time in arrival order, $rejected turned away at once with 429 (queue full)."
 
-say "6/6 metrics after the burst"
+say "6/7 metrics after the burst"
 echo "slotgate ($admin/metrics):"
 curl -s "$admin/metrics" | grep -E '^slotgate_(requests_total|tokens_total|queue_depth|slots_busy|inflight|upstream_ready)|^slotgate_(queue_wait|upstream)_seconds_(sum|count)' |
   sed 's/^/  /'
@@ -194,4 +197,49 @@ echo "slotgate exited with status $gate_rc"
 stop "$llama_pid" 5
 llama_pid=""
 [ "$gate_rc" -eq 0 ] || die "slotgate should exit 0 after SIGTERM"
+
+say "7/7 llama-server's own defaults: no -np, 4 slots sharing one KV pool of 8192 tokens"
+pool_sock="$work/pool.sock"
+LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$LLAMA_SERVER" -m "$LLAMA_MODEL_LONG" -c 8192 --host "$pool_sock" --metrics --no-webui \
+  >"$work/llama-server-pool.log" 2>&1 &
+llama_pid=$!
+wait_for 60 http_ok --unix-socket "$pool_sock" http://llama/health || die "llama-server did not become healthy"
+long_prompt="$(printf 'the lighthouse keeper kept the light burning %.0s' $(seq 40))"
+long_body="$(printf '{"messages":[{"role":"user","content":"%s"}],"max_tokens":3000,"ignore_eos":true}' "$long_prompt")"
+# Four at once against $1 (a socket, and the host name for curl); prints each status and wait.
+four() {
+  local sock="$1" host="$2" i
+  local four_pids=()
+  for i in 1 2 3 4; do
+    curl -s --unix-socket "$sock" -o /dev/null -D "$work/pool-head.$i" -w '%{http_code} %{time_total}\n' \
+      -H 'content-type: application/json' -d "$long_body" "http://$host/v1/chat/completions" \
+      >"$work/pool-code.$i" &
+    four_pids+=($!)
+  done
+  for i in "${four_pids[@]}"; do wait "$i" || true; done
+  local wait_ms
+  for i in 1 2 3 4; do
+    wait_ms="$(header "$work/pool-head.$i" x-slotgate-queue-wait-ms)"
+    printf '  #%s  %s s%s\n' "$i" "$(cat "$work/pool-code.$i")" "${wait_ms:+  (waited $wait_ms ms for room)}"
+  done
+}
+echo "four requests of about 3,300 tokens at once, straight to llama-server (each fits alone, not together):"
+four "$pool_sock" llama
+"$slotgate" --listen "unix:$gate_sock" --upstream "unix:$pool_sock" --admin-listen "tcp:127.0.0.1:$admin_port" \
+  --queue-timeout 300s --health-interval 200ms >"$work/slotgate-pool.log" 2>&1 &
+gate_pid=$!
+wait_for 15 http_ok "$admin/readyz" || die "slotgate did not become ready"
+wait_for 10 sh -c "curl -s '$admin/status' | grep -q '\"tokens\":8192'" || die "slotgate did not learn the pool"
+curl -s "$admin/status" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+p = s["kv_pool"]
+print("slotgate learnt: {} slots, shared pool of {} tokens, from {}".format(s["slots"]["total"], p["tokens"], p["source"]))'
+echo "the same four through slotgate (admitted as the pool holds them, two at a time):"
+four "$gate_sock" slotgate
+stop "$gate_pid" 10
+gate_pid=""
+stop "$llama_pid" 5
+llama_pid=""
 echo "done."
