@@ -45,7 +45,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
         }
         "/livez" => respond::text(200, "ok\n"),
         "/readyz" => {
-            if app.upstream.is_ready() && !app.admission.stats().closed {
+            if app.upstream.is_ready() && !app.admission.is_closed() {
                 respond::text(200, "ready\n")
             } else {
                 respond::text(503, "not ready\n")

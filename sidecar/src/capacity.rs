@@ -88,12 +88,18 @@ impl Capacity {
 
     /// The slot context, once `/props` has answered.
     pub fn slot_context(&self) -> Option<SlotContext> {
+        self.now().0
+    }
+
+    /// The slot context and llama-server's slot count, as known now (one look, for a request).
+    pub fn now(&self) -> (Option<SlotContext>, Option<usize>) {
         let l = self.lock();
-        Some(SlotContext {
-            n_ctx: l.n_ctx?,
+        let ctx = l.n_ctx.map(|n_ctx| SlotContext {
+            n_ctx,
             default_n_predict: l.default_n_predict,
             pool: pool_of(&l),
-        })
+        });
+        (ctx, l.total_slots)
     }
 
     /// How many slots llama-server has (`total_slots` in `/props`), once it has said.

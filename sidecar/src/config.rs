@@ -782,7 +782,7 @@ fn read_key(path: &Path) -> Result<Secret, ConfigError> {
             format!("cannot read {}: {e}", path.display()),
         )
     })?;
-    crate::launch::first_key(&text).map(Secret).ok_or_else(|| {
+    let key = crate::launch::first_key(&text).ok_or_else(|| {
         invalid(
             "upstream-api-key-file",
             format!(
@@ -790,7 +790,17 @@ fn read_key(path: &Path) -> Result<Secret, ConfigError> {
                 path.display()
             ),
         )
-    })
+    })?;
+    if http::HeaderValue::try_from(format!("Bearer {key}")).is_err() {
+        return Err(invalid(
+            "upstream-api-key-file",
+            format!(
+                "the key in {} holds control bytes an HTTP header cannot carry",
+                path.display()
+            ),
+        ));
+    }
+    Ok(Secret(key))
 }
 
 /// A duration where `0s` means off; unset means `default`.

@@ -163,7 +163,7 @@ impl Counter {
         json: &Value,
         raw: &Bytes,
     ) -> Result<(u64, Source), ()> {
-        let key = body_key(path, json);
+        let key = body_key(path, json, raw);
         if let Some(n) = self.cached(&key) {
             return Ok((n, Source::Cache));
         }
@@ -173,7 +173,7 @@ impl Counter {
             true => None,
             false => Some(
                 self.upstream
-                    .raw_json("POST", path, raw.clone(), COUNT_TIMEOUT)
+                    .raw_json(http::Method::POST, path, raw.clone(), COUNT_TIMEOUT)
                     .await
                     .and_then(|v| {
                         v["input_tokens"]
@@ -212,7 +212,12 @@ impl Counter {
     async fn templated(&self, raw: &Bytes) -> Result<u64, String> {
         let templated = self
             .upstream
-            .raw_json("POST", "/apply-template", raw.clone(), COUNT_TIMEOUT)
+            .raw_json(
+                http::Method::POST,
+                "/apply-template",
+                raw.clone(),
+                COUNT_TIMEOUT,
+            )
             .await?;
         match templated.get("prompt") {
             Some(Value::String(p)) => self.tokenize(p, true).await,
@@ -435,20 +440,29 @@ pub fn demand(
     })
 }
 
-/// What determines a whole-prompt count: the body without the fields that never change the prompt.
-fn body_key(path: &str, body: &Value) -> [u8; 32] {
+/// What determines a whole-prompt count: the body as counted, without the fields that never change
+/// the prompt. The bytes of each member, not a re-serialised value: a chat template prints tool
+/// schemas in the key order sent, and serde_json would sort it away.
+fn body_key(path: &str, json: &Value, raw: &[u8]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(path.as_bytes());
     h.update(b"\0");
-    if let Value::Object(fields) = body {
-        for (k, v) in fields
-            .iter()
-            .filter(|(k, _)| !NOT_PROMPT.contains(&k.as_str()))
-        {
+    let mut field = |k: &str, v: &[u8]| {
+        if !NOT_PROMPT.contains(&k) {
             h.update(k.as_bytes());
             h.update(b"\0");
-            h.update(v.to_string().as_bytes());
+            h.update(v);
             h.update(b"\0");
+        }
+    };
+    match crate::json_edit::members(raw) {
+        Some(members) => members.into_iter().for_each(|(k, v)| field(&k, v)),
+        None => {
+            if let Value::Object(fields) = json {
+                for (k, v) in fields {
+                    field(k, v.to_string().as_bytes());
+                }
+            }
         }
     }
     h.finalize().into()
@@ -550,5 +564,18 @@ mod tests {
             (d.reserved, d.charge, d.slots),
             (None, 100 + 4 * DEFAULT_MAX_TOKENS, 4)
         );
+    }
+
+    #[test]
+    fn a_count_is_keyed_on_the_prompt_as_sent() {
+        let key = |raw: &str| {
+            let json: Value = serde_json::from_str(raw).unwrap();
+            body_key("/v1/messages/count_tokens", &json, raw.as_bytes())
+        };
+        let a = r#"{"tools":[{"b":1,"a":2}],"max_tokens":5}"#;
+        // Key order in a tool schema reaches the template, so it is another prompt.
+        assert_ne!(key(a), key(r#"{"tools":[{"a":2,"b":1}],"max_tokens":5}"#));
+        // A field that never changes the prompt is left out.
+        assert_eq!(key(a), key(r#"{"tools":[{"b":1,"a":2}],"max_tokens":9}"#));
     }
 }

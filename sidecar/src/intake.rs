@@ -209,6 +209,9 @@ impl Intake {
     pub fn apply(&mut self, m: &Mutations) -> Result<(), GateError> {
         // Only a slot route's JSON body is changed. A GET's (empty, or anything) is forwarded as it
         // came: parsing it would turn a policy's changes into a 400 for every `GET /v1/models`.
+        if m.cap_max_tokens.is_none() && !m.disable_prompt_cache && !m.strip_id_slot {
+            return Ok(());
+        }
         let (Some(dialect), Some(Value::Object(obj))) = (self.dialect, &self.json) else {
             return Ok(());
         };

@@ -25,6 +25,17 @@ struct Object {
     members: Vec<Member>,
 }
 
+/// The top-level members of `body` in the order sent, each as its key and the bytes of its value.
+pub fn members(body: &[u8]) -> Option<Vec<(String, &[u8])>> {
+    let obj = object(body, 0..body.len())?;
+    Some(
+        obj.members
+            .into_iter()
+            .map(|m| (m.key, &body[m.value]))
+            .collect(),
+    )
+}
+
 /// Sets `key` to `value` (JSON text) at the top level of `body`: every member of that name gets the
 /// new value (a duplicate key must not keep an old one), or one member is added at the end.
 pub fn set(body: &[u8], key: &str, value: &str) -> Option<Vec<u8>> {

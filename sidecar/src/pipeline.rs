@@ -85,11 +85,15 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -
         }
         reply.refuse(ex, e)
     };
-    let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+    let named = || (req.method().to_string(), req.uri().path().to_owned());
     let handling = match handling {
-        Ok(Handling::Admin) => return early(ex, &GateError::AdminOnly { method, path }, &reply),
+        Ok(Handling::Admin) => {
+            let (method, path) = named();
+            return early(ex, &GateError::AdminOnly { method, path }, &reply);
+        }
         Ok(Handling::Host) if !app.config.forward_host_endpoints => {
-            return early(ex, &GateError::HostEndpoint { method, path }, &reply)
+            let (method, path) = named();
+            return early(ex, &GateError::HostEndpoint { method, path }, &reply);
         }
         Ok(h) => h,
         Err(e) => return early(ex, &e, &reply),
@@ -322,7 +326,7 @@ impl Reply<'_> {
 /// llama-server's `/health`, from slotgate's readiness: 200 `{"status":"ok"}` while llama-server
 /// is ready and slotgate is not draining, else 503 as llama-server answers while it loads.
 fn health(app: &App, origin: Option<&HeaderValue>) -> Response<Body> {
-    let ready = app.upstream.is_ready() && !app.admission.stats().closed;
+    let ready = app.upstream.is_ready() && !app.admission.is_closed();
     let body = match ready {
         true => serde_json::json!({"status": "ok"}),
         false => {
@@ -356,14 +360,10 @@ fn demand_of(app: &App, intake: &mut Intake) -> Result<Demand, GateError> {
         max_tokens: intake.ask.max_tokens,
         all_slots: intake.ask.all_slots,
     };
-    let slots_known = app.capacity.upstream_slots().is_some()
-        || matches!(app.config.slots, crate::config::Slots::Fixed(_));
-    let demand = cost::demand(
-        &want,
-        app.admission.slots(),
-        slots_known,
-        app.capacity.slot_context(),
-    )?;
+    let (ctx, upstream_slots) = app.capacity.now();
+    let slots_known =
+        upstream_slots.is_some() || matches!(app.config.slots, crate::config::Slots::Fixed(_));
+    let demand = cost::demand(&want, app.admission.slots(), slots_known, ctx)?;
     intake.summary.reserved_tokens = demand.reserved;
     Ok(demand)
 }

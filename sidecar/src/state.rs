@@ -55,7 +55,7 @@ impl App {
             config.upstream.clone(),
             config.connect_timeout,
             pool,
-            config.upstream_api_key.as_ref().map(|k| k.0.clone()),
+            config.upstream_api_key.as_ref().map(|k| k.0.as_str()),
         );
         // The denominators of the busy and queue gauges, for dashboards and alerts.
         metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(slots as f64);

@@ -73,8 +73,9 @@ struct Inner {
     scrape_skip_until: std::sync::Mutex<Option<Instant>>,
     ready: AtomicBool,
     inflight: AtomicUsize,
-    /// The key slotgate's own calls carry (`--upstream-api-key-file`, or the wrapped command's).
-    api_key: Option<String>,
+    /// `Bearer <key>`, built once: the key slotgate's own calls carry (`--upstream-api-key-file`, or
+    /// the wrapped command's), also given to admin requests that bring none.
+    bearer: Option<http::HeaderValue>,
     /// llama-server refused slotgate's own call for want of a (valid) key; logged once a change.
     unauthorized: AtomicBool,
 }
@@ -179,8 +180,20 @@ impl Upstream {
         target: UpstreamAddr,
         connect_timeout: Duration,
         pool_size: usize,
-        api_key: Option<String>,
+        api_key: Option<&str>,
     ) -> Self {
+        let bearer = api_key.and_then(|key| {
+            match http::HeaderValue::try_from(format!("Bearer {key}")) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    Some(v)
+                }
+                Err(_) => {
+                    tracing::error!("the upstream API key holds bytes a header cannot carry; slotgate's own calls go without it");
+                    None
+                }
+            }
+        });
         // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s), so
         // a reused connection is rarely one the server is closing at that moment.
         let client = Pool::new(&target, connect_timeout, pool_size, true);
@@ -198,7 +211,7 @@ impl Upstream {
                 scrape_skip_until: std::sync::Mutex::new(None),
                 ready: AtomicBool::new(false),
                 inflight: AtomicUsize::new(0),
-                api_key,
+                bearer,
                 unauthorized: AtomicBool::new(false),
             }),
         }
@@ -217,9 +230,9 @@ impl Upstream {
     pub fn auth_status(&self) -> serde_json::Value {
         let refused = self.inner.unauthorized.load(Ordering::Relaxed);
         serde_json::json!({
-            "api_key": if self.inner.api_key.is_some() { "set" } else { "none" },
+            "api_key": if self.inner.bearer.is_some() { "set" } else { "none" },
             "refused": refused,
-            "hint": refused.then_some(match self.inner.api_key {
+            "hint": refused.then_some(match self.inner.bearer {
                 Some(_) => "llama-server refuses slotgate's key: check --upstream-api-key-file against llama-server's --api-key",
                 None => "llama-server wants an API key (--api-key): give it to slotgate with --upstream-api-key-file",
             }),
@@ -228,15 +241,13 @@ impl Upstream {
 
     /// Adds slotgate's upstream key to `headers` when they carry no key of their own.
     pub fn authorize(&self, headers: &mut HeaderMap) {
-        let Some(key) = &self.inner.api_key else {
+        let Some(bearer) = &self.inner.bearer else {
             return;
         };
         if headers.contains_key(header::AUTHORIZATION) || headers.contains_key("x-api-key") {
             return;
         }
-        if let Ok(v) = http::HeaderValue::try_from(format!("Bearer {key}")) {
-            headers.insert(header::AUTHORIZATION, v);
-        }
+        headers.insert(header::AUTHORIZATION, bearer.clone());
     }
 
     /// Records how llama-server answered one of slotgate's own calls to `path`.
@@ -245,7 +256,7 @@ impl Upstream {
         if status.is_success() || refused {
             let was = self.inner.unauthorized.swap(refused, Ordering::Relaxed);
             if refused && !was {
-                match self.inner.api_key {
+                match self.inner.bearer {
                     Some(_) => tracing::error!(path, "llama-server answered 401 to slotgate's own request: it refuses the key of --upstream-api-key-file; slot counts, exact prompt counts and llama-server's metrics are unavailable until it is right"),
                     None => tracing::error!(path, "llama-server answered 401 to slotgate's own request: it runs with --api-key; give slotgate the key with --upstream-api-key-file (slotgate wrap reads it from the command line); until then slot counts, exact prompt counts and llama-server's metrics are unavailable"),
                 }
@@ -355,12 +366,11 @@ impl Upstream {
     /// chat template may print).
     pub async fn raw_json(
         &self,
-        method: &str,
+        method: Method,
         path: &str,
         body: Bytes,
         timeout: Duration,
     ) -> Result<serde_json::Value, String> {
-        let method = Method::from_bytes(method.as_bytes()).map_err(|e| e.to_string())?;
         let bytes = self
             .exchange_bytes(&self.inner.fresh, method, path, body, timeout)
             .await?;
@@ -437,10 +447,9 @@ impl Upstream {
                 .header(header::CONNECTION, "close")
                 .body(Full::new(bytes))
                 .map_err(|e| e.to_string())?;
-            if let Some(key) = &self.inner.api_key {
-                let value = http::HeaderValue::try_from(format!("Bearer {key}"))
-                    .map_err(|_| "the upstream API key is not a valid header value".to_owned())?;
-                req.headers_mut().insert(header::AUTHORIZATION, value);
+            if let Some(bearer) = &self.inner.bearer {
+                req.headers_mut()
+                    .insert(header::AUTHORIZATION, bearer.clone());
             }
             let resp = pool.request(req).await.map_err(|e| error_chain(&e))?;
             let status = resp.status();

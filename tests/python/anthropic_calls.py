@@ -13,12 +13,11 @@ stdout: the answer (text, stop reason, usage), the event types of a stream, a co
 clients, or the exception the SDK raised; and every HTTP attempt (see recording.py).
 """
 
-import argparse
 import json
 import sys
 import threading
 
-from recording import Recorder, now_ms, versions
+from recording import Recorder, driver_parser, now_ms, versions
 
 try:
     import anthropic
@@ -113,10 +112,7 @@ def burst(args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True)
-    parser.add_argument("--max-retries", type=int, default=2, help="the SDK's default is 2")
-    parser.add_argument("--on-cue", action="store_true", help="print `ready`, call once stdin has a line")
+    parser = driver_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("messages", "stream", "count", "error", "burst"):
         p = sub.add_parser(name)

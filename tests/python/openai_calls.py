@@ -18,11 +18,10 @@ Prints one JSON object on stdout:
 and, for each, every HTTP attempt (see recording.py).
 """
 
-import argparse
 import json
 import sys
 
-from recording import Recorder, openai, sdk_client, versions
+from recording import Recorder, driver_parser, openai, sdk_client, versions
 
 PROMPT = "Tell me a long story about a lighthouse keeper."
 
@@ -118,10 +117,7 @@ def error(client, args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True)
-    parser.add_argument("--max-retries", type=int, default=2, help="the SDK's default is 2")
-    parser.add_argument("--on-cue", action="store_true", help="print `ready`, call once stdin has a line")
+    parser = driver_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("chat", "stream", "responses", "error"):
         p = sub.add_parser(name)

@@ -6,6 +6,7 @@ and takes one of its clients as `http_client`; the SDK's own retries go through 
 each attempt, retry or not, shows up here with the SDK's `x-stainless-retry-count`.
 """
 
+import argparse
 import sys
 import time
 
@@ -77,6 +78,15 @@ def sdk_client(base_url, recorder, max_retries, api_key="sk-slotgate-tests"):
         max_retries=max_retries,
         http_client=recorder.http_client(),
     )
+
+
+def driver_parser(doc):
+    """The options every driver here takes; each adds its subcommands."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--max-retries", type=int, default=2, help="the SDK's default is 2")
+    parser.add_argument("--on-cue", action="store_true", help="print `ready`, call once stdin has a line")
+    return parser
 
 
 def versions():

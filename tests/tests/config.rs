@@ -408,5 +408,9 @@ fn the_llama_server_settings_are_checked_and_shown_and_the_key_never() {
     std::fs::write(&empty, "# no key here\n\n").unwrap();
     let err = rejected(&["--upstream-api-key-file", empty.to_str().unwrap()]);
     assert!(err.contains("holds no key"), "{err}");
+    let unsendable = dir.join("control.key");
+    std::fs::write(&unsendable, "sk-\u{1}x\n").unwrap();
+    let err = rejected(&["--upstream-api-key-file", unsendable.to_str().unwrap()]);
+    assert!(err.contains("control bytes"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

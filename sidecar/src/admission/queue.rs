@@ -204,6 +204,13 @@ enum Grant {
     },
 }
 
+/// How much of the work runs at once (see [`Admission::lanes`]).
+#[derive(Debug, Clone, Copy)]
+struct Lanes {
+    requests: f64,
+    slots: f64,
+}
+
 /// What one request in service holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Hold {
@@ -302,7 +309,8 @@ impl Admission {
             return Err(GateError::ShuttingDown { retry_after: 1 });
         }
         if st.waiters.is_empty() && self.fits(&st, &claim) {
-            let hold = self.take(&mut st, &claim);
+            let hold = self.hold_of(&claim);
+            self.take(&mut st, hold, claim.cost);
             st.tenants.admit(&claim.tenant, claim.charge());
             self.publish(&st);
             return Ok(Entry::Admitted(self.guard(&claim, hold)));
@@ -481,14 +489,12 @@ impl Admission {
         st.busy + hold.slots <= self.slots() && self.pool().is_none_or(|p| st.kv + hold.kv <= p)
     }
 
-    /// Takes what `claim` holds, counted as in service.
-    fn take(&self, st: &mut State, claim: &Claim) -> Hold {
-        let hold = self.hold_of(claim);
+    /// Counts `hold` (of a request charged `cost`) as in service.
+    fn take(&self, st: &mut State, hold: Hold, cost: u64) {
         st.busy += hold.slots;
         st.kv += hold.kv;
         st.serving += 1;
-        st.drain.in_service += claim.cost as f64;
-        hold
+        st.drain.in_service += cost as f64;
     }
 
     /// Turns every waiter away and refuses new ones; slots already held drain normally.
@@ -500,6 +506,11 @@ impl Admission {
             let _ = w.tx.send(Grant::ShuttingDown { retry_after });
         }
         self.publish(&st);
+    }
+
+    /// Whether the queue was closed (shutting down).
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
     }
 
     pub fn stats(&self) -> QueueStats {
@@ -528,17 +539,18 @@ impl Admission {
     fn wait_seconds(&self, st: &State) -> f64 {
         let lanes = self.lanes(st);
         st.drain
-            .seconds(self.tokens_ahead(st), lanes)
+            .seconds(self.tokens_ahead(st), lanes.slots)
             .unwrap_or_else(|| {
                 (st.serving + st.waiters.len()) as f64
                     * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
-                    / lanes
+                    / lanes.requests
             })
     }
 
-    /// Requests that run at once, on average: the slots, or fewer when the pool holds fewer of the
-    /// reservations in service and waiting; a request on several slots counts for them all.
-    fn lanes(&self, st: &State) -> f64 {
+    /// What runs at once, on average, of the work in service and waiting: all the slots, or fewer
+    /// when the pool holds fewer of its reservations; as requests (a request on several slots is
+    /// one) and as slots (the drain rate is measured per slot).
+    fn lanes(&self, st: &State) -> Lanes {
         let slots = self.slots() as f64;
         let waiting = st.waiters.values().map(|w| &w.claim);
         let (n, held_slots, kv) = waiting.fold((st.serving, st.busy, st.kv), |(n, s, kv), c| {
@@ -546,15 +558,22 @@ impl Admission {
             (n + 1, s + h.slots, kv + h.kv)
         });
         if n == 0 {
-            return slots;
+            return Lanes {
+                requests: slots,
+                slots,
+            };
         }
-        let per_request_slots = held_slots as f64 / n as f64;
-        let by_slots = slots / per_request_slots.max(1.0);
+        let per_request_slots = (held_slots as f64 / n as f64).max(1.0);
+        let by_slots = slots / per_request_slots;
         let by_pool = match self.pool() {
             Some(pool) if kv > 0 => pool as f64 / (kv as f64 / n as f64),
             _ => f64::INFINITY,
         };
-        by_slots.min(by_pool).clamp(1.0, slots) * per_request_slots.max(1.0)
+        let requests = by_slots.min(by_pool).clamp(1.0, slots);
+        Lanes {
+            requests,
+            slots: requests * per_request_slots,
+        }
     }
 
     /// Charged tokens ahead of a newcomer: in service, waiting, and due back.
@@ -587,9 +606,9 @@ impl Admission {
             .fold((0, 0.0), |(n, t), w| (n + 1, t + w.claim.cost as f64));
         let tokens = st.drain.in_service + ahead_tokens;
         let lanes = self.lanes(st);
-        st.drain.seconds(tokens, lanes).or_else(|| {
+        st.drain.seconds(tokens, lanes.slots).or_else(|| {
             st.service_ewma
-                .map(|s| (st.serving + ahead) as f64 * s / lanes)
+                .map(|s| (st.serving + ahead) as f64 * s / lanes.requests)
         })
     }
 
@@ -624,7 +643,7 @@ impl Admission {
     /// clients moves the estimate on by whole seconds.
     fn retry_after(&self, st: &mut State, cost: u64) -> Duration {
         let now = Instant::now();
-        let lanes = self.lanes(st);
+        let lanes = self.lanes(st).slots;
         st.drain.decay(now, lanes);
         let ahead = self.tokens_ahead(st);
         let wait = st
@@ -668,10 +687,11 @@ impl Admission {
     fn dispatch(&self, st: &mut State) {
         let now = Instant::now();
         while let Some(seq) = self.next_waiter(st, now) {
-            let Some(claim) = st.waiters.get(&seq).map(|w| w.claim.clone()) else {
-                break;
-            };
-            if !self.fits(st, &claim) {
+            if !st
+                .waiters
+                .get(&seq)
+                .is_some_and(|w| self.fits(st, &w.claim))
+            {
                 break;
             }
             let Some(w) = st.waiters.remove(&seq) else {
@@ -679,7 +699,7 @@ impl Admission {
             };
             let hold = self.hold_of(&w.claim);
             if w.tx.send(Grant::Slot(hold)).is_ok() {
-                self.take(st, &w.claim);
+                self.take(st, hold, w.claim.cost);
                 st.tenants.promote(&w.claim.tenant, w.claim.charge());
             } else {
                 st.tenants.dequeue(&w.claim.tenant);

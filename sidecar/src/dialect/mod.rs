@@ -1,7 +1,8 @@
 //! API dialects: one file per API llama-server serves on its slots. A dialect is the one place that
-//! knows, for its requests, where the output bound, the stream flag, the priority and the model
-//! live, how many tasks llama-server makes of one request, how its prompt is counted exactly, how
-//! its answers (whole or streamed) report the tokens used, and the error shape its clients read.
+//! knows, for its requests, where the output bound and the stream flag live, how many tasks
+//! llama-server makes of one request, how its prompt is counted exactly, how its answers (whole or
+//! streamed) report the tokens used, and the error shape its clients read. (`model` and `priority`
+//! are top-level fields in every API; intake reads them for every route alike.)
 //!
 //! Everything here follows llama-server's own reading of the body (`tools/server/server-schema.cpp`,
 //! `server-chat.cpp`, `server-context.cpp` in the sdist); a new API is one new file and one line in
@@ -85,12 +86,9 @@ pub type DialectRef = &'static dyn Dialect;
 /// What a request asks of llama-server.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Ask {
-    pub model: Option<String>,
     pub stream: bool,
     /// The most tokens each completion may generate; `None`: the server's default.
     pub max_tokens: Option<u64>,
-    /// The body's `priority` (lower is more urgent).
-    pub priority: Option<i64>,
     /// Characters of prompt text, one entry per prompt llama-server makes a task of.
     pub prompts: Vec<u64>,
     /// Completions of each prompt (`n_cmpl`, alias `n`), each on a slot of its own at once.
@@ -240,14 +238,12 @@ pub fn completions(body: &Map<String, Value>) -> u64 {
 pub fn common(body: &Value, output: &Output) -> Ask {
     let obj = body.as_object();
     Ask {
-        model: body.get("model").and_then(Value::as_str).map(str::to_owned),
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         max_tokens: match obj {
             Some(o) => bound(o, output),
             None if output.none => Some(0),
             None => output.default,
         },
-        priority: body.get("priority").and_then(Value::as_i64),
         prompts: vec![0],
         completions: 1,
         all_slots: false,

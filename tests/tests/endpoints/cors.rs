@@ -8,6 +8,15 @@ use slotgate_tests::*;
 
 const ORIGIN: &str = "http://app.example";
 
+fn assert_allows_origin(resp: &Response) {
+    assert_eq!(
+        resp.header("access-control-allow-origin").as_deref(),
+        Some(ORIGIN),
+        "{}",
+        resp.body
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers() {
     let (up, gate) = Gate::one_slot(0).start_with(FakeUpstream::instant()).await;
@@ -27,10 +36,7 @@ async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers()
     };
     let resp = preflight(client.clone()).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
-    assert_eq!(
-        resp.header("access-control-allow-origin").as_deref(),
-        Some(ORIGIN)
-    );
+    assert_allows_origin(&resp);
     assert_eq!(
         resp.header("access-control-allow-methods").as_deref(),
         Some("GET, POST, DELETE, OPTIONS")
@@ -42,18 +48,12 @@ async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers()
         .post_json_with_headers(CHAT, &Req::chat("late").json(), &[("origin", ORIGIN)])
         .await;
     assert_error(&refused, 429, "queue_full");
-    assert_eq!(
-        refused.header("access-control-allow-origin").as_deref(),
-        Some(ORIGIN)
-    );
+    assert_allows_origin(&refused);
     held.await.unwrap();
     let health = client
         .send_with(Method::GET, "/health", &[("origin", ORIGIN)], "")
         .await;
-    assert_eq!(
-        health.header("access-control-allow-origin").as_deref(),
-        Some(ORIGIN)
-    );
+    assert_allows_origin(&health);
     gate.assert_settled(&up, 1).await;
 
     // llama-server down: slotgate answers the preflight as llama-server would.
@@ -66,10 +66,7 @@ async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers()
     .await;
     let resp = preflight(client.clone()).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
-    assert_eq!(
-        resp.header("access-control-allow-origin").as_deref(),
-        Some(ORIGIN)
-    );
+    assert_allows_origin(&resp);
     assert_eq!(
         resp.header("access-control-allow-credentials").as_deref(),
         Some("true")
