@@ -40,6 +40,7 @@ pub mod cost;
 pub mod dialect;
 pub mod error;
 pub mod fleet;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod intake;
