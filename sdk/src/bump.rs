@@ -36,7 +36,10 @@ struct Arena {
 
 // SAFETY: wasm32 policies are single-threaded (no wasm threads); the arena is only ever handed out
 // in disjoint blocks by `Bump`.
-#[allow(unsafe_code)]
+#[allow(
+    unsafe_code,
+    reason = "the guest allocator hands out a static arena by hand"
+)]
 unsafe impl Sync for Arena {}
 
 static ARENA: Arena = Arena {
@@ -102,7 +105,10 @@ impl Default for Bump {
 
 // SAFETY: single-threaded (no wasm threads); every block handed out is fresh memory of at least
 // `layout.size()` bytes at `layout.align()`, never handed out twice.
-#[allow(unsafe_code)]
+#[allow(
+    unsafe_code,
+    reason = "the guest allocator hands out a static arena by hand"
+)]
 unsafe impl GlobalAlloc for Bump {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         match self.place(layout.size(), layout.align()) {

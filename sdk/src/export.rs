@@ -34,19 +34,19 @@ macro_rules! export_policy {
 
         #[cfg(target_arch = "wasm32")]
         const _: () = {
-            #[allow(unsafe_code)]
+            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
             #[no_mangle]
             pub extern "C" fn slotgate_abi_version() -> i32 {
                 $crate::ABI_VERSION as i32
             }
 
-            #[allow(unsafe_code)]
+            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
             #[no_mangle]
             pub extern "C" fn slotgate_alloc(len: i32) -> i32 {
                 $crate::__guest::alloc(len)
             }
 
-            #[allow(unsafe_code)]
+            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
             #[no_mangle]
             pub extern "C" fn slotgate_evaluate(ptr: i32, len: i32) -> i64 {
                 // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
@@ -54,7 +54,7 @@ macro_rules! export_policy {
                 $crate::__guest::evaluate::<$policy>(input, &__SLOTGATE_SETTINGS)
             }
 
-            #[allow(unsafe_code)]
+            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
             #[no_mangle]
             pub extern "C" fn slotgate_validate_settings(ptr: i32, len: i32) -> i64 {
                 // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
@@ -68,7 +68,7 @@ macro_rules! export_policy {
 
         #[cfg(target_arch = "wasm32")]
         const _: () = {
-            #[allow(unsafe_code)]
+            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
             #[no_mangle]
             pub extern "C" fn slotgate_on_complete(ptr: i32, len: i32) -> i64 {
                 // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.

@@ -29,7 +29,10 @@ pub fn alloc(len: i32) -> i32 {
 ///
 /// `ptr` must come from [`alloc`] with at least `len` bytes, all written by the host, and nothing
 /// may write them while the slice lives. The host's calling convention guarantees both.
-#[allow(unsafe_code)]
+#[allow(
+    unsafe_code,
+    reason = "the policy ABI passes guest memory as raw pointers"
+)]
 pub unsafe fn input<'a>(ptr: i32, len: i32) -> &'a [u8] {
     // SAFETY: upheld by the caller, as documented above; the buffer is leaked, so it outlives 'a.
     unsafe { std::slice::from_raw_parts(ptr as u32 as usize as *const u8, len as u32 as usize) }
@@ -43,7 +46,10 @@ pub struct Kept<T>(UnsafeCell<Option<T>>);
 
 // SAFETY: wasm32 policies are single-threaded (no wasm threads), and `Kept` is only reached from the
 // export functions, which never run re-entrantly.
-#[allow(unsafe_code)]
+#[allow(
+    unsafe_code,
+    reason = "the policy ABI passes guest memory as raw pointers"
+)]
 unsafe impl<T> Sync for Kept<T> {}
 
 impl<T> Kept<T> {
@@ -54,7 +60,10 @@ impl<T> Kept<T> {
     fn get(&self) -> Option<&T> {
         // SAFETY: single-threaded, and `set` runs only in `slotgate_validate_settings`, while no
         // reference from `get` is alive.
-        #[allow(unsafe_code)]
+        #[allow(
+            unsafe_code,
+            reason = "the policy ABI passes guest memory as raw pointers"
+        )]
         unsafe {
             (*self.0.get()).as_ref()
         }
@@ -62,7 +71,10 @@ impl<T> Kept<T> {
 
     fn set(&self, value: Option<T>) {
         // SAFETY: as for `get`.
-        #[allow(unsafe_code)]
+        #[allow(
+            unsafe_code,
+            reason = "the policy ABI passes guest memory as raw pointers"
+        )]
         unsafe {
             *self.0.get() = value;
         }

@@ -104,31 +104,46 @@ mod imp {
         fn host_window_add(key_ptr: *const u8, key_len: usize, window_ms: i64, amount: i64) -> i64;
     }
 
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
     pub fn log(level: i32, msg: &str) {
         // SAFETY: the host only reads `msg.len()` bytes at `msg.as_ptr()`, borrowed for the call.
         unsafe { host_log(level, msg.as_ptr(), msg.len()) }
     }
 
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
     pub fn now_ms() -> i64 {
         // SAFETY: no arguments; the host only returns a number.
         unsafe { host_now_ms() }
     }
 
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
     pub fn bucket_take(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
         // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
         unsafe { host_bucket_take(key.as_ptr(), key.len(), capacity, refill, amount) }
     }
 
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
     pub fn bucket_refund(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
         // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
         unsafe { host_bucket_refund(key.as_ptr(), key.len(), capacity, refill, amount) }
     }
 
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
     pub fn window_add(key: &str, window_ms: i64, amount: i64) -> i64 {
         // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
         unsafe { host_window_add(key.as_ptr(), key.len(), window_ms, amount) }

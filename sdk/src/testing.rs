@@ -91,7 +91,7 @@ pub fn take_logs() -> Vec<(Level, String)> {
 #[serde(deny_unknown_fields)]
 struct Fixture {
     #[serde(default)]
-    #[allow(dead_code)]
+    #[allow(dead_code, reason = "a note for readers of the fixture")]
     description: Option<String>,
     /// Settings for every step that gives none.
     #[serde(default)]

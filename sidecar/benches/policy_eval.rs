@@ -14,6 +14,10 @@
 //!    (an infinite loop, cut off by the 20 ms deadline) are being evaluated each of those ways.
 //!
 //! `POLICY_EVAL_LOOP=<example>` (or `chain`) evaluates just that for 5 seconds, for a profiler.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "block_in_place is one of the ways this bench measures, to show why slotgate avoids it"
+)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -12,8 +12,8 @@ use serde_json::json;
 
 use crate::error::GateError;
 use crate::metrics as m;
+use crate::pipeline::routes;
 use crate::respond::{self, Body};
-use crate::routes;
 use crate::state::App;
 
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {

@@ -19,15 +19,15 @@ use crate::config::{
     AdminAddr, ByteSize, Config, Dur, KvPool, ListenAddr, LogFormat, Settings, SocketMode,
     Tokenizer, UpstreamAddr,
 };
+use crate::dialect::usage::UsageScanner;
 use crate::error::GateError;
-use crate::intake::Intake;
+use crate::pipeline::intake::Intake;
+use crate::pipeline::routes::{self, Handling};
+use crate::pipeline::strip::StripUsage;
 use crate::policy::chain::{self, ChainOutcome, Mode, OnError, Step};
 use crate::policy::module::{parse_decision, settings_verdict, MIN_WEIGHT};
 use crate::policy::{EvalError, LoadError};
 use crate::respond::BodyError;
-use crate::routes::{self, Handling};
-use crate::stream_usage::StripUsage;
-use crate::usage::UsageScanner;
 
 /// Endpoints the `summary` target picks from (its first byte): slot routes of several dialects and
 /// passthroughs, POST and GET.
@@ -287,7 +287,7 @@ fn scan(
     content_type: Option<&str>,
     dialect: crate::dialect::DialectRef,
     chunks: &[&[u8]],
-) -> (Option<crate::usage::Usage>, u64) {
+) -> (Option<crate::dialect::usage::Usage>, u64) {
     let mut scanner = UsageScanner::new(content_type, dialect);
     for chunk in chunks {
         scanner.feed(chunk);

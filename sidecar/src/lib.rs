@@ -1,68 +1,61 @@
 //! slotgate: an admission-control sidecar for one llama-server process.
 //!
-//! ```text
-//!  client ──unix/tcp──▶ server::listener ─▶ server::conn (HTTP/1.1, peer uid/gid/pid)
-//!                                              │
-//!                                              ▼
-//!                                    pipeline::handle
-//!          routes (slot in a dialect | passthrough | health | admin | host)
-//!              ─▶ intake (bounded body, JSON read in its dialect; json_edit keeps its bytes)
-//!              ─▶ count (cost: llama-server's count endpoints) ─▶ policy chain (wasm on a fiber)
-//!              ─▶ demand (slots and KV pool tokens it holds) ─▶ admission (slots + pool | the
-//!                 priority queue, tenants served fairly by tokens | 429/504)
-//!              ─▶ upstream (keep-alive pool, retry only unsent) ─▶ body::GuardedBody
-//!                  (streams, usage read in its dialect, then frees slot + records; access:
-//!                  on_complete to the policies)
-//!                                              ▼
-//!                                        llama-server
+//! The request path, with the room (module) of each stage:
 //!
-//!  admin listener: /metrics /livez /readyz /status, llama-server's admin routes   app: wiring, drain
-//!  capacity: slots, slot context and KV pool from /props and llama-server's command line (launch,
-//!            upstream_process); cors: llama-server's rule, learnt from a preflight
-//!  state: the `App` every request, the admin endpoints and the reloader share
-//!  reload: SIGHUP / file watch ─▶ policy::set builds a new chain off the request path, swaps it
+//! ```text
+//!  client ──unix/tcp──▶ server (listener, conn: HTTP/1.1, peer uid/gid/pid, write_watch)
+//!                          │
+//!                          ▼
+//!            pipeline::handle, one phase per file:
+//!              routes   slot in a dialect | passthrough | health | admin | host
+//!              intake   bounded body, JSON read in its dialect (json_edit keeps the bytes)
+//!              count    exact prompt tokens (upstream::tokenize), when a policy asks first
+//!              decide   the policy chain (policy: wasm on a fiber), allow | deny | fail
+//!              admit    what it holds (admission::demand: slots, KV pool), its claim, a slot
+//!                       at once or the fair priority queue (admission), or 429/504
+//!              forward  upstream client and pools, retried only while nothing was sent
+//!              reply    the answer with slotgate's headers, or its refusal (respond, dialect)
+//!              body     streams, reads usage in its dialect, then frees the slot
+//!              access   one record per request; policy::complete tells the policies
+//!                          │
+//!                          ▼
+//!                     llama-server
+//!
+//!  cmd      the subcommands (serve, check, policy, wrap) and the command line
+//!  app      run = bind → serve → drain; signals, reload, memory
+//!  admin    the admin listener: /metrics /livez /readyz /status, llama-server's admin routes
+//!  state    the `App` every request, the admin listener and the reloader share
+//!  upstream the client, capacity (/props, the command line), cors, tokenize, quarantine
+//!  fleet    budgets shared by every sidecar, on Redis/Valkey
+//!  config   flags, env and TOML → one validated `Config`; what llama-server was launched with
+//!  leaves   respond, dialect, json_edit, metrics, error
 //! ```
 //!
-//! Leaves (`error`, `metrics`, `json_edit`, `launch`, `config` (which reads `launch`), and the
-//! `slotgate-sdk` wire types) import nothing above them; `dialect` imports only `error`, and
-//! `respond` and `usage` only `dialect` and `error`.
+//! Dependencies run one way, down that list: `cmd → app → admin → pipeline → server → state →
+//! upstream → policy → fleet → admission → config → leaves`. `arrows.rs` fails on an arrow back
+//! up; docs/architecture.md has the map and the invariants.
 
-pub mod access;
 pub mod admin;
 pub mod admission;
 pub mod app;
-pub mod body;
-pub mod capacity;
-pub mod cli;
+#[cfg(test)]
+mod arrows;
+pub mod cmd;
 pub mod config;
-pub mod cors;
-pub mod cost;
 pub mod dialect;
 pub mod error;
 pub mod fleet;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod intake;
 pub mod json_edit;
-pub mod launch;
-pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy;
-pub mod policy_cli;
-pub mod reload;
 pub mod respond;
-pub mod routes;
 pub mod server;
-pub mod shutdown;
-pub mod stall;
 pub mod state;
-pub mod stream_usage;
 pub mod upstream;
-pub mod upstream_process;
-pub mod usage;
-pub mod wrap;
 
 pub use config::Config;
 pub use error::{GateError, Outcome};

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::admission::{Admission, Fairness};
-use crate::capacity::Capacity;
-use crate::config::{Config, Slots};
-use crate::cors::Cors;
-use crate::cost::Counter;
+use crate::config::{Config, Limits, Slots};
 use crate::fleet::Fleet;
-use crate::intake::Limits;
 use crate::metrics as m;
 use crate::policy::PolicySet;
+use crate::upstream::capacity::Capacity;
+use crate::upstream::cors::Cors;
+use crate::upstream::quarantine::Quarantine;
+use crate::upstream::tokenize::Counter;
 use crate::upstream::Upstream;
 
 /// Shared, read-only after start (the counters inside are atomics or behind short locks).
@@ -32,6 +32,8 @@ pub struct App {
     pub capacity: Capacity,
     /// Its CORS rule, for slotgate's own answers.
     pub cors: Cors,
+    /// Holds the slot of a request llama-server may still run after an upstream timeout.
+    pub quarantine: Arc<Quarantine>,
     /// The fleet state backend, when `state.backend = redis`.
     pub fleet: Option<Arc<Fleet>>,
     /// The `total_slots` last warned about (a fixed `--slots` that differs from it).
@@ -61,6 +63,15 @@ impl App {
         metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(slots as f64);
         metrics::gauge!(m::SLOTS_MISMATCH).set(0.0);
         metrics::gauge!(crate::metrics::QUEUE_CAPACITY).set(config.queue_depth as f64);
+        let admission = Admission::with_fairness(
+            slots,
+            config.queue_depth,
+            Fairness {
+                aging: config.priority_aging,
+                tenant_limit: config.tenant_queue_limit(),
+                reject_doomed: config.reject_doomed_waits,
+            },
+        );
         App {
             policies,
             fleet,
@@ -68,15 +79,8 @@ impl App {
             cost: Counter::new(config.tokenizer, upstream.clone()),
             capacity: Capacity::new(upstream.clone(), config.kv_pool, config.launch.clone()),
             cors: Cors::default(),
-            admission: Admission::with_fairness(
-                slots,
-                config.queue_depth,
-                Fairness {
-                    aging: config.priority_aging,
-                    tenant_limit: config.tenant_queue_limit(),
-                    reject_doomed: config.reject_doomed_waits,
-                },
-            ),
+            quarantine: Arc::new(Quarantine::new(upstream.clone(), admission.clone())),
+            admission,
             upstream,
             limits: Limits {
                 max_body: config.max_body,

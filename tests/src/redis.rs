@@ -48,7 +48,7 @@ macro_rules! on_each_store {
     ($(#[$doc:meta])* async fn $name:ident($store:ident: Store) $body:block) => {
         $(#[$doc])*
         mod $name {
-            #[allow(unused_imports)]
+            #[allow(unused_imports, reason = "a test body may use nothing of its file")]
             use super::*;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -24,7 +24,10 @@ async fn lease(
         .unwrap()
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one fixture step names every field"
+)]
 fn call<'a>(
     bucket: &'a str,
     capacity: f64,

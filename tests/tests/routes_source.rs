@@ -3,7 +3,7 @@
 //! slotgate's route table, and the table names no route llama-server lacks: the next llama.cpp
 //! release cannot silently 404 through slotgate.
 
-use slotgate::routes::{lookup, ROUTES};
+use slotgate::pipeline::routes::{lookup, ROUTES};
 use slotgate_tests::llama::LlamaPaths;
 
 /// `(METHOD, path)` of every `ctx_http.get|post|put|del("path", ...)` registration in `source`.

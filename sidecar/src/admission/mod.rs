@@ -2,8 +2,10 @@
 //! turned away.
 
 mod claim;
+mod demand;
 mod fair;
 mod queue;
 
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
+pub use demand::{demand, Demand, SlotContext, Want};
 pub use queue::{Admission, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket};

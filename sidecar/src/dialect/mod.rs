@@ -16,6 +16,7 @@ mod messages;
 mod opaque;
 mod rerank;
 mod responses;
+pub mod usage;
 
 use serde_json::{Map, Value};
 

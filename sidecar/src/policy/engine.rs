@@ -38,7 +38,7 @@ impl Default for EngineLimits {
     fn default() -> Self {
         EngineLimits {
             max_instances: EngineLimits::DEFAULT_INSTANCES,
-            max_memory_bytes: 64 << 20,
+            max_memory_bytes: crate::config::POLICY_MAX_MEMORY_BYTES,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod abi;
 pub mod chain;
+pub mod complete;
 pub mod engine;
 mod error;
 pub mod module;

@@ -143,7 +143,10 @@ pub fn take_from_env() -> Result<Inherited, ActivationError> {
 }
 
 /// Takes ownership of descriptor `fd`, one systemd passed.
-#[allow(unsafe_code)]
+#[allow(
+    unsafe_code,
+    reason = "adopts a descriptor systemd passed by number: no safe constructor exists"
+)]
 fn own(fd: RawFd) -> std::io::Result<OwnedFd> {
     // SAFETY: `fd` >= 3, so not -1; the borrow lives for this one fcntl, which only reports EBADF
     // if the descriptor is not open.

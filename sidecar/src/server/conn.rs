@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::listener::Stream;
 use super::ServeOpts;
 use crate::respond::Body;
-use crate::stall::{Watched, WriteWatch};
+use crate::server::write_watch::{Watched, WriteWatch};
 
 /// hyper's read and write buffers per connection (its default is ~400 KiB). Bounds what one response
 /// holds in slotgate's memory, and the request head (larger heads get 431).

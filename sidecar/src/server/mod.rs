@@ -6,6 +6,7 @@ pub mod activation;
 pub mod conn;
 pub mod listener;
 pub mod notify;
+pub mod write_watch;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -11,19 +11,16 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::access::Exchange;
 use crate::admission::SlotGuard;
+use crate::dialect::usage::{Usage, UsageScanner};
 use crate::dialect::{self, DialectRef};
 use crate::error::Outcome;
 use crate::metrics as m;
+use crate::pipeline::access::Exchange;
 use crate::respond::{self, Body, BodyError};
-use crate::stall::WriteWatch;
+use crate::server::write_watch::WriteWatch;
+use crate::upstream::quarantine::{Quarantine, ABANDON_GRACE};
 use crate::upstream::InflightGuard;
-use crate::usage::{Usage, UsageScanner};
-
-/// How long a slot stays held after its client left: the upstream connection is closed on the pooled
-/// client's own task, a moment after we drop it.
-pub const ABANDON_GRACE: Duration = Duration::from_millis(20);
 
 pub struct GuardedBody {
     inner: Body,
@@ -36,7 +33,7 @@ pub struct GuardedBody {
     watch: Option<WriteWatch>,
     idle: Option<IdleTimer>,
     /// Takes the slot after an upstream timeout, instead of the usual hand-over.
-    on_upstream_timeout: Option<Arc<dyn HoldSlot>>,
+    on_upstream_timeout: Option<Arc<Quarantine>>,
     /// llama-server's status: a refusal (4xx) or a failure (5xx) served nothing, whatever its body.
     status: http::StatusCode,
     /// The request named a conversation (`X-Conversation-Id`): llama-server finishes its answer
@@ -45,12 +42,6 @@ pub struct GuardedBody {
     /// The client has left a resumable answer: it is read to its end in the background, holding
     /// the slot, and recorded as `client_gone` with the usage it really had.
     client_left: bool,
-}
-
-/// Who keeps a slot after an upstream timeout until llama-server has dropped the request: shared,
-/// so arming it costs a reference count rather than an allocation per response.
-pub trait HoldSlot: Send + Sync {
-    fn hold(self: Arc<Self>, slot: SlotGuard);
 }
 
 /// `--upstream-idle-timeout`: armed at the last frame, checked only while waiting for the next one.
@@ -137,8 +128,8 @@ impl GuardedBody {
     }
 
     /// Who takes the slot when llama-server went silent mid-answer: it may still hold the request.
-    pub fn on_upstream_timeout(mut self, hold: Arc<dyn HoldSlot>) -> Self {
-        self.on_upstream_timeout = Some(hold);
+    pub fn on_upstream_timeout(mut self, quarantine: Arc<Quarantine>) -> Self {
+        self.on_upstream_timeout = Some(quarantine);
         self
     }
 
@@ -229,7 +220,7 @@ impl GuardedBody {
         if abandoned {
             if let Some(slot) = held.slot.take() {
                 match self.on_upstream_timeout.take() {
-                    Some(h) if outcome == Outcome::UpstreamTimeout => h.hold(slot),
+                    Some(q) if outcome == Outcome::UpstreamTimeout => q.hold(slot),
                     _ => slot.release_after(ABANDON_GRACE),
                 }
             }

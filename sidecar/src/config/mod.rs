@@ -1,6 +1,8 @@
 //! Configuration: one set of keys read from flags, `SLOTGATE_*` variables and a TOML file, merged and
 //! validated once into an immutable [`Config`].
 
+pub mod launch;
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -514,7 +516,7 @@ pub struct Config {
     /// The key read from `upstream_api_key_file`, or (`slotgate wrap`) from the child's command line.
     pub upstream_api_key: Option<Secret>,
     /// The llama-server command line `slotgate wrap` runs (not a setting).
-    pub launch: Option<crate::launch::Launch>,
+    pub launch: Option<crate::config::launch::Launch>,
     pub forward_host_endpoints: bool,
     pub admin_listen: AdminAddr,
     pub slots: Slots,
@@ -782,7 +784,7 @@ fn read_key(path: &Path) -> Result<Secret, ConfigError> {
             format!("cannot read {}: {e}", path.display()),
         )
     })?;
-    let key = crate::launch::first_key(&text).ok_or_else(|| {
+    let key = crate::config::launch::first_key(&text).ok_or_else(|| {
         invalid(
             "upstream-api-key-file",
             format!(
@@ -860,10 +862,13 @@ fn policy_chain(
     Ok(chain)
 }
 
+/// The most linear memory one policy instance may have: the engine's instance pool is sized by it.
+pub const POLICY_MAX_MEMORY_BYTES: usize = 64 << 20;
+
 /// A policy's limits must be positive, and its memory must fit the engine's instance pool.
 pub fn check_policy_limits(spec: &PolicySpec) -> Result<(), ConfigError> {
     let at = || spec.path.display().to_string();
-    let max = crate::policy::EngineLimits::default().max_memory_bytes;
+    let max = POLICY_MAX_MEMORY_BYTES;
     if spec.fuel == Some(0) {
         return Err(invalid(
             "policy",
@@ -1554,6 +1559,12 @@ impl fmt::Display for LogFormat {
     }
 }
 string_serde!(LogFormat);
+
+/// What one request's body may be: its size, and how long it may take to arrive.
+pub struct Limits {
+    pub max_body: usize,
+    pub body_timeout: Duration,
+}
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,12 @@
 //! bytes may have reached the upstream. slotgate's own calls (`/props`, counting, `/slots`,
 //! `/metrics`) carry the upstream's API key when it wants one; clients' requests carry their own.
 
+pub mod capacity;
+pub mod cors;
+pub mod process;
+pub mod quarantine;
+pub mod tokenize;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,10 @@
 //! Wiring and lifecycle: bind everything, serve, and on a signal stop accepting, turn the queue away,
 //! drain in-flight responses for at most the drain timeout, and return.
 
+pub mod memory;
+pub mod reload;
+pub mod signal;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,13 +15,13 @@ use tokio::sync::{watch, Semaphore};
 use crate::config::{AdminAddr, Config, ListenAddr, StateBackend};
 use crate::fleet::Fleet;
 use crate::policy::{PolicyLoadError, PolicySet};
-use crate::reload::{self, ConfigSource};
 use crate::server::activation::{self, ActivationError};
 use crate::server::conn::LINGER_EXTRA_BYTES;
 use crate::server::notify::{self, Notifier};
 use crate::server::{self, BindError, Listener, ServeOpts};
 use crate::state::App;
-use crate::{admin, pipeline, shutdown};
+use crate::{admin, pipeline};
+use reload::ConfigSource;
 
 /// Connections the admin listener serves at once.
 const ADMIN_CONNECTIONS: usize = 64;
@@ -58,7 +62,7 @@ pub async fn run(
     // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
     let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
     // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
-    crate::memory::trim();
+    crate::app::memory::trim();
     // With the redis backend, budgets are the fleet's: leases, synced in the background. The store
     // need not be up to start: the failure mode applies until it is.
     let fleet = match config.state.backend {
@@ -94,7 +98,7 @@ pub async fn run(
             Some(Listener::bind(&ListenAddr::Unix(p.clone()), cfg.socket_mode).await?)
         }
     };
-    let signal = tokio::spawn(shutdown::signal_received());
+    let signal = tokio::spawn(signal::signal_received());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);

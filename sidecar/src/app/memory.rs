@@ -28,7 +28,7 @@ pub fn limit_arenas() {
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
+#[allow(unsafe_code, reason = "glibc's malloc tuning has no safe wrapper")]
 fn set_arena_max(arenas: libc::c_int) {
     // SAFETY: `mallopt` only sets one of malloc's tuning parameters; it takes no pointers and is
     // called before any other thread could be allocating.
@@ -46,7 +46,7 @@ pub fn trim() {
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
+#[allow(unsafe_code, reason = "glibc's malloc tuning has no safe wrapper")]
 fn malloc_trim() {
     // SAFETY: `malloc_trim` only returns free memory to the kernel; it takes no pointers and is
     // thread-safe (it locks each arena in turn).

@@ -13,24 +13,14 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{json, Value};
 
+use crate::admission::SlotContext;
+use crate::config::launch::{KvLayout, Launch};
 use crate::config::KvPool;
-use crate::launch::{KvLayout, Launch};
+use crate::upstream::process;
 use crate::upstream::Upstream;
-use crate::upstream_process;
 
 /// Longest wait for `/props`.
 const PROPS_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// What the upstream's slots can hold, for reservations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotContext {
-    /// Tokens one slot may hold (`default_generation_settings.n_ctx`).
-    pub n_ctx: u64,
-    /// The server's default generation length, when it has one (`params.n_predict` > 0).
-    pub default_n_predict: Option<u64>,
-    /// Tokens all slots share, when they share one pool; `None`: each slot its own `n_ctx`.
-    pub pool: Option<u64>,
-}
 
 /// Where the pool layout in force comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,7 +177,7 @@ impl Capacity {
         if let Some(l) = &self.wrapped {
             return Some((l.kv_layout(), Source::Wrapped));
         }
-        let process = upstream_process::find(self.upstream.target()).await?;
+        let process = process::find(self.upstream.target()).await?;
         if !process.is_llama_server() {
             return None;
         }

@@ -92,7 +92,7 @@ pub async fn reload(
             let outcome = app.policies.reload(&config.policies);
             // Compiling freed megabytes into malloc's arenas: give them back (`memory::trim`).
             if !matches!(outcome, Reload::Unchanged) {
-                crate::memory::trim();
+                crate::app::memory::trim();
             }
             Ok((config.policies, outcome))
         }

@@ -80,8 +80,8 @@ impl Wrap {
     }
 
     /// The child's command line as llama-server will read it (it inherits slotgate's environment).
-    pub fn launch(&self) -> crate::launch::Launch {
-        crate::launch::Launch::parse(&self.argv, |k| std::env::var(k).ok())
+    pub fn launch(&self) -> crate::config::launch::Launch {
+        crate::config::launch::Launch::parse(&self.argv, |k| std::env::var(k).ok())
     }
 
     /// Starts the child (failing at once if it cannot be started at all) and supervises it until
@@ -213,7 +213,10 @@ async fn pass_through(reader: impl AsyncRead + Unpin, name: String) {
 
 /// The child gets SIGKILL if slotgate itself dies (even by SIGKILL), so no llama-server is left
 /// holding the GPU and the socket.
-#[allow(unsafe_code)]
+#[allow(
+    unsafe_code,
+    reason = "pre_exec runs in the forked child: unsafe by contract"
+)]
 fn die_with_parent(cmd: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only makes one prctl call, which
     // is async-signal-safe; it touches no memory of the parent.

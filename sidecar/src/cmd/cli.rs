@@ -51,7 +51,7 @@ pub enum Command {
     },
     /// Work with policy modules offline: `slotgate policy check P.wasm`, `slotgate policy eval ...`.
     #[command(subcommand)]
-    Policy(crate::policy_cli::PolicyCommand),
+    Policy(crate::cmd::policy::PolicyCommand),
 }
 
 #[derive(Debug, Clone, Args)]

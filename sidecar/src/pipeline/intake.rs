@@ -3,8 +3,6 @@
 //! body (a policy's cap, the stream usage slotgate asks for) edit the one field in the client's
 //! bytes (see `json_edit`).
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::{header, request, Method, Request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -12,10 +10,11 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use slotgate_sdk::{Mutations, Peer, RequestSummary};
 
+use crate::config::Limits;
 use crate::dialect::{self, Ask, DialectRef};
 use crate::error::GateError;
 use crate::json_edit;
-use crate::routes::Handling;
+use crate::pipeline::routes::Handling;
 
 /// Request headers a policy may see (never credentials).
 const SUMMARY_HEADERS: &[&str] = &[
@@ -39,11 +38,6 @@ pub struct Intake {
     /// Its prompts' exact token counts, once counted (see `cost`).
     pub prompt_counts: Option<Vec<u64>>,
     pub summary: RequestSummary,
-}
-
-pub struct Limits {
-    pub max_body: usize,
-    pub body_timeout: Duration,
 }
 
 pub async fn read(
@@ -363,7 +357,7 @@ mod tests {
 
     fn intake(path: &str, body: &str) -> Intake {
         let (parts, ()) = Request::post(path).body(()).unwrap().into_parts();
-        let handling = crate::routes::find(&Method::POST, path).unwrap();
+        let handling = crate::pipeline::routes::find(&Method::POST, path).unwrap();
         Intake::new(parts, Bytes::from(body.to_owned()), handling, None).unwrap()
     }
 
@@ -464,7 +458,7 @@ mod tests {
     fn mutations_leave_a_request_without_a_json_body_alone() {
         // Found by fuzzing: a GET with a policy's changes was refused as invalid JSON.
         let (parts, ()) = Request::get("/v1/models").body(()).unwrap().into_parts();
-        let handling = crate::routes::find(&Method::GET, "/v1/models").unwrap();
+        let handling = crate::pipeline::routes::find(&Method::GET, "/v1/models").unwrap();
         let mut i = Intake::new(parts, Bytes::new(), handling, None).unwrap();
         let m = Mutations {
             cap_max_tokens: Some(16),
@@ -479,14 +473,15 @@ mod tests {
     #[test]
     fn a_passthrough_body_that_is_not_json_is_forwarded_as_it_came() {
         let (parts, ()) = Request::post("/tokenize").body(()).unwrap().into_parts();
-        let handling = crate::routes::find(&Method::POST, "/tokenize").unwrap();
+        let handling = crate::pipeline::routes::find(&Method::POST, "/tokenize").unwrap();
         let i = Intake::new(parts, Bytes::from_static(b"not json"), handling, None).unwrap();
         assert!(i.json.is_none());
         let (parts, ()) = Request::post("/v1/chat/completions")
             .body(())
             .unwrap()
             .into_parts();
-        let handling = crate::routes::find(&Method::POST, "/v1/chat/completions").unwrap();
+        let handling =
+            crate::pipeline::routes::find(&Method::POST, "/v1/chat/completions").unwrap();
         let e = Intake::new(parts, Bytes::from_static(b"not json"), handling, None).err();
         assert!(matches!(e, Some(GateError::InvalidJson(_))));
     }

@@ -146,6 +146,28 @@ pub fn find(method: &Method, path: &str) -> Result<Handling, GateError> {
     })
 }
 
+/// What the client listener does with a route it found: llama-server's admin routes are served
+/// only on the admin listener, the host's (`/tools`, `/cors-proxy`) only when forwarded on purpose.
+pub fn allowed(
+    found: Result<Handling, GateError>,
+    method: &Method,
+    path: &str,
+    forward_host: bool,
+) -> Result<Handling, GateError> {
+    let named = || (method.to_string(), path.to_owned());
+    match found? {
+        Handling::Admin => {
+            let (method, path) = named();
+            Err(GateError::AdminOnly { method, path })
+        }
+        Handling::Host if !forward_host => {
+            let (method, path) = named();
+            Err(GateError::HostEndpoint { method, path })
+        }
+        h => Ok(h),
+    }
+}
+
 /// The route `method path` matches in the table, if any.
 pub fn lookup(method: &str, path: &str) -> Option<&'static Route> {
     ROUTES
@@ -212,7 +234,7 @@ mod tests {
 
     #[test]
     fn docs_endpoints_lists_every_route_as_handled() {
-        let doc = include_str!("../../docs/endpoints.md");
+        let doc = include_str!("../../../docs/endpoints.md");
         let listed: Vec<(String, String, String)> = doc
             .lines()
             .filter_map(|l| {

@@ -1,0 +1,120 @@
+//! `slotgate serve` (the default) and `slotgate check`: load and validate the configuration once,
+//! set up logging and metrics, and run until a signal; or print the effective settings and exit.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tracing_subscriber::EnvFilter;
+
+use super::cli::ConfigArgs;
+use super::wrap::Wrap;
+use crate::config::{Config, LogFormat, Settings};
+
+/// Serves (or with `check`, validates) the configuration `args` give, with `wrapped`'s
+/// llama-server as the upstream when `slotgate wrap` started one.
+pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
+    // Wrapped, the upstream is the child's private socket, on every (re)load, and what its command
+    // line says (the KV pool, its API key) is known.
+    let upstream = wrapped.as_ref().map(crate::cmd::wrap::Wrap::upstream);
+    let launch = wrapped.as_ref().map(crate::cmd::wrap::Wrap::launch);
+    let load = move |args: ConfigArgs| {
+        load(args).map(|mut config| {
+            if let Some(up) = &upstream {
+                config.upstream = up.clone();
+            }
+            if let Some(launch) = &launch {
+                if config.upstream_api_key.is_none() {
+                    config.upstream_api_key = launch.api_key().map(crate::config::Secret);
+                }
+                config.launch = Some(launch.clone());
+            }
+            config
+        })
+    };
+    let source = crate::app::reload::ConfigSource {
+        file: args.config.clone(),
+        load: {
+            let args = args.clone();
+            let load = load.clone();
+            std::sync::Arc::new(move || load(args.clone()))
+        },
+    };
+    let config = match load(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("slotgate: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if check {
+        if let Err(e) = crate::policy::PolicySet::load(&config.policies, None) {
+            eprintln!("slotgate: {e:#}");
+            return ExitCode::from(2);
+        }
+        return match toml::to_string(&config.effective()) {
+            Ok(text) => {
+                println!("# slotgate: configuration is valid; effective settings:\n{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("slotgate: cannot print the settings: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    init_logging(config.log_format);
+    match serve(config, source, wrapped) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("slotgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(args: ConfigArgs) -> anyhow::Result<Config> {
+    let file = match &args.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
+    };
+    Ok(Config::from_settings(args.settings.over(file))?)
+}
+
+fn serve(
+    config: Config,
+    source: crate::app::reload::ConfigSource,
+    wrapped: Option<crate::cmd::wrap::Wrap>,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let prometheus = crate::metrics::install().context("installing the metrics recorder")?;
+        // The wrapped llama-server starts first (it loads its model while slotgate binds) and stops
+        // last, once slotgate has drained.
+        let (stop_child, stop) = tokio::sync::watch::channel(false);
+        let child = wrapped.map(|w| w.start(stop)).transpose()?;
+        let served = crate::app::run(config, prometheus, source).await;
+        let _ = stop_child.send(true);
+        if let Some(child) = child {
+            let _ = child.await;
+        }
+        served?;
+        Ok(())
+    })
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("SLOTGATE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}

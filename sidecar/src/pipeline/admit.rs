@@ -1,0 +1,124 @@
+//! The admit phase: what a slot request holds (slots, KV pool tokens), its claim (tenant, cost,
+//! weight, priority), and a slot: at once when one is free and nobody waits, else in its fair place
+//! in the queue, or a 429/504.
+
+use std::time::Duration;
+
+use slotgate_sdk::{Decision, RequestSummary};
+use tokio::time::Instant;
+
+use crate::admission::{Claim, Demand, Entry, SlotGuard};
+use crate::error::GateError;
+use crate::state::App;
+use crate::upstream::tokenize;
+
+use super::access::Exchange;
+use super::count::{count_prompt, demand_of, Before};
+use super::decide::Decided;
+use super::intake::Intake;
+use super::Ctx;
+
+/// An admitted request: its slot (a slot route's), how long it waited, and by when it must have
+/// been sent.
+pub(super) struct Admitted {
+    pub slot: Option<SlotGuard>,
+    pub queue_wait: Duration,
+    pub deadline: Instant,
+}
+
+pub(super) async fn admit(
+    app: &App,
+    intake: &mut Intake,
+    decided: &Decided,
+    ctx: &Ctx,
+    ex: &mut Exchange,
+) -> Result<Admitted, GateError> {
+    // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
+    // share the one budget the client was promised. A preflight is answered at once: by
+    // llama-server, or for it when it cannot (no retries).
+    let deadline = match ctx.preflight {
+        true => Instant::now(),
+        false => ctx.arrived + app.config.queue_timeout,
+    };
+    let decision = decided.decision.as_ref();
+    if !ctx.slot_route {
+        let claim = Claim::new(&intake.summary, decision, decided.priority, 0);
+        ex.set_tenant(claim.tenant);
+        ex.set_queue_wait(Duration::ZERO);
+        return Ok(Admitted {
+            slot: None,
+            queue_wait: Duration::ZERO,
+            deadline,
+        });
+    }
+    // Again, after any policy capped max_tokens: what the scheduler charges up front and holds
+    // (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
+    let demand = demand_of(app, intake)?;
+    let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge)
+        .holding(demand.slots, demand.kv);
+    ex.set_tenant(claim.tenant.clone());
+    let (slot, queue_wait, demand) =
+        wait_for_slot(app, intake, claim, decision, demand, deadline).await?;
+    ex.set_reserved(demand.reserved.unwrap_or(demand.charge));
+    ex.set_prompt_tokens(intake.summary.prompt_tokens_best());
+    ex.set_queue_wait(queue_wait);
+    Ok(Admitted {
+        slot: Some(slot),
+        queue_wait,
+        deadline,
+    })
+}
+
+/// A slot for the request. Free, with nobody waiting: at once, charged on the estimate (the slot
+/// settles from llama-server's usage). Else the request queues, and its prompt is counted while it
+/// waits (unless the chain had it counted already): its place is then re-costed, so the fair-share
+/// charge at admission, what it holds of the pool and the wait estimates (Retry-After, doomed
+/// waits) of those behind it are exact, and a prompt that cannot fit a slot leaves the queue with
+/// 400 instead of reaching llama-server. A slot granted before the count is back is taken at once,
+/// on the estimate.
+async fn wait_for_slot(
+    app: &App,
+    intake: &mut Intake,
+    claim: Claim,
+    decided: Option<&Decision>,
+    demand: Demand,
+    deadline: Instant,
+) -> Result<(SlotGuard, Duration, Demand), GateError> {
+    let counted = intake.prompt_counts.is_some();
+    let forwarded = |s: &RequestSummary| {
+        if !counted {
+            tokenize::record(tokenize::Source::Forwarded, s.prompt_tokens_estimate, None);
+        }
+    };
+    let mut demand = demand;
+    let mut ticket = match app.admission.enter(claim, deadline)? {
+        Entry::Admitted(slot) => {
+            forwarded(&intake.summary);
+            return Ok((slot, Duration::ZERO, demand));
+        }
+        Entry::Queued(ticket) => ticket,
+    };
+    if !counted {
+        tokio::select! {
+            biased;
+            granted = ticket.wait(deadline) => {
+                if granted.is_ok() {
+                    forwarded(&intake.summary);
+                }
+                return granted.map(|(slot, wait)| (slot, wait, demand));
+            }
+            done = count_prompt(app, intake, Before::Slot) => demand = done?,
+        }
+        if intake.prompt_counts.is_some() {
+            ticket.recost(
+                Claim::cost_of(decided, demand.charge),
+                demand.slots,
+                demand.kv,
+            );
+        }
+    }
+    ticket
+        .wait(deadline)
+        .await
+        .map(|(slot, wait)| (slot, wait, demand))
+}

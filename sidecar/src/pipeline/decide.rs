@@ -1,0 +1,165 @@
+//! The decide phase: the policy chain judges the request. Allowed, its changes are applied to the
+//! client's bytes and its priority replaces the client's hint; denied or failed, it is refused.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use slotgate_sdk::{Decision, QueueSnapshot};
+
+use crate::error::{GateError, Outcome};
+use crate::policy::chain::ChainOutcome;
+use crate::policy::complete::CompletionHook;
+use crate::policy::{Chain, EvalError};
+use crate::state::App;
+
+use super::access::Exchange;
+use super::intake::Intake;
+use super::Ctx;
+
+/// What the chain decided for an allowed request.
+pub(super) struct Decided {
+    pub priority: i64,
+    /// The decision the chain came to, when there was a chain.
+    pub decision: Option<Decision>,
+    /// Headers the policies add to the response.
+    pub response_headers: BTreeMap<String, String>,
+}
+
+pub(super) async fn decide(
+    app: &App,
+    intake: &mut Intake,
+    chain: Arc<Chain>,
+    ctx: &Ctx,
+    ex: &mut Exchange,
+) -> Result<Decided, GateError> {
+    let mut decided = Decided {
+        priority: match app.config.trust_client_priority {
+            true => intake.summary.priority_hint.unwrap_or(0),
+            false => 0,
+        },
+        decision: None,
+        response_headers: BTreeMap::new(),
+    };
+    if chain.is_empty() || ctx.preflight {
+        ex.set_priority(decided.priority);
+        return Ok(decided);
+    }
+    let (outcome, own) = evaluate(app, intake, chain.clone()).await;
+    // Every policy that allowed hears how the request ended, even when a later one refused it:
+    // what it took from a budget can be given back.
+    if chain.wants_completion(&own) {
+        ex.on_complete(CompletionHook {
+            chain: chain.clone(),
+            own,
+            policies: app.policies.clone(),
+            request: intake.summary.clone(),
+            decision: outcome.decision(),
+        });
+    }
+    // A fast evaluation may have been over before this task was suspended, so it could not
+    // notice its client leave meanwhile: one yield lets hyper see a closed connection (and drop
+    // this request, which tells the policies) before it can be admitted and forwarded.
+    tokio::task::yield_now().await;
+    match outcome {
+        ChainOutcome::Allow(mut decision) => {
+            // A policy's priority replaces the client's hint (policies clamp hints themselves).
+            decided.priority = decision.priority.unwrap_or(decided.priority);
+            intake.apply(&decision.mutations)?;
+            decided.response_headers = std::mem::take(&mut decision.mutations.response_headers);
+            decided.decision = Some(decision);
+            ex.set_priority(decided.priority);
+            Ok(decided)
+        }
+        ChainOutcome::Deny { policy, decision } => {
+            // A policy's 429 is one tenant's budget, not this server's load: a router that cools
+            // a deployment down on any 429 is given another status (`--policy-denial-status`).
+            let status = match decision.status.unwrap_or(403) {
+                429 => app.config.policy_denial_status,
+                other => other,
+            };
+            Err(GateError::PolicyDenied {
+                status,
+                message: decision
+                    .message
+                    .unwrap_or_else(|| format!("denied by policy `{policy}`")),
+                retry_after: decision.retry_after_seconds,
+                policy,
+            })
+        }
+        ChainOutcome::Failed { policy, error } => Err(GateError::PolicyFailed {
+            policy,
+            kind: error.kind(),
+        }),
+    }
+}
+
+/// Runs the policy chain: on this async worker while the chain has always been fast
+/// ([`Chain::runs_inline`]), else on the blocking pool. On the worker each evaluation runs on a
+/// fiber and yields to the worker's other tasks at every epoch tick (1 ms), so even a runaway policy
+/// holds up no other connection for longer than that, and a fast one costs only itself: no thread
+/// hand-off (the blocking pool's cost ~35-50 us per request at p50 on 2 cores, and `block_in_place`,
+/// which hands the worker's other tasks to another thread, about as much under load; measured by
+/// `sidecar/benches/policy_eval.rs` and `scripts/bench.sh`). A chain moves to the blocking pool for
+/// good once an evaluation used more than `INLINE_LIMIT` (3 ms) of CPU or ran out of fuel or time.
+async fn evaluate(
+    app: &App,
+    intake: &Intake,
+    chain: Arc<Chain>,
+) -> (ChainOutcome, Vec<Option<Decision>>) {
+    let mut summary = intake.summary.clone();
+    let q = app.admission.stats();
+    summary.queue = QueueSnapshot {
+        depth: q.depth,
+        capacity: q.capacity,
+        in_flight: q.busy,
+        estimated_wait_seconds: q.drain_seconds(),
+    };
+    let turn = app.policies.turn().await;
+    // In a task of its own, so that a client that leaves meanwhile (its request's future is dropped)
+    // cancels nothing: a policy that has taken from a budget always finishes, and hears (`on_complete`,
+    // outcome `client_gone`) that the request was never served, so what it took is given back.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let policies = app.policies.clone();
+    let summary = Arc::new(summary);
+    tokio::spawn(async move {
+        let evaluated = if chain.runs_inline() {
+            let evaluated = AssertUnwindSafe(chain.evaluate_each_async(&summary))
+                .catch_unwind()
+                .await
+                .map_err(|_| ());
+            drop(turn);
+            evaluated
+        } else {
+            let (chain, summary) = (chain.clone(), summary.clone());
+            let evaluate = move || {
+                let _turn = turn;
+                chain.evaluate_each(&summary)
+            };
+            tokio::task::spawn_blocking(evaluate).await.map_err(|_| ())
+        };
+        if let Err(Ok((outcome, own))) = tx.send(evaluated) {
+            if chain.wants_completion(&own) {
+                let hook = CompletionHook {
+                    chain,
+                    own,
+                    policies,
+                    request: Arc::unwrap_or_clone(summary),
+                    decision: outcome.decision(),
+                };
+                hook.fire(0, Outcome::ClientGone, Default::default(), 0, 0);
+            }
+        }
+    });
+    let evaluated = rx.await.unwrap_or(Err(()));
+    evaluated.unwrap_or_else(|()| {
+        (
+            ChainOutcome::Failed {
+                policy: "-".into(),
+                error: EvalError::Trap("the policy host panicked".into()),
+            },
+            Vec::new(),
+        )
+    })
+}

@@ -1,0 +1,121 @@
+//! THE request path: one phase per file, in call order.
+//!
+//! ```text
+//! routes   which route is what: slot in a dialect | passthrough | health | admin | host
+//! intake   the bounded body, read as JSON in its dialect (json_edit keeps the client's bytes)
+//! count    llama-server's exact prompt count, before the chain when a policy asks for it
+//! decide   the policy chain (wasm on a fiber): allow with changes, deny, or fail
+//! admit    what it holds (slots, KV pool), its claim (tenant, cost, priority), a slot or the queue
+//! forward  to llama-server, retried only while nothing was sent
+//! reply    the upstream's answer with slotgate's headers, or slotgate's own refusal
+//! body     streams the answer holding the slot; settles usage, slot and record at its end
+//! access   the one record per request (metrics, access log, the policies' on_complete)
+//! ```
+//!
+//! The exact prompt count (llama-server's count endpoints and `/tokenize`, see
+//! `upstream::tokenize`) stays off the path of a request that gets a slot at once: it is forwarded
+//! on the estimate and settled from the usage llama-server reports. A request that has to wait is
+//! counted while it waits, and its place in the queue is re-costed. Only a chain with a policy that
+//! asks for the count (`needs_prompt_tokens`) has every request counted before the chain runs.
+//!
+//! Each phase hands the request on or ends it with a `GateError`, which `reply` turns into the
+//! client's one response. No phase calls back into an earlier one.
+
+pub mod access;
+mod admit;
+pub mod body;
+mod count;
+mod decide;
+mod forward;
+pub mod intake;
+mod reply;
+pub mod routes;
+pub mod strip;
+
+use std::sync::Arc;
+
+use http::Request;
+use hyper::body::Incoming;
+use slotgate_sdk::Peer;
+use tokio::time::Instant;
+
+use crate::error::GateError;
+use crate::respond::Body;
+use crate::state::App;
+use access::Exchange;
+use reply::{Answer, Refusal, Reply};
+use routes::Handling;
+
+/// Response header with the time the request waited for a slot.
+pub const QUEUE_WAIT_HEADER: &str = "x-slotgate-queue-wait-ms";
+/// Response header with the exact prompt tokens slotgate counted before admission, when it could.
+pub const PROMPT_TOKENS_HEADER: &str = "x-slotgate-prompt-tokens";
+
+/// What every phase may ask of the request.
+struct Ctx {
+    arrived: Instant,
+    /// It takes a slot (a generation, embedding or rerank route in its dialect).
+    slot_route: bool,
+    /// A CORS preflight: it carries no credentials and does nothing, so no policy judges it and
+    /// it is answered at once.
+    preflight: bool,
+}
+
+pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -> Response {
+    let arrived = Instant::now();
+    let found = routes::find(req.method(), req.uri().path());
+    let reply = Reply::to(&app, &req, &found);
+    // `/health` is answered from slotgate's own readiness, unlogged as llama-server leaves it.
+    if let Ok(Handling::Health) = found {
+        return reply.health();
+    }
+    let mut ex = Exchange::new(req.method().clone(), req.uri().path(), peer);
+    match phases(&app, req, peer, found, arrived, &mut ex).await {
+        Ok(answer) => reply.answer(ex, answer),
+        Err(refusal) => reply.refuse(ex, refusal),
+    }
+}
+
+type Response = http::Response<Body>;
+
+/// The request path, phase by phase.
+async fn phases(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+    peer: Option<Peer>,
+    found: Result<Handling, GateError>,
+    arrived: Instant,
+    ex: &mut Exchange,
+) -> Result<Answer, Refusal> {
+    let ctx = Ctx {
+        arrived,
+        slot_route: matches!(found, Ok(Handling::Slot(_))),
+        preflight: req.method() == http::Method::OPTIONS,
+    };
+    let handling = routes::allowed(
+        found,
+        req.method(),
+        req.uri().path(),
+        app.config.forward_host_endpoints,
+    )
+    .map_err(Refusal::body_unread)?;
+    let mut intake = intake::read(req, &app.limits, peer, handling)
+        .await
+        .map_err(Refusal::reading)?;
+    // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
+    let chain = app.policies.current();
+    count::before_chain(app, &mut intake, &chain, &ctx).await?;
+    let decided = decide::decide(app, &mut intake, chain, &ctx, ex).await?;
+    let admitted = admit::admit(app, &mut intake, &decided, &ctx, ex).await?;
+    match forward::forward(app, &mut intake, admitted, &ctx, ex).await {
+        Ok(sent) => Ok(Answer::Upstream {
+            sent,
+            intake,
+            headers: decided.response_headers,
+            slot_route: ctx.slot_route,
+        }),
+        // llama-server answers every preflight; while it cannot, slotgate answers as it would.
+        Err(_) if ctx.preflight => Ok(Answer::Preflight),
+        Err(e) => Err(e.into()),
+    }
+}

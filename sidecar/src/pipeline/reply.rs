@@ -1,0 +1,198 @@
+//! The reply phase: the one response a request gets. The upstream's answer, its body guarded (see
+//! `body`), with slotgate's headers and the policies'; or slotgate's own refusal in the API's shape,
+//! with the CORS headers llama-server would send.
+
+use std::collections::BTreeMap;
+
+use http::{header, HeaderName, HeaderValue, Request};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::dialect::DialectRef;
+use crate::error::{GateError, Outcome};
+use crate::respond;
+use crate::server::write_watch::WriteWatch;
+use crate::state::App;
+use crate::upstream::copy_end_to_end;
+
+use super::access::Exchange;
+use super::body::GuardedBody;
+use super::forward::Sent;
+use super::intake::Intake;
+use super::routes::Handling;
+use super::strip::StripUsage;
+use super::{Response, PROMPT_TOKENS_HEADER, QUEUE_WAIT_HEADER};
+
+/// What the phases came to, short of a refusal.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "made once per request and moved once: boxing it would cost an allocation"
+)]
+pub(super) enum Answer {
+    /// llama-server answered.
+    Upstream {
+        sent: Sent,
+        intake: Intake,
+        headers: BTreeMap<String, String>,
+        slot_route: bool,
+    },
+    /// A CORS preflight llama-server could not answer: slotgate answers it as llama-server would.
+    Preflight,
+}
+
+/// A request turned away, and whether its body was left unread.
+pub(super) struct Refusal {
+    error: GateError,
+    body_unread: bool,
+}
+
+impl Refusal {
+    /// Answered before the body was read to its end: the connection closes lingering, so a
+    /// client still writing its body gets to read the answer.
+    pub fn body_unread(error: GateError) -> Self {
+        Refusal {
+            error,
+            body_unread: true,
+        }
+    }
+
+    /// Reading the body failed: as JSON or as too slow, it was read through; otherwise not.
+    pub fn reading(error: GateError) -> Self {
+        let body_unread = !matches!(error, GateError::InvalidJson(_) | GateError::BodyTimeout(_));
+        Refusal { error, body_unread }
+    }
+}
+
+impl From<GateError> for Refusal {
+    fn from(error: GateError) -> Self {
+        Refusal {
+            error,
+            body_unread: false,
+        }
+    }
+}
+
+/// How slotgate's own answers to one request are written: in its API's shape, with the CORS
+/// headers llama-server would send.
+pub(super) struct Reply<'a> {
+    app: &'a App,
+    dialect: Option<DialectRef>,
+    origin: Option<HeaderValue>,
+    watch: Option<WriteWatch>,
+}
+
+impl<'a> Reply<'a> {
+    pub fn to(app: &'a App, req: &Request<Incoming>, found: &Result<Handling, GateError>) -> Self {
+        Reply {
+            app,
+            dialect: match found {
+                Ok(Handling::Slot(d)) => Some(*d),
+                _ => None,
+            },
+            origin: req.headers().get(header::ORIGIN).cloned(),
+            watch: req.extensions().get::<WriteWatch>().cloned(),
+        }
+    }
+
+    pub fn refuse(&self, mut ex: Exchange, refusal: Refusal) -> Response {
+        let e = &refusal.error;
+        if refusal.body_unread {
+            if let Some(w) = &self.watch {
+                w.mark_unread_body();
+            }
+        }
+        ex.set_status(e.status());
+        ex.finish(e.outcome());
+        if e.outcome() == Outcome::UpstreamError {
+            tracing::warn!(error = %e, "upstream failure");
+        }
+        let mut resp = respond::error(e, self.dialect);
+        self.app
+            .cors
+            .apply(self.origin.as_ref(), resp.headers_mut());
+        resp
+    }
+
+    /// llama-server's `/health`, from slotgate's readiness: 200 `{"status":"ok"}` while
+    /// llama-server is ready and slotgate is not draining, else 503 as llama-server answers while
+    /// it loads.
+    pub fn health(&self) -> Response {
+        let app = self.app;
+        let ready = app.upstream.is_ready() && !app.admission.is_closed();
+        let body = match ready {
+            true => serde_json::json!({"status": "ok"}),
+            false => {
+                serde_json::json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+            }
+        };
+        let mut resp = respond::json(if ready { 200 } else { 503 }, &body);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        );
+        app.cors.apply(self.origin.as_ref(), resp.headers_mut());
+        resp
+    }
+
+    pub fn answer(self, mut ex: Exchange, answer: Answer) -> Response {
+        let (sent, intake, headers, slot_route) = match answer {
+            Answer::Upstream {
+                sent,
+                intake,
+                headers,
+                slot_route,
+            } => (sent, intake, headers, slot_route),
+            Answer::Preflight => {
+                ex.set_status(200);
+                ex.finish(Outcome::Ok);
+                return self.app.cors.preflight(self.origin.as_ref());
+            }
+        };
+        let (upstream_parts, body) = sent.response.into_parts();
+        let content_type = upstream_parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        let mut out = http::Response::new(());
+        *out.status_mut() = upstream_parts.status;
+        copy_end_to_end(&upstream_parts.headers, out.headers_mut());
+        out.headers_mut().insert(
+            QUEUE_WAIT_HEADER,
+            HeaderValue::from(sent.queue_wait.as_millis() as u64),
+        );
+        if let Some(n) = intake.summary.prompt_tokens.filter(|_| slot_route) {
+            out.headers_mut()
+                .insert(PROMPT_TOKENS_HEADER, HeaderValue::from(n));
+        }
+        for (name, value) in headers {
+            match (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    out.headers_mut().insert(n, v);
+                }
+                _ => {
+                    tracing::warn!(header = %name, "a policy asked for an invalid response header; skipped")
+                }
+            }
+        }
+        let guarded = GuardedBody::new(
+            body,
+            sent.slot,
+            sent.inflight,
+            ex,
+            sent.forwarded_at,
+            content_type,
+            intake.dialect,
+        )
+        .answered(upstream_parts.status)
+        .resumable(slot_route && intake.parts.headers.contains_key("x-conversation-id"))
+        .guarded(self.watch, self.app.config.upstream_idle_timeout)
+        .on_upstream_timeout(self.app.quarantine.clone());
+        if sent.strip_usage {
+            return out.map(|()| StripUsage::new(guarded.boxed_unsync()).boxed_unsync());
+        }
+        out.map(|()| guarded.boxed_unsync())
+    }
+}
