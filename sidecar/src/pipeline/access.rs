@@ -129,7 +129,7 @@ impl Drop for Exchange {
         // and numbers stay numbers in JSON logs.
         let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
         tracing::info!(
-            target: "slotgate::pipeline::access",
+            target: "slotgate::access",
             outcome = %outcome.label(),
             status = self.status,
             method = %self.method,
