@@ -1,0 +1,403 @@
+//! Every key, as flags (clap), `SLOTGATE_*` variables and a TOML file (serde) give it: each optional,
+//! so layers merge key by key. `--help` and the file format are read from here.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use super::policy::PolicySpec;
+use super::state::{OnUnavailable, StateBackend, StateTable};
+use super::values::*;
+use super::ConfigError;
+
+/// Declares the keys once: the struct clap and serde read, and `over`, which merges two layers key
+/// by key (the keys set in `self` win; the rest come from `lower`).
+macro_rules! keys {
+    ($(#[$meta:meta])* pub struct $name:ident {
+        $($(#[$field_meta:meta])* pub $field:ident: Option<$ty:ty>,)*
+    }) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($(#[$field_meta])* pub $field: Option<$ty>,)*
+        }
+
+        impl $name {
+            /// Keys set in `self` win; the rest come from `lower`.
+            pub fn over(self, lower: $name) -> $name {
+                $name { $($field: self.$field.or(lower.$field)),* }
+            }
+        }
+    };
+}
+
+keys! {
+/// Every key, each optional so layers can be merged. Flags and env come from clap; the file from serde.
+#[derive(Debug, Clone, Default, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    /// Where clients connect: `unix:PATH` or `tcp:HOST:PORT`. Repeatable. [default: unix:/run/slotgate/slotgate.sock]
+    #[arg(
+        long,
+        env = "SLOTGATE_LISTEN",
+        value_delimiter = ',',
+        value_name = "ADDR"
+    )]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<Vec<ListenAddr>>,
+
+    /// Octal file mode of Unix listen sockets. [default: 0660]
+    #[arg(long, env = "SLOTGATE_SOCKET_MODE", value_name = "MODE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_mode: Option<SocketMode>,
+
+    /// The llama-server: `http://HOST:PORT` or `unix:/path/llama.sock`. [default: http://127.0.0.1:8080]
+    #[arg(long, env = "SLOTGATE_UPSTREAM", value_name = "URL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamAddr>,
+
+    /// A file holding the API key slotgate's own calls to llama-server carry (`/props`, counting,
+    /// `/slots`, `/metrics`) when llama-server runs with `--api-key`: the first line that is not a
+    /// `#` comment, as llama-server reads its `--api-key-file`. `slotgate wrap` takes it from the
+    /// command line itself. Clients' own keys reach llama-server unchanged. [default: none]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_API_KEY_FILE", value_name = "PATH")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_api_key_file: Option<PathBuf>,
+
+    /// Forward llama-server's endpoints that act on the host rather than the model (`/tools`: its
+    /// built-in tools read and write files and run commands; `/cors-proxy`: fetches any URL). Off,
+    /// clients get 403 naming this setting. [default: false]
+    #[arg(long, env = "SLOTGATE_FORWARD_HOST_ENDPOINTS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_host_endpoints: Option<bool>,
+
+    /// Admin endpoints (/metrics, /livez, /readyz, /status): `HOST:PORT`, `tcp:HOST:PORT`, `unix:PATH` or `off`. [default: tcp:127.0.0.1:9464]
+    #[arg(long, env = "SLOTGATE_ADMIN_LISTEN", value_name = "ADDR")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<AdminAddr>,
+
+    /// Requests forwarded at once: `auto` follows llama-server's `total_slots` (its `-np`, read from
+    /// `/props` whenever it becomes ready; 1 until then), or a fixed number (a number that differs
+    /// from llama-server's is warned about, in the log, `/status` and `slotgate_slots_mismatch`).
+    /// [default: auto]
+    #[arg(long, env = "SLOTGATE_SLOTS", value_name = "auto|N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Slots>,
+
+    /// How llama-server's slots hold their context: `auto` (learned: `/props`, and whether the slots
+    /// share one KV pool from llama-server's command line, that of `slotgate wrap` or of the process
+    /// behind --upstream on this host; a shared pool of one slot's context is assumed when it cannot
+    /// be seen), `per-slot` (each slot its own, `-np N` without `--kv-unified`), or the pool's size in
+    /// tokens. In a shared pool a request is admitted only while its reservation fits beside those
+    /// in service (llama-server fails every request at once when the pool runs out). [default: auto]
+    #[arg(long, env = "SLOTGATE_KV_POOL", value_name = "auto|per-slot|TOKENS")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_pool: Option<KvPool>,
+
+    /// Requests that may wait for a slot; beyond it new requests get 429 at once. [default: 8]
+    #[arg(long, env = "SLOTGATE_QUEUE_DEPTH", value_name = "D")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<usize>,
+
+    /// Longest wait in the queue; a request that waited longer gets 504 and is never forwarded. [default: 60s]
+    #[arg(long, env = "SLOTGATE_QUEUE_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_timeout: Option<Dur>,
+
+    /// Take priority from the body's `priority` field (lower is served earlier, as in vLLM).
+    #[arg(long, env = "SLOTGATE_TRUST_CLIENT_PRIORITY", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_client_priority: Option<bool>,
+
+    /// Waiting this long makes a queued request one priority level more urgent (repeatedly), so less
+    /// urgent requests still run once more urgent ones let up. `0s` turns aging off. [default: 10s]
+    #[arg(long, env = "SLOTGATE_PRIORITY_AGING", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_aging: Option<Dur>,
+
+    /// The largest fraction of the queue one tenant may hold (at least one place); its further
+    /// requests get 429 `tenant_queue_full` while other tenants can still queue. `1.0` turns the
+    /// limit off. [default: 0.5]
+    #[arg(long, env = "SLOTGATE_TENANT_QUEUE_SHARE", value_name = "FRACTION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_queue_share: Option<f64>,
+
+    /// Largest request body; larger ones get 413. Accepts `8MiB`, `512KiB`, `1048576`. [default: 8MiB]
+    #[arg(long, env = "SLOTGATE_MAX_BODY", value_name = "SIZE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body: Option<ByteSize>,
+
+    /// Time allowed to read a request's headers (slowloris guard). [default: 10s]
+    #[arg(long, env = "SLOTGATE_HEADER_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_timeout: Option<Dur>,
+
+    /// Time allowed to read a request's body; then 408. [default: 30s]
+    #[arg(long, env = "SLOTGATE_BODY_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_timeout: Option<Dur>,
+
+    /// A client that takes no byte of a waiting response for this long is cut: its slot is released at
+    /// once and llama-server stops generating for it. A slow reader that keeps taking bytes is never
+    /// cut. `0s` turns the guard off. [default: 30s]
+    #[arg(long, env = "SLOTGATE_CLIENT_STALL_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_stall_timeout: Option<Dur>,
+
+    /// Longest silence from llama-server once its answer has begun (between streamed tokens); then
+    /// the client's response is aborted and the slot released. `0s` turns it off. [default: 60s]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_IDLE_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_idle_timeout: Option<Dur>,
+
+    /// Longest wait for llama-server's response to begin once a request is forwarded. It covers the
+    /// prompt's prefill and, for a non-streamed request, the whole generation, so the default is
+    /// long enough for a full context on a CPU. `0s` turns it off. [default: 10m]
+    #[arg(
+        long,
+        env = "SLOTGATE_UPSTREAM_FIRST_BYTE_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_first_byte_timeout: Option<Dur>,
+
+    /// Let generation requests that are not streamed reuse idle upstream connections (idle at most
+    /// 2 s, below llama-server's 5 s keep-alive). Streamed ones always get a connection of their own
+    /// (llama-server closes it after a stream while announcing keep-alive). Turn it off for an
+    /// upstream that closes idle connections silently. [default: true]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_REUSE_CONNECTIONS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_reuse_connections: Option<bool>,
+
+    /// Append llama-server's own `/metrics` (the `llamacpp:*` series, when it runs with `--metrics`)
+    /// to slotgate's admin `/metrics`, so one scrape target serves both (llama-server on a private
+    /// Unix socket cannot be scraped itself). [default: true]
+    #[arg(long, env = "SLOTGATE_UPSTREAM_METRICS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_metrics: Option<bool>,
+
+    /// Refuse at arrival, with 429 and Retry-After, a request whose estimated wait for a slot is
+    /// already longer than its queue timeout, instead of letting it wait for a 504. [default: true]
+    #[arg(long, env = "SLOTGATE_REJECT_DOOMED_WAITS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reject_doomed_waits: Option<bool>,
+
+    /// The HTTP status (400 to 499) of a policy's 429 denial: one tenant over its own budget, as
+    /// token-budget answers, not this server's load. A router in front that takes every 429 as "this
+    /// server is overloaded" (LiteLLM cools the whole deployment down, for every tenant) can be given
+    /// a status it passes to the caller instead, e.g. 403 (see examples/litellm). Retry-After and the
+    /// `policy_denied` code stay; a policy's other statuses are sent as they are. [default: 429]
+    #[arg(long, env = "SLOTGATE_POLICY_DENIAL_STATUS", value_name = "STATUS")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_denial_status: Option<u16>,
+
+    /// Open client connections across all listeners; further ones wait in the kernel backlog. [default: 1024]
+    #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+
+    /// On SIGTERM/SIGINT, how long in-flight responses may keep streaming. [default: 30s]
+    #[arg(long, env = "SLOTGATE_DRAIN_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout: Option<Dur>,
+
+    /// How often the upstream's /health is probed for readiness. [default: 1s]
+    #[arg(long, env = "SLOTGATE_HEALTH_INTERVAL", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_interval: Option<Dur>,
+
+    /// Time allowed for one upstream connect attempt. [default: 2s]
+    #[arg(long, env = "SLOTGATE_CONNECT_TIMEOUT", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<Dur>,
+
+    /// Log line format on stderr: `text` or `json`. Level from SLOTGATE_LOG or RUST_LOG. [default: text]
+    #[arg(long, env = "SLOTGATE_LOG_FORMAT", value_name = "FORMAT")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+
+    /// How prompt tokens are counted: `upstream` (llama-server's own template and tokenizer, while a
+    /// request waits for a slot or before the chain when a policy asks; the estimate when it cannot
+    /// answer) or `estimate` (characters / 4). TOML: `cost.tokenizer`. [default: upstream]
+    #[arg(
+        long = "cost-tokenizer",
+        env = "SLOTGATE_COST_TOKENIZER",
+        value_name = "MODE"
+    )]
+    #[serde(skip)]
+    pub cost_tokenizer: Option<Tokenizer>,
+
+    /// Count every generation request's prompt before the policy chain, as if a policy had asked:
+    /// exact counts on every request, at the price of two llama-server round trips before a request
+    /// with a free slot is forwarded. Off: counted only while a request waits. TOML:
+    /// `cost.count-first`. [default: false]
+    #[arg(long = "cost-count-first", env = "SLOTGATE_COST_COUNT_FIRST", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(skip)]
+    pub cost_count_first: Option<bool>,
+
+    /// The `[cost]` table of the config file.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostTable>,
+
+    /// Where policy budgets live: `memory` (each sidecar its own) or `redis` (shared by every sidecar
+    /// of the fleet, on Redis or Valkey, through leases; see "Running a fleet"). TOML:
+    /// `state.backend`. [default: memory]
+    #[arg(
+        long = "state-backend",
+        env = "SLOTGATE_STATE_BACKEND",
+        value_name = "BACKEND"
+    )]
+    #[serde(skip)]
+    pub state_backend: Option<StateBackend>,
+
+    /// The store of the `redis` backend: `redis://HOST:PORT/DB`, `rediss://...` or
+    /// `unix:///path/redis.sock`. TOML: `state.redis-url`.
+    #[arg(
+        long = "state-redis-url",
+        env = "SLOTGATE_STATE_REDIS_URL",
+        value_name = "URL"
+    )]
+    #[serde(skip)]
+    pub state_redis_url: Option<String>,
+
+    /// Prefix of every key slotgate writes in the store. TOML: `state.prefix`. [default: slotgate]
+    #[arg(
+        long = "state-prefix",
+        env = "SLOTGATE_STATE_PREFIX",
+        value_name = "PREFIX"
+    )]
+    #[serde(skip)]
+    pub state_prefix: Option<String>,
+
+    /// The name the sidecars of one model share: their budgets are one. TOML: `state.fleet`.
+    /// [default: default]
+    #[arg(
+        long = "state-fleet",
+        env = "SLOTGATE_STATE_FLEET",
+        value_name = "NAME"
+    )]
+    #[serde(skip)]
+    pub state_fleet: Option<String>,
+
+    /// What a budget does while the store is unreachable: `local-share` (each sidecar enforces the
+    /// capacity divided by the live sidecars), `allow` or `deny`. TOML: `state.on-unavailable`.
+    /// [default: local-share]
+    #[arg(
+        long = "state-on-unavailable",
+        env = "SLOTGATE_STATE_ON_UNAVAILABLE",
+        value_name = "MODE"
+    )]
+    #[serde(skip)]
+    pub state_on_unavailable: Option<OnUnavailable>,
+
+    /// When a lease cannot cover a take: the longest the one synchronous fetch from the store may
+    /// take before the failure mode applies (1ms to 1s). TOML: `state.fetch-timeout`. [default: 5ms]
+    #[arg(
+        long = "state-fetch-timeout",
+        env = "SLOTGATE_STATE_FETCH_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_fetch_timeout: Option<Dur>,
+
+    /// A full lease covers this much of the sidecar's recent demand for a bucket (also the time
+    /// constant of that demand rate). TOML: `state.lease-horizon`. [default: 1s]
+    #[arg(
+        long = "state-lease-horizon",
+        env = "SLOTGATE_STATE_LEASE_HORIZON",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_lease_horizon: Option<Dur>,
+
+    /// The most of a bucket's capacity one sidecar's lease may hold, in (0, 1]: what tokens in
+    /// other sidecars' leases can keep from a tenant. TOML: `state.lease-max-share`. [default: 0.1]
+    #[arg(
+        long = "state-lease-max-share",
+        env = "SLOTGATE_STATE_LEASE_MAX_SHARE",
+        value_name = "FRACTION"
+    )]
+    #[serde(skip)]
+    pub state_lease_max_share: Option<f64>,
+
+    /// A lease not taken from for this long goes back to the fleet bucket. TOML:
+    /// `state.lease-idle`. [default: 5s]
+    #[arg(
+        long = "state-lease-idle",
+        env = "SLOTGATE_STATE_LEASE_IDLE",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_lease_idle: Option<Dur>,
+
+    /// Tokens held this long since they were leased go back, busy or not. TOML:
+    /// `state.lease-max-age`. [default: 30s]
+    #[arg(
+        long = "state-lease-max-age",
+        env = "SLOTGATE_STATE_LEASE_MAX_AGE",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_lease_max_age: Option<Dur>,
+
+    /// The `[state]` table of the config file.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateTable>,
+
+    /// How often policy modules, their settings files and the config file are checked for changes;
+    /// a change reloads the chain (as SIGHUP does). `0s` turns the watch off. [default: 2s]
+    #[arg(long, env = "SLOTGATE_POLICY_WATCH", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_watch: Option<Dur>,
+
+    /// Directory where compiled policy modules are kept across restarts (keyed by module hash and
+    /// engine). [default: off; modules are still cached in memory, so a reload only compiles what changed]
+    #[arg(long, env = "SLOTGATE_POLICY_CACHE_DIR", value_name = "DIR")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_cache_dir: Option<PathBuf>,
+
+    /// Add a WASM policy to the chain (repeatable; evaluated in order, after any `[[policy]]` of the
+    /// config file).
+    #[arg(long = "policy", value_name = "PATH")]
+    #[serde(skip)]
+    pub policy_paths: Option<Vec<PathBuf>>,
+
+    /// Settings (JSON, or TOML by extension) of the `--policy` just before this flag.
+    #[arg(long = "policy-settings", value_name = "PATH")]
+    #[serde(skip)]
+    pub policy_settings: Option<Vec<PathBuf>>,
+
+    /// `--policy` flags paired with their `--policy-settings` (filled in by `cli::parse`).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub policy_flags: Option<Vec<PolicySpec>>,
+
+    /// The policy chain of the config file: `[[policy]]` tables.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Vec<PolicySpec>>,
+}
+}
+
+/// The `[cost]` table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CostTable {
+    /// `upstream` or `estimate` (see `--cost-tokenizer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<Tokenizer>,
+    /// Count every request before the chain (see `--cost-count-first`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count_first: Option<bool>,
+}
+
+impl Settings {
+    /// Reads a TOML file of settings.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_owned(), e))?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse(path.to_owned(), e.to_string()))
+    }
+}

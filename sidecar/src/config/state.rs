@@ -1,0 +1,254 @@
+//! The `[state]` table and `--state-*` flags: where policy budgets live (this process, or a fleet
+//! store on Redis/Valkey), checked.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::values::Dur;
+use super::{invalid, ConfigError};
+
+/// The `[state]` table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct StateTable {
+    /// `memory` or `redis` (see `--state-backend`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<StateBackend>,
+    /// See `--state-redis-url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<String>,
+    /// See `--state-prefix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// See `--state-fleet`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<String>,
+    /// See `--state-on-unavailable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_unavailable: Option<OnUnavailable>,
+    /// See `--state-fetch-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch_timeout: Option<Dur>,
+    /// See `--state-lease-horizon`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_horizon: Option<Dur>,
+    /// See `--state-lease-max-share`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_max_share: Option<f64>,
+    /// See `--state-lease-idle`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_idle: Option<Dur>,
+    /// See `--state-lease-max-age`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_max_age: Option<Dur>,
+}
+
+impl StateTable {
+    /// Keys set in `self` (the flags) win; the rest come from `lower` (the file).
+    pub(super) fn over(self, lower: StateTable) -> StateTable {
+        StateTable {
+            backend: self.backend.or(lower.backend),
+            redis_url: self.redis_url.or(lower.redis_url),
+            prefix: self.prefix.or(lower.prefix),
+            fleet: self.fleet.or(lower.fleet),
+            on_unavailable: self.on_unavailable.or(lower.on_unavailable),
+            fetch_timeout: self.fetch_timeout.or(lower.fetch_timeout),
+            lease_horizon: self.lease_horizon.or(lower.lease_horizon),
+            lease_max_share: self.lease_max_share.or(lower.lease_max_share),
+            lease_idle: self.lease_idle.or(lower.lease_idle),
+            lease_max_age: self.lease_max_age.or(lower.lease_max_age),
+        }
+    }
+}
+
+/// Where policy budgets live, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateConfig {
+    pub backend: StateBackend,
+    /// Set when the backend is `redis`.
+    pub redis_url: Option<String>,
+    pub prefix: String,
+    pub fleet: String,
+    pub on_unavailable: OnUnavailable,
+    /// The longest a take waits for the one synchronous fetch of a dry lease.
+    pub fetch_timeout: Duration,
+    /// How leases are sized and when they go back.
+    pub lease: LeaseSettings,
+}
+
+/// How big a sidecar's lease of a fleet bucket grows and when it goes back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseSettings {
+    /// A full lease covers this much of the recent demand.
+    pub horizon: Duration,
+    /// The most of a bucket's capacity one lease holds, in `(0, 1]`.
+    pub max_share: f64,
+    /// Unused for this long: given back.
+    pub idle: Duration,
+    /// Held for this long: given back.
+    pub max_age: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            horizon: Duration::from_secs(1),
+            max_share: 0.1,
+            idle: Duration::from_secs(5),
+            max_age: Duration::from_secs(30),
+        }
+    }
+}
+
+impl StateConfig {
+    pub(super) fn from_table(t: StateTable) -> Result<StateConfig, ConfigError> {
+        let backend = t.backend.unwrap_or(StateBackend::Memory);
+        let redis_url = t.redis_url.filter(|u| !u.is_empty());
+        if backend == StateBackend::Redis && redis_url.is_none() {
+            return Err(invalid(
+                "state.redis-url",
+                "the redis backend needs the store's URL (redis://HOST:PORT, rediss://... or unix:///path/redis.sock)",
+            ));
+        }
+        if let Some(url) = &redis_url {
+            redis::Client::open(url.as_str())
+                .map_err(|e| invalid("state.redis-url", format!("`{url}`: {e}")))?;
+        }
+        let name = |key: &'static str, v: Option<String>, default: &str| {
+            let v = v.unwrap_or_else(|| default.to_owned());
+            if v.is_empty() || v.contains(char::is_whitespace) {
+                Err(invalid(
+                    key,
+                    format!("`{v}` must be a non-empty name without spaces"),
+                ))
+            } else {
+                Ok(v)
+            }
+        };
+        let positive = |key: &'static str, d: Option<Dur>, default: Duration| match d {
+            Some(Dur(d)) if d.is_zero() => Err(invalid(key, "must be longer than 0s")),
+            Some(Dur(d)) => Ok(d),
+            None => Ok(default),
+        };
+        let defaults = LeaseSettings::default();
+        let fetch_timeout = positive(
+            "state.fetch-timeout",
+            t.fetch_timeout,
+            Duration::from_millis(5),
+        )?;
+        if !(Duration::from_millis(1)..=Duration::from_secs(1)).contains(&fetch_timeout) {
+            return Err(invalid(
+                "state.fetch-timeout",
+                format!(
+                    "`{}` is outside 1ms to 1s: a take waits this long on the request path",
+                    Dur(fetch_timeout)
+                ),
+            ));
+        }
+        let max_share = t.lease_max_share.unwrap_or(defaults.max_share);
+        if !(max_share > 0.0 && max_share <= 1.0) {
+            return Err(invalid(
+                "state.lease-max-share",
+                format!("`{max_share}` must be a fraction of the capacity in (0, 1]"),
+            ));
+        }
+        Ok(StateConfig {
+            backend,
+            redis_url,
+            prefix: name("state.prefix", t.prefix, "slotgate")?,
+            fleet: name("state.fleet", t.fleet, "default")?,
+            on_unavailable: t.on_unavailable.unwrap_or(OnUnavailable::LocalShare),
+            fetch_timeout,
+            lease: LeaseSettings {
+                horizon: positive("state.lease-horizon", t.lease_horizon, defaults.horizon)?,
+                max_share,
+                idle: positive("state.lease-idle", t.lease_idle, defaults.idle)?,
+                max_age: positive("state.lease-max-age", t.lease_max_age, defaults.max_age)?,
+            },
+        })
+    }
+
+    pub(super) fn table(&self) -> StateTable {
+        StateTable {
+            backend: Some(self.backend),
+            redis_url: self.redis_url.clone(),
+            prefix: Some(self.prefix.clone()),
+            fleet: Some(self.fleet.clone()),
+            on_unavailable: Some(self.on_unavailable),
+            fetch_timeout: Some(Dur(self.fetch_timeout)),
+            lease_horizon: Some(Dur(self.lease.horizon)),
+            lease_max_share: Some(self.lease.max_share),
+            lease_idle: Some(Dur(self.lease.idle)),
+            lease_max_age: Some(Dur(self.lease.max_age)),
+        }
+    }
+}
+
+/// Where policy budgets live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateBackend {
+    /// In each sidecar's memory.
+    Memory,
+    /// On Redis or Valkey, shared by the fleet.
+    Redis,
+}
+
+impl FromStr for StateBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "memory" => Ok(StateBackend::Memory),
+            "redis" => Ok(StateBackend::Redis),
+            _ => Err(format!("`{s}` is not a state backend; use memory or redis")),
+        }
+    }
+}
+
+impl fmt::Display for StateBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StateBackend::Memory => "memory",
+            StateBackend::Redis => "redis",
+        })
+    }
+}
+
+string_serde!(StateBackend);
+
+/// What a fleet budget does while the store is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnavailable {
+    /// Each sidecar enforces the capacity (and refill) divided by the live sidecars.
+    LocalShare,
+    Allow,
+    Deny,
+}
+
+impl FromStr for OnUnavailable {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "local-share" => Ok(OnUnavailable::LocalShare),
+            "allow" => Ok(OnUnavailable::Allow),
+            "deny" => Ok(OnUnavailable::Deny),
+            _ => Err(format!(
+                "`{s}` is not a failure mode; use local-share, allow or deny"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OnUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OnUnavailable::LocalShare => "local-share",
+            OnUnavailable::Allow => "allow",
+            OnUnavailable::Deny => "deny",
+        })
+    }
+}
+
+string_serde!(OnUnavailable);

@@ -1,0 +1,166 @@
+//! Parsing, layering and validation of settings.
+
+use super::*;
+
+#[test]
+fn parses_human_values() {
+    assert_eq!(
+        "500ms".parse::<Dur>().unwrap().0,
+        Duration::from_millis(500)
+    );
+    assert_eq!("2m".parse::<Dur>().unwrap().0, Duration::from_secs(120));
+    assert!("soon".parse::<Dur>().is_err());
+    assert_eq!("8MiB".parse::<ByteSize>().unwrap().0, 8 << 20);
+    assert_eq!("1024".parse::<ByteSize>().unwrap().0, 1024);
+    assert!("8 parsecs".parse::<ByteSize>().is_err());
+    assert_eq!("0660".parse::<SocketMode>().unwrap().0, 0o660);
+    assert!("999".parse::<SocketMode>().is_err());
+}
+
+#[test]
+fn parses_addresses() {
+    assert_eq!(
+        "unix:/tmp/a.sock".parse::<ListenAddr>().unwrap(),
+        ListenAddr::Unix("/tmp/a.sock".into())
+    );
+    assert!(matches!(
+        "tcp:127.0.0.1:8081".parse::<ListenAddr>(),
+        Ok(ListenAddr::Tcp(_))
+    ));
+    assert!("tcp:localhost".parse::<ListenAddr>().is_err());
+    assert_eq!(
+        "http://127.0.0.1:8080/".parse::<UpstreamAddr>().unwrap(),
+        UpstreamAddr::Tcp("127.0.0.1:8080".into())
+    );
+    assert!("https://x:1".parse::<UpstreamAddr>().is_err());
+    assert!("http://x".parse::<UpstreamAddr>().is_err());
+    assert_eq!("off".parse::<AdminAddr>().unwrap(), AdminAddr::Off);
+}
+
+#[test]
+fn layers_merge_and_file_rejects_unknown_keys() {
+    let file: Settings = toml::from_str("slots = 2\nqueue-depth = 3\nmax-body = 4096\n").unwrap();
+    let flags = Settings {
+        slots: Some(Slots::Fixed(5)),
+        ..Settings::default()
+    };
+    let cfg = Config::from_settings(flags.over(file)).unwrap();
+    assert_eq!(
+        (cfg.slots, cfg.queue_depth, cfg.max_body),
+        (Slots::Fixed(5), 3, 4096)
+    );
+    assert!(toml::from_str::<Settings>("slot = 2").is_err());
+    assert!(toml::from_str::<Settings>("queue-timeout = \"forever\"").is_err());
+}
+
+#[test]
+fn effective_settings_round_trip_through_toml() {
+    let cfg = Config::from_settings(Settings::default()).unwrap();
+    let text = toml::to_string(&cfg.effective()).unwrap();
+    let again = Config::from_settings(toml::from_str(&text).unwrap()).unwrap();
+    assert_eq!(toml::to_string(&again.effective()).unwrap(), text);
+    assert!(text.contains("queue-timeout = \"1m\""), "{text}");
+}
+
+#[test]
+fn fairness_keys_parse_validate_and_derive_the_tenant_limit() {
+    let cfg = Config::from_settings(Settings::default()).unwrap();
+    assert_eq!(cfg.priority_aging, Some(Duration::from_secs(10)));
+    assert_eq!(
+        (cfg.tenant_queue_share, cfg.tenant_queue_limit()),
+        (0.5, Some(4))
+    );
+    let file: Settings =
+        toml::from_str("priority-aging = \"0s\"\ntenant-queue-share = 0.3\nqueue-depth = 5\n")
+            .unwrap();
+    let cfg = Config::from_settings(file).unwrap();
+    assert_eq!(cfg.priority_aging, None);
+    assert_eq!(cfg.tenant_queue_limit(), Some(2));
+    let off = Settings {
+        tenant_queue_share: Some(1.0),
+        ..Settings::default()
+    };
+    assert_eq!(
+        Config::from_settings(off).unwrap().tenant_queue_limit(),
+        None
+    );
+    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+        let s = Settings {
+            tenant_queue_share: Some(bad),
+            ..Settings::default()
+        };
+        let err = Config::from_settings(s).unwrap_err().to_string();
+        assert!(err.contains("tenant-queue-share"), "{err}");
+    }
+}
+
+#[test]
+fn rejects_zero_slots() {
+    let s = Settings {
+        slots: Some(Slots::Fixed(0)),
+        ..Settings::default()
+    };
+    assert!(Config::from_settings(s)
+        .unwrap_err()
+        .to_string()
+        .contains("slots"));
+}
+
+/// The `[default: X]` that `--help` shows for each key, and the value in force when no layer sets
+/// it, as `slotgate check` prints it (`None`: unset).
+fn help_defaults() -> Vec<(String, String, Option<String>)> {
+    use clap::{Args, Command};
+    let cmd = Settings::augment_args(Command::new("slotgate"));
+    let config = Config::from_settings(Settings::default()).unwrap();
+    let effective = toml::Value::try_from(config.effective()).unwrap();
+    let mut rows = Vec::new();
+    for arg in cmd.get_arguments() {
+        let Some(key) = arg.get_long() else { continue };
+        let help = [arg.get_help(), arg.get_long_help()]
+            .into_iter()
+            .flatten()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let Some(at) = help.rfind("[default: ") else {
+            continue;
+        };
+        let shown = help[at + "[default: ".len()..].split(']').next().unwrap();
+        // `cost-tokenizer` is printed as `tokenizer` in `[cost]`, `state-*` in `[state]`.
+        let value = effective.get(key).or_else(|| {
+            let (table, rest) = key.split_once('-')?;
+            effective.get(table)?.get(rest)
+        });
+        let in_force = value.map(|v| match v {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Array(a) if a.len() == 1 => {
+                a[0].as_str().map_or(a[0].to_string(), str::to_owned)
+            }
+            other => other.to_string(),
+        });
+        rows.push((key.to_string(), shown.to_string(), in_force));
+    }
+    rows
+}
+
+/// `--help` is where operators read the defaults; the code is where they are in force. One place
+/// holds each (`Config::from_settings`), and this keeps the help text true to it.
+#[test]
+fn every_default_in_help_is_the_default_in_force() {
+    let rows = help_defaults();
+    assert!(rows.len() >= 40, "only {} keys show a default", rows.len());
+    let same = |shown: &str, in_force: &str| {
+        shown == in_force
+            || matches!((shown.parse::<Dur>(), in_force.parse::<Dur>()), (Ok(a), Ok(b)) if a == b)
+    };
+    let wrong: Vec<String> = rows
+        .iter()
+        .filter(|(_, shown, in_force)| match in_force {
+            Some(v) => !same(shown, v),
+            // Unset by default: the help says so in words (`none`, `off; ...`).
+            None => !(shown.starts_with("none") || shown.starts_with("off")),
+        })
+        .map(|(k, shown, in_force)| format!("--{k}: help says {shown}, in force {in_force:?}"))
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
