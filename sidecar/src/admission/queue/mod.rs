@@ -1,0 +1,621 @@
+//! Slots, the KV pool they may share, and the bounded queue in front of them. A request holds as
+//! many slots as llama-server runs tasks for it, and, where the slots share one pool, the tokens it
+//! reserves there; it is admitted when both fit beside what is in service. What a finished request
+//! gives back goes straight to the next waiters under the same lock, so no newcomer can overtake
+//! the queue. The next waiter is:
+//!
+//! 1. the most urgent by *effective* priority: its priority, improved by one level for every
+//!    `aging` it has waited, so a less urgent request still runs once it has waited long enough;
+//! 2. among those, the one whose tenant has the lowest virtual token counter (see [`super::fair`]):
+//!    tenants share the slots by tokens served, whoever sends more;
+//! 3. among those, the first to arrive (so each tenant's own requests keep their order).
+//!
+//! The next waiter is served first even when a smaller one behind it would fit now: it waits until
+//! enough is free, and nobody overtakes it (a large request is never starved by small ones).
+//!
+//! A full queue rejects instead of growing: a tenant within its share of the queue takes the place of
+//! the newest waiter of a tenant beyond it, else a strictly more urgent arrival displaces the least
+//! urgent, most recent waiter. A tenant already holding its share is turned away while other tenants
+//! are active; alone, it may use the whole queue.
+//!
+//! Everything that must be given back is given back by a `Drop`: a [`SlotGuard`] releases (or hands
+//! on) its slot and ends its tenant's service, and a waiting [`Ticket`] that is dropped (client gone,
+//! deadline) leaves the queue.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::claim::Claim;
+use super::fair::Tenants;
+use crate::error::GateError;
+use crate::metrics::{self as m, BoundedLabels};
+
+/// Weight of the newest sample in the service-time average.
+const EWMA_ALPHA: f64 = 0.2;
+/// Assumed service time until the first request has been measured.
+const INITIAL_SERVICE_SECONDS: f64 = 1.0;
+/// Distinct tenants with their own `slotgate_tenant_tokens_total` series; the rest share `other`.
+const TENANT_LABELS: usize = 50;
+
+#[derive(Clone)]
+pub struct Admission {
+    shared: Arc<Shared>,
+}
+
+/// How the queue shares itself between tenants and priorities.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fairness {
+    /// A waiter's priority improves by one level for every `aging` it has waited; `None`: never.
+    pub aging: Option<Duration>,
+    /// The most waiters one tenant may hold; `None`: no limit but the queue's.
+    pub tenant_limit: Option<usize>,
+    /// Refuse at arrival a request whose estimated wait already passes its deadline (429
+    /// `estimated_wait_too_long`) rather than let it wait for a 504.
+    pub reject_doomed: bool,
+}
+
+struct Shared {
+    /// Changes only through [`Admission::set_slots`] (`--slots auto` following llama-server).
+    slots: AtomicUsize,
+    /// Tokens of the KV pool the slots share; 0: each slot has a context of its own (not limited
+    /// here). Changes through [`Admission::set_pool`].
+    pool: AtomicU64,
+    capacity: usize,
+    fairness: Fairness,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// Slots held by the requests in service.
+    busy: usize,
+    /// Requests in service.
+    serving: usize,
+    /// Pool tokens held by the requests in service.
+    kv: u64,
+    /// Keyed by arrival sequence.
+    waiters: BTreeMap<u64, Waiter>,
+    tenants: Tenants,
+    labels: BoundedLabels,
+    next_seq: u64,
+    closed: bool,
+    service_ewma: Option<f64>,
+    /// The token model of the drain: see [`Drain`].
+    drain: Drain,
+}
+
+struct Waiter {
+    claim: Claim,
+    queued: Instant,
+    tx: oneshot::Sender<Grant>,
+}
+
+/// What a waiter is told when it leaves the queue other than by timing out.
+#[derive(Debug)]
+enum Grant {
+    /// Its slots (and pool tokens) are taken for it: this many.
+    Slot(Hold),
+    Displaced {
+        retry_after: Duration,
+    },
+    /// Its tenant held more than its share of a full queue, and another tenant needed the place.
+    OverShare {
+        waiting: usize,
+        retry_after: Duration,
+    },
+    ShuttingDown {
+        retry_after: u64,
+    },
+}
+
+/// What one request in service holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    slots: usize,
+    kv: u64,
+}
+
+/// A point-in-time view for /status and for Retry-After.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueStats {
+    pub slots: usize,
+    /// Slots held by the requests in service.
+    pub busy: usize,
+    /// Requests in service.
+    pub serving: usize,
+    /// KV pool tokens they hold, and the pool (`None`: a context per slot).
+    pub kv_reserved: u64,
+    pub kv_pool: Option<u64>,
+    pub depth: usize,
+    pub capacity: usize,
+    pub tenant_limit: Option<usize>,
+    pub service_seconds: f64,
+    /// Estimated wait for a request queued now (see `Admission::wait_seconds`).
+    pub wait_seconds: f64,
+    pub closed: bool,
+    /// Tokens reserved (claim costs) by the requests in service.
+    pub tokens_in_service: f64,
+}
+
+impl QueueStats {
+    /// Seconds until the work already admitted (in service and waiting) has drained.
+    pub fn drain_seconds(&self) -> f64 {
+        self.wait_seconds
+    }
+}
+
+/// One tenant's share of the queue, for /status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantStats {
+    pub tenant: String,
+    /// Virtual tokens: tokens served divided by weight, including charges of requests in service.
+    pub counter: f64,
+    pub waiting: usize,
+    pub in_service: usize,
+}
+
+impl Admission {
+    pub fn new(slots: usize, capacity: usize) -> Self {
+        Self::with_fairness(slots, capacity, Fairness::default())
+    }
+
+    pub fn with_fairness(slots: usize, capacity: usize, fairness: Fairness) -> Self {
+        Admission {
+            shared: Arc::new(Shared {
+                slots: AtomicUsize::new(slots),
+                pool: AtomicU64::new(0),
+                capacity,
+                fairness,
+                state: Mutex::new(State {
+                    busy: 0,
+                    serving: 0,
+                    kv: 0,
+                    waiters: BTreeMap::new(),
+                    tenants: Tenants::default(),
+                    labels: BoundedLabels::new(TENANT_LABELS),
+                    next_seq: 0,
+                    closed: false,
+                    service_ewma: None,
+                    drain: Drain::default(),
+                }),
+            }),
+        }
+    }
+
+    /// Waits for a slot until `deadline`. Returns the slot and how long the request queued.
+    ///
+    /// Cancel-safe: dropping the future while queued removes the waiter at once, and a slot granted
+    /// in the same instant is handed on rather than lost.
+    pub async fn acquire(
+        &self,
+        claim: Claim,
+        deadline: Instant,
+    ) -> Result<(SlotGuard, Duration), GateError> {
+        match self.enter(claim, deadline)? {
+            Entry::Admitted(slot) => Ok((slot, Duration::ZERO)),
+            Entry::Queued(mut ticket) => ticket.wait(deadline).await,
+        }
+    }
+
+    /// A slot at once when one is free and nobody waits, else a place in the queue (or the refusal:
+    /// full, doomed, over the tenant's share, shutting down). The caller may use the time queued
+    /// (e.g. to count the prompt and [`Ticket::recost`]) before it [`Ticket::wait`]s.
+    pub fn enter(&self, claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(GateError::ShuttingDown { retry_after: 1 });
+        }
+        if st.waiters.is_empty() && self.fits(&st, &claim) {
+            let hold = self.hold_of(&claim);
+            self.take(&mut st, hold, claim.cost);
+            st.tenants.admit(&claim.tenant, claim.charge());
+            self.publish(&st);
+            return Ok(Entry::Admitted(self.guard(&claim, hold)));
+        }
+        if self.shared.fairness.reject_doomed {
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now).as_secs_f64();
+            if let Some(estimate) = self.wait_before(&st, &claim, now) {
+                if estimate > left {
+                    return Err(GateError::WaitTooLong {
+                        estimate: estimate.ceil() as u64,
+                        limit: left.ceil() as u64,
+                        retry_after: self.retry_after(&mut st, claim.cost),
+                    });
+                }
+            }
+        }
+        if let Some(limit) = self.shared.fairness.tenant_limit {
+            // Alone, a tenant may use the whole queue; beside others, only its share.
+            let waiting = st.tenants.waiting(&claim.tenant);
+            if waiting >= limit && st.tenants.others_active(&claim.tenant) {
+                return Err(GateError::TenantQueueFull {
+                    waiting,
+                    retry_after: self.retry_after(&mut st, claim.cost),
+                });
+            }
+        }
+        if st.waiters.len() >= self.shared.capacity {
+            let now = Instant::now();
+            if let Some(seq) = self.over_share_victim(&st, &claim, now) {
+                // A tenant beyond its share gives up its newest place to one within its share.
+                if let Some(w) = st.waiters.remove(&seq) {
+                    let waiting = st.tenants.waiting(&w.claim.tenant);
+                    st.tenants.dequeue(&w.claim.tenant);
+                    let retry_after = self.retry_after(&mut st, w.claim.cost);
+                    let _ = w.tx.send(Grant::OverShare {
+                        waiting,
+                        retry_after,
+                    });
+                }
+            } else {
+                let victim = st
+                    .waiters
+                    .iter()
+                    .map(|(seq, w)| (self.effective(w, now), *seq))
+                    .max();
+                match victim {
+                    // Strictly more urgent: the least urgent, most recently queued waiter gives way.
+                    Some((urgency, seq)) if claim.priority < urgency => {
+                        if let Some(w) = st.waiters.remove(&seq) {
+                            st.tenants.dequeue(&w.claim.tenant);
+                            let retry_after = self.retry_after(&mut st, w.claim.cost);
+                            let _ = w.tx.send(Grant::Displaced { retry_after });
+                        }
+                    }
+                    _ => {
+                        return Err(GateError::QueueFull {
+                            depth: st.waiters.len(),
+                            retry_after: self.retry_after(&mut st, claim.cost),
+                        })
+                    }
+                }
+            }
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let (tx, rx) = oneshot::channel();
+        st.tenants.enqueue(&claim.tenant);
+        st.waiters.insert(
+            seq,
+            Waiter {
+                claim: claim.clone(),
+                queued: Instant::now(),
+                tx,
+            },
+        );
+        self.publish(&st);
+        Ok(Entry::Queued(Ticket {
+            admission: self.clone(),
+            seq,
+            claim,
+            queued: Instant::now(),
+            rx,
+            resolved: false,
+        }))
+    }
+
+    /// On a full queue, the waiter that gives way to `claim` when `claim`'s tenant is within its
+    /// share: of the tenant holding the most waiters beyond its share, the least urgent and most
+    /// recent one, provided it is not more urgent than `claim`.
+    fn over_share_victim(&self, st: &State, claim: &Claim, now: Instant) -> Option<u64> {
+        let limit = self.shared.fairness.tenant_limit?;
+        if st.tenants.waiting(&claim.tenant) >= limit {
+            return None;
+        }
+        st.waiters
+            .iter()
+            .filter_map(|(seq, w)| {
+                let held = st.tenants.waiting(&w.claim.tenant);
+                (held > limit).then(|| (held, self.effective(w, now), *seq))
+            })
+            .max()
+            .filter(|(_, urgency, _)| claim.priority <= *urgency)
+            .map(|(_, _, seq)| seq)
+    }
+
+    /// A waiter's priority after aging: one level more urgent for every `aging` waited.
+    fn effective(&self, w: &Waiter, now: Instant) -> i64 {
+        let Some(step) = self.shared.fairness.aging else {
+            return w.claim.priority;
+        };
+        let levels = now.saturating_duration_since(w.queued).as_nanos() / step.as_nanos();
+        w.claim
+            .priority
+            .saturating_sub(i64::try_from(levels).unwrap_or(i64::MAX))
+    }
+
+    /// The waiter served next: most urgent, then least-served tenant, then first come.
+    fn next_waiter(&self, st: &State, now: Instant) -> Option<u64> {
+        st.waiters
+            .iter()
+            .map(|(seq, w)| {
+                let counter = st.tenants.counter(&w.claim.tenant);
+                (self.effective(w, now), counter, *seq)
+            })
+            .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))
+            .map(|(_, _, seq)| seq)
+    }
+
+    /// The slots requests are admitted to now.
+    pub fn slots(&self) -> usize {
+        self.shared.slots.load(Ordering::Relaxed)
+    }
+
+    /// Admits to `n` slots from now on (at least 1). More slots go at once to waiters; with fewer,
+    /// requests already in service finish and no new one is admitted until the rest fit.
+    pub fn set_slots(&self, n: usize) {
+        let mut st = self.lock();
+        self.shared.slots.store(n.max(1), Ordering::Relaxed);
+        self.dispatch(&mut st);
+    }
+
+    /// Tokens of the KV pool the slots share from now on (`None`: each slot its own context).
+    /// A larger pool goes at once to waiters; with a smaller one, what is in service finishes.
+    pub fn set_pool(&self, tokens: Option<u64>) {
+        let mut st = self.lock();
+        self.shared
+            .pool
+            .store(tokens.unwrap_or(0), Ordering::Relaxed);
+        self.dispatch(&mut st);
+    }
+
+    /// The pool, when the slots share one.
+    pub fn pool(&self) -> Option<u64> {
+        match self.shared.pool.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
+    /// What `claim` holds if admitted now: its slots and pool tokens, neither more than there is
+    /// (alone, a request may use the whole server).
+    fn hold_of(&self, claim: &Claim) -> Hold {
+        Hold {
+            slots: claim.slots.clamp(1, self.slots()),
+            kv: self.pool().map_or(claim.kv, |p| claim.kv.min(p)),
+        }
+    }
+
+    /// Whether `claim` can be admitted beside what is in service.
+    fn fits(&self, st: &State, claim: &Claim) -> bool {
+        if st.serving == 0 {
+            return true;
+        }
+        let hold = self.hold_of(claim);
+        st.busy + hold.slots <= self.slots() && self.pool().is_none_or(|p| st.kv + hold.kv <= p)
+    }
+
+    /// Counts `hold` (of a request charged `cost`) as in service.
+    fn take(&self, st: &mut State, hold: Hold, cost: u64) {
+        st.busy += hold.slots;
+        st.kv += hold.kv;
+        st.serving += 1;
+        st.drain.in_service += cost as f64;
+    }
+
+    /// Turns every waiter away and refuses new ones; slots already held drain normally.
+    pub fn close(&self, retry_after: u64) {
+        let mut st = self.lock();
+        st.closed = true;
+        for (_, w) in std::mem::take(&mut st.waiters) {
+            st.tenants.dequeue(&w.claim.tenant);
+            let _ = w.tx.send(Grant::ShuttingDown { retry_after });
+        }
+        self.publish(&st);
+    }
+
+    /// Whether the queue was closed (shutting down).
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        self.stats_of(&self.lock())
+    }
+
+    fn stats_of(&self, st: &State) -> QueueStats {
+        QueueStats {
+            slots: self.slots(),
+            busy: st.busy,
+            serving: st.serving,
+            kv_reserved: st.kv,
+            kv_pool: self.pool(),
+            depth: st.waiters.len(),
+            capacity: self.shared.capacity,
+            tenant_limit: self.shared.fairness.tenant_limit,
+            service_seconds: st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS),
+            wait_seconds: self.wait_seconds(st),
+            closed: st.closed,
+            tokens_in_service: st.drain.in_service,
+        }
+    }
+
+    /// The tenants the scheduler knows (active, or remembered for a counter above the others'), the
+    /// next to be served first, at most `limit`.
+    pub fn tenants(&self, limit: usize) -> Vec<TenantStats> {
+        let st = self.lock();
+        let mut all: Vec<TenantStats> = st
+            .tenants
+            .iter()
+            .map(|(name, t)| TenantStats {
+                tenant: name.to_owned(),
+                counter: t.counter,
+                waiting: t.waiting,
+                in_service: t.in_service,
+            })
+            .collect();
+        drop(st);
+        all.sort_by(|a, b| {
+            a.counter
+                .total_cmp(&b.counter)
+                .then_with(|| a.tenant.cmp(&b.tenant))
+        });
+        all.truncate(limit);
+        all
+    }
+
+    /// The guard of what `hold` took, already counted as in service and charged to `claim`'s tenant.
+    fn guard(&self, claim: &Claim, hold: Hold) -> SlotGuard {
+        SlotGuard {
+            admission: self.clone(),
+            hold,
+            started: Instant::now(),
+            completed: false,
+            tenant: claim.tenant.clone(),
+            weight: claim.weight,
+            unsettled: Some(claim.charge()),
+            cost: claim.cost,
+            used: None,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the state half-updated in a way that matters
+        // more than stopping service would, so keep serving.
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits the next waiters while they fit beside what is in service, in their order.
+    fn dispatch(&self, st: &mut State) {
+        let now = Instant::now();
+        while let Some(seq) = self.next_waiter(st, now) {
+            if !st
+                .waiters
+                .get(&seq)
+                .is_some_and(|w| self.fits(st, &w.claim))
+            {
+                break;
+            }
+            let Some(w) = st.waiters.remove(&seq) else {
+                break;
+            };
+            let hold = self.hold_of(&w.claim);
+            if w.tx.send(Grant::Slot(hold)).is_ok() {
+                self.take(st, hold, w.claim.cost);
+                st.tenants.promote(&w.claim.tenant, w.claim.charge());
+            } else {
+                st.tenants.dequeue(&w.claim.tenant);
+            }
+        }
+        self.publish(st);
+    }
+
+    fn publish(&self, st: &State) {
+        metrics::gauge!(m::QUEUE_DEPTH).set(st.waiters.len() as f64);
+        metrics::gauge!(m::SLOTS_BUSY).set(st.busy as f64);
+        metrics::gauge!(m::KV_RESERVED_TOKENS).set(st.kv as f64);
+    }
+}
+
+/// What [`Admission::enter`] gives: a slot now, or a place in the queue.
+pub enum Entry {
+    Admitted(SlotGuard),
+    Queued(Ticket),
+}
+
+/// A place in the queue. Dropping it unresolved leaves the queue (and hands on a slot granted meanwhile).
+pub struct Ticket {
+    admission: Admission,
+    seq: u64,
+    claim: Claim,
+    queued: Instant,
+    rx: oneshot::Receiver<Grant>,
+    resolved: bool,
+}
+
+impl Ticket {
+    /// Waits for the slot until `deadline`; returns it and how long the request queued in all.
+    ///
+    /// Cancel-safe: it may be dropped (e.g. in a `select!`) and called again; dropping the ticket
+    /// itself is what leaves the queue.
+    pub async fn wait(&mut self, deadline: Instant) -> Result<(SlotGuard, Duration), GateError> {
+        let grant = match tokio::time::timeout_at(deadline, &mut self.rx).await {
+            Ok(Ok(grant)) => grant,
+            // The sender is only dropped unsent by a leaked ticket; treat it like a shutdown.
+            Ok(Err(_)) => Grant::ShuttingDown { retry_after: 1 },
+            Err(_) => match self.leave() {
+                Some(grant) => grant,
+                None => return Err(GateError::QueueTimeout(self.queued.elapsed())),
+            },
+        };
+        self.resolved = true;
+        match grant {
+            // Granted in the same instant as the deadline passed: the promise was "never forwarded
+            // after the timeout", so the slot goes straight on to the next waiter.
+            Grant::Slot(hold) if Instant::now() > deadline => {
+                self.guard(hold).settle(0);
+                Err(GateError::QueueTimeout(self.queued.elapsed()))
+            }
+            Grant::Slot(hold) => Ok((self.guard(hold), self.queued.elapsed())),
+            Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
+            Grant::OverShare {
+                waiting,
+                retry_after,
+            } => Err(GateError::TenantQueueFull {
+                waiting,
+                retry_after,
+            }),
+            Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),
+        }
+    }
+
+    /// Replaces the up-front cost of a request still waiting (its prompt was counted while it
+    /// waited): what its tenant is charged when it is admitted, and what the wait estimates of those
+    /// behind it count. A waiter already granted keeps the cost it was charged; its slot settles
+    /// from the real usage.
+    pub fn recost(&mut self, cost: u64, slots: usize, kv: u64) {
+        let mut st = self.admission.lock();
+        if let Some(w) = st.waiters.get_mut(&self.seq) {
+            w.claim.cost = cost;
+            w.claim.slots = slots;
+            w.claim.kv = kv;
+            self.claim = w.claim.clone();
+            // Smaller now, it may fit already.
+            self.admission.dispatch(&mut st);
+        }
+    }
+
+    /// Leaves the queue. Returns the grant if one arrived before we got the lock.
+    fn leave(&mut self) -> Option<Grant> {
+        let mut st = self.admission.lock();
+        if let Some(w) = st.waiters.remove(&self.seq) {
+            st.tenants.dequeue(&w.claim.tenant);
+            self.resolved = true;
+            self.admission.publish(&st);
+            return None;
+        }
+        drop(st);
+        self.rx.try_recv().ok()
+    }
+
+    /// What this ticket was granted (already in service and charged when the grant was sent).
+    fn guard(&self, hold: Hold) -> SlotGuard {
+        self.admission.guard(&self.claim, hold)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.resolved {
+            return;
+        }
+        if let Some(Grant::Slot(hold)) = self.leave() {
+            // Never used: nothing was served, and the slot goes on to the next waiter.
+            self.guard(hold).settle(0);
+        }
+    }
+}
+
+mod drain;
+mod slot;
+
+use drain::Drain;
+#[cfg(test)]
+mod tests;
+
+pub use slot::SlotGuard;

@@ -1,0 +1,654 @@
+//! The queue: order, fairness, displacement, the pool, and the Retry-After model.
+
+use super::*;
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+/// One tenant's claim at `priority`.
+fn c(priority: i64) -> Claim {
+    Claim::test("t", priority)
+}
+
+#[tokio::test(start_paused = true)]
+async fn serves_by_priority_then_arrival_and_hands_slots_on() {
+    let adm = Admission::new(1, 8);
+    let (first, _) = adm.acquire(c(0), far()).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, prio) in [("a5", 5), ("b1", 1), ("c5", 5), ("d1", 1)] {
+        let (adm, order) = (adm.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let (slot, _) = adm.acquire(c(prio), far()).await.unwrap();
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(slot);
+        }));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(adm.stats().depth, 4);
+    drop(first);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["b1", "d1", "a5", "c5"]);
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn more_slots_go_to_waiters_at_once_and_fewer_hold_new_ones_back() {
+    let adm = Admission::new(1, 8);
+    let (first, _) = adm.acquire(c(0), far()).await.unwrap();
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.acquire(c(0), far()).await.map(|(s, _)| s) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!((adm.stats().busy, adm.stats().depth), (1, 3));
+    adm.set_slots(3);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        (adm.stats().slots, adm.stats().busy, adm.stats().depth),
+        (3, 3, 1),
+        "two new slots, two waiters served"
+    );
+    // Down to one: nobody is cut off, and the last waiter goes only once busy < 1.
+    adm.set_slots(1);
+    let mut held = vec![first];
+    let mut done = Vec::new();
+    for w in waiters {
+        if w.is_finished() {
+            held.push(w.await.unwrap().unwrap());
+        } else {
+            done.push(w);
+        }
+    }
+    assert_eq!(held.len(), 3);
+    held.pop();
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(adm.stats().depth, 1, "busy 1 of 1: the waiter still waits");
+    held.pop();
+    let last = done.pop().unwrap().await.unwrap().unwrap();
+    assert_eq!(adm.stats().busy, 1);
+    drop(last);
+    assert_eq!((adm.stats().busy, adm.stats().depth), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_rejects_or_displaces_the_least_urgent_newest() {
+    let adm = Admission::new(1, 2);
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let a = tokio::spawn({
+        let adm = adm.clone();
+        async move { adm.acquire(c(5), far()).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let b = tokio::spawn({
+        let adm = adm.clone();
+        async move { adm.acquire(c(5), far()).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let err = adm.acquire(c(5), far()).await.err().unwrap();
+    assert!(
+        matches!(err, GateError::QueueFull { depth: 2, .. }),
+        "{err:?}"
+    );
+    assert!(err.retry_after().unwrap() >= 1);
+
+    let urgent = tokio::spawn({
+        let adm = adm.clone();
+        async move { adm.acquire(c(0), far()).await.map(|_| ()) }
+    });
+    let displaced = b.await.unwrap().err().unwrap();
+    assert!(
+        matches!(displaced, GateError::Displaced { .. }),
+        "{displaced:?}"
+    );
+    assert_eq!(adm.stats().depth, 2);
+    adm.close(1);
+    assert!(matches!(
+        a.await.unwrap(),
+        Err(GateError::ShuttingDown { .. })
+    ));
+    assert!(matches!(
+        urgent.await.unwrap(),
+        Err(GateError::ShuttingDown { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_and_cancellation_leave_the_queue() {
+    let adm = Admission::new(1, 4);
+    let (held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let err = adm
+        .acquire(c(0), Instant::now() + Duration::from_millis(50))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, GateError::QueueTimeout(_)), "{err:?}");
+
+    let waiting = tokio::spawn({
+        let adm = adm.clone();
+        async move { adm.acquire(c(0), far()).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(adm.stats().depth, 1);
+    waiting.abort();
+    let _ = waiting.await;
+    assert_eq!(adm.stats().depth, 0);
+    drop(held);
+    assert_eq!(adm.stats().busy, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_racing_a_cancellation_is_handed_on() {
+    let adm = Admission::new(1, 4);
+    let (held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let Entry::Queued(ticket) = adm.enter(c(0), far()).unwrap() else {
+        panic!("expected to queue")
+    };
+    drop(held); // grants the slot to `ticket`, which never looks at it
+    assert_eq!(adm.stats().busy, 1);
+    drop(ticket);
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_follows_measured_service_time() {
+    let adm = Admission::new(1, 1);
+    for _ in 0..20 {
+        let (mut slot, _) = adm.acquire(c(0), far()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        slot.complete();
+    }
+    assert!((adm.stats().service_seconds - 3.0).abs() < 0.01);
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let _waiting = tokio::spawn({
+        let adm = adm.clone();
+        async move { adm.acquire(c(0), far()).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let err = adm.acquire(c(0), far()).await.err().unwrap();
+    // One busy slot and one waiter ahead, 3 s each.
+    assert_eq!(err.retry_after(), Some(6));
+}
+
+/// Clients turned away are never told to come back in a second that already has as many clients
+/// due as there are places (slots + queue): the later ones would find it full again.
+#[tokio::test(start_paused = true)]
+async fn no_second_gets_more_returning_clients_than_places() {
+    let adm = Admission::new(1, 1);
+    // Cheap requests: 10 tokens in 10 ms, so the work ahead is far under a second.
+    learn(&adm, 10, Duration::from_millis(10), 10).await;
+    let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
+    let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
+    let told: Vec<u64> = (0..6)
+        .map(|_| {
+            adm.enter(claim("a", 0, 10), far())
+                .err()
+                .and_then(|e| e.retry_after())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(told, [1, 1, 2, 2, 3, 3]);
+}
+
+/// A throughput that varies from request to request makes Retry-After leave room for it.
+#[tokio::test(start_paused = true)]
+async fn retry_after_leaves_room_for_a_varying_throughput() {
+    let told = |steady: bool| async move {
+        let adm = Admission::new(1, 1);
+        for i in 0..20u64 {
+            let (mut slot, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+            // 400 tokens in 2 s on average; unsteady: 1 s and 3 s in turn.
+            let secs = if steady { 2 } else { 1 + 2 * (i % 2) };
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            slot.settle(400);
+            slot.complete();
+        }
+        let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+        let _waiting = adm.enter(claim("a", 0, 400), far()).unwrap();
+        adm.enter(claim("a", 0, 400), far())
+            .err()
+            .and_then(|e| e.retry_after())
+            .unwrap()
+    };
+    let (steady, unsteady) = (told(true).await, told(false).await);
+    assert_eq!(steady, 4, "two requests of 2 s ahead");
+    assert!(unsteady > steady, "steady {steady}, unsteady {unsteady}");
+}
+
+/// A request whose estimated wait already passes its deadline is refused at arrival (429 with
+/// Retry-After), not queued to time out; one that can make it, or any request before a service
+/// time has been measured, queues as before.
+#[tokio::test(start_paused = true)]
+async fn a_doomed_wait_is_refused_at_arrival() {
+    let fairness = Fairness {
+        reject_doomed: true,
+        ..Fairness::default()
+    };
+    let adm = Admission::with_fairness(1, 8, fairness);
+    let deadline = |secs| Instant::now() + Duration::from_secs(secs);
+    // Nothing measured yet: no ground to refuse.
+    let (held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let early = adm.enter(c(0), deadline(1)).unwrap();
+    drop(early);
+    drop(held);
+    // 3 s a request.
+    for _ in 0..5 {
+        let (mut slot, _) = adm.acquire(c(0), far()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        slot.complete();
+    }
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let first = adm.enter(c(0), deadline(10)).unwrap();
+    // One in service and one waiting ahead: ~6 s. A 5 s deadline is doomed, 10 s is not.
+    let err = adm.enter(c(0), deadline(5)).err().unwrap();
+    assert!(
+        matches!(err, GateError::WaitTooLong { estimate: 6, .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.status(), 429);
+    assert!(err.retry_after().unwrap() >= 6, "{err:?}");
+    let ok = adm.enter(c(0), deadline(10));
+    assert!(ok.is_ok());
+    // A more urgent request waits only for the one in service.
+    let urgent = adm.enter(c(-1), deadline(5));
+    assert!(urgent.is_ok());
+    // Off: it queues (and would time out).
+    let off = Admission::new(1, 8);
+    let (_h, _) = off.acquire(c(0), far()).await.unwrap();
+    drop(first);
+    assert!(off.enter(c(0), deadline(1)).is_ok());
+}
+
+/// Once requests have reported their usage, Retry-After is the tokens ahead over the measured
+/// token throughput, scaled by how much of a charge is really used; and each client turned away
+/// counts as coming back, so the next one is told a later second.
+#[tokio::test(start_paused = true)]
+async fn retry_after_counts_tokens_ahead_and_spreads_a_burst() {
+    let adm = Admission::new(1, 1);
+    // Charged 400 tokens each, used 200 in 2 s: 100 tokens/s, half of each charge used.
+    learn(&adm, 400, Duration::from_secs(2), 200).await;
+    let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+    let _waiting = tokio::spawn({
+        let adm = adm.clone();
+        async move { adm.acquire(claim("a", 0, 1000), far()).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // Ahead: 400 in service + 1000 waiting, half used: 700 tokens at 100/s = 7 s.
+    assert!(
+        (adm.stats().wait_seconds - 7.0).abs() < 0.01,
+        "{:?}",
+        adm.stats()
+    );
+    let told: Vec<u64> = (0..3)
+        .map(|_| {
+            adm.enter(claim("b", 0, 200), far())
+                .err()
+                .and_then(|e| e.retry_after())
+                .expect("turned away with a Retry-After")
+        })
+        .collect();
+    // Each turned-away client's 200 (100 used) comes back: one second more for the next.
+    assert_eq!(told, [7, 8, 9]);
+}
+
+/// `retry-after-ms` is the estimate itself; `Retry-After` rounds it up. A second already full of
+/// returning clients moves both on by whole seconds.
+#[tokio::test(start_paused = true)]
+async fn retry_after_ms_is_the_unrounded_estimate() {
+    let adm = Admission::new(1, 1);
+    // 100 tokens/s, half of each charge used (as above).
+    learn(&adm, 400, Duration::from_secs(2), 200).await;
+    let (_held, _) = adm.acquire(claim("a", 0, 400), far()).await.unwrap();
+    let _waiting = adm.enter(claim("a", 0, 500), far()).unwrap();
+    let told = |adm: &Admission, cost| {
+        let e = adm.enter(claim("b", 0, cost), far()).err().unwrap();
+        (e.retry_after().unwrap(), e.retry_after_ms().unwrap())
+    };
+    // Ahead: (400 + 500) / 2 tokens at 100/s = 4.5 s; then 100 more tokens coming back.
+    assert_eq!(told(&adm, 200), (5, 4_500));
+    assert_eq!(told(&adm, 200), (6, 5_500));
+
+    // Cheap requests, far under a second: two places, so two clients per second.
+    let adm = Admission::new(1, 1);
+    learn(&adm, 10, Duration::from_millis(10), 10).await;
+    let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
+    let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
+    let all: Vec<(u64, u64)> = (0..4).map(|_| told(&adm, 10)).collect();
+    assert_eq!(all, [(1, 20), (1, 30), (2, 1_040), (2, 1_050)]);
+}
+
+/// Serves ten requests of tenant `a`, each charged `charge`, taking `took` and using `used`: the
+/// drain rate (and how much of a charge is used) the estimates then go by.
+async fn learn(adm: &Admission, charge: u64, took: Duration, used: u64) {
+    for _ in 0..10 {
+        let (mut slot, _) = adm.acquire(claim("a", 0, charge), far()).await.unwrap();
+        tokio::time::sleep(took).await;
+        slot.settle(used);
+        slot.complete();
+    }
+}
+
+type Log = Arc<Mutex<Vec<(&'static str, Instant)>>>;
+
+fn claim(tenant: &str, priority: i64, cost: u64) -> Claim {
+    Claim {
+        cost,
+        ..Claim::test(tenant, priority)
+    }
+}
+
+/// A request for `claim` that logs `tag` when it gets its slot, holds it for `hold`, then settles
+/// `actual` tokens (the charge itself when `None`).
+fn request(
+    adm: &Admission,
+    log: &Log,
+    tag: &'static str,
+    claim: Claim,
+    hold: Duration,
+    actual: Option<u64>,
+) -> tokio::task::JoinHandle<Result<(), GateError>> {
+    let (adm, log) = (adm.clone(), log.clone());
+    let actual = actual.unwrap_or(claim.cost);
+    tokio::spawn(async move {
+        let (mut slot, _) = adm.acquire(claim, far()).await?;
+        log.lock().unwrap().push((tag, Instant::now()));
+        tokio::time::sleep(hold).await;
+        slot.settle(actual);
+        Ok(())
+    })
+}
+
+fn tags(log: &Log) -> Vec<&'static str> {
+    log.lock().unwrap().iter().map(|(t, _)| *t).collect()
+}
+
+/// Holds the only slot, queues `queued` (tag, claim, actual tokens) one by one, frees the slot and
+/// returns the order they were served in.
+async fn served_order(
+    adm: &Admission,
+    queued: Vec<(&'static str, Claim, Option<u64>)>,
+) -> Vec<&'static str> {
+    let log = Log::default();
+    let (held, _) = adm.acquire(claim("holder", 0, 1), far()).await.unwrap();
+    let mut tasks = Vec::new();
+    for (tag, claim, actual) in queued {
+        tasks.push(request(
+            adm,
+            &log,
+            tag,
+            claim,
+            Duration::from_millis(10),
+            actual,
+        ));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth), (0, 0));
+    tags(&log)
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_take_turns_within_a_priority_each_in_its_own_order() {
+    let adm = Admission::new(1, 16);
+    let queued = ["a1", "a2", "a3", "b1", "b2"]
+        .into_iter()
+        .map(|tag| (tag, claim(&tag[..1], 0, 10), None))
+        .collect();
+    assert_eq!(
+        served_order(&adm, queued).await,
+        ["a1", "b1", "a2", "b2", "a3"]
+    );
+    // Priority still comes first: fairness only orders requests of the same urgency.
+    let queued = vec![
+        ("a5", claim("a", 5, 10), None),
+        ("b5", claim("b", 5, 10), None),
+        ("a0", claim("a", 0, 10), None),
+        ("a0'", claim("a", 0, 10), None),
+    ];
+    assert_eq!(served_order(&adm, queued).await, ["a0", "a0'", "b5", "a5"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_real_token_count_replaces_the_estimate() {
+    // a1 is charged 100 up front. Settled at 1 token, a is the less served tenant again after b1;
+    // left at its estimate, b is served until it has caught up.
+    let queued = |actual| {
+        vec![
+            ("a1", claim("a", 0, 100), Some(actual)),
+            ("b1", claim("b", 0, 10), None),
+            ("a2", claim("a", 0, 100), None),
+            ("b2", claim("b", 0, 10), None),
+            ("b3", claim("b", 0, 10), None),
+        ]
+    };
+    let adm = Admission::new(1, 16);
+    assert_eq!(
+        served_order(&adm, queued(1)).await,
+        ["a1", "b1", "a2", "b2", "b3"]
+    );
+    let adm = Admission::new(1, 16);
+    assert_eq!(
+        served_order(&adm, queued(100)).await,
+        ["a1", "b1", "b2", "b3", "a2"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_tenant_waits_for_one_request_at_most_and_banks_no_idle_time() {
+    let adm = Admission::new(1, 64);
+    let log = Log::default();
+    let hold = Duration::from_millis(100);
+    let flood: Vec<_> = (0..20)
+        .map(|_| request(&adm, &log, "a", claim("a", 0, 10), hold, None))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // b has been idle while a was served: it goes next, but only once before a's next turn.
+    let arrived = Instant::now();
+    let b: Vec<_> = (0..3)
+        .map(|_| request(&adm, &log, "b", claim("b", 0, 10), hold, None))
+        .collect();
+    for t in flood.into_iter().chain(b) {
+        t.await.unwrap().unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let first_b = log.iter().find(|(t, _)| *t == "b").unwrap().1;
+    assert!(first_b - arrived <= hold, "{:?}", first_b - arrived);
+    let order: String = log.iter().map(|(t, _)| *t).collect();
+    assert!(order.contains("abababa"), "{order}");
+    assert!(!order.contains("bb"), "{order}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn weights_divide_the_charge() {
+    let adm = Admission::new(1, 64);
+    let heavy = |tag| {
+        let c = Claim {
+            weight: 2.0,
+            ..claim("h", 0, 10)
+        };
+        (tag, c, None)
+    };
+    let light = |tag| (tag, claim("l", 0, 10), None);
+    let queued = vec![
+        heavy("h1"),
+        heavy("h2"),
+        heavy("h3"),
+        heavy("h4"),
+        light("l1"),
+        light("l2"),
+    ];
+    assert_eq!(
+        served_order(&adm, queued).await,
+        ["h1", "l1", "h2", "h3", "l2", "h4"]
+    );
+}
+
+/// A priority-3 request of tenant `l` behind three clients of tenant `h` that keep sending
+/// priority-0 requests (each holding the slot 400 ms) for 10 s: returns how long it waited.
+async fn low_priority_wait(aging: Option<Duration>) -> Duration {
+    let fairness = Fairness {
+        aging,
+        tenant_limit: None,
+        ..Fairness::default()
+    };
+    let adm = Admission::with_fairness(1, 64, fairness);
+    let log = Log::default();
+    let hold = Duration::from_millis(400);
+    let stop = Instant::now() + Duration::from_secs(10);
+    let mut tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (adm, log) = (adm.clone(), log.clone());
+            tokio::spawn(async move {
+                while Instant::now() < stop {
+                    request(&adm, &log, "h", claim("h", 0, 10), hold, None)
+                        .await
+                        .unwrap()?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let arrived = Instant::now();
+    tasks.push(request(&adm, &log, "low", claim("l", 3, 10), hold, None));
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    log.iter().find(|(t, _)| *t == "low").unwrap().1 - arrived
+}
+
+#[tokio::test(start_paused = true)]
+async fn aging_lets_a_low_priority_request_through_a_stream_of_urgent_ones() {
+    // The stream's requests wait under 1 s, so they stay at level 0; priority 3 reaches it after
+    // 3 s, and its tenant is the less served one: it gets the next slot.
+    let waited = low_priority_wait(Some(Duration::from_secs(1))).await;
+    assert!(
+        waited >= Duration::from_secs(3) && waited <= Duration::from_millis(3400),
+        "{waited:?}"
+    );
+    let starved = low_priority_wait(None).await;
+    assert!(starved >= Duration::from_secs(9), "{starved:?}");
+}
+
+fn with_share(capacity: usize, limit: usize) -> Admission {
+    let fairness = Fairness {
+        aging: None,
+        tenant_limit: Some(limit),
+        ..Fairness::default()
+    };
+    Admission::with_fairness(1, capacity, fairness)
+}
+
+#[tokio::test(start_paused = true)]
+async fn beside_others_a_tenant_may_hold_only_its_share_of_the_queue() {
+    let adm = with_share(4, 2);
+    let log = Log::default();
+    let (held, _) = adm.acquire(claim("b", 0, 1), far()).await.unwrap();
+    let hold = Duration::from_millis(10);
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        tasks.push(request(&adm, &log, "a", claim("a", 0, 1), hold, None));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // b is active (in service): a may not take a third place although the queue has room.
+    let err = adm.acquire(claim("a", 0, 1), far()).await.err().unwrap();
+    assert!(
+        matches!(err, GateError::TenantQueueFull { waiting: 2, .. }),
+        "{err:?}"
+    );
+    assert!(err.retry_after().unwrap() >= 1);
+    tasks.push(request(&adm, &log, "c", claim("c", 0, 1), hold, None));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(adm.stats().depth, 3);
+    let listed = adm.tenants(10);
+    let a = listed.iter().find(|t| t.tenant == "a").unwrap();
+    assert_eq!((a.waiting, a.in_service), (2, 0));
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(tags(&log), ["a", "c", "a"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn alone_a_tenant_may_fill_the_queue_until_another_needs_a_place() {
+    let adm = with_share(4, 2);
+    let log = Log::default();
+    let (held, _) = adm.acquire(claim("a", 0, 1), far()).await.unwrap();
+    let hold = Duration::from_millis(10);
+    let mut tasks = Vec::new();
+    for tag in ["a1", "a2", "a3", "a4"] {
+        tasks.push(request(&adm, &log, tag, claim("a", 0, 1), hold, None));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(adm.stats().depth, 4);
+    // b's arrival takes a's newest place; a is now held to its share.
+    tasks.push(request(&adm, &log, "b", claim("b", 0, 1), hold, None));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let over = tasks.swap_remove(3).await.unwrap().unwrap_err();
+    assert!(
+        matches!(over, GateError::TenantQueueFull { waiting: 4, .. }),
+        "{over:?}"
+    );
+    let err = adm.acquire(claim("a", 0, 1), far()).await.err().unwrap();
+    assert!(matches!(err, GateError::TenantQueueFull { .. }), "{err:?}");
+    // A less urgent arrival does not take the place of a more urgent waiter.
+    let err = adm.acquire(claim("c", 5, 1), far()).await.err().unwrap();
+    assert!(matches!(err, GateError::QueueFull { .. }), "{err:?}");
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(tags(&log), ["b", "a1", "a2", "a3"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn displacement_weighs_aged_priority() {
+    let fairness = Fairness {
+        aging: Some(Duration::from_secs(1)),
+        tenant_limit: None,
+        ..Fairness::default()
+    };
+    let adm = Admission::with_fairness(1, 2, fairness);
+    let (_held, _) = adm.acquire(claim("x", 0, 1), far()).await.unwrap();
+    let spawn = |prio| {
+        let adm = adm.clone();
+        tokio::spawn(async move { adm.acquire(claim("y", prio, 1), far()).await.map(|_| ()) })
+    };
+    let old = spawn(5);
+    tokio::time::sleep(Duration::from_secs(3)).await; // old is at level 2 now
+    let young = spawn(5);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let urgent = spawn(3);
+    let displaced = young.await.unwrap().unwrap_err();
+    assert!(
+        matches!(displaced, GateError::Displaced { .. }),
+        "{displaced:?}"
+    );
+    // Left: old (level 2) and urgent (level 3). Another 3 is not more urgent than either.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let err = adm.acquire(claim("y", 3, 1), far()).await.err().unwrap();
+    assert!(matches!(err, GateError::QueueFull { .. }), "{err:?}");
+    adm.close(1);
+    for t in [old, urgent] {
+        assert!(matches!(
+            t.await.unwrap(),
+            Err(GateError::ShuttingDown { .. })
+        ));
+    }
+    assert_eq!(adm.tenants(10).iter().map(|t| t.waiting).sum::<usize>(), 0);
+}
