@@ -8,8 +8,12 @@
 #      --cost-tokenizer estimate, and the seed's Python queue proxy (scripts/bench/seed_queue_proxy.py).
 #      c=1 for latency (p50/p99, minus the mock's own: "added"), c=64 for throughput. slotgate runs
 #      with --slots 64, so the hot path is measured, not the queue.
+#      And the stack's limit: a bare hyper reverse proxy (scripts/bench/stack, stack-proxy) on the
+#      same hyper, hyper-util, http-body-util and tokio as slotgate, in each runtime shape (multi:
+#      slotgate's own; current; per-core), so every slotgate figure reads against nginx and against
+#      what its own stack can do.
 #   2. The fast 429: slotgate with one slot, held by a request that is never answered, and no queue,
-#      against nginx `return 429`.
+#      against nginx `return 429` and a bare hyper 429 responder (stack-429) in the same shapes.
 #   3. Time to first token on the real llama-server (tiny model), one streamed request at a time:
 #      direct; through slotgate as it runs by default (exact counting on, so a request that finds a
 #      slot free goes at once and is settled from usage); with --cost-count-first (every prompt counted
@@ -19,17 +23,24 @@
 # Every system runs in a temp dir of its own, removed at exit. Runs are interleaved (round 1: A B C
 # ..., round 2: A B C ...) and each figure is the median over the rounds, since a 2-core machine is
 # noisy. Checks that every system really answered what it must (200, or 429 for the 429 rows), and
-# exits non-zero if one did not.
+# exits non-zero if one did not. Each system's CPU over each wrk run (utime + stime of its processes
+# in /proc) gives its CPU per request.
 #
 # Environment: BENCH_SECONDS (each wrk run, default 10), BENCH_ROUNDS (default 2), TTFT_REQUESTS
-# (per target, default 60), BENCH_LOG (also write the report there; `1` means bench-<date>.log in the
-# current directory), BENCH_KEEP=1 (keep the temp dir and its logs). With the defaults it takes about
-# 8 minutes once the release binary and llama-server are built.
+# (per target, default 60), BENCH_STACK_SHAPES (the stack's shapes to run, default
+# "multi current per-core"; each adds a proxy and a 429 row), BENCH_LOG (also write the report there;
+# `1` means bench-<date>.log in the current directory), BENCH_KEEP=1 (keep the temp dir and its
+# logs). With the defaults it takes about 13 minutes once the release binaries and llama-server are
+# built.
 set -euo pipefail
 secs="${BENCH_SECONDS:-10}"
 rounds="${BENCH_ROUNDS:-2}"
 ttft_requests="${TTFT_REQUESTS:-60}"
-command_line="BENCH_SECONDS=$secs BENCH_ROUNDS=$rounds TTFT_REQUESTS=$ttft_requests bash scripts/bench.sh"
+read -r -a stack_shapes <<<"${BENCH_STACK_SHAPES-multi current per-core}"
+for shape in "${stack_shapes[@]}"; do
+  case "$shape" in multi | current | per-core) ;; *) echo "bench: unknown stack shape $shape" >&2; exit 2 ;; esac
+done
+command_line="BENCH_SECONDS=$secs BENCH_ROUNDS=$rounds TTFT_REQUESTS=$ttft_requests BENCH_STACK_SHAPES=\"${stack_shapes[*]}\" bash scripts/bench.sh"
 started="$(date -u +%Y-%m-%dT%H:%M:%SZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 here="$PWD/scripts/bench"
@@ -53,9 +64,12 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
   $sudo apt-get update >&2 && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y nginx wrk >&2
 fi
 cargo build --release -p slotgate --bin slotgate >&2
+cargo build --release -p slotgate-bench-stack --bins >&2
 bash scripts/build-policies.sh >/dev/null
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 slotgate="$target_dir/release/slotgate"
+stack_proxy="$target_dir/release/stack-proxy"
+stack_429="$target_dir/release/stack-429"
 policies="$target_dir/policies"
 
 # --- processes, temp dirs, clean-up ----------------------------------------------------------------
@@ -121,10 +135,14 @@ render() {
   sed "${args[@]}" "$template" >"$dir/nginx.conf"
 }
 
+# The pid of each system (nginx: its master, whose workers count too), for its CPU per request.
+declare -A pid_of
+
 start_nginx() {
   local dir="$1"
   nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" &
   pids+=($!)
+  last_pid=$!
 }
 
 # start_gate NAME PORT UPSTREAM_SOCKET [slotgate args...]: slotgate on tcp:127.0.0.1:PORT in front
@@ -137,25 +155,30 @@ start_gate() {
     --admin-listen "unix:$dir/admin.sock" --log-format json --drain-timeout 1s "$@" \
     >"$dir/slotgate.log" 2>&1 &
   pids+=($!)
+  last_pid=$!
   wait_for "$name" 20 curl -sf --unix-socket "$dir/admin.sock" http://localhost/readyz \
     || die "$name never became ready" "$dir/slotgate.log"
 }
 
 # --- the systems -----------------------------------------------------------------------------------
 
+# One call for all the ports, so none is handed out twice: ten, then a proxy and a 429 per shape.
 read -r p_mock p_nginx p_nginx429 p_seed p_none p_unique p_budget p_chain p_estimate p_gate429 \
-  < <(free_ports 10)
+  p_stack < <(free_ports $((10 + 2 * ${#stack_shapes[@]})))
+read -r -a p_stack <<<"${p_stack:-}"
 
-progress "starting the mock, nginx and six slotgates in $root"
+progress "starting the mock, nginx, the stack's ${#stack_shapes[@]} shapes and six slotgates in $root"
 mkdir -p "$root/mock" "$root/nginx" "$root/blackhole" "$root/seed"
 mock_sock="$root/mock/mock.sock"
 python3 "$here/blackhole.py" "$root/mock/blackhole.sock" &
 pids+=($!)
 render "$here/mock.conf.in" "$root/mock" MOCK_PORT="$p_mock"
 start_nginx "$root/mock"
+pid_of[mock]=$last_pid
 render "$here/proxy.conf.in" "$root/nginx" MOCK_SOCK="$mock_sock" PROXY_PORT="$p_nginx" \
   R429_PORT="$p_nginx429"
 start_nginx "$root/nginx"
+pid_of[nginx]=$last_pid pid_of[nginx429]=$last_pid
 wait_for mock 10 answers 200 "http://127.0.0.1:$p_mock/v1/chat/completions" \
   || die "the mock does not answer" "$root/mock/error.log"
 wait_for nginx 10 answers 200 "http://127.0.0.1:$p_nginx/v1/chat/completions" \
@@ -164,6 +187,28 @@ answers 429 "http://127.0.0.1:$p_nginx429/v1/chat/completions" \
   || die "nginx return 429 does not answer 429" "$root/nginx/error.log"
 nginx_refusal="$(curl -s -i -H 'Content-Type: application/json' -d "$chat_body" \
   "http://127.0.0.1:$p_nginx429/v1/chat/completions" | tr -d '\r')"
+
+# The stack's limit: stack-proxy in front of the mock's Unix socket, as slotgate is, and stack-429,
+# both on TCP for wrk, in each shape.
+stack_systems=() stack429_systems=()
+start_stack() { # NAME PORT CODE BINARY [args...]
+  local name="$1" port="$2" code="$3" bin="$4"; shift 4
+  mkdir -p "$root/$name"
+  "$bin" --listen "tcp:127.0.0.1:$port" "$@" >"$root/$name/stack.log" 2>&1 &
+  pids+=($!)
+  pid_of[$name]=$!
+  wait_for "$name" 10 answers "$code" "http://127.0.0.1:$port/v1/chat/completions" \
+    || die "$name does not answer $code" "$root/$name/stack.log"
+}
+for i in "${!stack_shapes[@]}"; do
+  shape="${stack_shapes[i]}" pp="${p_stack[2 * i]}" pq="${p_stack[2 * i + 1]}"
+  start_stack "stack-$shape" "$pp" 200 "$stack_proxy" --shape "$shape" --upstream "unix:$mock_sock"
+  start_stack "stack429-$shape" "$pq" 429 "$stack_429" --shape "$shape"
+  stack_systems+=("stack-$shape:stack:stack proxy ($shape):$pp")
+  stack429_systems+=("stack429-$shape:stack429:stack 429 ($shape):$pq")
+  stack_refusal="$(curl -s -i -H 'Content-Type: application/json' -d "$chat_body" \
+    "http://127.0.0.1:$pq/v1/chat/completions" | tr -d '\r')"
+done
 
 # The example policies' settings, but a budget that never runs dry within the run (as in
 # tests/benches/gate_overhead.rs) and a request guard that serves the model "m".
@@ -180,11 +225,16 @@ chain=(--policy "$policies/token-budget.wasm" --policy-settings "$root/budget.js
 hot=(--slots 64 --queue-depth 1024)
 
 start_gate gate-none "$p_none" "$mock_sock" "${hot[@]}"
+pid_of[none]=$last_pid
 start_gate gate-unique "$p_unique" "$mock_sock" "${hot[@]}"
+pid_of[unique]=$last_pid
 start_gate gate-budget "$p_budget" "$mock_sock" "${hot[@]}" \
   --policy "$policies/token-budget.wasm" --policy-settings "$root/budget.json"
+pid_of[budget]=$last_pid
 start_gate gate-chain "$p_chain" "$mock_sock" "${hot[@]}" "${chain[@]}"
+pid_of[chain]=$last_pid
 start_gate gate-estimate "$p_estimate" "$mock_sock" "${hot[@]}" --cost-tokenizer estimate
+pid_of[estimate]=$last_pid
 for g in none:$p_none unique:$p_unique budget:$p_budget chain:$p_chain estimate:$p_estimate; do
   answers 200 "http://127.0.0.1:${g#*:}/v1/chat/completions" \
     || die "slotgate ($g) does not answer 200" "$root/gate-${g%%:*}/slotgate.log"
@@ -195,6 +245,7 @@ done
 # slot stays held however long the run.
 start_gate gate-429 "$p_gate429" "$root/mock/hold.sock" --slots 1 --queue-depth 0 \
   --upstream-first-byte-timeout 0s
+pid_of[gate429]=$last_pid
 curl -s -o /dev/null --max-time 86400 -H 'Content-Type: application/json' -d "$chat_body" \
   "http://127.0.0.1:$p_gate429/v1/chat/completions" &
 pids+=($!)
@@ -226,6 +277,7 @@ seed_stop() { kill "$seed_pid" 2>/dev/null || true; wait "$seed_pid" 2>/dev/null
 systems=(
   "mock:base:mock direct (nginx return 200):$p_mock"
   "nginx:ref:nginx proxy (keep-alive upstream):$p_nginx"
+  "${stack_systems[@]}"
   "none:proxy:slotgate, no policy:$p_none"
   "unique:proxy:slotgate, no policy, unique prompts:$p_unique"
   "budget:proxy:slotgate, token-budget:$p_budget"
@@ -233,6 +285,7 @@ systems=(
   "estimate:proxy:slotgate, --cost-tokenizer estimate:$p_estimate"
   "seed:seed:seed Python queue proxy:$p_seed"
   "nginx429:ref429:nginx return 429:$p_nginx429"
+  "${stack429_systems[@]}"
   "gate429:fast429:slotgate, slot held, no queue:$p_gate429"
 )
 
@@ -240,18 +293,36 @@ systems=(
 
 results="$root/results.tsv"
 : >"$results"
-# run_wrk NAME PORT CONC SECONDS [ROUND]: one wrk run; with a ROUND, its BENCH line goes to results.
+clk_tck="$(getconf CLK_TCK)"
+# cpu_ticks PID: the CPU (user + system, in clock ticks) PID and its children have used so far;
+# /proc/PID/stat counts every thread of a process, those that have ended too.
+cpu_ticks() {
+  local p stat f total=0
+  for p in "$1" $(pgrep -P "$1" || true); do
+    stat="$(cat "/proc/$p/stat" 2>/dev/null)" || continue
+    # The fields after the command name, which may hold spaces: state is [0], utime [11], stime [12].
+    read -r -a f <<<"${stat##*) }"
+    total=$((total + f[11] + f[12]))
+  done
+  echo "$total"
+}
+# run_wrk NAME PORT CONC SECONDS [ROUND]: one wrk run; with a ROUND, its BENCH line goes to results,
+# with the CPU the system used over the run (microseconds; -1 when its pid is not known).
 run_wrk() {
   local name="$1" port="$2" conc="$3" duration="$4" round="${5:-}"
   local threads=2; [ "$conc" = 1 ] && threads=1
   local out="$root/wrk-$name-c$conc-r${round:-warmup}.txt"
   [ "$name" = seed ] && seed_start
+  local pid="${pid_of[$name]:-}"; [ "$name" = seed ] && pid="$seed_pid"
+  local cpu_before=""; [ -z "$pid" ] || cpu_before="$(cpu_ticks "$pid")"
   local script=post.lua; [ "$name" = unique ] && script=post-unique.lua
   wrk -t"$threads" -c"$conc" -d"${duration}s" --latency -s "$here/$script" \
     "http://127.0.0.1:$port/v1/chat/completions" >"$out" 2>&1 || die "wrk failed against $name" "$out"
+  local cpu_us=-1
+  [ -z "$pid" ] || cpu_us=$((($(cpu_ticks "$pid") - cpu_before) * 1000000 / clk_tck))
   [ "$name" = seed ] && seed_stop
   local line; line="$(grep '^BENCH ' "$out")" || die "wrk printed no result for $name" "$out"
-  [ -z "$round" ] || echo "$name $conc $round ${line#BENCH }" >>"$results"
+  [ -z "$round" ] || echo "$name $conc $round ${line#BENCH } $cpu_us" >>"$results"
 }
 
 total=$((${#systems[@]} * 2 * rounds))
@@ -320,6 +391,10 @@ echo "wrk: -t1 -c1 (latency) and -t2 -c64 (throughput), -d${secs}s --latency -s 
 echo "post.lua sends one fixed body (slotgate can take the prompt count from its cache after the first);"
 echo "unique prompts: post-unique.lua, a new prompt each request (see 'prompt counted by' below for how)"
 echo "slotgate: --slots 64 --queue-depth 1024 --log-format json (logs to a file); mock: nginx on a Unix socket"
+echo "stack: scripts/bench/stack, bare hyper on Cargo.lock's versions; proxy to the mock's Unix socket, body streamed."
+echo "  multi: $(nproc)-worker multi-thread runtime + hyper-util legacy client (slotgate's shape);"
+echo "  current: one current-thread runtime, its own pool of HTTP/1 connections;"
+echo "  per-core: one current-thread runtime per core ($(nproc)), each its own SO_REUSEPORT listener and pool"
 echo "added = the system's c=1 latency minus the mock's own (wrk speaks TCP only, so the mock direct is over TCP)"
 echo
 set +e
@@ -328,6 +403,8 @@ report_status=$?
 set -e
 echo "429 check (curl), slotgate: $(head -n1 <<<"$refusal"), $(grep -i '^retry-after' <<<"$refusal"), $(tail -n1 <<<"$refusal")"
 echo "429 check (curl), nginx:    $(head -n1 <<<"$nginx_refusal"), $(grep -i '^retry-after' <<<"$nginx_refusal"), $(tail -n1 <<<"$nginx_refusal")"
+[ -z "${stack_refusal:-}" ] \
+  || echo "429 check (curl), stack:    $(head -n1 <<<"$stack_refusal"), $(grep -i '^retry-after' <<<"$stack_refusal"), $(tail -n1 <<<"$stack_refusal")"
 echo
 # counter NAME LABEL: "value=count ..." for the non-zero series of a counter in $metrics.
 counter() {
