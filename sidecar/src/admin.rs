@@ -17,6 +17,8 @@ use crate::respond::{self, Body};
 use crate::state::App;
 
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    // What the answer shows (a request counted, say) is in the log before it.
+    crate::log::flush();
     let own = matches!(
         req.uri().path(),
         "/metrics" | "/livez" | "/readyz" | "/status"

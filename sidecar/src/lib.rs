@@ -21,7 +21,7 @@
 //!                          ▼
 //!                     llama-server
 //!
-//!  cmd      the subcommands (serve, check, policy, wrap) and the command line
+//!  cmd      the subcommands (run, check, policy, wrap) and the command line
 //!  app      run = bind → serve → drain; signals, reload, memory
 //!  admin    the admin listener: /metrics /livez /readyz /status, llama-server's admin routes
 //!  state    the `App` every request, the admin listener and the reloader share
@@ -49,6 +49,7 @@ pub mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod json_edit;
+pub mod log;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy;

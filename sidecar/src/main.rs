@@ -37,5 +37,5 @@ fn main() -> ExitCode {
         }
         None => (false, cli.run),
     };
-    slotgate::cmd::serve::run(args, wrapped, check)
+    slotgate::cmd::run::run(args, wrapped, check)
 }

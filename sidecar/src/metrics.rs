@@ -1,9 +1,11 @@
 //! Metric names, their descriptions and histogram buckets: the one list an SRE reads.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics::{
+    describe_counter, describe_gauge, describe_histogram, Counter, Gauge, Histogram, Unit,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::Outcome;
@@ -95,7 +97,80 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         )?;
     let handle = builder.install_recorder()?;
     describe();
+    let _ = hot();
     Ok(handle)
+}
+
+/// Handles of the metrics every request touches, resolved once, from the recorder `install` put in
+/// place: a registry look-up (hashing the name and labels, a shard lock) costs more than the update.
+pub struct Hot {
+    /// `slotgate_requests_total`, by outcome (in `Outcome::ALL` order).
+    requests: Vec<Counter>,
+    pub queue_wait: Histogram,
+    pub upstream_seconds: Histogram,
+    pub ttfb: Histogram,
+    pub prompt_tokens: Counter,
+    pub completion_tokens: Counter,
+    pub tokens_reserved: Counter,
+    pub tokens_refunded: Counter,
+    pub queue_depth: Gauge,
+    pub slots_busy: Gauge,
+    pub kv_reserved: Gauge,
+    pub inflight: Gauge,
+    pub upstream_connections: Counter,
+    pub cost_error: Histogram,
+    /// `slotgate_prompt_counts_total`, by source (see [`PROMPT_COUNT_SOURCES`]).
+    prompt_counts: Vec<Counter>,
+}
+
+/// How a prompt was counted: the `source` label of `slotgate_prompt_counts_total`.
+pub const PROMPT_COUNT_SOURCES: [&str; 4] = ["upstream", "cache", "estimate", "forwarded"];
+
+impl Hot {
+    fn resolve() -> Hot {
+        Hot {
+            requests: Outcome::ALL
+                .iter()
+                .map(|o| metrics::counter!(REQUESTS_TOTAL, "outcome" => o.label()))
+                .collect(),
+            queue_wait: metrics::histogram!(QUEUE_WAIT_SECONDS),
+            upstream_seconds: metrics::histogram!(UPSTREAM_SECONDS),
+            ttfb: metrics::histogram!(TTFB_SECONDS),
+            prompt_tokens: metrics::counter!(TOKENS_TOTAL, "kind" => "prompt"),
+            completion_tokens: metrics::counter!(TOKENS_TOTAL, "kind" => "completion"),
+            tokens_reserved: metrics::counter!(TOKENS_RESERVED_TOTAL),
+            tokens_refunded: metrics::counter!(TOKENS_REFUNDED_TOTAL),
+            queue_depth: metrics::gauge!(QUEUE_DEPTH),
+            slots_busy: metrics::gauge!(SLOTS_BUSY),
+            kv_reserved: metrics::gauge!(KV_RESERVED_TOKENS),
+            inflight: metrics::gauge!(INFLIGHT),
+            upstream_connections: metrics::counter!(UPSTREAM_CONNECTIONS_TOTAL),
+            cost_error: metrics::histogram!(COST_ESTIMATE_ERROR_RATIO),
+            prompt_counts: PROMPT_COUNT_SOURCES
+                .iter()
+                .map(|s| metrics::counter!(PROMPT_COUNTS_TOTAL, "source" => *s))
+                .collect(),
+        }
+    }
+
+    /// `slotgate_prompt_counts_total{source}`.
+    pub fn prompt_counts(&self, source: &str) -> &Counter {
+        let at = PROMPT_COUNT_SOURCES.iter().position(|s| *s == source);
+        &self.prompt_counts[at.unwrap_or(0)]
+    }
+
+    /// `slotgate_requests_total{outcome}`.
+    pub fn requests(&self, outcome: Outcome) -> &Counter {
+        let at = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+        &self.requests[at]
+    }
+}
+
+/// The hot handles (see [`Hot`]). Resolved by `install`; before it (a test without a recorder)
+/// they are resolved on first use, against whatever recorder is in place then.
+pub fn hot() -> &'static Hot {
+    static HOT: std::sync::OnceLock<Hot> = std::sync::OnceLock::new();
+    HOT.get_or_init(Hot::resolve)
 }
 
 fn describe() {
@@ -263,29 +338,43 @@ fn describe() {
 /// the first `cap` values seen keep their own series, every later one shares `other`.
 #[derive(Debug)]
 pub struct BoundedLabels {
-    seen: HashSet<Arc<str>>,
+    /// The counter of each label value seen, resolved once.
+    seen: HashMap<Arc<str>, Counter>,
+    other: Option<Counter>,
     cap: usize,
+    name: &'static str,
+    key: &'static str,
 }
 
 impl BoundedLabels {
     pub const OTHER: &'static str = "other";
 
-    pub fn new(cap: usize) -> Self {
+    /// At most `cap` values of label `key` on counter `name`; the rest count as `other`.
+    pub fn new(cap: usize, name: &'static str, key: &'static str) -> Self {
         BoundedLabels {
-            seen: HashSet::new(),
+            seen: HashMap::new(),
+            other: None,
             cap,
+            name,
+            key,
         }
     }
 
-    /// The label value to record `value` under.
-    pub fn label(&mut self, value: &Arc<str>) -> String {
-        if self.seen.contains(value)
-            || self.seen.len() < self.cap && self.seen.insert(value.clone())
-        {
-            value.to_string()
-        } else {
-            Self::OTHER.to_owned()
+    /// The counter to record `value` on: its own while fewer than `cap` values have been seen,
+    /// else the one of `other`.
+    pub fn counter(&mut self, value: &Arc<str>) -> Counter {
+        if let Some(c) = self.seen.get(value) {
+            return c.clone();
         }
+        if self.seen.len() < self.cap {
+            let c = metrics::counter!(self.name, self.key => value.to_string());
+            self.seen.insert(value.clone(), c.clone());
+            return c;
+        }
+        let (name, key) = (self.name, self.key);
+        self.other
+            .get_or_insert_with(|| metrics::counter!(name, key => Self::OTHER))
+            .clone()
     }
 }
 
@@ -295,9 +384,13 @@ mod tests {
 
     #[test]
     fn labels_beyond_the_cap_fold_into_other() {
-        let mut labels = BoundedLabels::new(2);
-        let names: Vec<Arc<str>> = ["a", "b", "c", "a"].into_iter().map(Arc::from).collect();
-        let got: Vec<String> = names.iter().map(|n| labels.label(n)).collect();
-        assert_eq!(got, ["a", "b", "other", "a"]);
+        let mut labels = BoundedLabels::new(2, TENANT_TOKENS_TOTAL, "tenant");
+        for name in ["a", "b", "a"] {
+            let _ = labels.counter(&Arc::from(name));
+        }
+        assert!(labels.other.is_none());
+        let _ = labels.counter(&Arc::from("c"));
+        assert!(labels.other.is_some() && !labels.seen.contains_key("c"));
+        assert_eq!(labels.seen.len(), 2);
     }
 }

@@ -94,7 +94,7 @@ async fn streams_get_their_own_upstream_connection_and_whole_answers_reuse_the_p
     }
     assert_eq!(forwarding(&up), start + 5, "one connection per stream");
 
-    // Whole answers reuse one pooled connection, and so do passthroughs.
+    // Whole answers reuse a pooled connection, and so do passthroughs.
     let before = forwarding(&up);
     for i in 0..5 {
         let resp = client
@@ -103,16 +103,19 @@ async fn streams_get_their_own_upstream_connection_and_whole_answers_reuse_the_p
         assert_eq!(resp.status, 200, "{}", resp.body);
         assert_eq!(client.get("/v1/models").await.status, 200);
     }
+    // Each of slotgate's runtimes (one per core) keeps its own pool, so a request and its upstream
+    // connection stay on one thread: at most one new connection per runtime.
+    let runtimes = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(
-        forwarding(&up) <= before + 1,
-        "5 whole answers and 5 passthroughs opened {} connections",
+        forwarding(&up) <= before + runtimes,
+        "5 whole answers and 5 passthroughs opened {} connections ({runtimes} runtimes)",
         forwarding(&up) - before
     );
     assert_eq!(up.count(), 10);
-    // slotgate's own count agrees: 5 streams, at most one pooled connection.
+    // slotgate's own count agrees: 5 streams, at most one pooled connection per runtime.
     let metric = opened().await - metric_start;
     assert!(
-        (5.0..=6.0).contains(&metric),
+        (5.0..=(5 + runtimes) as f64).contains(&metric),
         "counted {metric} connections"
     );
     gate.assert_settled(&up, 1).await;

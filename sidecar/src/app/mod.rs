@@ -4,6 +4,7 @@
 pub mod memory;
 pub mod reload;
 pub mod signal;
+pub mod workers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,10 +45,12 @@ pub enum StartError {
 
 /// Runs until SIGTERM/SIGINT, then shuts down gracefully. SIGHUP (and a change to a watched file)
 /// reloads the policy chain from `source`.
+/// Client connections are accepted and served on this runtime and on each of `workers`.
 pub async fn run(
     config: Config,
     prometheus: PrometheusHandle,
     source: ConfigSource,
+    workers: Vec<tokio::runtime::Handle>,
 ) -> Result<(), StartError> {
     // SIGHUP's default action ends the process: take it over before anything else.
     let hangup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
@@ -109,6 +112,7 @@ pub async fn run(
         header_timeout: cfg.header_timeout,
         stall_timeout: cfg.client_stall_timeout,
         linger_bytes: cfg.max_body as u64 + LINGER_EXTRA_BYTES,
+        announce: true,
     };
 
     let mut background = vec![
@@ -128,6 +132,23 @@ pub async fn run(
         tracing::info!(listen = %listener.describe(), "accepting clients");
         let app = app.clone();
         let handler = move |req, peer| pipeline::handle(app.clone(), req, peer);
+        // Every runtime accepts on the socket: whichever is free takes the next connection.
+        for worker in &workers {
+            let shared = match listener.share() {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(listen = %listener.describe(), error = %e, "a worker cannot accept on this socket; it serves the others");
+                    continue;
+                }
+            };
+            let (handler, opts) = (handler.clone(), opts.clone());
+            accepting.push(worker.spawn(async move {
+                match shared.into_listener() {
+                    Ok(listener) => server::accept_loop(listener, handler, opts.quiet()).await,
+                    Err(e) => tracing::warn!(error = %e, "a worker cannot accept on a socket"),
+                }
+            }));
+        }
         accepting.push(tokio::spawn(server::accept_loop(
             listener,
             handler,
@@ -147,6 +168,7 @@ pub async fn run(
             header_timeout: cfg.header_timeout,
             stall_timeout: cfg.client_stall_timeout,
             linger_bytes: LINGER_EXTRA_BYTES,
+            announce: true,
         };
         tokio::spawn(server::accept_loop(listener, handler, admin_opts))
     });

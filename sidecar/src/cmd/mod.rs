@@ -1,6 +1,6 @@
-//! The subcommands: `serve` (the default), `check`, `policy`, `wrap`, and the command line itself.
+//! The subcommands: `run` (the default), `check`, `policy`, `wrap`, and the command line itself.
 
 pub mod cli;
 pub mod policy;
-pub mod serve;
+pub mod run;
 pub mod wrap;

@@ -201,13 +201,12 @@ fn describe(status: std::io::Result<ExitStatus>) -> String {
     }
 }
 
-/// Copies `reader`'s lines to slotgate's stderr as `<name>| <line>`, one write per line so they do
-/// not interleave with slotgate's own log lines.
+/// Copies `reader`'s lines to slotgate's stderr as `<name>| <line>`, whole lines through slotgate's
+/// own log sink so they do not interleave with its log lines.
 async fn pass_through(reader: impl AsyncRead + Unpin, name: String) {
-    use std::io::Write;
     let mut lines = BufReader::new(reader).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let _ = writeln!(std::io::stderr().lock(), "{name}| {line}");
+        crate::log::line(format!("{name}| {line}\n").as_bytes());
     }
 }
 

@@ -149,10 +149,7 @@ impl UsageScanner {
     /// the response wins over `timings`.
     pub fn finish(&mut self) -> Option<Usage> {
         if !self.sse && !self.gave_up && !self.buf.is_empty() {
-            let found = serde_json::from_slice::<Value>(&self.buf)
-                .ok()
-                .as_ref()
-                .and_then(|v| self.dialect.usage(v));
+            let found = usage_doc(&self.buf).and_then(|v| self.dialect.usage(&v));
             self.record(found);
             self.buf = Vec::new();
         }
@@ -175,16 +172,112 @@ fn data_usage(dialect: DialectRef, data: &[u8]) -> Option<Reported> {
     if !has(b"\"usage\"") && !has(b"\"tokens_predicted\"") && !has(b"\"timings\"") {
         return None;
     }
-    serde_json::from_slice::<Value>(data.trim_ascii())
-        .ok()
-        .as_ref()
-        .and_then(|v| dialect.usage(v))
+    usage_doc(data.trim_ascii()).and_then(|v| dialect.usage(&v))
+}
+
+/// The members of an answer (or of one streamed event) that can carry usage, parsed; the rest
+/// (`choices`, `content`, `output`: the generated text) is skipped over unparsed, so reading the
+/// usage of an answer costs no tree of its text. `None` when the document is not a JSON object.
+fn usage_doc(bytes: &[u8]) -> Option<Value> {
+    serde_json::from_slice::<UsageDoc>(bytes).ok().map(|d| d.0)
+}
+
+/// Top-level members a dialect's `usage` reads; `message` (Anthropic's `message_start`) and
+/// `response` (the Responses API's `response.completed`) are read the same way, one level down.
+const USAGE_MEMBERS: &[&str] = &[
+    "usage",
+    "tokens_predicted",
+    "tokens_evaluated",
+    "timings",
+    "type",
+];
+
+struct UsageDoc(Value);
+
+impl<'de> serde::Deserialize<'de> for UsageDoc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = UsageDoc;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<UsageDoc, A::Error> {
+                let mut kept = serde_json::Map::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if USAGE_MEMBERS.contains(&key.as_ref()) {
+                        let value = map.next_value::<Value>()?;
+                        kept.insert(key.into_owned(), value);
+                    } else if key == "message" || key == "response" {
+                        let UsageDoc(inner) = map.next_value::<UsageDoc>()?;
+                        kept.insert(key.into_owned(), inner);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(UsageDoc(Value::Object(kept)))
+            }
+
+            // Anything but an object (a `message` that is a string, say) holds no usage.
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<UsageDoc, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(UsageDoc(Value::Null))
+            }
+
+            fn visit_str<E>(self, _: &str) -> Result<UsageDoc, E> {
+                Ok(UsageDoc(Value::Null))
+            }
+
+            fn visit_bool<E>(self, _: bool) -> Result<UsageDoc, E> {
+                Ok(UsageDoc(Value::Null))
+            }
+
+            fn visit_i64<E>(self, _: i64) -> Result<UsageDoc, E> {
+                Ok(UsageDoc(Value::Null))
+            }
+
+            fn visit_u64<E>(self, _: u64) -> Result<UsageDoc, E> {
+                Ok(UsageDoc(Value::Null))
+            }
+
+            fn visit_f64<E>(self, _: f64) -> Result<UsageDoc, E> {
+                Ok(UsageDoc(Value::Null))
+            }
+
+            fn visit_unit<E>(self) -> Result<UsageDoc, E> {
+                Ok(UsageDoc(Value::Null))
+            }
+        }
+        d.deserialize_any(Members)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dialect::{CHAT, COMPLETION, MESSAGES, RESPONSES};
+
+    #[test]
+    fn only_the_members_that_carry_usage_are_kept() {
+        let doc = usage_doc(
+            br#"{"choices":[{"message":{"content":"long text"}}],"message":"x","usage":{"prompt_tokens":3},"response":{"output":[1],"usage":{"input_tokens":2}},"timings":{"predicted_n":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            doc,
+            serde_json::json!({"message": null, "usage": {"prompt_tokens": 3}, "response": {"usage": {"input_tokens": 2}}, "timings": {"predicted_n": 1}})
+        );
+        assert_eq!(usage_doc(b"[1,2]"), Some(Value::Null));
+        assert_eq!(usage_doc(b"{\"usage\":"), None);
+    }
 
     #[test]
     fn json_body_split_across_chunks() {

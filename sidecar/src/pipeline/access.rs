@@ -9,8 +9,14 @@ use tokio::time::Instant;
 
 use crate::dialect::usage::Usage;
 use crate::error::Outcome;
+use crate::log::{self, Field};
 use crate::metrics as m;
 use crate::policy::complete::CompletionHook;
+
+thread_local! {
+    /// The access line being written, reused: no allocation per request.
+    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 pub struct Exchange {
     method: http::Method,
@@ -59,7 +65,7 @@ impl Exchange {
     }
 
     pub fn set_queue_wait(&mut self, wait: Duration) {
-        metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(wait.as_secs_f64());
+        m::hot().queue_wait.record(wait.as_secs_f64());
         self.queue_wait = Some(wait);
     }
 
@@ -74,7 +80,7 @@ impl Exchange {
     /// The tokens an admitted request reserves; what it does not use is counted as refunded when it
     /// ends.
     pub fn set_reserved(&mut self, tokens: u64) {
-        metrics::counter!(m::TOKENS_RESERVED_TOTAL).increment(tokens);
+        m::hot().tokens_reserved.increment(tokens);
         self.reserved = Some(tokens);
     }
 
@@ -113,7 +119,9 @@ impl Drop for Exchange {
             let used = self
                 .usage
                 .map_or(0, |u| u.prompt_tokens + u.completion_tokens);
-            metrics::counter!(m::TOKENS_REFUNDED_TOTAL).increment(reserved.saturating_sub(used));
+            m::hot()
+                .tokens_refunded
+                .increment(reserved.saturating_sub(used));
         }
         if let Some(hook) = self.completion.take() {
             hook.fire(
@@ -124,26 +132,45 @@ impl Drop for Exchange {
                 self.upstream.map_or(0, |d| d.as_millis() as u64),
             );
         }
-        metrics::counter!(m::REQUESTS_TOTAL, "outcome" => outcome.label()).increment(1);
+        m::hot().requests(outcome).increment(1);
         // Absent values (no status yet, no peer on TCP) are left out of the line rather than faked,
         // and numbers stay numbers in JSON logs.
-        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
-        tracing::info!(
-            target: "slotgate::access",
-            outcome = %outcome.label(),
-            status = self.status,
-            method = %self.method,
-            path = %self.path,
-            priority = self.priority,
-            tenant = self.tenant.as_deref().map(tracing::field::display),
-            queue_wait_ms = ms(self.queue_wait),
-            reserved_tokens = self.reserved,
-            upstream_ms = ms(self.upstream),
-            total_ms = self.started.elapsed().as_millis() as u64,
-            peer_uid = self.peer.map(|p| p.uid),
-            peer_gid = self.peer.map(|p| p.gid),
-            peer_pid = self.peer.and_then(|p| p.pid),
-            "request"
-        );
+        let Some(format) = log::format() else { return };
+        if !tracing::enabled!(target: "slotgate::access", tracing::Level::INFO) {
+            return;
+        }
+        let ms = |d: Option<Duration>| d.map(|d| Field::Num(d.as_millis() as u64));
+        let fields = [
+            ("outcome", Some(Field::Str(outcome.label()))),
+            ("status", self.status.map(|s| Field::Num(s.into()))),
+            ("method", Some(Field::Str(self.method.as_str()))),
+            ("path", Some(Field::Str(&self.path))),
+            ("priority", Some(Field::Int(self.priority))),
+            ("tenant", self.tenant.as_deref().map(Field::Str)),
+            ("queue_wait_ms", ms(self.queue_wait)),
+            ("reserved_tokens", self.reserved.map(Field::Num)),
+            ("upstream_ms", ms(self.upstream)),
+            ("total_ms", ms(Some(self.started.elapsed()))),
+            ("peer_uid", self.peer.map(|p| Field::Num(p.uid.into()))),
+            ("peer_gid", self.peer.map(|p| Field::Num(p.gid.into()))),
+            (
+                "peer_pid",
+                self.peer.and_then(|p| p.pid).map(|p| Field::Int(p.into())),
+            ),
+        ];
+        LINE.with(|line| {
+            let mut line = line.borrow_mut();
+            line.clear();
+            let now = std::time::SystemTime::now();
+            log::info_line(
+                &mut line,
+                format,
+                now,
+                "slotgate::access",
+                "request",
+                &fields,
+            );
+            log::line(&line);
+        });
     }
 }

@@ -165,16 +165,15 @@ impl GuardedBody {
         }
         let elapsed = self.forwarded_at.elapsed();
         held.exchange.set_upstream_time(elapsed);
-        metrics::histogram!(m::UPSTREAM_SECONDS).record(elapsed.as_secs_f64());
+        m::hot().upstream_seconds.record(elapsed.as_secs_f64());
         // Only work a slot did is counted: a passthrough that replays a stream (`GET /v1/stream`)
         // carries the usage of a generation counted already.
         if outcome == Outcome::Ok && held.slot.is_some() {
             let usage = self.usage.finish();
             if let Some(u) = usage {
                 held.exchange.set_usage(u);
-                metrics::counter!(m::TOKENS_TOTAL, "kind" => "prompt").increment(u.prompt_tokens);
-                metrics::counter!(m::TOKENS_TOTAL, "kind" => "completion")
-                    .increment(u.completion_tokens);
+                m::hot().prompt_tokens.increment(u.prompt_tokens);
+                m::hot().completion_tokens.increment(u.completion_tokens);
             }
             if let Some(slot) = held.slot.as_mut() {
                 slot.complete();
@@ -205,8 +204,8 @@ impl GuardedBody {
                     completion_tokens: completion,
                 };
                 held.exchange.set_usage(u);
-                metrics::counter!(m::TOKENS_TOTAL, "kind" => "prompt").increment(prompt);
-                metrics::counter!(m::TOKENS_TOTAL, "kind" => "completion").increment(completion);
+                m::hot().prompt_tokens.increment(prompt);
+                m::hot().completion_tokens.increment(completion);
             }
             if let Some(slot) = held.slot.as_mut() {
                 slot.settle(prompt + completion);
@@ -248,7 +247,8 @@ impl HttpBody for GuardedBody {
                 if let Some(data) = frame.data_ref() {
                     if !this.first_byte {
                         this.first_byte = true;
-                        metrics::histogram!(m::TTFB_SECONDS)
+                        m::hot()
+                            .ttfb
                             .record(this.forwarded_at.elapsed().as_secs_f64());
                     }
                     this.usage.feed(data);

@@ -156,10 +156,12 @@ impl<'a> Reply<'a> {
         let mut out = http::Response::new(());
         *out.status_mut() = upstream_parts.status;
         copy_end_to_end(&upstream_parts.headers, out.headers_mut());
-        out.headers_mut().insert(
-            QUEUE_WAIT_HEADER,
-            HeaderValue::from(sent.queue_wait.as_millis() as u64),
-        );
+        // Most requests never wait: their header is a constant rather than a formatted number.
+        let waited = match sent.queue_wait.as_millis() as u64 {
+            0 => HeaderValue::from_static("0"),
+            ms => HeaderValue::from(ms),
+        };
+        out.headers_mut().insert(QUEUE_WAIT_HEADER, waited);
         if let Some(n) = intake.summary.prompt_tokens.filter(|_| slot_route) {
             out.headers_mut()
                 .insert(PROMPT_TOKENS_HEADER, HeaderValue::from(n));

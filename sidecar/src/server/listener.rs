@@ -35,6 +35,26 @@ pub struct UnixSocket {
     identity: Option<(u64, u64)>,
 }
 
+/// A listening socket on its way to another runtime (see [`Listener::share`]).
+pub enum SharedListener {
+    Unix(std::os::unix::net::UnixListener, PathBuf),
+    Tcp(std::net::TcpListener),
+}
+
+impl SharedListener {
+    /// The listener, registered with the runtime this is called on.
+    pub fn into_listener(self) -> io::Result<Listener> {
+        Ok(match self {
+            SharedListener::Unix(l, path) => Listener::Unix(UnixSocket {
+                listener: UnixListener::from_std(l)?,
+                path,
+                identity: None,
+            }),
+            SharedListener::Tcp(l) => Listener::Tcp(TcpListener::from_std(l)?),
+        })
+    }
+}
+
 pub enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
@@ -104,6 +124,19 @@ impl Listener {
                 Ok((Stream::Tcp(stream), None))
             }
         }
+    }
+
+    /// The same socket, for another runtime to accept on too ([`SharedListener::into_listener`] on
+    /// that runtime). Only this one removes the socket's file when dropped.
+    pub fn share(&self) -> io::Result<SharedListener> {
+        use std::os::fd::AsFd;
+        Ok(match self {
+            Listener::Unix(u) => SharedListener::Unix(
+                u.listener.as_fd().try_clone_to_owned()?.into(),
+                u.path.clone(),
+            ),
+            Listener::Tcp(t) => SharedListener::Tcp(t.as_fd().try_clone_to_owned()?.into()),
+        })
     }
 
     /// The bound address, for logs (TCP shows the real port).

@@ -18,7 +18,7 @@ use slotgate_sdk::Peer;
 use tokio::sync::{watch, Semaphore};
 
 use crate::respond::Body;
-pub use listener::{BindError, Listener};
+pub use listener::{BindError, Listener, SharedListener};
 
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -35,6 +35,16 @@ pub struct ServeOpts {
     pub stall_timeout: Option<Duration>,
     /// Most bytes read and discarded in a lingering close.
     pub linger_bytes: u64,
+    /// Logs when it stops accepting (the one loop of each socket that does; see `quiet`).
+    pub announce: bool,
+}
+
+impl ServeOpts {
+    /// The same, for a second accept loop on a socket: its stop is the first loop's to log.
+    pub fn quiet(mut self) -> Self {
+        self.announce = false;
+        self
+    }
 }
 
 pub async fn accept_loop<H, F>(listener: Listener, handler: H, opts: ServeOpts)
@@ -74,7 +84,9 @@ where
             Err(e) => tracing::debug!(listener = %name, error = %e, "accept failed"),
         }
     }
-    tracing::info!(listener = %name, "stopped accepting");
+    if opts.announce {
+        tracing::info!(listener = %name, "stopped accepting");
+    }
 }
 
 /// Resolves once the stop flag is set (or its sender is gone).

@@ -66,8 +66,12 @@ pub struct Upstream {
 
 struct Inner {
     target: UpstreamAddr,
-    /// Keep-alive pool for passthroughs (model lists, tokenizer, props).
-    client: Pool,
+    /// The scheme and authority of every upstream URI, built once (for a Unix socket hyperlocal's
+    /// hex-encoded path, which is costly to make per request).
+    base: (http::uri::Scheme, http::uri::Authority),
+    /// Keep-alive pools for whole answers and passthroughs (model lists, tokenizer, props): one per
+    /// worker runtime, so a request and its upstream connection stay on one thread (see `pool`).
+    clients: Vec<Pool>,
     /// No idle connections kept: every generation request connects afresh (see `send`).
     fresh: Pool,
     /// For the admin scrape's copy of llama-server's `/metrics`: not counted in
@@ -155,7 +159,7 @@ impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for Counted<C> 
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         if self.1 {
-            metrics::counter!(m::UPSTREAM_CONNECTIONS_TOTAL).increment(1);
+            m::hot().upstream_connections.increment(1);
         }
         self.0.call(uri)
     }
@@ -202,15 +206,19 @@ impl Upstream {
         });
         // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s), so
         // a reused connection is rarely one the server is closing at that moment.
-        let client = Pool::new(&target, connect_timeout, pool_size, true);
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let clients = (0..workers)
+            .map(|_| Pool::new(&target, connect_timeout, pool_size.div_ceil(workers), true))
+            .collect();
         // hyper's pool hands an idle connection to any request, whatever its `Connection` header
         // says; only a pool that keeps none guarantees a connection of its own.
         let fresh = Pool::new(&target, connect_timeout, 0, true);
         let scrape = Pool::new(&target, connect_timeout, 0, false);
         Upstream {
             inner: Arc::new(Inner {
+                base: base_of(&target),
                 target,
-                client,
+                clients,
                 fresh,
                 scrape,
                 scraping: AtomicBool::new(false),
@@ -221,6 +229,13 @@ impl Upstream {
                 unauthorized: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// This worker's keep-alive pool: a pooled connection's task runs on the runtime that opened it,
+    /// so each runtime keeps its own (threads of no worker share the first).
+    fn pool(&self) -> &Pool {
+        let clients = &self.inner.clients;
+        &clients[WORKER.with(std::cell::Cell::get) % clients.len()]
     }
 
     pub fn target(&self) -> &UpstreamAddr {
@@ -279,19 +294,20 @@ impl Upstream {
     /// Counts one request as forwarded until the guard (carried by the response body) drops.
     pub fn inflight_guard(&self) -> InflightGuard {
         let n = self.inner.inflight.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics::gauge!(m::INFLIGHT).set(n as f64);
+        m::hot().inflight.set(n as f64);
         InflightGuard {
             upstream: self.clone(),
         }
     }
 
     fn uri(&self, path_and_query: &str) -> Uri {
-        match &self.inner.target {
-            UpstreamAddr::Tcp(authority) => format!("http://{authority}{path_and_query}")
-                .parse()
-                .unwrap_or_else(|_| Uri::from_static("http://invalid/")),
-            UpstreamAddr::Unix(path) => hyperlocal::Uri::new(path, path_and_query).into(),
-        }
+        let (scheme, authority) = &self.inner.base;
+        Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .unwrap_or_else(|_| Uri::from_static("http://invalid/"))
     }
 
     /// One attempt. A fresh request is built every time from the parts the client sent.
@@ -327,7 +343,7 @@ impl Upstream {
         }
         let pool = match own_connection {
             true => &self.inner.fresh,
-            false => &self.inner.client,
+            false => self.pool(),
         };
         let resp = pool.request(req).await.map_err(classify)?;
         if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
@@ -640,7 +656,34 @@ pub struct InflightGuard {
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         let n = self.upstream.inner.inflight.fetch_sub(1, Ordering::Relaxed) - 1;
-        metrics::gauge!(m::INFLIGHT).set(n as f64);
+        m::hot().inflight.set(n as f64);
+    }
+}
+
+thread_local! {
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks this thread as worker runtime `index`: its requests use keep-alive pool `index`.
+pub fn on_worker(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
+/// The scheme and authority of URIs to `target`.
+fn base_of(target: &UpstreamAddr) -> (http::uri::Scheme, http::uri::Authority) {
+    let root: Uri = match target {
+        UpstreamAddr::Tcp(authority) => format!("http://{authority}/")
+            .parse()
+            .unwrap_or_else(|_| Uri::from_static("http://invalid/")),
+        UpstreamAddr::Unix(path) => hyperlocal::Uri::new(path, "/").into(),
+    };
+    let parts = root.into_parts();
+    match (parts.scheme, parts.authority) {
+        (Some(scheme), Some(authority)) => (scheme, authority),
+        _ => (
+            http::uri::Scheme::HTTP,
+            http::uri::Authority::from_static("invalid"),
+        ),
     }
 }
 
@@ -648,6 +691,20 @@ impl Drop for InflightGuard {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn uris_are_the_ones_hyperlocal_and_http_would_make() {
+        let unix = UpstreamAddr::Unix("/run/llama/llama.sock".into());
+        let up = Upstream::new(unix, Duration::from_secs(1), 1, None);
+        let want: Uri = hyperlocal::Uri::new("/run/llama/llama.sock", "/v1/chat?x=1").into();
+        assert_eq!(up.uri("/v1/chat?x=1"), want);
+        let tcp = UpstreamAddr::Tcp("127.0.0.1:8080".into());
+        let up = Upstream::new(tcp, Duration::from_secs(1), 1, None);
+        assert_eq!(
+            up.uri("/props"),
+            "http://127.0.0.1:8080/props".parse::<Uri>().unwrap()
+        );
+    }
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_dropped() {

@@ -315,9 +315,9 @@ impl Counter {
 
 /// Records how far the estimate was from the exact count (`estimate / exact`), and how it was counted.
 pub fn record(source: Source, estimate: u64, exact: Option<u64>) {
-    metrics::counter!(m::PROMPT_COUNTS_TOTAL, "source" => source.label()).increment(1);
+    m::hot().prompt_counts(source.label()).increment(1);
     if let Some(exact) = exact.filter(|&n| n > 0) {
-        metrics::histogram!(m::COST_ESTIMATE_ERROR_RATIO).record(estimate as f64 / exact as f64);
+        m::hot().cost_error.record(estimate as f64 / exact as f64);
     }
 }
 
@@ -363,6 +363,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_source_has_its_metric_handle() {
+        for s in [
+            Source::Upstream,
+            Source::Cache,
+            Source::Estimate,
+            Source::Forwarded,
+        ] {
+            assert!(
+                m::PROMPT_COUNT_SOURCES.contains(&s.label()),
+                "{}",
+                s.label()
+            );
+        }
+    }
 
     #[test]
     fn a_count_is_keyed_on_the_prompt_as_sent() {

@@ -176,7 +176,7 @@ impl Admission {
                     kv: 0,
                     waiters: BTreeMap::new(),
                     tenants: Tenants::default(),
-                    labels: BoundedLabels::new(TENANT_LABELS),
+                    labels: BoundedLabels::new(TENANT_LABELS, m::TENANT_TOKENS_TOTAL, "tenant"),
                     next_seq: 0,
                     closed: false,
                     service_ewma: None,
@@ -506,9 +506,10 @@ impl Admission {
     }
 
     fn publish(&self, st: &State) {
-        metrics::gauge!(m::QUEUE_DEPTH).set(st.waiters.len() as f64);
-        metrics::gauge!(m::SLOTS_BUSY).set(st.busy as f64);
-        metrics::gauge!(m::KV_RESERVED_TOKENS).set(st.kv as f64);
+        let hot = m::hot();
+        hot.queue_depth.set(st.waiters.len() as f64);
+        hot.slots_busy.set(st.busy as f64);
+        hot.kv_reserved.set(st.kv as f64);
     }
 }
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Admission, Hold, EWMA_ALPHA};
-use crate::metrics as m;
 
 /// A request's slots (and pool tokens), held until the response has been fully streamed or the
 /// client has gone.
@@ -42,9 +41,9 @@ impl SlotGuard {
         st.tenants
             .settle(&self.tenant, charged, actual_tokens as f64 / self.weight);
         if actual_tokens > 0 {
-            let label = st.labels.label(&self.tenant);
+            let counter = st.labels.counter(&self.tenant);
             drop(st);
-            metrics::counter!(m::TENANT_TOKENS_TOTAL, "tenant" => label).increment(actual_tokens);
+            counter.increment(actual_tokens);
         }
     }
 

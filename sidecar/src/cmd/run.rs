@@ -1,4 +1,4 @@
-//! `slotgate serve` (the default) and `slotgate check`: load and validate the configuration once,
+//! `slotgate run` (the default) and `slotgate check`: load and validate the configuration once,
 //! set up logging and metrics, and run until a signal; or print the effective settings and exit.
 
 use std::process::ExitCode;
@@ -86,24 +86,30 @@ fn serve(
     source: crate::app::reload::ConfigSource,
     wrapped: Option<crate::cmd::wrap::Wrap>,
 ) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(async {
+    // One runtime per core: this thread's, and the workers' (see `app::workers`).
+    let runtime = crate::app::workers::runtime().context("starting the async runtime")?;
+    let workers = crate::app::workers::Workers::start(crate::app::workers::count() - 1)
+        .context("starting the worker runtimes")?;
+    let others = workers.handles();
+    crate::log::batch();
+    let served = runtime.block_on(async {
         let prometheus = crate::metrics::install().context("installing the metrics recorder")?;
         // The wrapped llama-server starts first (it loads its model while slotgate binds) and stops
         // last, once slotgate has drained.
         let (stop_child, stop) = tokio::sync::watch::channel(false);
         let child = wrapped.map(|w| w.start(stop)).transpose()?;
-        let served = crate::app::run(config, prometheus, source).await;
+        let served = crate::app::run(config, prometheus, source, others).await;
         let _ = stop_child.send(true);
         if let Some(child) = child {
             let _ = child.await;
         }
         served?;
         Ok(())
-    })
+    });
+    workers.stop();
+    drop(runtime);
+    crate::log::flush();
+    served
 }
 
 fn init_logging(format: LogFormat) {
@@ -112,7 +118,8 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(crate::log::Sink);
+    crate::log::set_format(format);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(false).init(),
