@@ -10,7 +10,7 @@
 #      with --slots 64, so the hot path is measured, not the queue.
 #      And the stack's limit: a bare hyper reverse proxy (scripts/bench/stack, stack-proxy) on the
 #      same hyper, hyper-util, http-body-util and tokio as slotgate, in each runtime shape (multi:
-#      slotgate's own; current; per-core), so every slotgate figure reads against nginx and against
+#      slotgate's before issue 19; current; per-core: slotgate's own), so every slotgate figure reads against nginx and against
 #      what its own stack can do.
 #   2. The fast 429: slotgate with one slot, held by a request that is never answered, and no queue,
 #      against nginx `return 429` and a bare hyper 429 responder (stack-429) in the same shapes.
@@ -392,9 +392,9 @@ echo "post.lua sends one fixed body (slotgate can take the prompt count from its
 echo "unique prompts: post-unique.lua, a new prompt each request (see 'prompt counted by' below for how)"
 echo "slotgate: --slots 64 --queue-depth 1024 --log-format json (logs to a file); mock: nginx on a Unix socket"
 echo "stack: scripts/bench/stack, bare hyper on Cargo.lock's versions; proxy to the mock's Unix socket, body streamed."
-echo "  multi: $(nproc)-worker multi-thread runtime + hyper-util legacy client (slotgate's shape);"
+echo "  multi: $(nproc)-worker multi-thread runtime + hyper-util legacy client (slotgate's shape until issue 19);"
 echo "  current: one current-thread runtime, its own pool of HTTP/1 connections;"
-echo "  per-core: one current-thread runtime per core ($(nproc)), each its own SO_REUSEPORT listener and pool"
+echo "  per-core: one current-thread runtime per core ($(nproc)), each its own SO_REUSEPORT listener and pool (slotgate's shape)"
 echo "added = the system's c=1 latency minus the mock's own (wrk speaks TCP only, so the mock direct is over TCP)"
 echo
 set +e

@@ -154,11 +154,12 @@ def main():
                          "%.0f" % rps, ratio(rps, rrps), ratio(rps, srps), cpu, answers))
     print(rule)
 
-    # slotgate runs in the multi shape today: what it would reach without changing shape.
-    same = next((n for n in of("stack") if n.endswith("-multi")), None)
-    same429 = next((n for n in of("stack429") if n.endswith("-multi")), None)
+    # slotgate runs a current-thread runtime per core (app::workers): the stack in that shape is
+    # what it would reach with nothing of its own.
+    same = next((n for n in of("stack") if n.endswith("-per-core")), None)
+    same429 = next((n for n in of("stack429") if n.endswith("-per-core")), None)
     if same or same429:
-        print("against the stack in slotgate's own shape (multi), slotgate / stack: c=64 rps, c=1 p50 (added for")
+        print("against the stack in slotgate's own shape (per-core), slotgate / stack: c=64 rps, c=1 p50 (added for")
         print("proxies, absolute for 429s), CPU per request at c=64")
         pairs = [(n, same, lambda n: added(n)[0], rps_ok) for n in of("proxy") if same]
         pairs += [(n, same429, lambda n: med(n, 1, "p50"), rps_all) for n in of("fast429") if same429]
