@@ -166,6 +166,21 @@ impl Hot {
     }
 }
 
+/// `slotgate_retry_after_seconds{code}`, its handle resolved once per code (there are a handful).
+pub fn retry_after(code: &'static str) -> Histogram {
+    static SEEN: std::sync::Mutex<Vec<(&'static str, Histogram)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, h)) = seen.iter().find(|(c, _)| *c == code) {
+        return h.clone();
+    }
+    let h = metrics::histogram!(RETRY_AFTER_SECONDS, "code" => code);
+    seen.push((code, h.clone()));
+    h
+}
+
 /// The hot handles (see [`Hot`]). Resolved by `install`; before it (a test without a recorder)
 /// they are resolved on first use, against whatever recorder is in place then.
 pub fn hot() -> &'static Hot {

@@ -41,8 +41,7 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
     };
     let mut resp = json(e.status(), &body);
     if let Some(secs) = e.retry_after() {
-        metrics::histogram!(crate::metrics::RETRY_AFTER_SECONDS, "code" => e.code())
-            .record(secs as f64);
+        crate::metrics::retry_after(e.code()).record(secs as f64);
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
