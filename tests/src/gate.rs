@@ -136,6 +136,8 @@ pub struct Gate {
     wrapped: Vec<String>,
     /// The upstream is the fake, which gives each slot a context of its own.
     fake: bool,
+    /// Started by [`crate::systemd::PassedSockets`], which holds [`crate::systemd::SPAWN`] already.
+    handing_over: bool,
 }
 
 impl Default for Gate {
@@ -158,6 +160,22 @@ impl Gate {
             wrapper: Vec::new(),
             wrapped: Vec::new(),
             fake: false,
+            handing_over: false,
+        }
+    }
+
+    /// This start hands sockets over and holds [`crate::systemd::SPAWN`] for writing itself.
+    pub(crate) fn handing_over(mut self) -> Self {
+        self.handing_over = true;
+        self
+    }
+
+    /// Waits until no sockets are being handed over to another child (see [`crate::systemd::SPAWN`]),
+    /// unless this start is the one handing them over.
+    async fn spawning(&self) -> Option<tokio::sync::RwLockReadGuard<'static, ()>> {
+        match self.handing_over {
+            true => None,
+            false => Some(crate::systemd::SPAWN.read().await),
         }
     }
 
@@ -409,9 +427,11 @@ impl Gate {
         let stderr = std::fs::File::create(&stderr_path).expect("create stderr log");
         let stdout = std::fs::File::create(dir.join("stdout.log")).expect("create stdout log");
         cmd.stderr(Stdio::from(stderr)).stdout(Stdio::from(stdout));
+        let spawning = self.spawning().await;
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn slotgate: {e}"));
+        drop(spawning);
         let mut gate = RunningGate {
             pid: child.id().unwrap_or(0),
             child,
@@ -471,6 +491,7 @@ impl Gate {
         let dir = unique_dir("gate");
         let admin_listen = format!("tcp:127.0.0.1:{}", free_port());
         let (mut cmd, _) = self.build(&dir, &admin_listen);
+        let _spawning = self.spawning().await;
         let out = tokio::time::timeout(
             timeout,
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output(),

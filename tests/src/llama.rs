@@ -128,6 +128,15 @@ fn checked(paths: LlamaPaths, from: &str) -> Result<LlamaPaths, String> {
     Ok(paths)
 }
 
+/// One real llama-server scenario at a time in a test binary, across its modules.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Holds the machine for one test against the real llama-server: every such test takes this first,
+/// since two CPU-bound servers on this machine's two cores would skew each other's timings.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().await
+}
+
 /// Starts llama-server.
 #[derive(Debug)]
 pub struct LlamaServer;

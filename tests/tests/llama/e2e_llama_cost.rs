@@ -11,9 +11,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use slotgate_tests::llama::{u64_at, LlamaServer, RunningLlama, CTX_PER_SLOT};
 use slotgate_tests::*;
-use tokio::sync::Mutex;
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 const PROMPT_COUNTS: &str = "slotgate_prompt_counts_total";
 const PROMPT_HEADER: &str = "x-slotgate-prompt-tokens";
@@ -60,7 +57,7 @@ fn counted(resp: &Response) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_exact_count_is_what_llama_server_reports() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = gate_for(&llama).await;
     let client = gate.client();
@@ -124,7 +121,7 @@ async fn the_exact_count_is_what_llama_server_reports() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn counting_never_takes_the_generation_slot() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = gate_for(&llama).await;
     // A long generation holds llama-server's only slot.
@@ -188,7 +185,7 @@ async fn counting_never_takes_the_generation_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prompt_that_can_never_fit_is_refused_without_a_slot() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = gate_for(&llama).await;
     wait_slot_context(&gate).await;
@@ -228,7 +225,7 @@ async fn a_prompt_that_can_never_fit_is_refused_without_a_slot() {
 /// reservation is refunded down to exactly what was used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_passes_unchanged() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = Gate::new()
         .upstream_path(llama.socket())
@@ -273,7 +270,7 @@ async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_is_charged_its_real_tokens_with_or_without_usage() {
     const ANSWER: u64 = 24;
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = gate_for(&llama).await;
     wait_slot_context(&gate).await;

@@ -7,13 +7,13 @@
 //!
 //! | row | test |
 //! |-----|------|
-//! | stalled reader | covered by `tests/tests/stall_guards.rs::a_client_that_stops_reading_loses_its_slot_within_the_stall_timeout` |
-//! | slow but progressing reader | covered by `tests/tests/stall_guards.rs::a_slow_reader_that_keeps_reading_is_never_cut` |
+//! | stalled reader | covered by `tests/tests/faults/stall_guards.rs::a_client_that_stops_reading_loses_its_slot_within_the_stall_timeout` |
+//! | slow but progressing reader | covered by `tests/tests/faults/stall_guards.rs::a_slow_reader_that_keeps_reading_is_never_cut` |
 //! | disconnect during the request head | `a_client_that_leaves_during_its_request_head_is_forgotten` |
 //! | disconnect during the body | `a_client_that_leaves_during_its_body_is_never_forwarded` |
-//! | disconnect while queued | covered by `tests/tests/queued_disconnect.rs::queued_client_that_leaves_is_dropped_from_the_queue` |
+//! | disconnect while queued | covered by `tests/tests/faults/queued_disconnect.rs::queued_client_that_leaves_is_dropped_from_the_queue` |
 //! | disconnect during a policy evaluation | `a_client_that_leaves_during_its_policy_evaluation_is_never_forwarded` |
-//! | disconnect mid-stream | covered by `tests/tests/midstream_disconnect.rs::dropping_a_stream_cancels_upstream_and_frees_the_slot` (and before the head: `leaving_before_the_response_head_cancels_upstream_and_frees_the_slot`) |
+//! | disconnect mid-stream | covered by `tests/tests/faults/midstream_disconnect.rs::dropping_a_stream_cancels_upstream_and_frees_the_slot` (and before the head: `leaving_before_the_response_head_cancels_upstream_and_frees_the_slot`) |
 //! | half-close (taken as a disconnect, as nginx does) | `a_half_closed_client_is_taken_to_have_left` |
 //! | pipelined requests | `pipelined_requests_are_answered_in_order_one_at_a_time` |
 //! | HTTP/1.0 | `http_1_0_requests_are_answered_and_closed` |

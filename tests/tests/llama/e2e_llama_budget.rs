@@ -19,9 +19,6 @@ use http_body_util::Full;
 use serde_json::{json, Value};
 use slotgate_tests::llama::{chat, chat_usage, stream_usage, u64_at, LlamaServer, RunningLlama};
 use slotgate_tests::*;
-use tokio::sync::Mutex;
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the policy's `on_complete` may take to settle a request once its response has ended.
@@ -241,7 +238,7 @@ const _: () = assert!(B_STREAM_TOKENS.1 as usize + 200 <= slotgate_tests::llama:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_spent_budget_is_refused_before_llama_server_while_others_are_served_and_settled_from_real_usage(
 ) {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let t_start = Instant::now();
     let a = Tenant::new("A", "sk-e2e-tenant-a");
     let b = Tenant::new("B", "sk-e2e-tenant-b");
@@ -426,7 +423,7 @@ const C_REFILL: f64 = 12.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refilling_budget_answers_retry_after_from_real_usage_and_admits_once_it_has_passed() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let t_start = Instant::now();
     let c = Tenant::new("C", "sk-e2e-tenant-c");
     let est = estimate(SHORT_PROMPT, C_TOKENS);

@@ -592,6 +592,7 @@ async fn queue_wait_and_ttft_are_histograms_from_milliseconds_to_minutes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_llamacpp_metric_the_kit_reads_is_exported_by_the_real_llama_server() {
+    let _serial = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = Gate::one_slot(1)
         .upstream_path(llama.socket())

@@ -27,6 +27,7 @@ async fn fleet_gate(llama: &RunningLlama, redis: &RunningRedis, settings: &str) 
 /// at most six in all (in-memory budgets would admit up to six on each), and then both refuse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_llama_servers_behind_two_sidecars_share_one_budget() {
+    let _serial = slotgate_tests::llama::serial().await;
     let redis = RunningRedis::start();
     let estimate = (PROMPT.chars().count() as u64).div_ceil(4) + MAX_TOKENS;
     let settings = format!("{{ capacity = {}, refill_per_second = 0 }}", 6 * estimate);

@@ -42,6 +42,7 @@ fn promtool_accepts(text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_scrape_has_the_queue_the_running_requests_the_kv_estimate_and_llama_servers_own() {
+    let _serial = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(2).await;
     let gate = Gate::new()
         .upstream_path(llama.socket())

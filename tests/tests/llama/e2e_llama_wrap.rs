@@ -62,6 +62,7 @@ async fn ask(client: &Client, tag: &str) -> Response {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_command_serves_restarts_a_killed_child_and_drains_before_stopping_it() {
+    let _serial = slotgate_tests::llama::serial().await;
     let mut gate = Gate::new()
         .wrapping(server_argv(2))
         .env("LD_LIBRARY_PATH", library_path().to_str().unwrap())

@@ -485,6 +485,7 @@ async fn cooled_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn litellm_routes_around_overload_but_not_around_one_tenants_budget() {
+    let _serial = slotgate_tests::llama::serial().await;
     let dir = unique_dir("litellm-policies");
     let a = Pair::start(
         "A",

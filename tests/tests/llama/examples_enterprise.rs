@@ -81,6 +81,7 @@ fn the_three_configs_are_valid_fit_side_by_side_and_match_their_workloads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_embedding_config_serves_a_burst_in_front_of_the_real_llama_server() {
+    let _serial = slotgate_tests::llama::serial().await;
     let paths = LlamaPaths::get();
     let argv = [
         paths.server.display().to_string(),

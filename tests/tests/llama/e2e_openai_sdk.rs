@@ -19,9 +19,6 @@ use slotgate_tests::gate::free_port;
 use slotgate_tests::llama::{chat, chat_usage, LlamaServer, RunningLlama, PROMPT};
 use slotgate_tests::python::{arg, driver, driver_on_cue, python, Attempt};
 use slotgate_tests::*;
-use tokio::sync::Mutex;
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 /// SDK clients in the burst, against one slot and two queue places.
 const BURST: usize = 12;
@@ -161,7 +158,7 @@ fn assert_usage(usage: Option<&Value>, completion: u64) {
 /// sleeps exactly that long when it is at most 120 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_of_sdk_clients_retrying_as_told_all_get_answers() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate, base_url) = llama_and_gate(Gate::one_slot(BURST_QUEUE)).await;
     let tokens = llama
         // Low bounds: the barrier sends the whole burst at once, so even short answers overlap,
@@ -311,7 +308,7 @@ async fn a_burst_of_sdk_clients_retrying_as_told_all_get_answers() {
 /// SDK: content, `finish_reason`, and `usage` exactly where it was asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn whole_and_streamed_answers_parse_with_the_sdk() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate, base_url) = llama_and_gate(Gate::one_slot(2)).await;
     let tokens = 24u64;
     let call = |command: &'static str, extra: Option<&'static str>| {
@@ -363,7 +360,7 @@ async fn whole_and_streamed_answers_parse_with_the_sdk() {
 /// `queue_full`, with `max_retries=0` one attempt, the wait in its headers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slotgate_errors_surface_as_the_sdks_typed_exceptions() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate, base_url) = llama_and_gate(Gate::one_slot(0).max_body("32KiB")).await;
     // `extra`: the driver's options, then `error` and its own.
     let error = |extra: &[&str]| {

@@ -10,6 +10,7 @@ use slotgate_tests::soak::{run, SoakOpts};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_minutes_of_mixed_traffic_leave_slotgate_idle_and_no_bigger() {
+    let _serial = slotgate_tests::llama::serial().await;
     let mut opts = SoakOpts::minutes(2.0);
     opts.max_rss_growth_pct = 10.0;
     let report = run(opts).await;

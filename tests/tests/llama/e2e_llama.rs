@@ -15,9 +15,6 @@ use slotgate_tests::llama::{
     chat_usage, stream_usage, u64_at, LlamaLoad, LlamaServer, RunningLlama, Usage, PROMPT,
 };
 use slotgate_tests::*;
-use tokio::sync::Mutex;
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 /// How long one answer in the burst should take: well over the ~400 ms the burst takes to send, so
 /// every request after the first arrives while the slot is still busy.
@@ -242,7 +239,7 @@ fn print_timeline(samples: &[Sample]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn burst_on_one_slot_runs_one_at_a_time_in_arrival_order_and_overflow_gets_429() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate) = llama_and_gate().await;
 
     let tokens = llama
@@ -405,7 +402,7 @@ async fn burst_on_one_slot_runs_one_at_a_time_in_arrival_order_and_overflow_gets
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chat_completions_through_slotgate_match_llama_server_direct() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate) = llama_and_gate().await;
 
     let (direct, whole) =
@@ -454,7 +451,7 @@ fn check_native(resp: &Response, n_predict: u64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn native_completion_through_slotgate_streams_and_answers_intact() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate) = llama_and_gate().await;
 
     let (direct, whole) =
@@ -500,7 +497,7 @@ async fn native_completion_through_slotgate_streams_and_answers_intact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_mid_stream_stops_llama_server_and_frees_the_slot() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate) = llama_and_gate().await;
     // As long an answer as the context allows; the client leaves after the first token.
     let tokens = MAX_ANSWER_TOKENS;
@@ -551,7 +548,7 @@ async fn a_client_that_leaves_mid_stream_stops_llama_server_and_frees_the_slot()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requests_queued_behind_streams_are_forwarded_although_llama_server_closes_those_connections(
 ) {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let (llama, gate) = llama_and_gate().await;
 
     // Three clients, each sending short streams back to back: one generates while the others wait,

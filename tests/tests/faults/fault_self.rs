@@ -5,8 +5,8 @@
 //! | row | test |
 //! |-----|------|
 //! | a SIGHUP storm under load | `a_sighup_storm_under_load_fails_no_request` |
-//! | SIGTERM with a full queue and long streams | `sigterm_with_a_full_queue_and_busy_streams_drains_within_the_deadline` (the simpler one-slot case: `tests/tests/shutdown.rs::sigterm_drains_inflight_and_rejects_the_queue`) |
-//! | the file-descriptor limit reached | covered by `tests/tests/fd_exhaustion.rs::accept_backs_off_when_file_descriptors_run_out` |
+//! | SIGTERM with a full queue and long streams | `sigterm_with_a_full_queue_and_busy_streams_drains_within_the_deadline` (the simpler one-slot case: `tests/tests/gate/shutdown.rs::sigterm_drains_inflight_and_rejects_the_queue`) |
+//! | the file-descriptor limit reached | covered by `tests/tests/faults/fd_exhaustion.rs::accept_backs_off_when_file_descriptors_run_out` |
 //!
 //! A gate that has exited has no admin listener and no descriptors left to check: after SIGTERM, the
 //! invariants of [`RunningGate::assert_settled`] that still mean something are checked one by one

@@ -19,10 +19,7 @@ use slotgate_tests::llama::{
     self, chat_usage, Frozen, LlamaSample, LlamaServer, RunningLlama, PROMPT,
 };
 use slotgate_tests::*;
-use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 /// Tokens of an answer that must still be streaming when the fault strikes: many seconds on 2 cores.
 const LONG: u64 = 1500;
@@ -196,7 +193,7 @@ async fn assert_llama_settled(gate: &RunningGate, llama: &RunningLlama) {
 /// through the restart within their queue timeout, then each is served once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_killed_mid_stream_and_restarted_serves_the_queue() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let mut llama = LlamaServer::start(1).await;
     // Generous: the restart loads the model again, on a busy machine.
     let gate = Gate::one_slot(4)
@@ -265,7 +262,7 @@ async fn llama_killed_mid_stream_and_restarted_serves_the_queue() {
 /// llama-server runs again, the next request is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_stopped_before_its_first_byte_gets_504_then_recovers() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = Gate::one_slot(4)
         .opt("--upstream-first-byte-timeout", "2s")
@@ -324,7 +321,7 @@ async fn thaw_and_serve_next(
 /// the next request is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_stopped_mid_stream_is_cut_by_the_idle_timeout_then_recovers() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = Gate::one_slot(4)
         .opt("--upstream-idle-timeout", "4s")
@@ -366,7 +363,7 @@ async fn llama_stopped_mid_stream_is_cut_by_the_idle_timeout_then_recovers() {
 /// path, service resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_socket_removed_gives_503_until_restarted() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _serial = slotgate_tests::llama::serial().await;
     let mut llama = LlamaServer::start(1).await;
     let gate = Gate::one_slot(4)
         .queue_timeout("2s")

@@ -11,9 +11,6 @@ use std::time::Duration;
 
 use slotgate_tests::llama::{chat, LlamaServer, RunningLlama, PROMPT};
 use slotgate_tests::*;
-use tokio::sync::Mutex;
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 const CONNECTIONS: &str = "slotgate_upstream_connections_total";
 
@@ -46,7 +43,7 @@ async fn whole(gate: &RunningGate, tag: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn whole_answers_reuse_connections_and_streams_do_not_on_the_real_server() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(2).await;
     let gate = gate_for(&llama).await;
     let start = opened(&gate).await;
@@ -109,7 +106,7 @@ async fn whole_answers_reuse_connections_and_streams_do_not_on_the_real_server()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pooled_connection_to_a_killed_llama_server_costs_the_next_request_nothing() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _one = slotgate_tests::llama::serial().await;
     let mut llama = LlamaServer::start(2).await;
     let gate = gate_for(&llama).await;
     // Leaves idle connections in the pool.

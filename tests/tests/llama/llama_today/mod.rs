@@ -18,16 +18,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use slotgate_tests::gate::free_port;
-use slotgate_tests::llama::{try_sample, RunningLlama};
+// Holds the machine for one test (one lock for the whole `llama` binary).
+use slotgate_tests::llama::{serial, try_sample, RunningLlama};
 use slotgate_tests::*;
-use tokio::sync::{Mutex, MutexGuard};
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
-
-/// Holds the machine for one test.
-async fn serial() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().await
-}
 
 /// `gate` before `llama` on a TCP port as well as its Unix socket (the SDKs speak TCP): the gate
 /// and `http://127.0.0.1:PORT`.
