@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
-use crate::client::{Client, Response};
+use crate::client::{get_request as get, Client, Response};
 use crate::fake_upstream::{FakeUpstream, RunningUpstream};
 use crate::metrics::Metrics;
 use crate::request::{spawn_post, Req, CHAT};
@@ -35,10 +35,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(5);
 pub fn binary_path() -> PathBuf {
     let path = match std::env::var_os("SLOTGATE_BIN") {
         Some(p) => PathBuf::from(p),
-        None => std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-            .join("debug/slotgate"),
+        None => crate::target_dir().join("debug/slotgate"),
     };
     assert!(
         path.exists(),
@@ -516,13 +513,6 @@ pub struct Exited {
     pub stderr: String,
 }
 
-fn get(path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
-    http::Request::get(path)
-        .header("host", "localhost")
-        .body(http_body_util::Full::default())
-        .expect("valid request")
-}
-
 /// A running slotgate; killed on drop. Its temp dir (logs, socket) is kept if the test panicked.
 pub struct RunningGate {
     child: Child,
@@ -581,6 +571,17 @@ impl RunningGate {
             .into_iter()
             .next()
             .expect("this gate has no Unix listen socket")
+    }
+
+    /// Teaches the gate what a request costs, so its wait estimates (Retry-After, doomed waits) have
+    /// a service time: three requests of `service` each, one after another, every one answered 200.
+    pub async fn learn_service_time(&self, service: Duration) {
+        let client = self.client();
+        for i in 0..3 {
+            let warm = Req::chat(&format!("warm{i}")).delay(service).json();
+            let resp = client.post_json(CHAT, &warm).await;
+            assert_eq!(resp.status, 200, "{}", resp.body);
+        }
     }
 
     /// A client for the first listen address.

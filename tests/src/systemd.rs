@@ -259,7 +259,7 @@ pub fn field<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
 
 /// `examples/systemd` of this workspace.
 pub fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/systemd")
+    crate::workspace().join("examples/systemd")
 }
 
 /// The example units (`*.service`, `*.socket`) copied into `dir`, each program of an `Exec*=` line

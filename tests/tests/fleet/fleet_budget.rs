@@ -297,33 +297,17 @@ async fn refunds_from_real_usage_reach_the_fleet_bucket(store: Store) {
 fn window_policy(dir: &std::path::Path) -> std::path::PathBuf {
     let deny = r#"{"verdict":"deny","status":429,"message":"window full"}"#;
     let allow = r#"{"verdict":"allow"}"#;
-    let esc = |s: &str| s.replace('"', "\\\"");
-    let wat = format!(
-        r#"(module
-  (import "slotgate" "window_add" (func $add (param i32 i32 i64 i64) (result i64)))
-  (memory (export "memory") 1)
-  (global $next (mut i32) (i32.const 8192))
-  (data (i32.const 64) "calls")
-  (data (i32.const 128) "{deny}")
-  (data (i32.const 512) "{allow}")
-  (func (export "slotgate_abi_version") (result i32) (i32.const 1))
-  (func (export "slotgate_alloc") (param $n i32) (result i32)
-    (local $p i32)
-    (local.set $p (global.get $next))
-    (global.set $next (i32.add (global.get $next) (local.get $n)))
-    (local.get $p))
-  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
-    (if (i64.gt_s (call $add (i32.const 64) (i32.const 5) (i64.const 60000) (i64.const 1)) (i64.const 5))
-      (then (return (i64.or (i64.shl (i64.const 128) (i64.const 32)) (i64.const {deny_len})))))
-    (i64.or (i64.shl (i64.const 512) (i64.const 32)) (i64.const {allow_len}))))"#,
-        deny = esc(deny),
-        allow = esc(allow),
-        deny_len = deny.len(),
-        allow_len = allow.len(),
+    let evaluate = format!(
+        "(if (i64.gt_s (call $add (i32.const 64) (i32.const 5) (i64.const 60000) (i64.const 1)) (i64.const 5))
+      (then (return (i64.or (i64.shl (i64.const 128) (i64.const 32)) (i64.const {})))))",
+        deny.len()
     );
-    let path = dir.join("window.wat");
-    std::fs::write(&path, wat).unwrap();
-    path
+    let data = format!(
+        r#"(data (i32.const 64) "calls")
+  (data (i32.const 128) "{}")"#,
+        deny.replace('"', "\\\"")
+    );
+    wat::policy_with(dir, "window", 1, wat::WINDOW_ADD, allow, &evaluate, &data)
 }
 
 slotgate_tests::on_each_store! {

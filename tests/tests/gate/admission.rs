@@ -4,18 +4,6 @@ use std::time::Duration;
 
 use slotgate_tests::*;
 
-/// Asserts a forwarded response carries `x-slotgate-queue-wait-ms` as an integer and returns it.
-fn queue_wait_ms(resp: &Response) -> u64 {
-    let raw = resp.header("x-slotgate-queue-wait-ms").unwrap_or_else(|| {
-        panic!(
-            "forwarded response lacks x-slotgate-queue-wait-ms: {:?}",
-            resp.headers
-        )
-    });
-    raw.parse()
-        .unwrap_or_else(|_| panic!("x-slotgate-queue-wait-ms is not an integer: {raw:?}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_slot_serves_queue_in_arrival_order_and_rejects_overflow_fast() {
     let (up, gate) = Gate::one_slot(3).start_with(FakeUpstream::instant()).await;

@@ -23,13 +23,7 @@ async fn busy_gate(
         g = g.opt(k, v);
     }
     let (up, gate) = g.start_with(FakeUpstream::instant()).await;
-    let client = gate.client();
-    for i in 0..3 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("warm{i}")).delay(SERVICE).json())
-            .await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
-    }
+    gate.learn_service_time(SERVICE).await;
     let held = gate.hold_slot(&Req::chat("held").delay(SERVICE)).await;
     let queued = gate.enqueue(&Req::chat("queued").delay(SERVICE)).await;
     (up, gate, vec![held, queued])

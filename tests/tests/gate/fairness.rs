@@ -17,14 +17,6 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 /// Scheduling slack allowed on top of a bound: process hops, timers and a busy 2-core machine.
 const MARGIN_MS: u64 = 150;
 
-/// `x-slotgate-queue-wait-ms` of a forwarded response.
-fn queue_wait_ms(resp: &Response) -> u64 {
-    resp.header("x-slotgate-queue-wait-ms")
-        .unwrap_or_else(|| panic!("no x-slotgate-queue-wait-ms: {:?}", resp.headers))
-        .parse()
-        .expect("an integer")
-}
-
 /// The nearest-rank 95th percentile.
 fn p95(values: &[u64]) -> u64 {
     let mut v = values.to_vec();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use http::{Method, Request};
+use http::Method;
 use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -25,17 +25,11 @@ async fn one_connection_carries_many_requests() {
     assert_eq!(models.status, 200);
     // An error answer must leave the connection usable too.
     let bad = conn
-        .send(
-            Request::builder()
-                .method(Method::POST)
-                .uri(CHAT)
-                .header("host", "localhost")
-                .header("content-type", "application/json")
-                .body(http_body_util::Full::new(bytes::Bytes::from_static(
-                    b"{bad",
-                )))
-                .unwrap(),
-        )
+        .send(client::json_request(
+            Method::POST,
+            CHAT,
+            bytes::Bytes::from_static(b"{bad"),
+        ))
         .await
         .unwrap();
     assert_error(&bad, 400, "invalid_json");

@@ -58,12 +58,7 @@ async fn run(obey: Obey) -> Run {
         .await;
     let client = gate.client();
     // Teach the service-time average what a request costs.
-    for i in 0..3 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("warm{i}")).delay(SERVICE).json())
-            .await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
-    }
+    gate.learn_service_time(SERVICE).await;
     let mut out = Run {
         retried: 0,
         hits: 0,

@@ -28,7 +28,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -62,54 +61,6 @@ const EARLY: Duration = Duration::from_millis(500);
 const CAROL_RETRY_AFTER: u64 = 30;
 /// Retry-After of dave's refusal at pair B: how long LiteLLM cools B down for everybody.
 const DAVE_RETRY_AFTER: u64 = 12;
-
-/// The `litellm` command: `$LITELLM`, else the one beside the interpreter
-/// `scripts/setup-python-clients.sh` prints (it installs `tests/python/requirements.txt`, which pins
-/// `litellm[proxy]`, the first time). Fails the test with the script's stderr when neither works:
-/// an end to end test that skipped would claim what it did not check.
-fn litellm_binary() -> &'static Path {
-    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let resolved = PATH.get_or_init(|| {
-        if let Some(p) = std::env::var_os("LITELLM") {
-            return Ok(PathBuf::from(p));
-        }
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-python-clients.sh");
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(format!(
-                "{} failed ({}):\n{}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let python = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("SLOTGATE_PYTHON="))
-            .map(PathBuf::from)
-            .ok_or_else(|| {
-                format!(
-                    "{} printed no SLOTGATE_PYTHON= line:\n{stdout}",
-                    script.display()
-                )
-            })?;
-        Ok(python.with_file_name("litellm"))
-    });
-    match resolved {
-        Ok(p) if p.is_file() => p,
-        Ok(p) => panic!(
-            "LiteLLM is not at {}: is litellm[proxy] in tests/python/requirements.txt?",
-            p.display()
-        ),
-        Err(e) => panic!("{e}"),
-    }
-}
 
 /// A policy standing for a per-pair token budget that `tenant` has spent: its requests get
 /// token-budget's refusal (429, "token budget exhausted", Retry-After `retry_after`), everybody
@@ -214,12 +165,12 @@ struct LiteLlm {
 
 impl LiteLlm {
     async fn start(a: &Pair, b: &Pair) -> LiteLlm {
-        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/litellm/config.yaml");
+        let config = slotgate_tests::workspace().join("examples/litellm/config.yaml");
         let dir = unique_dir("litellm");
         let log = dir.join("litellm.log");
         let out = std::fs::File::create(&log).expect("create LiteLLM log");
         let port = free_port();
-        let mut cmd = Command::new(litellm_binary());
+        let mut cmd = Command::new(python::litellm());
         cmd.arg("--config")
             .arg(&config)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -243,7 +194,7 @@ impl LiteLlm {
             .kill_on_drop(true);
         let child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", litellm_binary().display()));
+            .unwrap_or_else(|e| panic!("start {}: {e}", python::litellm().display()));
         let mut litellm = LiteLlm {
             child,
             client: Client::tcp(([127, 0, 0, 1], port).into()),
@@ -258,10 +209,7 @@ impl LiteLlm {
                     litellm.log_tail(60)
                 );
             }
-            let probe = http::Request::get("/health/liveliness")
-                .header("host", "localhost")
-                .body(Default::default())
-                .expect("valid request");
+            let probe = client::get_request("/health/liveliness");
             if matches!(litellm.client.try_send(probe).await, Ok(r) if r.status == 200) {
                 break;
             }

@@ -108,17 +108,6 @@ async fn send(client: Client, index: usize, path: &str, body: Value) -> Answer {
     }
 }
 
-fn queue_wait_ms(resp: &Response) -> u64 {
-    let raw = resp.header("x-slotgate-queue-wait-ms").unwrap_or_else(|| {
-        panic!(
-            "forwarded answer lacks x-slotgate-queue-wait-ms: {:?}",
-            resp.headers
-        )
-    });
-    raw.parse()
-        .unwrap_or_else(|_| panic!("x-slotgate-queue-wait-ms is not an integer: {raw:?}"))
-}
-
 /// What a checked answer said.
 #[derive(Debug)]
 struct Generated {

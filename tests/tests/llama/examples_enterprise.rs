@@ -10,7 +10,7 @@ use slotgate_tests::llama::{library_path, LlamaPaths};
 use slotgate_tests::*;
 
 fn example(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/enterprise/{name}.toml"))
+    slotgate_tests::workspace().join(format!("examples/enterprise/{name}.toml"))
 }
 
 /// `slotgate check --config` on the example: its effective settings.

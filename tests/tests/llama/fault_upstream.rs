@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use slotgate_tests::client::get_request as get;
 use slotgate_tests::fake_upstream::{Scripted, BUSY_MESSAGE, SERVER_ERROR_MESSAGE};
 use slotgate_tests::llama::{
     self, chat_usage, Frozen, LlamaSample, LlamaServer, RunningLlama, PROMPT,
@@ -138,13 +139,6 @@ fn print_timeline(samples: &[Sample]) {
             last = Some(now);
         }
     }
-}
-
-fn get(path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
-    http::Request::get(path)
-        .header("host", "localhost")
-        .body(http_body_util::Full::default())
-        .expect("valid request")
 }
 
 /// Sends `body` through the gate in a task and waits until it holds a slot.

@@ -14,7 +14,7 @@
 //! promtool comes from `scripts/setup-prometheus.sh`; a missing one fails the test, naming it.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -40,10 +40,6 @@ const GRAFANA_MACROS: &[(&str, &str)] = &[
     ("$instance", ".*"),
     ("$job", ".*"),
 ];
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn read(rel: &str) -> String {
     let path = workspace().join(rel);

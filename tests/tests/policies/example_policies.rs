@@ -7,10 +7,7 @@ use std::process::Output;
 use serde_json::Value;
 use slotgate_tests::gate::{run as slotgate, succeeded as ok};
 use slotgate_tests::wait::unique_dir;
-
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use slotgate_tests::workspace;
 
 /// Runs `slotgate <args>`, adding `--settings` with the example policy `name`'s example settings if
 /// it has them.

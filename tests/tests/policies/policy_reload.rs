@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use slotgate_tests::errors::assert_error;
+use slotgate_tests::errors::{assert_error, assert_error_says};
 use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
 use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::request::{Req, CHAT};
@@ -307,12 +307,7 @@ async fn sighup_rereads_the_config_file_and_keeps_the_old_chain_if_it_does_not_p
         (resp.status == 403).then_some(resp)
     })
     .await;
-    assert_error(&resp, 403, "policy_denied");
-    assert!(
-        resp.body.contains("closed for maintenance"),
-        "{}",
-        resp.body
-    );
+    assert_error_says(&resp, 403, "policy_denied", "closed for maintenance");
     assert_eq!(reloads(&gate, "gate", "ok").await, 1.0);
     let status = gate.status().await;
     assert_eq!(status["policies"]["chain"][0]["name"], "gate", "{status}");

@@ -5,14 +5,13 @@
 //!
 //! The client promises the standard library only, so it runs under `python3 -S` (no site-packages).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use slotgate_tests::gate::free_port;
 use slotgate_tests::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// How much sooner than told a retry may be sent: the rounding of the client's log (0.1 ms).
 const CLOCK_SLACK_S: f64 = 0.002;
@@ -21,7 +20,7 @@ const OVERSLEEP_S: f64 = 0.3;
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/clients")
+    slotgate_tests::workspace().join("examples/clients")
 }
 
 /// Runs `python3 -S` with `args` in `examples/clients`.
@@ -64,39 +63,14 @@ struct Run {
 /// Runs the example client with `args` once `scene` (which sets up the gate's load) has run,
 /// returning what the client did and what `scene` returned.
 async fn retry_client<T>(args: &[String], scene: impl std::future::Future<Output = T>) -> (Run, T) {
-    let mut child = tokio::process::Command::new("python3")
-        .args(["-S", "-c", ON_CUE, "retry_client.py"])
+    let mut cmd = tokio::process::Command::new("python3");
+    cmd.args(["-S", "-c", ON_CUE, "retry_client.py"])
         .args(args)
         .current_dir(examples_dir())
         // No __pycache__ left in the source tree.
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run python3 (the examples need Python 3): {e}"));
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    let ready = tokio::time::timeout(RUN_TIMEOUT, stdout.read_line(&mut line)).await;
-    assert!(
-        matches!(ready, Ok(Ok(_))) && line == "ready\n",
-        "python3 did not start (got {line:?})"
-    );
-    let scene = scene.await;
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    stdin.write_all(b"go\n").await.expect("cue the client");
-    drop(stdin);
-    let mut rest = Vec::new();
-    let finished = async {
-        stdout.read_to_end(&mut rest).await.expect("read stdout");
-        child.wait_with_output().await.expect("wait for python3")
-    };
-    let out = tokio::time::timeout(RUN_TIMEOUT, finished)
-        .await
-        .unwrap_or_else(|_| {
-            panic!("retry_client.py {args:?} did not finish within {RUN_TIMEOUT:?}")
-        });
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let what = format!("python3 retry_client.py {args:?} (the examples need Python 3)");
+    let (out, scene) = slotgate_tests::python::run_on_cue(cmd, &what, RUN_TIMEOUT, scene).await;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let events = stderr
         .lines()
@@ -105,7 +79,7 @@ async fn retry_client<T>(args: &[String], scene: impl std::future::Future<Output
         .collect();
     let run = Run {
         code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&rest).into_owned(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr,
         events,
     };
@@ -163,11 +137,7 @@ async fn the_client_waits_as_told_and_gets_its_answer_over_a_unix_socket() {
         .start_with(FakeUpstream::sse(["hello", " from", " the fake"], ms(1)).delay(service))
         .await;
     // Answers that report usage first, so slotgate's estimate is learnt and has milliseconds.
-    for i in 0..3 {
-        let warm = Req::chat(&format!("warm{i}")).delay(service).json();
-        let resp = gate.client().post_json(CHAT, &warm).await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
-    }
+    gate.learn_service_time(service).await;
     let socket = gate.socket_path().display().to_string();
     let args = [
         "--unix-socket".into(),

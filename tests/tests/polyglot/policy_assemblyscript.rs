@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use slotgate_tests::budget::send_until_refunded;
-use slotgate_tests::errors::{assert_error, retry_after};
+use slotgate_tests::errors::{assert_error, assert_error_says, retry_after};
 use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
 use slotgate_tests::gate::{hash_key, run as slotgate, succeeded as ok, Gate, RunningGate};
 use slotgate_tests::request::{Req, CHAT};
@@ -22,8 +22,8 @@ fn built(name: &str) -> PathBuf {
 }
 
 fn example_settings(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../policies-as")
+    slotgate_tests::workspace()
+        .join("policies-as")
         .join(name)
         .join("settings.example.json")
 }
@@ -165,12 +165,7 @@ async fn token_budget_refuses_a_dry_tenant_with_retry_after() {
     // About 100 left (99 plus what refilled since): 901 more need 8 to 9 seconds of refill.
     let second = Req::chat("second").set("max_tokens", 900).json();
     let resp = client.post_json(CHAT, &second).await;
-    assert_error(&resp, 429, "policy_denied");
-    assert!(
-        resp.body.contains("token budget exhausted"),
-        "{}",
-        resp.body
-    );
+    assert_error_says(&resp, 429, "policy_denied", "token budget exhausted");
     let wait = retry_after(&resp);
     assert!((7..=9).contains(&wait), "Retry-After {wait}: {}", resp.body);
 
@@ -185,8 +180,7 @@ async fn token_budget_refuses_a_dry_tenant_with_retry_after() {
     let huge = client
         .post_json(CHAT, &Req::chat("huge").set("max_tokens", 5000).json())
         .await;
-    assert_error(&huge, 403, "policy_denied");
-    assert!(huge.body.contains("lower max_tokens"), "{}", huge.body);
+    assert_error_says(&huge, 403, "policy_denied", "lower max_tokens");
     assert_eq!(
         up.tags(),
         ["first", "keyed"],
@@ -306,12 +300,11 @@ async fn request_guard_denies_over_max_tokens_when_told_to() {
         .set("max_tokens", 1)
         .set("n_predict", 500);
     let resp = client.post_json(CHAT, &sneaky.json()).await;
-    assert_error(&resp, 403, "policy_denied");
-    assert!(
-        resp.body
-            .contains("max_tokens 500 is over the limit of 100"),
-        "{}",
-        resp.body
+    assert_error_says(
+        &resp,
+        403,
+        "policy_denied",
+        "max_tokens 500 is over the limit of 100",
     );
     let modest = Req::chat("modest")
         .set("max_tokens", 500)

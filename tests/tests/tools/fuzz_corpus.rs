@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 /// Feeds every file of `fuzz/corpus/<target>` to `entry`; an empty or missing corpus fails.
 fn replay(target: &str, entry: fn(&[u8])) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
-        .join(target);
+    let dir = slotgate_tests::workspace().join("fuzz/corpus").join(target);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
         .map(|entry| entry.unwrap().path())

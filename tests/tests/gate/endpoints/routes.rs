@@ -88,12 +88,7 @@ async fn host_endpoints_are_refused_unless_the_operator_enables_them() {
     let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
     for (method, path) in [(Method::POST, "/tools"), (Method::GET, "/cors-proxy")] {
         let resp = gate.client().request(method, path).await;
-        assert_error(&resp, 403, "host_endpoint");
-        assert!(
-            resp.body.contains("--forward-host-endpoints"),
-            "{}",
-            resp.body
-        );
+        assert_error_says(&resp, 403, "host_endpoint", "--forward-host-endpoints");
     }
     assert!(up.passthrough_seen().is_empty());
     drop(gate);
@@ -113,12 +108,11 @@ async fn host_endpoints_are_refused_unless_the_operator_enables_them() {
 async fn a_route_llama_server_lacks_is_a_404_that_says_so_and_the_ui_is_forwarded() {
     let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
     let resp = gate.client().get("/v1/files").await;
-    assert_error(&resp, 404, "not_found");
-    assert!(
-        resp.body
-            .contains("slotgate forwards every route llama-server serves"),
-        "{}",
-        resp.body
+    assert_error_says(
+        &resp,
+        404,
+        "not_found",
+        "slotgate forwards every route llama-server serves",
     );
     // In Anthropic's shape on its API: a wrong method on /v1/messages.
     let resp = gate.client().get("/v1/messages").await;

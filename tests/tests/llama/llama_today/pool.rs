@@ -86,7 +86,7 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
         tokio::spawn(async move {
             let client = Client::unix(&socket);
             loop {
-                if let Ok(r) = client.try_send(get_slots()).await {
+                if let Ok(r) = client.try_send(client::get_request("/slots")).await {
                     if let Value::Array(slots) = r.json() {
                         peak.fetch_max(cells_in_use(&slots), Ordering::Relaxed);
                     }
@@ -119,13 +119,6 @@ async fn the_default_shared_pool_serves_in_turn_what_would_exhaust_it_at_once() 
         4.0
     );
     assert_both_idle(&gate, &llama).await;
-}
-
-fn get_slots() -> http::Request<http_body_util::Full<bytes::Bytes>> {
-    http::Request::get("/slots")
-        .header("host", "localhost")
-        .body(http_body_util::Full::default())
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
