@@ -10,9 +10,6 @@ use std::time::{Duration, Instant};
 
 use slotgate_tests::gate::hash_key;
 use slotgate_tests::*;
-use tokio::sync::Mutex;
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 /// Scheduling slack allowed on top of a bound: process hops, timers and a busy 2-core machine.
 const MARGIN_MS: u64 = 150;
@@ -86,7 +83,7 @@ fn tokens_before(served: &[(u64, Instant)], end: Instant) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flooding_tenant_delays_another_by_one_of_its_requests_at_most() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _timing = slotgate_tests::wait::timing().await;
     const SERVICE_MS: u64 = 200;
     let (up, gate) = Gate::new()
         .slots(1)
@@ -167,7 +164,7 @@ async fn a_flooding_tenant_delays_another_by_one_of_its_requests_at_most() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn equal_demand_gets_equal_tokens_whatever_the_request_size() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _timing = slotgate_tests::wait::timing().await;
     let (up, gate) = Gate::new()
         .slots(1)
         .queue_depth(16)
@@ -283,7 +280,7 @@ async fn alone_a_tenant_may_fill_the_queue_until_another_needs_a_place() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_weight_2_tenant_gets_twice_the_tokens() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _timing = slotgate_tests::wait::timing().await;
     let dir = unique_dir("fair-weight");
     // Requests whose model is WEIGHT2 are given weight 2; everything else is allowed as it is.
     let decision = br#"{"verdict":"allow","weight":2}"#;
@@ -325,7 +322,7 @@ async fn a_weight_2_tenant_gets_twice_the_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn aging_lets_a_low_priority_request_through_a_stream_of_urgent_ones() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    let _timing = slotgate_tests::wait::timing().await;
     const AGING_MS: u64 = 500;
     const SERVICE_MS: u64 = 150;
     let (up, gate) = Gate::new()

@@ -51,6 +51,7 @@ struct Run {
 /// `ROUNDS` bursts of `BURST` against one slot and two queue places; the clients turned away sleep
 /// the wait `obey` names and try once more.
 async fn run(obey: Obey) -> Run {
+    let _timing = slotgate_tests::wait::timing().await;
     let (up, gate) = Gate::new()
         .slots(1)
         .queue_depth(2)

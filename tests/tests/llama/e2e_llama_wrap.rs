@@ -145,6 +145,7 @@ async fn one_command_serves_restarts_a_killed_child_and_drains_before_stopping_i
 
 #[tokio::test]
 async fn a_command_that_chooses_its_own_address_is_refused_with_the_reason() {
+    let _serial = slotgate_tests::llama::serial().await;
     let mut argv = server_argv(1);
     argv.extend(["--port".to_owned(), "8080".to_owned()]);
     let out = gate::command()

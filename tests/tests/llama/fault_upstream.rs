@@ -430,6 +430,7 @@ async fn llama_socket_removed_gives_503_until_restarted() {
 /// per request plus one per "Loading model", and slotgate serves normally afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_of_500s_and_503s_is_passed_through_without_retry_amplification() {
+    let _serial = slotgate_tests::llama::serial().await;
     use Scripted::{Busy, Loading, ServerError};
     let script = [
         ServerError,
@@ -514,6 +515,7 @@ async fn a_storm_of_500s_and_503s_is_passed_through_without_retry_amplification(
 /// `slotgate_prompt_counts_total{source="estimate"}` counts each that waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_tokenizer_falls_back_to_the_estimate_within_the_count_timeout() {
+    let _serial = slotgate_tests::llama::serial().await;
     const CLIENTS: usize = 4;
     const DELAY: Duration = Duration::from_secs(30);
     let (up, gate) = Gate::one_slot(CLIENTS)

@@ -3,8 +3,10 @@
 //! observability kit (promtool), the route table against llama-server's source (`$LLAMA_SOURCE`),
 //! and `llama_today`.
 //!
-//! Every test that starts a llama-server holds [`slotgate_tests::llama::serial`]: two CPU-bound
-//! servers on this machine's two cores would skew each other's timings.
+//! Every async test here holds [`slotgate_tests::llama::serial`], so they run one at a time: two
+//! CPU-bound llama-servers on this machine's two cores would skew each other's timings, and the
+//! soak's fd and RSS checks want the machine to themselves. (The few sync tests only read files
+//! and run promtool.)
 //!
 //! Needs everything `scripts/test.sh` sets up. Not in the fast tier.
 

@@ -411,6 +411,7 @@ async fn gate_with_policies() -> (RunningUpstream, RunningGate) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_slotgate_metric_the_kit_reads_is_exported_after_real_traffic() {
+    let _serial = slotgate_tests::llama::serial().await;
     let (up, gate) = gate_with_policies().await;
     let client = gate.client();
 
@@ -546,6 +547,7 @@ fn histogram_bounds(m: &Metrics, family: &str) -> Vec<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_wait_and_ttft_are_histograms_from_milliseconds_to_minutes() {
+    let _serial = slotgate_tests::llama::serial().await;
     let (up, gate) = Gate::one_slot(1).start_with(FakeUpstream::instant()).await;
     let a = gate.hold_slot(&Req::chat("a").delay(ms(400))).await;
     let b = gate.enqueue(&Req::chat("b")).await;
