@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the offline validator for examples/kubernetes/ (tests/tests/deploy_kubernetes.rs) into
+# Installs the offline validator for examples/kubernetes/ (tests/tests/deploy/deploy_kubernetes.rs) into
 # $SLOTGATE_CACHE/kubernetes-tools (default ~/.cache/slotgate/kubernetes-tools), from PyPI only:
 #
 # - kubernetes-validate (pinned): the Kubernetes JSON schemas of every release from 1.25 to 1.37,

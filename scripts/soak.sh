@@ -2,7 +2,7 @@
 # The soak (issue 8, item 7; not in CI): $1 minutes (default 30) of mixed traffic against slotgate in
 # front of a real llama-server, one status line per minute, the invariants at the end. Uses the release
 # binary; the output is also written to $SOAK_LOG (default soak-<date>.log in the current directory).
-# Exit status: 0 if every invariant held. The 2-minute version runs in CI as tests/tests/soak_ci.rs.
+# Exit status: 0 if every invariant held. The 2-minute version runs in CI as tests/tests/llama/soak_ci.rs.
 set -euo pipefail
 minutes="${1:-30}"
 log="${SOAK_LOG:-$PWD/soak-$(date +%Y%m%d-%H%M%S).log}"

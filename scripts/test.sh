@@ -1,10 +1,38 @@
 #!/usr/bin/env bash
-# The one test command: formatting, lints, every unit, integration and end-to-end test.
-# On a fresh machine it first builds llama-server and the tiny model (cached in ~/.cache/slotgate).
+# The one test command, in two tiers (docs/testing.md):
+#
+#   bash scripts/test.sh [ARGS...]       everything: formatting, lints, every unit, integration and
+#                                        end-to-end test. The README's and CI's command. On a fresh
+#                                        machine it first builds llama-server and the tiny model and
+#                                        installs Redis, Valkey, promtool, the Kubernetes validator and
+#                                        the Python clients (all cached in ~/.cache/slotgate). ARGS go to
+#                                        `cargo test --workspace --no-fail-fast` as they are, e.g.
+#                                        `-- some_filter` or `--test llama -- e2e_llama::`.
+#   bash scripts/test.sh fast [ARGS...]  what needs only Rust: fmt, clippy, the bins and the Rust wasm
+#                                        policies, every crate's unit and doc tests, and the integration
+#                                        binaries gate, faults, policies and tools. No llama-server,
+#                                        Redis, Python or Node. ARGS go to each `cargo test` after `--`
+#                                        (test name filters, `--nocapture`, ...).
+#
+# Both print how long they took at the end.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+tier=full
+if [ "${1:-}" = fast ]; then
+  tier=fast
+  shift
+fi
+
+# The integration binaries of tests/ (tests/Cargo.toml) that need only Rust: the fast tier runs
+# these; the full run runs every binary.
+FAST_TESTS=(gate faults policies tools)
+
 step() { printf '\n==> %s\n' "$*"; }
+
+started=$SECONDS
+elapsed() { printf '%dm%02ds' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)); }
+trap 'status=$?; [ "$status" = 0 ] || printf "\n%s tier: FAILED after %s\n" "$tier" "$(elapsed)"' EXIT
 
 # CI builds in a fresh clone every time; keep compiled dependencies in the machine's cache instead of
 # the clone, so a warm run does not rebuild them. A caller's own CARGO_TARGET_DIR wins.
@@ -30,6 +58,36 @@ cargo fmt --all -- --check
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+
+if [ "$tier" = fast ]; then
+  step "build the slotgate binary the tests drive"
+  cargo build --workspace --bins
+
+  step "build the example policies to wasm32-unknown-unknown"
+  bash scripts/build-policies.sh
+
+  # One `cargo test --workspace` for the lot, as the full run: the same packages, so the same
+  # features (tests/ turns on slotgate/fuzzing) and the same compiled test binaries for both tiers.
+  # Integration tests of the other crates (sidecar/tests/ and the like) need only Rust too.
+  fast_args=()
+  for t in "${FAST_TESTS[@]}"; do fast_args+=(--test "$t"); done
+  for f in sidecar/tests/*.rs sidecar/tests/*/main.rs sdk/tests/*.rs sdk/tests/*/main.rs \
+    policies/*/tests/*.rs policies/*/tests/*/main.rs; do
+    [ -e "$f" ] || continue
+    case $f in
+      */main.rs) fast_args+=(--test "$(basename "$(dirname "$f")")") ;;
+      *) fast_args+=(--test "$(basename "$f" .rs)") ;;
+    esac
+  done
+  step "unit tests of every crate and the integration tests ${FAST_TESTS[*]}"
+  cargo test --workspace --no-fail-fast --lib --bins "${fast_args[@]}" -- "$@"
+
+  step "doc tests of every crate"
+  cargo test --workspace --no-fail-fast --doc -- "$@"
+
+  printf '\nfast tier: passed in %s\n' "$(elapsed)"
+  exit 0
+fi
 
 step "real llama-server and tiny model (cached after the first run)"
 eval "$(bash scripts/setup-llama.sh)"
@@ -74,3 +132,5 @@ bash scripts/build-policies-as.sh
 
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"
+
+printf '\nfull run: passed in %s\n' "$(elapsed)"

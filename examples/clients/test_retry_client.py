@@ -2,7 +2,7 @@
 
     python3 -m unittest discover -s examples/clients -p 'test_*.py'
 
-tests/tests/client_example.rs runs them, and the client itself against a real slotgate.
+tests/tests/polyglot/client_example.rs runs them, and the client itself against a real slotgate.
 """
 
 import contextlib

@@ -40,6 +40,18 @@ pub struct Response {
     pub body: String,
 }
 
+/// Asserts a forwarded response carries `x-slotgate-queue-wait-ms` as an integer and returns it.
+pub fn queue_wait_ms(resp: &Response) -> u64 {
+    let raw = resp.header("x-slotgate-queue-wait-ms").unwrap_or_else(|| {
+        panic!(
+            "forwarded response lacks x-slotgate-queue-wait-ms: {:?}",
+            resp.headers
+        )
+    });
+    raw.parse()
+        .unwrap_or_else(|_| panic!("x-slotgate-queue-wait-ms is not an integer: {raw:?}"))
+}
+
 impl Response {
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers
@@ -123,13 +135,22 @@ pub fn parse_sse(text: &str) -> (Vec<String>, bool) {
     (data, done)
 }
 
-fn json_request(method: Method, path: &str, body: Bytes) -> Request<Full<Bytes>> {
+/// A `method` request for `path` with a JSON `body` (which may be empty), as every helper here sends.
+pub fn json_request(method: Method, path: &str, body: Bytes) -> Request<Full<Bytes>> {
     Request::builder()
         .method(method)
         .uri(path)
         .header("host", "localhost")
         .header("content-type", "application/json")
         .body(Full::new(body))
+        .expect("valid request")
+}
+
+/// A bare `GET path`, for [`Client::try_send`] and [`Conn::send`] (admin endpoints, probes).
+pub fn get_request(path: &str) -> Request<Full<Bytes>> {
+    Request::get(path)
+        .header("host", "localhost")
+        .body(Full::default())
         .expect("valid request")
 }
 

@@ -43,6 +43,17 @@ pub fn assert_error(resp: &Response, status: u16, code: &str) -> String {
     ty
 }
 
+/// [`assert_error`], and the error's body says `text` (in its message). Returns the error `type`.
+pub fn assert_error_says(resp: &Response, status: u16, code: &str, text: &str) -> String {
+    let ty = assert_error(resp, status, code);
+    assert!(
+        resp.body.contains(text),
+        "{status} {code} does not say {text:?}: {}",
+        resp.body
+    );
+    ty
+}
+
 /// The `Retry-After` header as whole seconds; panics if it is absent, not an integer, or zero.
 pub fn retry_after(resp: &Response) -> u64 {
     let raw = resp

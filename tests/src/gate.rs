@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
-use crate::client::{Client, Response};
+use crate::client::{get_request as get, Client, Response};
 use crate::fake_upstream::{FakeUpstream, RunningUpstream};
 use crate::metrics::Metrics;
 use crate::request::{spawn_post, Req, CHAT};
@@ -35,10 +35,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(5);
 pub fn binary_path() -> PathBuf {
     let path = match std::env::var_os("SLOTGATE_BIN") {
         Some(p) => PathBuf::from(p),
-        None => std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-            .join("debug/slotgate"),
+        None => crate::target_dir().join("debug/slotgate"),
     };
     assert!(
         path.exists(),
@@ -136,6 +133,8 @@ pub struct Gate {
     wrapped: Vec<String>,
     /// The upstream is the fake, which gives each slot a context of its own.
     fake: bool,
+    /// Started by [`crate::systemd::PassedSockets`], which holds [`crate::systemd::SPAWN`] already.
+    handing_over: bool,
 }
 
 impl Default for Gate {
@@ -158,6 +157,22 @@ impl Gate {
             wrapper: Vec::new(),
             wrapped: Vec::new(),
             fake: false,
+            handing_over: false,
+        }
+    }
+
+    /// This start hands sockets over and holds [`crate::systemd::SPAWN`] for writing itself.
+    pub(crate) fn handing_over(mut self) -> Self {
+        self.handing_over = true;
+        self
+    }
+
+    /// Waits until no sockets are being handed over to another child (see [`crate::systemd::SPAWN`]),
+    /// unless this start is the one handing them over.
+    async fn spawning(&self) -> Option<tokio::sync::RwLockReadGuard<'static, ()>> {
+        match self.handing_over {
+            true => None,
+            false => Some(crate::systemd::SPAWN.read().await),
         }
     }
 
@@ -409,9 +424,11 @@ impl Gate {
         let stderr = std::fs::File::create(&stderr_path).expect("create stderr log");
         let stdout = std::fs::File::create(dir.join("stdout.log")).expect("create stdout log");
         cmd.stderr(Stdio::from(stderr)).stdout(Stdio::from(stdout));
+        let spawning = self.spawning().await;
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn slotgate: {e}"));
+        drop(spawning);
         let mut gate = RunningGate {
             pid: child.id().unwrap_or(0),
             child,
@@ -471,6 +488,7 @@ impl Gate {
         let dir = unique_dir("gate");
         let admin_listen = format!("tcp:127.0.0.1:{}", free_port());
         let (mut cmd, _) = self.build(&dir, &admin_listen);
+        let _spawning = self.spawning().await;
         let out = tokio::time::timeout(
             timeout,
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output(),
@@ -493,13 +511,6 @@ pub struct Exited {
     pub status: ExitStatus,
     pub stdout: String,
     pub stderr: String,
-}
-
-fn get(path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
-    http::Request::get(path)
-        .header("host", "localhost")
-        .body(http_body_util::Full::default())
-        .expect("valid request")
 }
 
 /// A running slotgate; killed on drop. Its temp dir (logs, socket) is kept if the test panicked.
@@ -560,6 +571,17 @@ impl RunningGate {
             .into_iter()
             .next()
             .expect("this gate has no Unix listen socket")
+    }
+
+    /// Teaches the gate what a request costs, so its wait estimates (Retry-After, doomed waits) have
+    /// a service time: three requests of `service` each, one after another, every one answered 200.
+    pub async fn learn_service_time(&self, service: Duration) {
+        let client = self.client();
+        for i in 0..3 {
+            let warm = Req::chat(&format!("warm{i}")).delay(service).json();
+            let resp = client.post_json(CHAT, &warm).await;
+            assert_eq!(resp.status, 200, "{}", resp.body);
+        }
     }
 
     /// A client for the first listen address.

@@ -17,10 +17,7 @@ pub const VERSIONS: &[&str] = &["1.30", "1.37"];
 const SETUP: &str = "scripts/setup-kubernetes-tools.sh";
 
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .expect("workspace dir")
+    crate::workspace().canonicalize().expect("workspace dir")
 }
 
 /// `examples/kubernetes/`.

@@ -36,8 +36,10 @@ pub mod systemd;
 pub mod wait;
 pub mod wat;
 
-pub use client::{Client, Conn, Response, SseRead, Streaming, Target};
-pub use errors::{assert_context_refusal, assert_error, parse_error, retry_after};
+pub use client::{queue_wait_ms, Client, Conn, Response, SseRead, Streaming, Target};
+pub use errors::{
+    assert_context_refusal, assert_error, assert_error_says, parse_error, retry_after,
+};
 pub use fake_upstream::{FakeUpstream, RunningUpstream, SeenRequest};
 pub use gate::{Exited, Gate, RunningGate};
 pub use metrics::Metrics;
@@ -52,6 +54,49 @@ pub fn bench_main<F: std::future::Future>(run: F) -> F::Output {
         .build()
         .expect("runtime")
         .block_on(run)
+}
+
+/// The workspace root (the folder above `tests/`), for the examples, scripts and sources tests read.
+pub fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR`, else the workspace's `target/`.
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace().join("target"), std::path::PathBuf::from)
+}
+
+/// Runs `scripts/<script>`, a setup script that installs or finds a tool (cached after the first run)
+/// and prints `KEY=value` lines, and returns what it printed; a failure is the script's exit status
+/// and the end of its stderr. A test that needs the tool fails with that: it never skips.
+pub fn setup_script(script: &str) -> Result<String, String> {
+    let path = workspace().join("scripts").join(script);
+    let out = std::process::Command::new("bash")
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        return Err(format!(
+            "{} failed ({}); its stderr (last 60 lines):\n{}",
+            path.display(),
+            out.status,
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The value of `key` in a setup script's `KEY=value` lines (see [`setup_script`]), or why not.
+pub fn setup_value(script: &str, stdout: &str, key: &str) -> Result<std::path::PathBuf, String> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .map(std::path::PathBuf::from)
+        .ok_or_else(|| format!("scripts/{script} printed no {key}= line; stdout:\n{stdout}"))
 }
 
 /// Milliseconds, for terse timings in tests.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::client::{Client, Response, SseRead};
+use crate::client::{get_request, Client, Response, SseRead};
 use crate::metrics::Metrics;
 use crate::request::CHAT;
 use crate::wait::{eventually, unique_dir};
@@ -72,34 +72,9 @@ fn resolve_paths() -> Result<LlamaPaths, String> {
             "LLAMA_SERVER / LLAMA_MODEL / LLAMA_MODEL_LONG / LLAMA_SOURCE",
         );
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup-llama.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        return Err(format!(
-            "{} failed ({}); its stderr (last 60 lines):\n{}",
-            script.display(),
-            out.status,
-            tail(&stderr, 60)
-        ));
-    }
-    let field = |key: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .map(PathBuf::from)
-            .ok_or_else(|| {
-                format!(
-                    "{} printed no {key}= line; stdout:\n{stdout}",
-                    script.display()
-                )
-            })
-    };
+    let script = "setup-llama.sh";
+    let stdout = crate::setup_script(script)?;
+    let field = |key: &str| crate::setup_value(script, &stdout, key);
     checked(
         LlamaPaths {
             server: field("LLAMA_SERVER")?,
@@ -107,7 +82,7 @@ fn resolve_paths() -> Result<LlamaPaths, String> {
             model_long: field("LLAMA_MODEL_LONG")?,
             source: field("LLAMA_SOURCE")?,
         },
-        &script.display().to_string(),
+        &format!("scripts/{script}"),
     )
 }
 
@@ -126,6 +101,15 @@ fn checked(paths: LlamaPaths, from: &str) -> Result<LlamaPaths, String> {
         ));
     }
     Ok(paths)
+}
+
+/// One real llama-server scenario at a time in a test binary, across its modules.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Holds the machine for one test against the real llama-server: every such test takes this first,
+/// since two CPU-bound servers on this machine's two cores would skew each other's timings.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().await
 }
 
 /// Starts llama-server.
@@ -503,13 +487,6 @@ pub fn u64_at(v: &Value, path: &str) -> u64 {
     v.pointer(path)
         .and_then(Value::as_u64)
         .unwrap_or_else(|| panic!("{path} is missing or not an integer in {v}"))
-}
-
-fn get_request(path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
-    http::Request::get(path)
-        .header("host", "localhost")
-        .body(http_body_util::Full::default())
-        .expect("valid request")
 }
 
 fn tail(text: &str, lines: usize) -> String {

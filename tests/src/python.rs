@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -34,9 +35,7 @@ pub fn python() -> PathBuf {
 }
 
 fn command(script: &str, args: &[String]) -> tokio::process::Command {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("python")
-        .join(script);
+    let path = crate::workspace().join("tests/python").join(script);
     let mut cmd = tokio::process::Command::new(python());
     cmd.arg(path)
         .args(args)
@@ -47,6 +46,31 @@ fn command(script: &str, args: &[String]) -> tokio::process::Command {
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     cmd
+}
+
+/// The `litellm` command: `$LITELLM`, else the one beside the interpreter
+/// `scripts/setup-python-clients.sh` prints (it installs `tests/python/requirements.txt`, which pins
+/// `litellm[proxy]`, the first time). Fails the test with the script's stderr when neither works:
+/// an end to end test that skipped would claim what it did not check.
+pub fn litellm() -> &'static Path {
+    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let resolved = PATH.get_or_init(|| {
+        if let Some(p) = std::env::var_os("LITELLM") {
+            return Ok(PathBuf::from(p));
+        }
+        let script = "setup-python-clients.sh";
+        let stdout = crate::setup_script(script)?;
+        let python = crate::setup_value(script, &stdout, "SLOTGATE_PYTHON")?;
+        Ok(python.with_file_name("litellm"))
+    });
+    match resolved {
+        Ok(p) if p.is_file() => p,
+        Ok(p) => panic!(
+            "LiteLLM is not at {}: is litellm[proxy] in tests/python/requirements.txt?",
+            p.display()
+        ),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// Runs `tests/python/<script>` with `args` under `$SLOTGATE_PYTHON` and parses the JSON it prints.
@@ -68,38 +92,56 @@ pub async fn driver_on_cue<T: DeserializeOwned, C>(
     let args: Vec<String> = std::iter::once(arg("--on-cue"))
         .chain(args.iter().cloned())
         .collect();
-    let mut child = command(script, &args)
+    let what = format!("{script} {args:?}");
+    let (out, scene) = run_on_cue(command(script, &args), &what, DRIVER_TIMEOUT, cue).await;
+    (result(script, &args, &out), scene)
+}
+
+/// Runs `cmd`, a program that prints `ready` once it is set to go and then waits for a line on its
+/// stdin: once it said so, runs `cue` (which sets the scene), then sends `go`; returns its output and
+/// the cue's result. A program that never says ready, or does not finish within `timeout`, fails the
+/// test (`what` names it). Python starting slowly on a busy machine thus never shifts the scene.
+pub async fn run_on_cue<C>(
+    mut cmd: tokio::process::Command,
+    what: &str,
+    timeout: Duration,
+    cue: impl std::future::Future<Output = C>,
+) -> (std::process::Output, C) {
+    let mut child = cmd
         .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
     let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
     let mut line = String::new();
-    let ready = tokio::time::timeout(DRIVER_TIMEOUT, stdout.read_line(&mut line)).await;
+    let ready = tokio::time::timeout(timeout, stdout.read_line(&mut line)).await;
     if !matches!(ready, Ok(Ok(_))) || line.trim() != "ready" {
         let _ = child.start_kill();
-        let out = child.wait_with_output().await.expect("reap the driver");
+        let out = child.wait_with_output().await.expect("reap the program");
         panic!(
-            "{script} {args:?} never said ready (got {line:?}); stderr:\n{}",
+            "{what} never said ready (got {line:?}); stderr:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
     let scene = cue.await;
     let mut stdin = child.stdin.take().expect("piped stdin");
-    stdin.write_all(b"go\n").await.expect("cue the driver");
+    stdin.write_all(b"go\n").await.expect("cue the program");
     drop(stdin);
     let mut rest = Vec::new();
     let finished = async {
-        stdout
-            .read_to_end(&mut rest)
+        stdout.read_to_end(&mut rest).await.expect("read stdout");
+        child
+            .wait_with_output()
             .await
-            .expect("read the driver");
-        child.wait_with_output().await.expect("wait for the driver")
+            .expect("wait for the program")
     };
-    let mut out = tokio::time::timeout(DRIVER_TIMEOUT, finished)
+    let mut out = tokio::time::timeout(timeout, finished)
         .await
-        .unwrap_or_else(|_| panic!("{script} {args:?} did not finish within {DRIVER_TIMEOUT:?}"));
+        .unwrap_or_else(|_| panic!("{what} did not finish within {timeout:?}"));
     out.stdout = rest;
-    (result(script, &args, &out), scene)
+    (out, scene)
 }
 
 /// The JSON a driver that exited 0 printed; else a failure with its output.

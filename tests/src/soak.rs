@@ -843,13 +843,8 @@ async fn one(client: &Client, kind: Kind, rng: &mut fastrand::Rng) -> End {
 }
 
 fn request(method: &str, path: &str, body: Bytes) -> http::Request<Full<Bytes>> {
-    http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .expect("valid request")
+    let method = http::Method::from_bytes(method.as_bytes()).expect("a method");
+    client::json_request(method, path, body)
 }
 
 fn expect_status(sent: anyhow::Result<client::Response>, want: u16) -> End {

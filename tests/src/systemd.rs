@@ -31,13 +31,13 @@ pub const O_CLOEXEC: u32 = 0o2000000;
 const HAND_OVER_FROM: i32 = 100;
 
 /// Children inherit every descriptor that is not close-on-exec, and handing sockets over clears that
-/// flag for a moment: every start in a test binary that hands sockets over must hold this lock, or a
-/// child started by another test at that moment would keep them open.
-static SPAWN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// flag for a moment: a hand-over holds this for writing, and every other start of slotgate through
+/// [`Gate`] holds it for reading while it spawns, or a child started by another test of the same
+/// binary at that moment would keep the sockets open.
+pub(crate) static SPAWN: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// Starts `gate` while no sockets are being handed over (see [`SPAWN`]).
+/// Starts `gate` while no sockets are being handed over (see [`SPAWN`]; every [`Gate::start`] does).
 pub async fn start_exclusive(gate: Gate) -> RunningGate {
-    let _spawning = SPAWN.lock().await;
     gate.start().await
 }
 
@@ -94,17 +94,23 @@ impl PassedSockets {
 
     /// Starts `gate` with the sockets handed over.
     pub async fn start(&self, gate: Gate) -> RunningGate {
-        let _spawning = SPAWN.lock().await;
+        let _spawning = SPAWN.write().await;
         // This process's inheritable copies close on return; the child has its own.
         let handed = self.hand_over();
-        gate.wrap(self.wrapper(&handed)).start().await
+        gate.wrap(self.wrapper(&handed))
+            .handing_over()
+            .start()
+            .await
     }
 
     /// Runs `gate` with the sockets handed over, expecting it to exit by itself.
     pub async fn run_to_exit(&self, gate: Gate, timeout: Duration) -> Exited {
-        let _spawning = SPAWN.lock().await;
+        let _spawning = SPAWN.write().await;
         let handed = self.hand_over();
-        gate.wrap(self.wrapper(&handed)).run_to_exit(timeout).await
+        gate.wrap(self.wrapper(&handed))
+            .handing_over()
+            .run_to_exit(timeout)
+            .await
     }
 
     /// Inheritable duplicates of the sockets, numbered from [`HAND_OVER_FROM`].
@@ -253,7 +259,7 @@ pub fn field<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
 
 /// `examples/systemd` of this workspace.
 pub fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/systemd")
+    crate::workspace().join("examples/systemd")
 }
 
 /// The example units (`*.service`, `*.socket`) copied into `dir`, each program of an `Exec*=` line

@@ -47,3 +47,13 @@ pub fn current_uid() -> u32 {
     let _ = std::fs::remove_dir_all(&dir);
     uid
 }
+
+/// One timed scenario at a time in a test binary, across its modules.
+static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Held by the tests that measure waits against bounds (fairness, Retry-After) on this 2-core
+/// machine: two of them in one binary never run at once, though each may still run beside a test
+/// that measures nothing, as it did beside the other tests of its own file.
+pub async fn timing() -> tokio::sync::MutexGuard<'static, ()> {
+    TIMED.lock().await
+}

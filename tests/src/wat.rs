@@ -3,6 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+/// The import of `bucket_take` every [`policy`] has (as `$take`).
+pub const BUCKET_TAKE: &str =
+    r#"(import "slotgate" "bucket_take" (func $take (param i32 i32 f64 f64 f64) (result f64)))"#;
+
+/// The import of `window_add` (as `$add`), for [`policy_with`].
+pub const WINDOW_ADD: &str =
+    r#"(import "slotgate" "window_add" (func $add (param i32 i32 i64 i64) (result i64)))"#;
+
 /// Writes `<dir>/<name>.wat`: ABI `version`, answering `decision` (JSON) after running
 /// `evaluate_body` (WAT instructions, e.g. `(loop $l (br $l))`). `extra` adds module fields.
 pub fn policy(
@@ -13,10 +21,32 @@ pub fn policy(
     evaluate_body: &str,
     extra: &str,
 ) -> PathBuf {
+    policy_with(
+        dir,
+        name,
+        version,
+        BUCKET_TAKE,
+        decision,
+        evaluate_body,
+        extra,
+    )
+}
+
+/// [`policy`] with other host imports than [`BUCKET_TAKE`] (`imports`: WAT import fields). The
+/// decision's text is at offset 16; memory from 8192 on is the allocator's.
+pub fn policy_with(
+    dir: &Path,
+    name: &str,
+    version: i32,
+    imports: &str,
+    decision: &str,
+    evaluate_body: &str,
+    extra: &str,
+) -> PathBuf {
     let escaped = decision.replace('\\', "\\\\").replace('"', "\\\"");
     let wat = format!(
         r#"(module
-  (import "slotgate" "bucket_take" (func $take (param i32 i32 f64 f64 f64) (result f64)))
+  {imports}
   (memory (export "memory") 1)
   (global $next (mut i32) (i32.const 8192))
   (data (i32.const 16) "{escaped}")
@@ -60,10 +90,7 @@ pub fn config(dir: &Path, policies: &[(&Path, Option<&str>)]) -> PathBuf {
 
 /// `<target>/policies/<name>.wasm|.wat`, as `scripts/build-policies.sh` leaves them.
 pub fn built(name: &str) -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    let dir = target.join("policies");
+    let dir = crate::target_dir().join("policies");
     for ext in ["wasm", "wat"] {
         let p = dir.join(format!("{name}.{ext}"));
         if p.exists() {
@@ -79,10 +106,9 @@ pub fn built(name: &str) -> PathBuf {
 /// `<target>/policies/as-<name>.wasm`: the AssemblyScript port of an example policy, as
 /// `scripts/build-policies-as.sh` leaves it.
 pub fn built_as(name: &str) -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    let path = target.join("policies").join(format!("as-{name}.wasm"));
+    let path = crate::target_dir()
+        .join("policies")
+        .join(format!("as-{name}.wasm"));
     assert!(
         path.exists(),
         "{} is missing: run scripts/build-policies-as.sh first",

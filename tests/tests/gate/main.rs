@@ -1,0 +1,31 @@
+//! Integration tests of the gate on the fake llama-server (`slotgate_tests::FakeUpstream`): admission,
+//! the queue, priority, fairness, Retry-After, bad input, passthrough and routes, status and metrics,
+//! shutdown, keep-alive, and the `endpoints` of today's llama-server as the fake plays them.
+//!
+//! Needs only Rust: the built `slotgate` binary and the Rust example policies
+//! (`scripts/build-policies.sh`). Part of the fast tier (`scripts/test.sh fast`).
+
+mod admission;
+mod bad_input;
+mod burst;
+mod cost;
+mod displacement;
+mod doomed_waits;
+mod early_reject;
+mod endpoints;
+mod fairness;
+mod fake_upstream_selftest;
+mod keep_alive;
+mod metrics;
+mod passthrough;
+mod peer_credentials;
+mod priority;
+mod queue_timeout;
+mod readiness;
+mod retry_after;
+mod routes;
+mod shutdown;
+mod slots_auto;
+mod status;
+mod stream_holds_slot;
+mod tcp_listener;

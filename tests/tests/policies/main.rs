@@ -1,0 +1,12 @@
+//! Policies in the real host and on the request path: the Rust example policies, hand-written WAT
+//! (chains, hostile modules, hot reload), `on_complete` and usage accounting, on the fake upstream.
+//!
+//! Needs only Rust: the built `slotgate` binary and the Rust example policies
+//! (`scripts/build-policies.sh`). The AssemblyScript ports are in `polyglot/`. Part of the fast tier.
+
+mod example_policies;
+mod policy_chain;
+mod policy_complete;
+mod policy_hostile;
+mod policy_reload;
+mod usage_accounting;

@@ -1,0 +1,9 @@
+//! Tests that need another language's toolchain but no llama-server: the Python example client
+//! (`python3`) and the AssemblyScript policies (built by `scripts/build-policies-as.sh`, which needs
+//! Node) on the fake upstream.
+//!
+//! Needs python3 and the AssemblyScript policies built. Not in the fast tier.
+
+mod client_example;
+mod policy_assemblyscript;
+mod tenant_header;

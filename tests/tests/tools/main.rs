@@ -1,0 +1,9 @@
+//! Offline commands and library entry points: `slotgate check` (configuration), `slotgate policy
+//! check|eval`, and the fuzz corpora replayed through `slotgate::fuzzing` (the `slotgate` library,
+//! which only this binary, `fleet` and `llama` link).
+//!
+//! Needs only Rust: the built `slotgate` binary. Part of the fast tier (`scripts/test.sh fast`).
+
+mod config;
+mod fuzz_corpus;
+mod policy_cli;
