@@ -302,9 +302,16 @@ async fn sighup_rereads_the_config_file_and_keeps_the_old_chain_if_it_does_not_p
     // The chain named in the config changes: the new policy decides from now on.
     write_config(&deny, "gate");
     gate.signal("HUP");
-    let resp = eventually(RELOAD_SEEN, "the new chain deciding", || async {
-        let resp = client.post_json(CHAT, &Req::chat("c").json()).await;
-        (resp.status == 403).then_some(resp)
+    // Each try under its own tag: one the old chain still allowed is forwarded once, not "twice".
+    let mut attempt = 0;
+    let resp = eventually(RELOAD_SEEN, "the new chain deciding", || {
+        attempt += 1;
+        let body = Req::chat(&format!("c{attempt}")).json();
+        let client = &client;
+        async move {
+            let resp = client.post_json(CHAT, &body).await;
+            (resp.status == 403).then_some(resp)
+        }
     })
     .await;
     assert_error_says(&resp, 403, "policy_denied", "closed for maintenance");
