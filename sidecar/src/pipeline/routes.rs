@@ -1,7 +1,7 @@
 //! Every route llama-server registers (`tools/server/server.cpp` of the sdist), and how slotgate
 //! handles each: admitted on the slots in its API's dialect, forwarded at once outside the slots,
 //! answered by slotgate itself, served on the admin listener only, or refused because it acts on
-//! the host. `tests/tests/routes_source.rs` parses the source's route registrations and fails on a
+//! the host. `tests/tests/llama/routes_source.rs` parses the source's route registrations and fails on a
 //! route this table does not classify, so a new llama.cpp release cannot silently 404.
 
 use http::Method;
