@@ -274,7 +274,7 @@ fn describe() {
     );
     describe_counter!(
         PROMPT_COUNTS_TOTAL,
-        "Prompts counted before admission, by source: upstream (llama-server's tokenizer), cache, estimate (characters / 4, when llama-server could not count)."
+        "Prompts counted before admission, by source: upstream (llama-server's tokenizer), cache, estimate (characters / 4, when llama-server could not count), forwarded (a slot was free: sent at once on the estimate, settled from usage)."
     );
     describe_counter!(
         TOKENS_RESERVED_TOTAL,
@@ -338,7 +338,7 @@ fn describe() {
     metrics::counter!(UPSTREAM_CONNECTIONS_TOTAL).absolute(0);
     metrics::counter!(TOKENS_RESERVED_TOTAL).absolute(0);
     metrics::counter!(TOKENS_REFUNDED_TOTAL).absolute(0);
-    for source in ["upstream", "cache", "estimate", "forwarded"] {
+    for source in PROMPT_COUNT_SOURCES {
         metrics::counter!(PROMPT_COUNTS_TOTAL, "source" => source).absolute(0);
     }
     metrics::gauge!(QUEUE_DEPTH).set(0.0);

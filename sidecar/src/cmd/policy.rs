@@ -56,7 +56,8 @@ pub struct LimitArgs {
     /// Fuel (roughly, wasm instructions) one evaluation may burn. [default: 10000000]
     #[arg(long)]
     pub fuel: Option<u64>,
-    /// Wall-clock deadline of one evaluation. [default: 20ms]
+    /// Deadline of one evaluation, in the time it ran: time spent waiting for a core is not counted,
+    /// up to a wall-clock ceiling of a few deadlines. [default: 20ms]
     #[arg(long, value_name = "DURATION")]
     pub deadline: Option<Dur>,
     /// Largest linear memory. [default: 16MiB]

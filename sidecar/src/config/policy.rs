@@ -33,7 +33,8 @@ pub struct PolicySpec {
     /// Fuel one evaluation may burn. [default: 10000000]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fuel: Option<u64>,
-    /// Wall-clock deadline of one evaluation. [default: 20ms]
+    /// Deadline of one evaluation, in the time it ran: time spent waiting for a core is not counted,
+    /// up to a wall-clock ceiling of a few deadlines. [default: 20ms]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Dur>,
     /// Largest linear memory. [default: 16MiB]

@@ -241,7 +241,7 @@ pub struct Settings {
     pub cost: Option<CostTable>,
 
     /// Where policy budgets live: `memory` (each sidecar its own) or `redis` (shared by every sidecar
-    /// of the fleet, on Redis or Valkey, through leases; see "Running a fleet"). TOML:
+    /// of the fleet, on Redis or Valkey, through leases; see docs/fleet.md). TOML:
     /// `state.backend`. [default: memory]
     #[arg(
         long = "state-backend",

@@ -72,7 +72,8 @@ struct Inner {
     /// Keep-alive pools for whole answers and passthroughs (model lists, tokenizer, props): one per
     /// worker runtime, so a request and its upstream connection stay on one thread (see `pool`).
     clients: Vec<Pool>,
-    /// No idle connections kept: every generation request connects afresh (see `send`).
+    /// No idle connections kept: a request that must have a connection of its own (a stream, or any
+    /// slot request with reuse off) connects afresh (see `send`).
     fresh: Pool,
     /// For the admin scrape's copy of llama-server's `/metrics`: not counted in
     /// `slotgate_upstream_connections_total`, which is about the request path.
