@@ -43,7 +43,6 @@ pub(super) async fn decide(
         response_headers: BTreeMap::new(),
     };
     if chain.is_empty() || ctx.preflight {
-        ex.set_priority(decided.priority);
         return Ok(decided);
     }
     let (outcome, own) = evaluate(app, intake, chain.clone()).await;
@@ -69,7 +68,6 @@ pub(super) async fn decide(
             intake.apply(&decision.mutations)?;
             decided.response_headers = std::mem::take(&mut decision.mutations.response_headers);
             decided.decision = Some(decision);
-            ex.set_priority(decided.priority);
             Ok(decided)
         }
         ChainOutcome::Deny { policy, decision } => {

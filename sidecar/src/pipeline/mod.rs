@@ -106,6 +106,7 @@ async fn phases(
     let chain = app.policies.current();
     count::before_chain(app, &mut intake, &chain, &ctx).await?;
     let decided = decide::decide(app, &mut intake, chain, &ctx, ex).await?;
+    ex.set_priority(decided.priority);
     let admitted = admit::admit(app, &mut intake, &decided, &ctx, ex).await?;
     match forward::forward(app, &mut intake, admitted, &ctx, ex).await {
         Ok(sent) => Ok(Answer::Upstream {
