@@ -5,6 +5,7 @@
 
 pub mod capacity;
 pub mod cors;
+mod pool;
 pub mod process;
 pub mod quarantine;
 pub mod tokenize;
@@ -16,15 +17,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use hyperlocal::UnixConnector;
 
 use crate::config::UpstreamAddr;
 use crate::metrics as m;
 use crate::respond::{self, Body, BodyError};
+use pool::{Pool, PoolError};
 
 /// Headers that describe one hop, not the message, and are never copied across (RFC 9110 §7.6.1),
 /// plus the framing and routing headers that hyper sets for the new hop itself.
@@ -42,8 +39,6 @@ const HOP_BY_HOP: &[&str] = &[
     "content-length",
     "expect",
 ];
-
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Identifies slotgate's own requests (token counting, `/props`) in llama-server's logs.
 const USER_AGENT: &str = concat!("slotgate/", env!("CARGO_PKG_VERSION"));
@@ -105,67 +100,6 @@ impl Drop for ScrapeTurn<'_> {
     }
 }
 
-enum Pool {
-    Tcp(Client<Counted<HttpConnector>, Full<Bytes>>),
-    Unix(Client<Counted<UnixConnector>, Full<Bytes>>),
-}
-
-impl Pool {
-    fn new(target: &UpstreamAddr, connect_timeout: Duration, idle: usize, counted: bool) -> Pool {
-        let mut builder = Client::builder(TokioExecutor::new());
-        // The timer drives the idle reaper: without it an idle connection is only found expired when
-        // it would be checked out, and stays open (an fd here, a thread in llama-server) until then.
-        builder
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(idle)
-            .pool_timer(TokioTimer::new());
-        match target {
-            UpstreamAddr::Tcp(_) => {
-                let mut http = HttpConnector::new();
-                http.set_connect_timeout(Some(connect_timeout));
-                http.set_nodelay(true);
-                Pool::Tcp(builder.build(Counted(http, counted)))
-            }
-            UpstreamAddr::Unix(_) => Pool::Unix(builder.build(Counted(UnixConnector, counted))),
-        }
-    }
-
-    async fn request(
-        &self,
-        req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
-        match self {
-            Pool::Tcp(c) => c.request(req).await,
-            Pool::Unix(c) => c.request(req).await,
-        }
-    }
-}
-
-/// A connector that counts the connections it opens (`slotgate_upstream_connections_total`): with
-/// reuse, far fewer than requests.
-#[derive(Clone)]
-struct Counted<C>(C, bool);
-
-impl<C: tower_service::Service<Uri>> tower_service::Service<Uri> for Counted<C> {
-    type Response = C::Response;
-    type Error = C::Error;
-    type Future = C::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        if self.1 {
-            m::hot().upstream_connections.increment(1);
-        }
-        self.0.call(uri)
-    }
-}
-
 /// Why an attempt failed, and whether it may be retried.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -208,16 +142,17 @@ impl Upstream {
         // Idle connections are dropped well before llama-server's own keep-alive timeout (5 s), so
         // a reused connection is rarely one the server is closing at that moment.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let base = base_of(&target);
+        let pool = |idle, counted| Pool::new(&target, &base.1, connect_timeout, idle, counted);
         let clients = (0..workers)
-            .map(|_| Pool::new(&target, connect_timeout, pool_size.div_ceil(workers), true))
+            .map(|_| pool(pool_size.div_ceil(workers), true))
             .collect();
-        // hyper's pool hands an idle connection to any request, whatever its `Connection` header
-        // says; only a pool that keeps none guarantees a connection of its own.
-        let fresh = Pool::new(&target, connect_timeout, 0, true);
-        let scrape = Pool::new(&target, connect_timeout, 0, false);
+        // A pool that keeps no idle connection: a connection of its own for each request.
+        let fresh = pool(0, true);
+        let scrape = pool(0, false);
         Upstream {
             inner: Arc::new(Inner {
-                base: base_of(&target),
+                base,
                 target,
                 clients,
                 fresh,
@@ -355,7 +290,10 @@ impl Upstream {
 
     /// llama-server answers 503 `{"error":{"message":"Loading model","type":"unavailable_error"}}`
     /// before it can work; that answer is safe to retry. Any other 503 goes back to the client as is.
-    async fn check_loading(&self, resp: Response<Incoming>) -> Result<Response<Body>, SendError> {
+    async fn check_loading(
+        &self,
+        resp: Response<pool::Pooled>,
+    ) -> Result<Response<Body>, SendError> {
         let (parts, body) = resp.into_parts();
         let bytes = Limited::new(body, PROBE_BODY_LIMIT)
             .collect()
@@ -598,8 +536,8 @@ impl Upstream {
 /// That is the race of a pooled keep-alive connection the server closed as we reused it.
 /// Not safe: anything else, notably a clean close after the request was written
 /// ("connection closed before message completed"): the server may have read it all.
-fn classify(e: hyper_util::client::legacy::Error) -> SendError {
-    let mut never_reached = e.is_connect();
+fn classify(e: PoolError) -> SendError {
+    let mut never_reached = e.never_sent();
     let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
     while let Some(err) = cur {
         if let Some(h) = err.downcast_ref::<hyper::Error>() {
