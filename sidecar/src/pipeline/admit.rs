@@ -7,7 +7,7 @@ use std::time::Duration;
 use slotgate_sdk::{Decision, RequestSummary};
 use tokio::time::Instant;
 
-use crate::admission::{Claim, Demand, Entry, SlotGuard};
+use crate::admission::{Claim, Demand, Entry, SlotGuard, Ticket};
 use crate::error::GateError;
 use crate::state::App;
 use crate::upstream::tokenize;
@@ -57,8 +57,23 @@ pub(super) async fn admit(
     let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge)
         .holding(demand.slots, demand.kv);
     ex.set_tenant(claim.tenant.clone());
-    let (slot, queue_wait, demand) =
-        wait_for_slot(app, intake, claim, decision, demand, deadline).await?;
+    let (slot, queue_wait, demand) = match app.admission.enter(claim, deadline)? {
+        Entry::Admitted(slot) => {
+            if intake.prompt_counts.is_none() {
+                let s = &intake.summary;
+                tokenize::record(tokenize::Source::Forwarded, s.prompt_tokens_estimate, None);
+            }
+            (slot, Duration::ZERO, demand)
+        }
+        // Boxed: a wait's state (the queue ticket, the count under way) is large and a request
+        // that gets a slot at once never needs it, while every request's future is moved whole.
+        Entry::Queued(ticket) => {
+            Box::pin(wait_for_slot(
+                app, intake, ticket, decision, demand, deadline,
+            ))
+            .await?
+        }
+    };
     ex.set_reserved(demand.reserved.unwrap_or(demand.charge));
     ex.set_prompt_tokens(intake.summary.prompt_tokens_best());
     ex.set_queue_wait(queue_wait);
@@ -69,8 +84,8 @@ pub(super) async fn admit(
     })
 }
 
-/// A slot for the request. Free, with nobody waiting: at once, charged on the estimate (the slot
-/// settles from llama-server's usage). Else the request queues, and its prompt is counted while it
+/// A slot for the queued request. (Free, with nobody waiting, it had one at once, charged on the
+/// estimate: the slot settles from llama-server's usage.) Its prompt is counted while it
 /// waits (unless the chain had it counted already): its place is then re-costed, so the fair-share
 /// charge at admission, what it holds of the pool and the wait estimates (Retry-After, doomed
 /// waits) of those behind it are exact, and a prompt that cannot fit a slot leaves the queue with
@@ -79,7 +94,7 @@ pub(super) async fn admit(
 async fn wait_for_slot(
     app: &App,
     intake: &mut Intake,
-    claim: Claim,
+    mut ticket: Ticket,
     decided: Option<&Decision>,
     demand: Demand,
     deadline: Instant,
@@ -91,13 +106,6 @@ async fn wait_for_slot(
         }
     };
     let mut demand = demand;
-    let mut ticket = match app.admission.enter(claim, deadline)? {
-        Entry::Admitted(slot) => {
-            forwarded(&intake.summary);
-            return Ok((slot, Duration::ZERO, demand));
-        }
-        Entry::Queued(ticket) => ticket,
-    };
     if !counted {
         tokio::select! {
             biased;

@@ -30,7 +30,9 @@ pub(super) async fn before_chain(
     ctx: &Ctx,
 ) -> Result<(), GateError> {
     if ctx.slot_route && (app.config.count_first || chain.needs_prompt_tokens()) {
-        count_prompt(app, intake, Before::Chain).await?;
+        // Boxed: the count's state is large and most requests never have it, while every
+        // request's future is moved whole (see `phases`).
+        Box::pin(count_prompt(app, intake, Before::Chain)).await?;
     }
     Ok(())
 }
