@@ -1,9 +1,13 @@
-//! What the allocator keeps. glibc's malloc gives each thread that allocates an arena of its own, up
-//! to eight per core, and an arena holds on to what was freed in it. slotgate's threads come and go
-//! (the blocking pool, which start-up, reloads and a slow policy chain use), so the number of arenas,
-//! and with it the idle RSS, crept up to what the busiest moment had created: +1.6 MiB over an
-//! 8-minute soak with the default, +0.6 MiB with two arenas (`docs/soak.md`). Two arenas serve the
-//! two async workers of a 2-core machine; the few threads beyond them share.
+//! What the allocators keep. The binary allocates with mimalloc (`main.rs`), which keeps per-thread
+//! heaps and returns freed pages after a short delay. It is built without transparent huge pages
+//! (libmimalloc-sys's `no_thp`): with them an idle slotgate held 16.4 MB instead of 9.5, a queued
+//! request 60 KiB instead of 40 (docs/performance.md, "Memory"). C code still uses glibc's malloc,
+//! whose arenas the rest of this note is about. glibc's malloc gives each thread that allocates an arena of its
+//! own, up to eight per core, and an arena holds on to what was freed in it. slotgate's threads come
+//! and go (the blocking pool, which start-up, reloads and a slow policy chain use), so the number of
+//! arenas, and with it the idle RSS, crept up to what the busiest moment had created: +1.6 MiB over
+//! an 8-minute soak with the default, +0.6 MiB with two arenas (`docs/soak.md`). Two arenas serve
+//! the two async workers of a 2-core machine; the few threads beyond them share.
 //!
 //! A policy reload compiles up to three modules (the module, its instrumented form and the snapshot,
 //! see `policy::snapshot`); what the compiler freed stays in the arenas, +6.7 MiB of idle RSS after
@@ -38,11 +42,24 @@ fn set_arena_max(arenas: libc::c_int) {
     }
 }
 
-/// Gives the memory malloc holds free back to the kernel (`malloc_trim`): after a policy reload,
-/// off the request path, where the compiler has just freed megabytes. A no-op on other C libraries.
+/// Gives the memory the allocators hold free back to the kernel: after a policy reload, off the
+/// request path, where the compiler has just freed megabytes. slotgate's own allocations are
+/// mimalloc's (the binary's global allocator), which returns freed pages on its own after a short
+/// delay; this collects the calling thread's heap at once, and glibc's arenas (`malloc_trim`, what
+/// C code allocates) on glibc.
 pub fn trim() {
+    mimalloc_collect();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     malloc_trim();
+}
+
+#[allow(unsafe_code, reason = "mimalloc's C interface has no safe wrapper")]
+fn mimalloc_collect() {
+    // SAFETY: `mi_collect` frees what the calling thread's heap holds unused; it takes no pointers
+    // and is safe to call from any thread at any time.
+    unsafe {
+        libmimalloc_sys::mi_collect(true);
+    }
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
