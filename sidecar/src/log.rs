@@ -137,10 +137,10 @@ pub fn info_line(
                 match value {
                     Field::Str(s) => json_str(out, s),
                     Field::Num(n) => {
-                        let _ = write!(out, "{n}");
+                        out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes())
                     }
                     Field::Int(n) => {
-                        let _ = write!(out, "{n}");
+                        out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes())
                     }
                 }
             }
@@ -168,6 +168,13 @@ pub fn info_line(
 }
 
 fn json_str(out: &mut Vec<u8>, s: &str) {
+    // Field names and most values need no escape: copied as they are.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
@@ -177,14 +184,35 @@ fn timestamp(out: &mut Vec<u8>, now: SystemTime) {
     let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    let _ = write!(
-        out,
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        since.subsec_micros()
-    );
+    if !(0..=9999).contains(&y) {
+        let _ = write!(out, "{y:04}-{m:02}-{d:02}T");
+    } else {
+        digits(out, y as u32, 4);
+        out.push(b'-');
+        digits(out, m, 2);
+        out.push(b'-');
+        digits(out, d, 2);
+        out.push(b'T');
+    }
+    // Digit by digit: `write!` with its padding cost more than the rest of an access line.
+    digits(out, (rem / 3600) as u32, 2);
+    out.push(b':');
+    digits(out, (rem / 60 % 60) as u32, 2);
+    out.push(b':');
+    digits(out, (rem % 60) as u32, 2);
+    out.push(b'.');
+    digits(out, since.subsec_micros(), 6);
+    out.push(b'Z');
+}
+
+/// The last `width` decimal digits of `n`, zero-padded.
+fn digits(out: &mut Vec<u8>, mut n: u32, width: usize) {
+    let start = out.len();
+    out.resize(start + width, b'0');
+    for slot in out[start..].iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
 }
 
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
@@ -221,6 +249,25 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "2025-12-01T00:00:00.123456Z"
         );
+    }
+
+    #[test]
+    fn strings_are_quoted_as_serde_json_quotes_them() {
+        for s in [
+            "",
+            "plain",
+            "q\"uote",
+            "back\\slash",
+            "tab\t",
+            "nl\n",
+            "\u{1}",
+            "\u{7f}",
+            "é ü 日本",
+        ] {
+            let mut ours = Vec::new();
+            json_str(&mut ours, s);
+            assert_eq!(ours, serde_json::to_vec(s).unwrap(), "{s:?}");
+        }
     }
 
     /// What tracing-subscriber prints for the same event, in the format slotgate sets up.

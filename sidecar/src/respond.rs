@@ -35,11 +35,13 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
                 "n_prompt_tokens": prompt,
                 "n_ctx": n_ctx,
             }
-        }),
+        })
+        .to_string()
+        .into_bytes(),
         (_, Some(d)) => d.error_body(e),
         (_, None) => dialect::openai_error(e),
     };
-    let mut resp = json(e.status(), &body);
+    let mut resp = json_bytes(e.status(), body);
     if let Some(secs) = e.retry_after() {
         crate::metrics::retry_after(e.code()).record(secs as f64);
         resp.headers_mut()
@@ -54,7 +56,12 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
 }
 
 pub fn json(status: u16, value: &serde_json::Value) -> Response<Body> {
-    let mut resp = Response::new(full(value.to_string()));
+    json_bytes(status, value.to_string().into_bytes())
+}
+
+/// A JSON answer of text already made.
+pub fn json_bytes(status: u16, body: Vec<u8>) -> Response<Body> {
+    let mut resp = Response::new(full(body));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -2,10 +2,11 @@
 //! llama-server converts it to a chat request (`server_chat_convert_anthropic_to_oai`), answers
 //! in Anthropic's shape, and streams `message_start` ... `message_stop` events.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{
-    common, contains, text_chars, usage_object, Ask, Count, Dialect, Output, Reported, Trust,
+    common, contains, json_string, text_chars, usage_object, Ask, Count, Dialect, Output, Reported,
+    Trust,
 };
 use crate::error::GateError;
 
@@ -85,11 +86,16 @@ impl Dialect for Messages {
     /// `{"type":"error","error":{"type","message"}}`, with Anthropic's error types, so the
     /// Anthropic SDKs raise their typed errors (`RateLimitError` for a 429, ...) and retry where
     /// they should.
-    fn error_body(&self, e: &GateError) -> Value {
-        json!({
-            "type": "error",
-            "error": { "type": anthropic_type(e.status()), "message": e.to_string() }
-        })
+    /// `{"error":{"message","type"},"type":"error"}`, written out as `openai_error` is.
+    fn error_body(&self, e: &GateError) -> Vec<u8> {
+        let message = e.to_string();
+        let mut out = Vec::with_capacity(message.len() + 64);
+        out.extend_from_slice(b"{\"error\":{\"message\":");
+        json_string(&mut out, &message);
+        out.extend_from_slice(b",\"type\":");
+        json_string(&mut out, anthropic_type(e.status()));
+        out.extend_from_slice(b"},\"type\":\"error\"}");
+        out
     }
 }
 
@@ -111,6 +117,7 @@ fn anthropic_type(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn usage_of_whole_answers_and_of_streams() {
@@ -141,13 +148,22 @@ mod tests {
             depth: 2,
             retry_after: std::time::Duration::from_secs(3),
         };
-        let body = MESSAGES.error_body(&e);
+        let body: Value = serde_json::from_slice(&MESSAGES.error_body(&e)).unwrap();
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], "rate_limit_error");
         assert!(body["error"]["message"]
             .as_str()
             .unwrap()
             .contains("queue is full"));
+        // The very text a JSON value of it would print.
+        let want = json!({
+            "type": "error",
+            "error": { "type": "rate_limit_error", "message": e.to_string() }
+        });
+        assert_eq!(
+            String::from_utf8(MESSAGES.error_body(&e)).unwrap(),
+            want.to_string()
+        );
         assert_eq!(anthropic_type(503), "overloaded_error");
         assert_eq!(anthropic_type(400), "invalid_request_error");
         assert_eq!(anthropic_type(502), "api_error");

@@ -65,8 +65,8 @@ pub trait Dialect: Send + Sync + 'static {
         data.trim_ascii() == b"[DONE]"
     }
 
-    /// The body of an error slotgate answers on this API.
-    fn error_body(&self, e: &GateError) -> Value {
+    /// The body of an error slotgate answers on this API, as JSON text.
+    fn error_body(&self, e: &GateError) -> Vec<u8> {
         openai_error(e)
     }
 
@@ -326,10 +326,25 @@ pub fn timings(v: &Value) -> Option<Reported> {
 }
 
 /// `{"error":{"message","type","code"}}`: OpenAI's shape, which llama-server's own errors share.
-pub fn openai_error(e: &GateError) -> Value {
-    serde_json::json!({
-        "error": { "message": e.to_string(), "type": e.error_type(), "code": e.code() }
-    })
+/// Written out directly (keys in the order serde_json's map would print them): a refusal is the
+/// one answer slotgate makes under overload, so it builds no JSON tree.
+pub fn openai_error(e: &GateError) -> Vec<u8> {
+    let message = e.to_string();
+    let mut out = Vec::with_capacity(message.len() + 64);
+    out.extend_from_slice(b"{\"error\":{\"code\":");
+    json_string(&mut out, e.code());
+    out.extend_from_slice(b",\"message\":");
+    json_string(&mut out, &message);
+    out.extend_from_slice(b",\"type\":");
+    json_string(&mut out, e.error_type());
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// `s` as a JSON string.
+pub fn json_string(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, s);
 }
 
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -422,6 +437,30 @@ mod tests {
                 .max_tokens,
             Some(0)
         );
+    }
+
+    #[test]
+    fn error_bodies_are_the_json_a_value_would_print() {
+        let errors = [
+            GateError::QueueFull {
+                depth: 2,
+                retry_after: std::time::Duration::from_secs(3),
+            },
+            GateError::InvalidJson("a \"quoted\"\nline\\".into()),
+            GateError::NotFound {
+                method: "GET".into(),
+                path: "/nö".into(),
+            },
+        ];
+        for e in &errors {
+            let want = json!({
+                "error": { "message": e.to_string(), "type": e.error_type(), "code": e.code() }
+            });
+            assert_eq!(
+                String::from_utf8(openai_error(e)).unwrap(),
+                want.to_string()
+            );
+        }
     }
 
     #[test]

@@ -16,13 +16,14 @@ use crate::error::GateError;
 use crate::json_edit;
 use crate::pipeline::routes::Handling;
 
-/// Request headers a policy may see (never credentials).
-const SUMMARY_HEADERS: &[&str] = &[
-    "user-agent",
-    "x-request-id",
-    "x-tenant",
-    "openai-organization",
-    "openai-project",
+/// Request headers a policy may see (never credentials); names made once, so a look-up parses
+/// none.
+static SUMMARY_HEADERS: [http::HeaderName; 5] = [
+    header::USER_AGENT,
+    http::HeaderName::from_static("x-request-id"),
+    http::HeaderName::from_static("x-tenant"),
+    http::HeaderName::from_static("openai-organization"),
+    http::HeaderName::from_static("openai-project"),
 ];
 
 /// A request whose body has been read and checked.
@@ -148,10 +149,10 @@ pub(crate) fn summarize(
         api_key: api_key_hash(&parts.headers),
         headers: SUMMARY_HEADERS
             .iter()
-            .filter_map(|h| {
+            .filter_map(|name| {
                 Some((
-                    h.to_string(),
-                    parts.headers.get(*h)?.to_str().ok()?.to_owned(),
+                    name.as_str().to_owned(),
+                    parts.headers.get(name)?.to_str().ok()?.to_owned(),
                 ))
             })
             .collect(),

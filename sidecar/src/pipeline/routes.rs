@@ -45,13 +45,23 @@ pub struct Route {
     pub method: &'static str,
     pub path: &'static str,
     pub handling: Handling,
+    /// The path has a `:name` segment (worked out once, at compile time).
+    param: bool,
 }
 
 const fn r(method: &'static str, path: &'static str, handling: Handling) -> Route {
+    let bytes = path.as_bytes();
+    let mut i = 0;
+    let mut param = false;
+    while i < bytes.len() {
+        param |= bytes[i] == b':';
+        i += 1;
+    }
     Route {
         method,
         path,
         handling,
+        param,
     }
 }
 
@@ -129,7 +139,11 @@ pub fn find(method: &Method, path: &str) -> Result<Handling, GateError> {
     }
     let mut path_known = false;
     for route in ROUTES {
-        if matches(route.path, path) {
+        let found = match route.param {
+            false => route.path == path,
+            true => matches(route.path, path),
+        };
+        if found {
             if route.method == method.as_str() {
                 return Ok(route.handling);
             }
@@ -187,9 +201,6 @@ fn is_ui_file(path: &str) -> bool {
 
 /// Whether `pattern` (segments, `:name` matching any one) matches `path`.
 fn matches(pattern: &str, path: &str) -> bool {
-    if !pattern.contains(':') {
-        return pattern == path;
-    }
     let (mut p, mut q) = (pattern.split('/'), path.split('/'));
     loop {
         match (p.next(), q.next()) {
