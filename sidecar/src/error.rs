@@ -96,12 +96,15 @@ pub enum Outcome {
     /// llama-server refused the request itself (400 to 499).
     Upstream4xx,
     ShuttingDown,
+    /// Cut by the shutdown: still in service when the drain timeout ran out (or a second signal
+    /// came); the client had not left.
+    DrainTimeout,
     PolicyDenied,
     PolicyError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 17] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -116,6 +119,7 @@ impl Outcome {
         Outcome::Upstream5xx,
         Outcome::Upstream4xx,
         Outcome::ShuttingDown,
+        Outcome::DrainTimeout,
         Outcome::PolicyDenied,
         Outcome::PolicyError,
     ];
@@ -136,6 +140,7 @@ impl Outcome {
             Outcome::Upstream5xx => "upstream_5xx",
             Outcome::Upstream4xx => "upstream_4xx",
             Outcome::ShuttingDown => "shutting_down",
+            Outcome::DrainTimeout => "drain_timeout",
             Outcome::PolicyDenied => "policy_denied",
             Outcome::PolicyError => "policy_error",
         }

@@ -111,6 +111,8 @@ pub enum Field<'a> {
     Str(&'a str),
     Num(u64),
     Int(i64),
+    /// An address, written as a string.
+    Addr(std::net::SocketAddr),
 }
 
 /// Appends an INFO line of `target` with `message` and `fields` (those `None` left out), in the
@@ -142,6 +144,9 @@ pub fn info_line(
                     Field::Int(n) => {
                         out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes())
                     }
+                    Field::Addr(a) => {
+                        let _ = write!(out, "\"{a}\"");
+                    }
                 }
             }
             out.extend_from_slice(b",\"target\":");
@@ -160,6 +165,7 @@ pub fn info_line(
                     Field::Str(s) => write!(out, " {name}={s}"),
                     Field::Num(n) => write!(out, " {name}={n}"),
                     Field::Int(n) => write!(out, " {name}={n}"),
+                    Field::Addr(a) => write!(out, " {name}={a}"),
                 };
             }
             out.push(b'\n');

@@ -189,7 +189,7 @@ pub fn hot() -> &'static Hot {
 }
 
 fn describe() {
-    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, policy_denied, policy_error).");
+    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, drain_timeout: cut by the shutdown's drain timeout, policy_denied, policy_error).");
     describe_gauge!(
         KV_POOL_TOKENS,
         "Tokens of the KV pool llama-server's slots share (its default without -np, or --kv-unified), as slotgate admits by it; 0 when each slot has a context of its own."

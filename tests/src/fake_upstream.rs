@@ -129,6 +129,8 @@ struct State {
     counters: Counters,
     seen: Mutex<Vec<SeenRequest>>,
     passthrough: Mutex<Vec<String>>,
+    /// Every request's path and `X-Request-Id`, in arrival order.
+    request_ids: Mutex<Vec<(String, Option<String>)>>,
     /// slotgate's own calls (user agent `slotgate/...`): token counting, `/props`.
     internal: Mutex<Vec<String>>,
     /// When each generation request answered "Loading model" arrived.
@@ -368,6 +370,7 @@ impl FakeUpstream {
             counters: Counters::default(),
             seen: Mutex::new(Vec::new()),
             passthrough: Mutex::new(Vec::new()),
+            request_ids: Mutex::new(Vec::new()),
             internal: Mutex::new(Vec::new()),
             rejected_loading: Mutex::new(Vec::new()),
         });
@@ -496,6 +499,11 @@ impl RunningUpstream {
         self.requests_seen()
             .into_iter()
             .find(|r| r.tag.as_deref() == Some(tag))
+    }
+
+    /// Every request's path and the `X-Request-Id` it carried, in arrival order.
+    pub fn request_ids_seen(&self) -> Vec<(String, Option<String>)> {
+        self.state.request_ids.lock().unwrap().clone()
     }
 
     /// Paths of non-generation requests (passthroughs) in arrival order; `/health` excluded.
@@ -639,6 +647,16 @@ async fn handle(
         .map(|c| c.to_bytes())
         .unwrap_or_default();
     let path = parts.uri.path().to_owned();
+    let request_id = parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    state
+        .request_ids
+        .lock()
+        .unwrap()
+        .push((path.clone(), request_id));
     let generation = GENERATION_PATHS.contains(&path.as_str());
     // slotgate's own calls (token counting, /props) are kept apart from the clients' passthroughs.
     let internal = parts

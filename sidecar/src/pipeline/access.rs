@@ -1,6 +1,7 @@
 //! One record per request: its outcome, status, timings and peer. Counted and logged exactly once, when
 //! the record drops, so a request whose future is cancelled (client gone) is still accounted for.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,10 +9,28 @@ use slotgate_sdk::Peer;
 use tokio::time::Instant;
 
 use crate::dialect::usage::Usage;
-use crate::error::Outcome;
+use crate::error::{GateError, Outcome};
 use crate::log::{self, Field};
 use crate::metrics as m;
 use crate::policy::complete::CompletionHook;
+
+/// The shutdown is closing the connections still open (its drain timeout ran out, or a second
+/// signal came): a request ended now was cut by slotgate, not left by its client.
+static CUT_BY_SHUTDOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks every request that ends from now on as cut by the shutdown (`drain_timeout`).
+pub fn cut_by_shutdown() {
+    CUT_BY_SHUTDOWN.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// What a request that ended without an outcome of its own was: cut by the shutdown, or left by
+/// its client.
+pub fn ended_unfinished() -> Outcome {
+    match CUT_BY_SHUTDOWN.load(std::sync::atomic::Ordering::Acquire) {
+        true => Outcome::DrainTimeout,
+        false => Outcome::ClientGone,
+    }
+}
 
 thread_local! {
     /// The access line being written, reused: no allocation per request.
@@ -22,6 +41,13 @@ pub struct Exchange {
     method: http::Method,
     path: String,
     peer: Option<Peer>,
+    /// A TCP client's address.
+    addr: Option<SocketAddr>,
+    request_id: http::HeaderValue,
+    /// The Retry-After a refusal gave, in seconds.
+    retry_after: Option<u64>,
+    /// The policy that denied the request, and its reason.
+    denied: Option<(String, String)>,
     started: Instant,
     priority: i64,
     tenant: Option<Arc<str>>,
@@ -36,11 +62,21 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    pub fn new(method: http::Method, path: &str, peer: Option<Peer>) -> Self {
+    pub fn new(
+        method: http::Method,
+        path: &str,
+        peer: Option<Peer>,
+        addr: Option<SocketAddr>,
+        request_id: &http::HeaderValue,
+    ) -> Self {
         Exchange {
             method,
             path: path.to_owned(),
             peer,
+            addr,
+            request_id: request_id.clone(),
+            retry_after: None,
+            denied: None,
             started: Instant::now(),
             priority: 0,
             tenant: None,
@@ -102,6 +138,17 @@ impl Exchange {
         self.completion = Some(hook);
     }
 
+    /// What a refusal told the client: its Retry-After, and for a policy's denial who and why.
+    pub fn refused(&mut self, e: &GateError) {
+        self.retry_after = e.retry_after();
+        if let GateError::PolicyDenied {
+            policy, message, ..
+        } = e
+        {
+            self.denied = Some((policy.clone(), message.clone()));
+        }
+    }
+
     /// The request's fate. Only the first call counts.
     pub fn finish(&mut self, outcome: Outcome) {
         self.outcome.get_or_insert(outcome);
@@ -114,7 +161,7 @@ impl Exchange {
 
 impl Drop for Exchange {
     fn drop(&mut self) {
-        let outcome = self.outcome.unwrap_or(Outcome::ClientGone);
+        let outcome = self.outcome.unwrap_or_else(ended_unfinished);
         if let Some(reserved) = self.reserved {
             let used = self
                 .usage
@@ -140,8 +187,10 @@ impl Drop for Exchange {
             return;
         }
         let ms = |d: Option<Duration>| d.map(|d| Field::Num(d.as_millis() as u64));
+        let id = self.request_id.to_str().ok();
         let fields = [
             ("outcome", Some(Field::Str(outcome.label()))),
+            ("request_id", id.map(Field::Str)),
             ("status", self.status.map(|s| Field::Num(s.into()))),
             ("method", Some(Field::Str(self.method.as_str()))),
             ("path", Some(Field::Str(&self.path))),
@@ -149,6 +198,17 @@ impl Drop for Exchange {
             ("tenant", self.tenant.as_deref().map(Field::Str)),
             ("queue_wait_ms", ms(self.queue_wait)),
             ("reserved_tokens", self.reserved.map(Field::Num)),
+            (
+                "prompt_tokens",
+                self.usage.map(|u| Field::Num(u.prompt_tokens)),
+            ),
+            (
+                "completion_tokens",
+                self.usage.map(|u| Field::Num(u.completion_tokens)),
+            ),
+            ("retry_after", self.retry_after.map(Field::Num)),
+            ("policy", self.denied.as_ref().map(|d| Field::Str(&d.0))),
+            ("reason", self.denied.as_ref().map(|d| Field::Str(&d.1))),
             ("upstream_ms", ms(self.upstream)),
             ("total_ms", ms(Some(self.started.elapsed()))),
             ("peer_uid", self.peer.map(|p| Field::Num(p.uid.into()))),
@@ -157,6 +217,7 @@ impl Drop for Exchange {
                 "peer_pid",
                 self.peer.and_then(|p| p.pid).map(|p| Field::Int(p.into())),
             ),
+            ("peer_addr", self.addr.map(Field::Addr)),
         ];
         LINE.with(|line| {
             let mut line = line.borrow_mut();

@@ -187,7 +187,10 @@ impl GuardedBody {
         // connection.
         let abandoned = matches!(
             outcome,
-            Outcome::ClientGone | Outcome::ClientStalled | Outcome::UpstreamTimeout
+            Outcome::ClientGone
+                | Outcome::ClientStalled
+                | Outcome::UpstreamTimeout
+                | Outcome::DrainTimeout
         );
         if abandoned {
             // Charged only what it was served: the tokens streamed before it left, and the prompt
@@ -300,7 +303,7 @@ impl Drop for GuardedBody {
         } else if self.watch.as_ref().is_some_and(WriteWatch::is_stalled) {
             Outcome::ClientStalled
         } else {
-            Outcome::ClientGone
+            super::access::ended_unfinished()
         };
         if self.resumable && outcome != Outcome::Ok && self.held.is_some() {
             // llama-server goes on generating into the conversation's session, whatever the

@@ -29,6 +29,7 @@ mod decide;
 mod forward;
 pub mod intake;
 mod reply;
+pub mod request_id;
 pub mod routes;
 pub mod strip;
 
@@ -41,6 +42,7 @@ use tokio::time::Instant;
 
 use crate::error::GateError;
 use crate::respond::Body;
+use crate::server::conn::ClientAddr;
 use crate::state::App;
 use access::Exchange;
 use reply::{Answer, Refusal, Reply};
@@ -48,6 +50,9 @@ use routes::Handling;
 
 /// Response header with the time the request waited for a slot.
 pub const QUEUE_WAIT_HEADER: &str = "x-slotgate-queue-wait-ms";
+/// Response header on every refusal slotgate makes itself: its outcome (`queue_full`,
+/// `policy_denied`, ...; docs/http-api.md), the same label as the access line's and the metrics'.
+pub const REASON_HEADER: http::HeaderName = http::HeaderName::from_static("x-slotgate-reason");
 /// Response header with the exact prompt tokens slotgate counted before admission, when it could.
 pub const PROMPT_TOKENS_HEADER: &str = "x-slotgate-prompt-tokens";
 
@@ -61,19 +66,24 @@ struct Ctx {
     preflight: bool,
 }
 
-pub async fn handle(app: Arc<App>, req: Request<Incoming>, peer: Option<Peer>) -> Response {
+pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer>) -> Response {
     let arrived = Instant::now();
+    let id = request_id::assign(req.headers_mut());
     let found = routes::find(req.method(), req.uri().path());
     let reply = Reply::to(&app, &req, &found);
     // `/health` is answered from slotgate's own readiness, unlogged as llama-server leaves it.
-    if let Ok(Handling::Health) = found {
-        return reply.health();
-    }
-    let mut ex = Exchange::new(req.method().clone(), req.uri().path(), peer);
-    match phases(&app, req, peer, found, arrived, &mut ex).await {
-        Ok(answer) => reply.answer(ex, answer),
-        Err(refusal) => reply.refuse(ex, refusal),
-    }
+    let mut resp = if let Ok(Handling::Health) = found {
+        reply.health()
+    } else {
+        let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
+        let mut ex = Exchange::new(req.method().clone(), req.uri().path(), peer, addr, &id);
+        match phases(&app, req, peer, found, arrived, &mut ex).await {
+            Ok(answer) => reply.answer(ex, answer),
+            Err(refusal) => reply.refuse(ex, refusal),
+        }
+    };
+    resp.headers_mut().insert(request_id::REQUEST_ID, id);
+    resp
 }
 
 type Response = http::Response<Body>;

@@ -21,7 +21,7 @@ use super::forward::Sent;
 use super::intake::Intake;
 use super::routes::Handling;
 use super::strip::StripUsage;
-use super::{Response, PROMPT_TOKENS_HEADER, QUEUE_WAIT_HEADER};
+use super::{Response, PROMPT_TOKENS_HEADER, QUEUE_WAIT_HEADER, REASON_HEADER};
 
 /// What the phases came to, short of a refusal.
 #[allow(
@@ -102,11 +102,14 @@ impl<'a> Reply<'a> {
             }
         }
         ex.set_status(e.status());
+        ex.refused(e);
         ex.finish(e.outcome());
         if e.outcome() == Outcome::UpstreamError {
             tracing::warn!(error = %e, "upstream failure");
         }
         let mut resp = respond::error(e, self.dialect);
+        resp.headers_mut()
+            .insert(REASON_HEADER, HeaderValue::from_static(e.outcome().label()));
         self.app
             .cors
             .apply(self.origin.as_ref(), resp.headers_mut());

@@ -35,6 +35,10 @@ pub const LINGER_TIME: Duration = Duration::from_secs(5);
 /// ... and the most bytes discarded beyond the body limit.
 pub const LINGER_EXTRA_BYTES: u64 = 4 * 1024 * 1024;
 
+/// A TCP client's address, on each of its requests (a Unix socket's peer is its credentials).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
 pub async fn serve<H, F>(
     stream: Stream,
     peer: Option<Peer>,
@@ -46,14 +50,22 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     match stream {
-        Stream::Unix(s) => run(s, peer, handler, opts).await,
-        Stream::Tcp(s) => run(s, peer, handler, opts).await,
+        Stream::Unix(s) => run(s, peer, None, handler, opts).await,
+        Stream::Tcp(s) => {
+            let addr = s.peer_addr().ok().map(ClientAddr);
+            run(s, peer, addr, handler, opts).await
+        }
     }
     drop(permit);
 }
 
-async fn run<S, H, F>(stream: S, peer: Option<Peer>, handler: H, opts: ServeOpts)
-where
+async fn run<S, H, F>(
+    stream: S,
+    peer: Option<Peer>,
+    addr: Option<ClientAddr>,
+    handler: H,
+    opts: ServeOpts,
+) where
     S: AsyncRead + AsyncWrite + AsFd + Unpin + Send + 'static,
     H: Fn(Request<Incoming>, Option<Peer>) -> F + Clone + Send + Sync + Unpin + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -67,6 +79,9 @@ where
         let watch = watch.clone();
         service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(watch.clone());
+            if let Some(addr) = addr {
+                req.extensions_mut().insert(addr);
+            }
             // Boxed: the connection is polled without hyper's shutdown, which needs an `Unpin` future.
             // A `map`, not an `async` block: a block holding the future would be twice its size,
             // and hyper moves it once per request.

@@ -22,6 +22,7 @@ mod peer_credentials;
 mod priority;
 mod queue_timeout;
 mod readiness;
+mod request_id;
 mod retry_after;
 mod routes;
 mod shutdown;
