@@ -51,9 +51,12 @@ pub struct RequestSummary {
     /// default). See docs/policy-abi.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
-    /// Characters of prompt text (all message contents, or the prompt / input).
+    /// Characters of prompt text (all message contents, or the prompt / input). slotgate always
+    /// sends it; 0 when absent (a hand-written input to `slotgate policy eval`).
+    #[serde(default)]
     pub prompt_chars: u64,
-    /// Estimated prompt tokens (characters / 4, rounded up).
+    /// Estimated prompt tokens (characters / 4, rounded up); 0 when absent, as `prompt_chars`.
+    #[serde(default)]
     pub prompt_tokens_estimate: u64,
     /// The exact prompt tokens, counted by the served model's own template and tokenizer (as
     /// llama-server will count them in `usage.prompt_tokens`); absent when they could not be counted

@@ -31,8 +31,12 @@ const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error(transparent)]
-    Bind(#[from] BindError),
+    /// A socket of `flag` could not be bound.
+    #[error("{flag}: {error}")]
+    Bind {
+        flag: &'static str,
+        error: BindError,
+    },
     #[error(transparent)]
     Activation(#[from] ActivationError),
     #[error("cannot listen for signals: {0}")]
@@ -84,7 +88,14 @@ pub async fn run(
     let mut listeners = inherited.clients;
     if listeners.is_empty() {
         for addr in &cfg.listen {
-            listeners.push(Listener::bind(addr, cfg.socket_mode).await?);
+            listeners.push(
+                Listener::bind(addr, cfg.socket_mode)
+                    .await
+                    .map_err(|error| StartError::Bind {
+                        flag: "--listen",
+                        error,
+                    })?,
+            );
         }
     } else {
         let ignored: Vec<String> = cfg.listen.iter().map(ToString::to_string).collect();
@@ -96,12 +107,24 @@ pub async fn run(
             Some(l)
         }
         (None, AdminAddr::Off) => None,
-        (None, AdminAddr::Tcp(a)) => Some(Listener::bind(&ListenAddr::Tcp(*a), 0o660).await?),
-        (None, AdminAddr::Unix(p)) => {
-            Some(Listener::bind(&ListenAddr::Unix(p.clone()), cfg.socket_mode).await?)
-        }
+        (None, AdminAddr::Tcp(a)) => Some(
+            Listener::bind(&ListenAddr::Tcp(*a), 0o660)
+                .await
+                .map_err(|error| StartError::Bind {
+                    flag: "--admin-listen",
+                    error,
+                })?,
+        ),
+        (None, AdminAddr::Unix(p)) => Some(
+            Listener::bind(&ListenAddr::Unix(p.clone()), cfg.socket_mode)
+                .await
+                .map_err(|error| StartError::Bind {
+                    flag: "--admin-listen",
+                    error,
+                })?,
+        ),
     };
-    let signal = tokio::spawn(signal::signal_received());
+    let mut signals = signal::Signals::new().map_err(StartError::Signals)?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
@@ -185,34 +208,49 @@ pub async fn run(
         cfg.upstream
     ));
 
-    let which = match signal.await {
-        Ok(Ok(which)) => which,
-        Ok(Err(e)) => return Err(StartError::Signals(e)),
-        Err(e) => return Err(StartError::Signals(std::io::Error::other(e))),
-    };
+    let which = signals.next().await;
     tracing::info!(signal = which, drain_timeout = ?cfg.drain_timeout, "shutting down: no new connections, queue turned away, draining in-flight responses");
     notifier.stopping(&format!(
         "{which}: draining in-flight responses for at most {:?}",
         cfg.drain_timeout
     ));
 
-    // 1. Stop accepting; each accept loop drops (and so unlinks, unless systemd's) its socket. Open
-    //    connections finish the request they are on, then close.
-    let _ = stop_tx.send(true);
-    for task in accepting {
-        let _ = task.await;
-    }
-    // 2. Everyone still waiting gets a 503 with Retry-After instead of a slot.
-    let retry_after = cfg.drain_timeout.as_secs().max(1);
-    app.admission.close(retry_after);
-    // 3. Wait for every client connection to finish, for at most the drain timeout.
-    let all = u32::try_from(cfg.max_connections).unwrap_or(u32::MAX);
-    match tokio::time::timeout(cfg.drain_timeout, conns.acquire_many(all)).await {
-        Ok(_) => tracing::info!("drained; exiting"),
-        Err(_) => tracing::warn!(
-            still_open = cfg.max_connections - conns.available_permits(),
-            "drain timeout reached; closing the remaining connections"
-        ),
+    let drain = async {
+        // 1. Stop accepting; each accept loop drops (and so unlinks, unless systemd's) its socket.
+        //    Open connections finish the request they are on, then close.
+        let _ = stop_tx.send(true);
+        for task in accepting {
+            let _ = task.await;
+        }
+        // 2. Everyone still waiting gets a 503 with Retry-After instead of a slot.
+        let retry_after = cfg.drain_timeout.as_secs().max(1);
+        app.admission.close(retry_after);
+        // 3. Wait for every client connection to finish, for at most the drain timeout.
+        let all = u32::try_from(cfg.max_connections).unwrap_or(u32::MAX);
+        match tokio::time::timeout(cfg.drain_timeout, conns.acquire_many(all)).await {
+            Ok(_) => tracing::info!("drained; exiting"),
+            Err(_) => {
+                crate::pipeline::access::cut_by_shutdown();
+                tracing::warn!(
+                    still_open = cfg.max_connections - conns.available_permits(),
+                    "drain timeout reached; closing the remaining connections"
+                )
+            }
+        }
+    };
+    // A second signal during the drain: stop now.
+    tokio::select! {
+        () = drain => {}
+        again = signals.next() => {
+            crate::pipeline::access::cut_by_shutdown();
+            let _ = stop_tx.send(true);
+            app.admission.close(1);
+            tracing::warn!(
+                signal = again,
+                still_open = cfg.max_connections - conns.available_permits(),
+                "second signal: stopping at once, closing the remaining connections"
+            );
+        }
     }
     // Unused leased tokens go back to the fleet.
     if let Some(fleet) = &app.fleet {

@@ -86,8 +86,12 @@ pub async fn reload(
         let source = source.clone();
         move || -> anyhow::Result<(Vec<PolicySpec>, Reload)> {
             let config = (source.load)()?;
-            if !same_apart_from_policies(&app.config, &config) {
-                tracing::warn!("settings other than the policy chain changed; they take effect only on restart");
+            let changed = changed_apart_from_policies(&app.config, &config);
+            if !changed.is_empty() {
+                tracing::warn!(
+                    changed = %changed.join(", "),
+                    "settings other than the policy chain changed; they take effect only on restart"
+                );
             }
             let outcome = app.policies.reload(&config.policies);
             // Compiling freed megabytes into malloc's arenas: give them back (`memory::trim`).
@@ -141,13 +145,33 @@ pub async fn reload(
 }
 
 /// Whether `a` and `b` agree on every setting a reload cannot apply.
-fn same_apart_from_policies(a: &Config, b: &Config) -> bool {
-    let strip = |c: &Config| {
+/// The settings, as `slotgate check` names them (`queue-depth`, `state.fetch-timeout`), whose values
+/// differ between `a` and `b`, the policy chain apart (a reload applies that).
+fn changed_apart_from_policies(a: &Config, b: &Config) -> Vec<String> {
+    let table = |c: &Config| {
         let mut s = c.effective();
         s.policy = None;
-        toml::to_string(&s).ok()
+        toml::Table::try_from(&s).unwrap_or_default()
     };
-    strip(a) == strip(b)
+    let mut changed = Vec::new();
+    diff("", &table(a), &table(b), &mut changed);
+    changed
+}
+
+fn diff(prefix: &str, a: &toml::Table, b: &toml::Table, out: &mut Vec<String>) {
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        let name = format!("{prefix}{key}");
+        match (a.get(key), b.get(key)) {
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
+                diff(&format!("{name}."), x, y, out)
+            }
+            (x, y) if x != y => out.push(name),
+            _ => {}
+        }
+    }
 }
 
 fn watch_list(source: &ConfigSource, specs: &[PolicySpec]) -> Vec<PathBuf> {
@@ -172,4 +196,24 @@ fn stamps(files: &[PathBuf]) -> Vec<Stamp> {
             Some((md.modified().ok()?, md.len(), md.ino()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_names_the_settings_that_need_a_restart() {
+        let parse = |toml_text: &str| {
+            let settings: crate::config::Settings = toml::from_str(toml_text).unwrap();
+            Config::from_settings(settings).unwrap()
+        };
+        let a = parse("queue-depth = 8\n");
+        assert!(changed_apart_from_policies(&a, &parse("queue-depth = 8\n")).is_empty());
+        let b = parse("queue-depth = 9\n[state]\nfetch-timeout = \"7ms\"\n");
+        assert_eq!(
+            changed_apart_from_policies(&a, &b),
+            ["queue-depth", "state.fetch-timeout"]
+        );
+    }
 }

@@ -65,9 +65,9 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
     init_logging(config.log_format);
     match serve(config, source, wrapped) {
         Ok(()) => ExitCode::SUCCESS,
+        // Once, through the log (which goes to stderr): the log's format is the operator's choice.
         Err(e) => {
             tracing::error!("{e:#}");
-            eprintln!("slotgate: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -13,6 +13,16 @@ fn parses_human_values() {
     assert_eq!("8MiB".parse::<ByteSize>().unwrap().0, 8 << 20);
     assert_eq!("1024".parse::<ByteSize>().unwrap().0, 1024);
     assert!("8 parsecs".parse::<ByteSize>().is_err());
+    // One meaning per unit: KiB/MiB/GiB are 1024-based, KB/MB/GB 1000-based, a bare letter refused.
+    assert_eq!("8MB".parse::<ByteSize>().unwrap().0, 8_000_000);
+    assert_eq!("8mib".parse::<ByteSize>().unwrap().0, 8 << 20);
+    for bare in ["8M", "8m", "512k", "1G"] {
+        let e = bare.parse::<ByteSize>().unwrap_err();
+        assert!(
+            e.contains("ambiguous") && e.contains("iB") && e.contains("B (1000"),
+            "{e}"
+        );
+    }
     assert_eq!("0660".parse::<SocketMode>().unwrap().0, 0o660);
     assert!("999".parse::<SocketMode>().is_err());
 }

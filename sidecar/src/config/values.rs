@@ -260,7 +260,9 @@ impl fmt::Display for Dur {
 }
 string_serde!(Dur);
 
-/// A size in bytes (`1048576`, `512KiB`, `8MiB`, `1GiB`; `KB`/`MB` are decimal).
+/// A size in bytes: a number, or one with a unit: `KiB`, `MiB`, `GiB` (1024-based) or `KB`, `MB`,
+/// `GB` (1000-based). A bare `K`, `M`, `G` is refused with both readings: some read `8M` as 8 MiB,
+/// others as 8 MB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteSize(pub usize);
 
@@ -270,13 +272,21 @@ impl FromStr for ByteSize {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let bad = || format!("`{s}` is not a size; use bytes or KiB, MiB, GiB (e.g. 8MiB)");
+        let bad = || {
+            format!("`{s}` is not a size; use bytes, KiB, MiB, GiB (1024-based) or KB, MB, GB (e.g. 8MiB)")
+        };
         let n: usize = num.parse().map_err(|_| bad())?;
         let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 1,
-            "k" | "kib" => 1 << 10,
-            "m" | "mib" => 1 << 20,
-            "g" | "gib" => 1 << 30,
+            "kib" => 1 << 10,
+            "mib" => 1 << 20,
+            "gib" => 1 << 30,
+            u @ ("k" | "m" | "g") => {
+                let u = u.to_ascii_uppercase();
+                return Err(format!(
+                    "`{s}` is ambiguous: write {num}{u}iB (1024-based) or {num}{u}B (1000-based)"
+                ));
+            }
             "kb" => 1_000,
             "mb" => 1_000_000,
             "gb" => 1_000_000_000,

@@ -3,6 +3,9 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// The file could not be read: missing, unreadable, a directory.
+    #[error("cannot read the module file: {0}")]
+    Read(#[source] std::io::Error),
     #[error("module is {size} bytes, over the {limit}-byte limit")]
     TooLarge { size: usize, limit: usize },
     #[error("not a valid wasm module: {0}")]

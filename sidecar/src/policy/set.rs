@@ -333,8 +333,7 @@ impl PolicySet {
         name: &str,
         old: &Chain,
     ) -> Result<(Arc<Loaded>, bool), LoadError> {
-        let bytes = std::fs::read(&spec.path)
-            .map_err(|e| LoadError::Compile(format!("reading the module: {e}")))?;
+        let bytes = std::fs::read(&spec.path).map_err(LoadError::Read)?;
         let sha256: [u8; 32] = Sha256::digest(&bytes).into();
         let settings = settings_of(spec)?;
         if let Some(same) = old.policies.iter().find(|p| {

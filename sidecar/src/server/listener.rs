@@ -17,8 +17,9 @@ pub enum BindError {
     InUse(PathBuf),
     #[error("{0} exists and is not a socket; refusing to remove it")]
     NotASocket(PathBuf),
-    #[error("cannot bind {addr}: {source}")]
-    Io { addr: String, source: io::Error },
+    /// The cause is part of the message, not a source: printed with its chain, it would be said twice.
+    #[error("cannot bind {addr}: {error}")]
+    Io { addr: String, error: io::Error },
 }
 
 pub enum Listener {
@@ -62,9 +63,9 @@ pub enum Stream {
 
 impl Listener {
     pub async fn bind(addr: &ListenAddr, mode: u32) -> Result<Listener, BindError> {
-        let io_err = |source| BindError::Io {
+        let io_err = |error| BindError::Io {
             addr: addr.to_string(),
-            source,
+            error,
         };
         match addr {
             ListenAddr::Tcp(a) => TcpListener::bind(a)
@@ -168,10 +169,10 @@ async fn clear_stale(path: &Path) -> Result<(), BindError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
+        Err(error) => {
             return Err(BindError::Io {
                 addr: path.display().to_string(),
-                source,
+                error,
             })
         }
     };
@@ -182,14 +183,14 @@ async fn clear_stale(path: &Path) -> Result<(), BindError> {
         Ok(_) => Err(BindError::InUse(path.to_owned())),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
             tracing::info!(path = %path.display(), "removing stale socket");
-            std::fs::remove_file(path).map_err(|source| BindError::Io {
+            std::fs::remove_file(path).map_err(|error| BindError::Io {
                 addr: path.display().to_string(),
-                source,
+                error,
             })
         }
-        Err(source) => Err(BindError::Io {
+        Err(error) => Err(BindError::Io {
             addr: path.display().to_string(),
-            source,
+            error,
         }),
     }
 }

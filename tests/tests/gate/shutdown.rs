@@ -100,6 +100,100 @@ async fn drain_timeout_bounds_a_hanging_upstream() {
         .expect("the stuck client must be released when slotgate exits")
         .unwrap();
     eprintln!("stuck client after drain: {:?}", outcome.map(|r| r.status));
+    // Its line blames the drain, not a client that never left.
+    let log = gate.stderr_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("slotgate::access") && l.contains(CHAT))
+        .unwrap_or_else(|| panic!("no access line for the stuck request:\n{log}"));
+    assert!(line.contains("outcome=drain_timeout"), "{line}");
+    assert!(up.max_concurrency() <= 1);
+}
+
+/// A stream still running when the drain timeout runs out is cut, and its line says so: the client
+/// never left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_cut_by_the_drain_timeout_is_logged_as_such() {
+    let (up, mut gate) = Gate::new()
+        .slots(1)
+        .drain_timeout("500ms")
+        .start_with(FakeUpstream::instant())
+        .await;
+    let mut stream = gate
+        .client()
+        .stream(CHAT, &Req::chat("long").chunks(100, ms(100)).json())
+        .await;
+    let first = stream.first_event(Duration::from_secs(3)).await;
+    assert!(!first.is_empty());
+    gate.sigterm();
+    let status = gate.wait_exit(Duration::from_secs(4)).await;
+    assert!(
+        status.success(),
+        "exit status {status}; stderr:\n{}",
+        gate.stderr_text()
+    );
+    drop(stream);
+    let log = gate.stderr_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("slotgate::access") && l.contains(CHAT))
+        .unwrap_or_else(|| panic!("no access line for the stream:\n{log}"));
+    assert!(line.contains("outcome=drain_timeout"), "{line}");
+    assert!(!line.contains("client_gone"), "{line}");
+    assert!(up.max_concurrency() <= 1);
+}
+
+/// A second signal during the drain stops at once, however long the drain timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_signal_during_the_drain_stops_at_once() {
+    let (up, mut gate) = Gate::new()
+        .slots(1)
+        .drain_timeout("30s")
+        .start_with(FakeUpstream::hang())
+        .await;
+    let client = gate.client();
+    let stuck = {
+        let client = client.clone();
+        tokio::spawn(async move { client.try_post_json(CHAT, &Req::chat("stuck").json()).await })
+    };
+    gate.wait_status(Duration::from_secs(3), "one request in flight", |s| {
+        s["inflight"] == 1
+    })
+    .await;
+    gate.sigterm();
+    // Draining: the hanging request holds it open for the whole 30 s.
+    tokio::time::sleep(ms(300)).await;
+    assert!(
+        gate.try_exited().is_none(),
+        "exited on the first signal with a request in flight"
+    );
+    gate.signal("INT");
+    let t0 = Instant::now();
+    let status = gate.wait_exit(Duration::from_secs(3)).await;
+    assert!(
+        status.success(),
+        "exit status {status}; stderr:\n{}",
+        gate.stderr_text()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        gate.stderr_text()
+            .contains("second signal: stopping at once"),
+        "{}",
+        gate.stderr_text()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), stuck)
+        .await
+        .expect("the stuck client is released when slotgate exits");
+    assert!(
+        gate.stderr_text().contains("outcome=drain_timeout"),
+        "{}",
+        gate.stderr_text()
+    );
     assert!(up.max_concurrency() <= 1);
 }
 

@@ -7,3 +7,4 @@
 mod config;
 mod fuzz_corpus;
 mod policy_cli;
+mod startup;

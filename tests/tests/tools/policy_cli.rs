@@ -74,6 +74,33 @@ fn check_accepts_a_valid_policy_and_names_what_is_wrong_with_others() {
     let junk = dir.join("junk.wasm");
     std::fs::write(&junk, b"\0asm\x01\0\0\0garbage").unwrap();
     assert_refused(&check(&junk), "not a valid wasm module");
+
+    // A file that is not there is not called an invalid module.
+    let missing = dir.join("missing.wasm");
+    let out = check(&missing);
+    assert_refused(&out, "cannot read the module file");
+    assert_refused(&out, "No such file or directory");
+    assert!(!text(&out).contains("not a valid wasm"), "{}", text(&out));
+}
+
+/// The input `slotgate policy eval --help` shows, `{"method":..,"path":..}`, is enough.
+#[test]
+fn eval_takes_the_input_its_help_shows() {
+    let help = command()
+        .args(["policy", "eval", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    assert!(help.contains(r#"`{"method":..,"path":..}`"#), "{help}");
+    let dir = unique_dir("policy-eval-help");
+    let p = policy(&dir, "p", 1, r#"{"verdict":"allow","cost":7}"#, "");
+    let req = dir.join("req.json");
+    std::fs::write(&req, r#"{"method":"POST","path":"/v1/chat/completions"}"#).unwrap();
+    let out = eval(&p, &req, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert_eq!(report["decision"]["cost"], 7);
 }
 
 #[test]
