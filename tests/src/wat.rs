@@ -131,6 +131,18 @@ pub fn hostile(dir: &Path, name: &str, hostile: &str, extra: &str) -> PathBuf {
     on_markers(dir, name, &[(MARKER, hostile)], extra)
 }
 
+/// A [`hostile`] policy whose hostility is a plain denial: `{"verdict":"deny","status":403,
+/// "message":<message>}` for a request carrying [`MARKER`]. `message` has no `"` or `\`.
+pub fn denying(dir: &Path, name: &str, message: &str) -> PathBuf {
+    let deny = format!(r#"{{"verdict":"deny","status":403,"message":"{message}"}}"#);
+    hostile(
+        dir,
+        name,
+        &output(1024, deny.len() as u32),
+        &data(1024, deny.as_bytes()),
+    )
+}
+
 /// Like [`hostile`] with several markers: the body of every marker found in the input runs, in
 /// order; then the policy allows. Each marker is 1 to 255 bytes of text without `"` or `\`.
 pub fn on_markers(dir: &Path, name: &str, cases: &[(&str, &str)], extra: &str) -> PathBuf {

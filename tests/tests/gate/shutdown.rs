@@ -63,24 +63,33 @@ async fn sigterm_drains_inflight_and_rejects_the_queue() {
     assert!(up.max_concurrency() <= 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn drain_timeout_bounds_a_hanging_upstream() {
-    let (up, mut gate) = Gate::new()
+/// One slot, `drain` as the drain timeout, and one request that llama-server never answers, in
+/// flight; its client's task.
+async fn one_request_in_flight(
+    drain: &str,
+) -> (
+    RunningUpstream,
+    RunningGate,
+    tokio::task::JoinHandle<anyhow::Result<slotgate_tests::client::Response>>,
+) {
+    let (up, gate) = Gate::new()
         .slots(1)
-        .drain_timeout("500ms")
+        .drain_timeout(drain)
         .start_with(FakeUpstream::hang())
         .await;
     let client = gate.client();
-
-    let stuck = {
-        let client = client.clone();
-        tokio::spawn(async move { client.try_post_json(CHAT, &Req::chat("stuck").json()).await })
-    };
+    let stuck =
+        tokio::spawn(async move { client.try_post_json(CHAT, &Req::chat("stuck").json()).await });
     gate.wait_status(Duration::from_secs(3), "one request in flight", |s| {
         s["inflight"] == 1
     })
     .await;
+    (up, gate, stuck)
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drain_timeout_bounds_a_hanging_upstream() {
+    let (up, mut gate, stuck) = one_request_in_flight("500ms").await;
     gate.sigterm();
     let t0 = Instant::now();
     let status = gate.wait_exit(Duration::from_secs(4)).await;
@@ -146,20 +155,7 @@ async fn a_stream_cut_by_the_drain_timeout_is_logged_as_such() {
 /// A second signal during the drain stops at once, however long the drain timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_signal_during_the_drain_stops_at_once() {
-    let (up, mut gate) = Gate::new()
-        .slots(1)
-        .drain_timeout("30s")
-        .start_with(FakeUpstream::hang())
-        .await;
-    let client = gate.client();
-    let stuck = {
-        let client = client.clone();
-        tokio::spawn(async move { client.try_post_json(CHAT, &Req::chat("stuck").json()).await })
-    };
-    gate.wait_status(Duration::from_secs(3), "one request in flight", |s| {
-        s["inflight"] == 1
-    })
-    .await;
+    let (up, mut gate, stuck) = one_request_in_flight("30s").await;
     gate.sigterm();
     // Draining: the hanging request holds it open for the whole 30 s.
     tokio::time::sleep(ms(300)).await;

@@ -13,13 +13,7 @@ use slotgate_tests::wat;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_line_of_a_denied_request_names_the_policy_and_its_reason() {
     let dir = unique_dir("denial-line");
-    let deny = br#"{"verdict":"deny","status":403,"message":"blocked model"}"#;
-    let guard = wat::hostile(
-        &dir,
-        "guard",
-        &wat::output(1024, deny.len() as u32),
-        &wat::data(1024, deny),
-    );
+    let guard = wat::denying(&dir, "guard", "blocked model");
     let (up, gate) = Gate::new()
         .opt("--log-format", "json")
         .policies(&[(&guard, None)])

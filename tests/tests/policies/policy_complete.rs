@@ -50,13 +50,7 @@ async fn token_budget_is_refunded_from_actual_usage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_later_policys_deny_gives_the_budget_back() {
     let dir = unique_dir("policy-complete-deny");
-    let deny = br#"{"verdict":"deny","status":403,"message":"blocked model"}"#;
-    let guard = wat::hostile(
-        &dir,
-        "guard",
-        &wat::output(1024, deny.len() as u32),
-        &wat::data(1024, deny),
-    );
+    let guard = wat::denying(&dir, "guard", "blocked model");
     let (up, gate) = Gate::new()
         .slots(1)
         .policies(&[(&wat::built("token-budget"), BUDGET), (&guard, None)])
