@@ -171,6 +171,8 @@ pub fn status(app: &App) -> serde_json::Value {
         "upstream": {
             "ready": app.upstream.is_ready(),
             "target": app.upstream.target().to_string(),
+            "reached": app.upstream.reached(),
+            "last_error": app.upstream.last_error(),
             "auth": app.upstream.auth_status(),
         },
         "service_time_seconds": q.service_seconds,

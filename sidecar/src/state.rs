@@ -53,12 +53,14 @@ impl App {
             Slots::Auto => 32,
             Slots::Fixed(n) => n * 2,
         };
-        let upstream = Upstream::new(
+        let mut upstream = Upstream::new(
             config.upstream.clone(),
             config.connect_timeout,
             pool,
             config.upstream_api_key.as_ref().map(|k| k.0.as_str()),
         );
+        // Under `wrap` (its command line known) slotgate starts llama-server itself.
+        upstream.set_starts_it(config.launch.is_some());
         // The denominators of the busy and queue gauges, for dashboards and alerts.
         metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(slots as f64);
         metrics::gauge!(m::SLOTS_MISMATCH).set(0.0);

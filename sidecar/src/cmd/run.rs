@@ -68,6 +68,8 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
         // Once, through the log (which goes to stderr): the log's format is the operator's choice.
         Err(e) => {
             tracing::error!("{e:#}");
+            // Lines are batched (see `log`): this one must be out before the process is.
+            crate::log::flush();
             ExitCode::FAILURE
         }
     }

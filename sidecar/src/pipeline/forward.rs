@@ -141,6 +141,17 @@ async fn send(
             Err(e @ SendError::Failed(_)) => return Err(GateError::Upstream(e.to_string())),
             Err(e) => e,
         };
+        // Never reachable since slotgate started (a wrong address, a server not started): no use
+        // waiting the whole deadline for it. Once it has answered at all, it is waited for.
+        if let Some(why) = app.upstream.never_reachable() {
+            return Err(GateError::UpstreamUnavailable {
+                reason: format!(
+                    "upstream {} has never been reachable: {why}",
+                    app.upstream.target()
+                ),
+                retry_after: UNAVAILABLE_RETRY_AFTER,
+            });
+        }
         let now = Instant::now();
         if now >= deadline {
             return Err(GateError::UpstreamUnavailable {

@@ -51,6 +51,25 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Without `/slots`: how long after `/health` answers again a request given up on is assumed gone.
 const NO_SLOTS_GRACE: Duration = Duration::from_millis(500);
 
+/// How often a failure that lasts is said again in the log.
+const UNREACHABLE_REPEAT: Duration = Duration::from_secs(30);
+/// How a probe that could not reach llama-server is described (see [`Probe`]).
+const UNREACHABLE_PREFIX: &str = "cannot reach it: ";
+
+/// How a `/health` probe failed.
+#[derive(Debug, thiserror::Error)]
+enum Probe {
+    /// The connect failed: nothing listens there, or it refuses.
+    #[error("cannot reach it: {0}")]
+    Unreachable(String),
+    /// It answered, but not ready (503 while it loads, 401 without a key).
+    #[error("GET /health answered {0}")]
+    Answered(http::StatusCode),
+    /// Connected, but no answer came (a stopped or stuck server), or the connection failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Largest 503 body read to tell "Loading model" from other failures.
 const PROBE_BODY_LIMIT: usize = 64 * 1024;
 
@@ -78,6 +97,12 @@ struct Inner {
     /// No copy is tried before this (after one failed).
     scrape_skip_until: std::sync::Mutex<Option<Instant>>,
     ready: AtomicBool,
+    /// llama-server has answered slotgate at least once (any status) since it started.
+    reached: AtomicBool,
+    /// The last failed probe, and when it was last said in the log.
+    last_error: std::sync::Mutex<Option<(String, Instant)>>,
+    /// slotgate starts llama-server itself (`wrap`).
+    starts_it: bool,
     inflight: AtomicUsize,
     /// `Bearer <key>`, built once: the key slotgate's own calls carry (`--upstream-api-key-file`, or
     /// the wrapped command's), also given to admin requests that bring none.
@@ -160,6 +185,9 @@ impl Upstream {
                 scraping: AtomicBool::new(false),
                 scrape_skip_until: std::sync::Mutex::new(None),
                 ready: AtomicBool::new(false),
+                reached: AtomicBool::new(false),
+                last_error: std::sync::Mutex::new(None),
+                starts_it: false,
                 inflight: AtomicUsize::new(0),
                 bearer,
                 unauthorized: AtomicBool::new(false),
@@ -282,6 +310,8 @@ impl Upstream {
             false => self.pool(),
         };
         let resp = pool.request(req).await.map_err(classify)?;
+        // It answered: whatever it said, it is there (see `never_reachable`).
+        self.inner.reached.store(true, Ordering::Relaxed);
         if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
             return self.check_loading(resp).await;
         }
@@ -506,25 +536,114 @@ impl Upstream {
             let req = Request::get(self.uri("/health"))
                 .header(header::CONNECTION, "close")
                 .body(Full::new(Bytes::new()))
-                .ok()?;
-            let resp = self.inner.fresh.request(req).await.ok()?;
-            let ok = resp.status() == http::StatusCode::OK;
+                .map_err(|e| Probe::Unreachable(e.to_string()))?;
+            let resp = self
+                .inner
+                .fresh
+                .request(req)
+                .await
+                .map_err(|e| match e.is_connect() {
+                    true => Probe::Unreachable(error_chain(&e)),
+                    false => Probe::Failed(error_chain(&e)),
+                })?;
+            let status = resp.status();
             let _ = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
                 .collect()
                 .await;
-            Some(ok)
+            match status {
+                http::StatusCode::OK => Ok(()),
+                // Loading (503), or refusing slotgate (401): it is there and answers.
+                other => Err(Probe::Answered(other)),
+            }
         };
-        let ready = matches!(tokio::time::timeout(timeout, attempt).await, Ok(Some(true)));
+        let probe = tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or_else(|_| Err(Probe::Failed(format!("no answer within {timeout:?}"))));
+        let ready = probe.is_ok();
+        if matches!(probe, Ok(()) | Err(Probe::Answered(_))) {
+            self.inner.reached.store(true, Ordering::Relaxed);
+        }
+        self.note_probe(&probe);
         let was = self.inner.ready.swap(ready, Ordering::Relaxed);
         metrics::gauge!(m::UPSTREAM_READY).set(if ready { 1.0 } else { 0.0 });
-        if was != ready {
-            if ready {
-                tracing::info!(upstream = %self.inner.target, "upstream is ready");
-            } else {
-                tracing::warn!(upstream = %self.inner.target, "upstream is not ready");
-            }
+        if was != ready && ready {
+            tracing::info!(upstream = %self.inner.target, "upstream is ready");
         }
         ready
+    }
+
+    /// Keeps the last probe's failure for `/status`, and says it in the log: when it starts or
+    /// changes, and again every [`UNREACHABLE_REPEAT`] while it lasts.
+    fn note_probe(&self, probe: &Result<(), Probe>) {
+        let mut last = self
+            .inner
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Err(failure) = probe else {
+            *last = None;
+            return;
+        };
+        let text = failure.to_string();
+        let repeat = match &*last {
+            Some((same, said)) if *same == text => said.elapsed() >= UNREACHABLE_REPEAT,
+            _ => true,
+        };
+        if repeat {
+            match failure {
+                Probe::Unreachable(_) => tracing::warn!(
+                    upstream = %self.inner.target,
+                    error = %text,
+                    "upstream not reachable; requests get 503 until it is, once it has answered they wait for it"
+                ),
+                Probe::Answered(_) | Probe::Failed(_) => tracing::warn!(
+                    upstream = %self.inner.target,
+                    error = %text,
+                    "upstream is not ready"
+                ),
+            }
+            *last = Some((text, Instant::now()));
+        }
+    }
+
+    /// The last failed probe, in words (`None` while llama-server answers ready).
+    pub fn last_error(&self) -> Option<String> {
+        let last = self
+            .inner
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        last.as_ref().map(|(text, _)| text.clone())
+    }
+
+    /// Whether llama-server has answered slotgate at all since it started (any status).
+    pub fn reached(&self) -> bool {
+        self.inner.reached.load(Ordering::Relaxed)
+    }
+
+    /// Why a request should not wait for llama-server: it has never been reachable since slotgate
+    /// started, and the last probe could not connect (a wrong `--upstream`, a server not started).
+    /// Not when slotgate starts llama-server itself (`wrap`): then it is on its way.
+    pub fn never_reachable(&self) -> Option<String> {
+        if self.inner.starts_it || self.reached() {
+            return None;
+        }
+        let last = self
+            .inner
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*last {
+            Some((text, _)) if text.starts_with(UNREACHABLE_PREFIX) => Some(text.clone()),
+            _ => None,
+        }
+    }
+
+    /// slotgate starts llama-server itself (`wrap`): while it is not reachable yet, it is starting.
+    pub fn set_starts_it(&mut self, starts: bool) {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.starts_it = starts;
+        }
     }
 }
 

@@ -51,6 +51,11 @@ pub enum PoolError {
 }
 
 impl PoolError {
+    /// Whether the failure was before any connection existed.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, PoolError::Connect(_) | PoolError::Handshake(_))
+    }
+
     /// Whether the request was surely not written: hyper gave it back, or cancelled it before.
     pub fn never_sent(&self) -> bool {
         match self {

@@ -1,4 +1,5 @@
-//! Upstream faults: a late or loading upstream is waited for within the queue deadline, a crash mid-stream
+//! Upstream faults: an upstream never reached gets a fast 503; a loading one, or one that answered
+//! before, is waited for within the queue deadline; a crash mid-stream
 //! never looks like a complete answer, and an upstream that never comes back ends in 503/504.
 
 use std::path::Path;
@@ -17,26 +18,63 @@ async fn gate_before_upstream(path: &Path, queue_timeout: &str) -> RunningGate {
         .await
 }
 
+/// An upstream slotgate has never reached (a wrong `--upstream`, a server not started yet) is not
+/// waited for: requests get a fast 503 that names the address and what failed, the log and `/status`
+/// say it; once it answers, requests are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn upstream_started_late_is_retried_until_it_answers() {
+async fn an_upstream_never_reached_gets_a_fast_503_naming_it_until_it_answers() {
     let dir = unique_dir("late");
     let path = dir.join("llama.sock");
-    let gate = gate_before_upstream(&path, "5s").await;
+    let gate = gate_before_upstream(&path, "30s").await;
     let client = gate.client();
 
-    let pending = spawn_post(&client, CHAT, &Req::chat("late"));
-    tokio::time::sleep(ms(500)).await;
+    let t0 = Instant::now();
+    let resp = client.post_json(CHAT, &Req::chat("early").json()).await;
+    let took = t0.elapsed();
+    assert_error(&resp, 503, "upstream_unavailable");
+    retry_after(&resp);
     assert!(
-        !pending.is_finished(),
-        "request must wait for the upstream, not fail fast"
+        took < Duration::from_secs(3),
+        "a 30 s deadline waited {took:?}"
     );
-    let up = FakeUpstream::instant().at(&path).start().await;
+    let shown = path.display().to_string();
+    assert!(
+        resp.body.contains(&shown),
+        "the 503 names the address: {}",
+        resp.body
+    );
+    assert!(
+        resp.body.contains("No such file"),
+        "and what failed: {}",
+        resp.body
+    );
+    let status = gate.status().await;
+    assert_eq!(status["upstream"]["reached"], false, "{status}");
+    let last = status["upstream"]["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(last.contains("No such file"), "{status}");
+    let log = gate.stderr_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("upstream not reachable") && l.contains(&shown)),
+        "the log names the address:\n{log}"
+    );
 
-    let (resp, took) = join_all(vec![pending]).await.remove(0);
-    assert_eq!(resp.status, 200, "{}", resp.body);
+    let up = FakeUpstream::instant().at(&path).start().await;
+    let resp = eventually(Duration::from_secs(5), "served once it answers", || async {
+        let r = client.post_json(CHAT, &Req::chat("late").json()).await;
+        (r.status == 200).then_some(r)
+    })
+    .await;
     assert_eq!(resp.tag().as_deref(), Some("late"));
-    assert!(took < Duration::from_secs(4), "took {took:?}");
-    assert_eq!(up.tags(), ["late"]);
+    assert_eq!(gate.status().await["upstream"]["reached"], true);
+    // The next probe finds it ready, and the error is gone.
+    gate.wait_status(Duration::from_secs(5), "no upstream error", |s| {
+        s["upstream"]["last_error"].is_null()
+    })
+    .await;
     gate.assert_settled(&up, 1).await;
     drop(up);
     let _ = std::fs::remove_dir_all(&dir);
@@ -232,8 +270,17 @@ async fn connection_lost_after_sending_is_502_and_not_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_leaving_during_upstream_retries_frees_the_slot() {
     let dir = unique_dir("gone");
-    let gate = gate_before_upstream(&dir.join("never.sock"), "10s").await;
+    let path = dir.join("llama.sock");
+    let gate = gate_before_upstream(&path, "10s").await;
     let client = gate.client();
+    // An upstream that answered once and then went away is retried (one never reached is not).
+    let up = FakeUpstream::instant().at(&path).start().await;
+    gate.wait_status(Duration::from_secs(5), "the upstream reached", |s| {
+        s["upstream"]["reached"] == true
+    })
+    .await;
+    up.stop();
+    let _ = std::fs::remove_file(&path);
 
     let waiting = spawn_post(&client, CHAT, &Req::chat("patient"));
     gate.wait_busy(1).await;
