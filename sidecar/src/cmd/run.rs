@@ -99,10 +99,32 @@ fn serve(
         // The wrapped llama-server starts first (it loads its model while slotgate binds) and stops
         // last, once slotgate has drained.
         let (stop_child, stop) = tokio::sync::watch::channel(false);
-        let child = wrapped.map(|w| w.start(stop)).transpose()?;
-        let served = crate::app::run(config, prometheus, source, others).await;
+        let limit = config.wrap_start_limit;
+        let mut child = wrapped.map(|w| w.start(stop, limit)).transpose()?;
+        // The supervisor's task ended (a JoinHandle may not be awaited twice).
+        let ended = std::cell::Cell::new(false);
+        let gave_up = async {
+            match child.as_mut() {
+                Some(task) => {
+                    let result = task.await;
+                    ended.set(true);
+                    match result {
+                        Ok(Err(e)) => e,
+                        // The task itself failed: nothing to give up on, slotgate serves on.
+                        _ => std::future::pending().await,
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
+        // A child that will not start ends slotgate too, with its reason: a supervisor (systemd,
+        // Kubernetes) then sees a failed service instead of one that never serves.
+        let served = tokio::select! {
+            served = crate::app::run(config, prometheus, source, others) => served,
+            e = gave_up => return Err(anyhow::Error::new(e)),
+        };
         let _ = stop_child.send(true);
-        if let Some(child) = child {
+        if let Some(child) = child.filter(|_| !ended.get()) {
             let _ = child.await;
         }
         served?;

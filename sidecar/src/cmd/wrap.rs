@@ -1,7 +1,7 @@
 //! `slotgate wrap -- llama-server ...`: llama-server as slotgate's child, on a private Unix socket
 //! slotgate chooses, its output passed through line by line with a prefix, restarted with backoff
-//! when it dies (requests meanwhile wait as during a model load), and stopped only after slotgate
-//! has drained.
+//! when it dies (requests meanwhile wait as during a model load) until it has failed
+//! `--wrap-start-limit` starts in a row, and stopped only after slotgate has drained.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,15 @@ pub enum WrapError {
     Dir(PathBuf, std::io::Error),
     #[error("cannot start `{0}`: {1}")]
     Spawn(String, std::io::Error),
+    #[error("the wrapped llama-server failed {0} starts in a row (--wrap-start-limit); giving up. Its last lines:\n{1}")]
+    GaveUp(u32, String),
 }
+
+/// Lines of the child's output kept to show when slotgate gives up on it.
+const LAST_LINES: usize = 20;
+
+/// The child's latest output lines (both streams), oldest first.
+type Tail = std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
 
 /// The wrapped command and where it will listen.
 #[derive(Debug)]
@@ -42,6 +50,7 @@ pub struct Wrap {
     argv: Vec<String>,
     dir: PathBuf,
     socket: PathBuf,
+    tail: Tail,
 }
 
 impl Wrap {
@@ -71,7 +80,12 @@ impl Wrap {
             .create(&dir)
             .map_err(|e| WrapError::Dir(dir.clone(), e))?;
         let socket = dir.join("llama.sock");
-        Ok(Wrap { argv, dir, socket })
+        Ok(Wrap {
+            argv,
+            dir,
+            socket,
+            tail: Tail::default(),
+        })
     }
 
     /// Where slotgate forwards to: the child's socket.
@@ -86,10 +100,15 @@ impl Wrap {
 
     /// Starts the child (failing at once if it cannot be started at all) and supervises it until
     /// `stop` turns true; then stops it (SIGTERM, SIGKILL after [`STOP_GRACE`]) and removes the
-    /// private directory.
-    pub fn start(self, stop: watch::Receiver<bool>) -> Result<JoinHandle<()>, WrapError> {
+    /// private directory. After `start_limit` failed starts in a row (0: never) the task ends with
+    /// [`WrapError::GaveUp`].
+    pub fn start(
+        self,
+        stop: watch::Receiver<bool>,
+        start_limit: u32,
+    ) -> Result<JoinHandle<Result<(), WrapError>>, WrapError> {
         match self.spawn() {
-            Ok(child) => Ok(tokio::spawn(self.supervise(child, stop))),
+            Ok(child) => Ok(tokio::spawn(self.supervise(child, stop, start_limit))),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&self.dir);
                 Err(e)
@@ -125,17 +144,24 @@ impl Wrap {
             .map_err(|e| WrapError::Spawn(self.argv[0].clone(), e))?;
         let name = self.name();
         if let Some(out) = child.stdout.take() {
-            tokio::spawn(pass_through(out, name.clone()));
+            tokio::spawn(pass_through(out, name.clone(), self.tail.clone()));
         }
         if let Some(err) = child.stderr.take() {
-            tokio::spawn(pass_through(err, name));
+            tokio::spawn(pass_through(err, name, self.tail.clone()));
         }
         tracing::info!(pid = child.id(), command = %self.argv.join(" "), socket = %self.socket.display(), "started the wrapped llama-server");
         Ok(child)
     }
 
-    async fn supervise(self, child: Child, mut stop: watch::Receiver<bool>) {
+    async fn supervise(
+        self,
+        child: Child,
+        mut stop: watch::Receiver<bool>,
+        start_limit: u32,
+    ) -> Result<(), WrapError> {
         let mut backoff = FIRST_BACKOFF;
+        // Starts in a row that ended within STABLE_RUN, or never started.
+        let mut failed: u32 = 0;
         let mut started = Instant::now();
         // `None`: the last restart could not even start the program; it is tried again after the
         // next backoff.
@@ -154,6 +180,21 @@ impl Wrap {
             let ran = started.elapsed();
             if ran >= STABLE_RUN {
                 backoff = FIRST_BACKOFF;
+                failed = 0;
+            } else {
+                failed += 1;
+            }
+            if start_limit > 0 && failed >= start_limit {
+                // Let the last lines of its output arrive.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let tail = self
+                    .tail
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let lines = tail.iter().cloned().collect::<Vec<_>>().join("\n");
+                drop(tail);
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return Err(WrapError::GaveUp(failed, lines));
             }
             metrics::counter!(m::CHILD_RESTARTS_TOTAL).increment(1);
             tracing::warn!(%status, ran = ?ran, restart_in = ?backoff, "the wrapped llama-server exited; requests wait for it as during a model load");
@@ -166,6 +207,7 @@ impl Wrap {
             child = self.spawn().map_err(|e| tracing::error!("{e}")).ok();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        Ok(())
     }
 }
 
@@ -203,10 +245,17 @@ fn describe(status: std::io::Result<ExitStatus>) -> String {
 
 /// Copies `reader`'s lines to slotgate's stderr as `<name>| <line>`, whole lines through slotgate's
 /// own log sink so they do not interleave with its log lines.
-async fn pass_through(reader: impl AsyncRead + Unpin, name: String) {
+async fn pass_through(reader: impl AsyncRead + Unpin, name: String, tail: Tail) {
     let mut lines = BufReader::new(reader).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         crate::log::line(format!("{name}| {line}\n").as_bytes());
+        let mut tail = tail
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if tail.len() == LAST_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line);
     }
 }
 

@@ -98,6 +98,8 @@ pub struct Config {
     pub max_connections: usize,
     pub drain_timeout: Duration,
     pub health_interval: Duration,
+    /// `wrap`: failed starts in a row before giving up (0: never).
+    pub wrap_start_limit: u32,
     pub connect_timeout: Duration,
     pub log_format: LogFormat,
     /// How prompt tokens are counted.
@@ -231,6 +233,7 @@ impl Config {
                 s.connect_timeout,
                 Duration::from_secs(2),
             )?,
+            wrap_start_limit: s.wrap_start_limit.unwrap_or(5),
             log_format: s.log_format.unwrap_or(LogFormat::Text),
             tokenizer: s
                 .cost_tokenizer
@@ -291,6 +294,7 @@ impl Config {
             drain_timeout: Some(Dur(self.drain_timeout)),
             health_interval: Some(Dur(self.health_interval)),
             connect_timeout: Some(Dur(self.connect_timeout)),
+            wrap_start_limit: Some(self.wrap_start_limit),
             log_format: Some(self.log_format),
             cost_tokenizer: None,
             cost_count_first: None,

@@ -211,6 +211,13 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout: Option<Dur>,
 
+    /// `slotgate wrap`: failed starts of llama-server in a row (each exiting within a minute, or
+    /// not starting at all) after which slotgate gives up, prints its last lines and exits 1, so
+    /// systemd or Kubernetes see the failure. 0: restart forever. [default: 5]
+    #[arg(long, env = "SLOTGATE_WRAP_START_LIMIT", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrap_start_limit: Option<u32>,
+
     /// Log line format on stderr: `text` or `json`. Level from SLOTGATE_LOG or RUST_LOG. [default: text]
     #[arg(long, env = "SLOTGATE_LOG_FORMAT", value_name = "FORMAT")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
