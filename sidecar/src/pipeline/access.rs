@@ -91,6 +91,11 @@ impl Exchange {
         }
     }
 
+    /// The request's id (see `request_id`), as text.
+    pub fn request_id(&self) -> String {
+        self.request_id.to_str().unwrap_or("-").to_owned()
+    }
+
     pub fn set_priority(&mut self, priority: i64) {
         self.priority = priority;
     }

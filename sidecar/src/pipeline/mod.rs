@@ -109,21 +109,34 @@ async fn phases(
         app.config.forward_host_endpoints,
     )
     .map_err(Refusal::body_unread)?;
+    // `debug` logging: a line per phase passed, each with the request's id (its end is the access
+    // line). Off, each costs a level check.
+    let id = match tracing::enabled!(tracing::Level::DEBUG) {
+        true => ex.request_id(),
+        false => String::new(),
+    };
+    tracing::debug!(request_id = %id, route = handling.label(), "routes: found");
     let mut intake = intake::read(req, &app.limits, peer, handling)
         .await
         .map_err(Refusal::reading)?;
+    tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");
     // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
     let chain = app.policies.current();
     count::before_chain(app, &mut intake, &chain, &ctx).await?;
     let decided = decide::decide(app, &mut intake, chain, &ctx, ex).await?;
     ex.set_priority(decided.priority);
+    tracing::debug!(request_id = %id, priority = decided.priority, "decide: allowed");
     let admitted = admit::admit(app, &mut intake, &decided, &ctx, ex).await?;
+    tracing::debug!(request_id = %id, queue_wait_ms = admitted.queue_wait.as_millis() as u64, slot = admitted.slot.is_some(), "admit: admitted");
     match forward::forward(app, &mut intake, admitted, &ctx, ex).await {
-        Ok(sent) => Ok(Answer::Upstream {
-            sent,
-            intake,
-            headers: decided.response_headers,
-            slot_route: ctx.slot_route,
+        Ok(sent) => Ok({
+            tracing::debug!(request_id = %id, status = sent.response.status().as_u16(), "forward: answer begun");
+            Answer::Upstream {
+                sent,
+                intake,
+                headers: decided.response_headers,
+                slot_route: ctx.slot_route,
+            }
         }),
         // llama-server answers every preflight; while it cannot, slotgate answers as it would.
         Err(_) if ctx.preflight => Ok(Answer::Preflight),

@@ -144,3 +144,30 @@ async fn a_tcp_clients_line_carries_its_address() {
     );
     gate.assert_settled(&up, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn debug_logging_follows_a_request_through_its_phases() {
+    let (up, gate) = Gate::new()
+        .env("SLOTGATE_LOG", "slotgate=debug")
+        .start_with(FakeUpstream::instant())
+        .await;
+    let resp = gate
+        .client()
+        .post_json_with_headers(CHAT, &Req::chat("dbg").json(), &[("x-request-id", "dbg-1")])
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    gate.assert_settled(&up, 1).await;
+    let log = gate.stderr_text();
+    let mine: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("request_id=dbg-1"))
+        .collect();
+    for phase in ["routes:", "intake:", "decide:", "admit:", "forward:"] {
+        assert!(
+            mine.iter()
+                .any(|l| l.contains(phase) && l.contains("DEBUG")),
+            "no {phase} line for the request:\n{log}"
+        );
+    }
+    assert!(mine.iter().any(|l| l.contains("slotgate::access")), "{log}");
+}
