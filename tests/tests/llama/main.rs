@@ -23,5 +23,6 @@ mod examples_enterprise;
 mod fault_upstream;
 mod llama_today;
 mod observability_kit;
+mod readme;
 mod routes_source;
 mod soak_ci;
