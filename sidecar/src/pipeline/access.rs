@@ -195,10 +195,10 @@ impl Drop for Exchange {
         let id = self.request_id.to_str().ok();
         let fields = [
             ("outcome", Some(Field::Str(outcome.label()))),
-            ("request_id", id.map(Field::Str)),
             ("status", self.status.map(|s| Field::Num(s.into()))),
             ("method", Some(Field::Str(self.method.as_str()))),
             ("path", Some(Field::Str(&self.path))),
+            ("request_id", id.map(Field::Str)),
             ("priority", Some(Field::Int(self.priority))),
             ("tenant", self.tenant.as_deref().map(Field::Str)),
             ("queue_wait_ms", ms(self.queue_wait)),
