@@ -23,6 +23,16 @@ async fn line_of(gate: &RunningGate, id: &str) -> serde_json::Value {
     .await
 }
 
+/// One chat request tagged `tag` with `X-Request-Id: id`, answered 200.
+async fn served_with_id(gate: &RunningGate, tag: &str, id: &str) -> Response {
+    let resp = gate
+        .client()
+        .post_json_with_headers(CHAT, &Req::chat(tag).json(), &[("x-request-id", id)])
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    resp
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_id_follows_a_request_to_llama_server_and_back_and_into_the_log() {
     let (up, gate) = Gate::new()
@@ -128,11 +138,7 @@ async fn a_tcp_clients_line_carries_its_address() {
         .opt("--log-format", "json")
         .start_with(FakeUpstream::instant())
         .await;
-    let resp = gate
-        .client()
-        .post_json_with_headers(CHAT, &Req::chat("tcp").json(), &[("x-request-id", "tcp-1")])
-        .await;
-    assert_eq!(resp.status, 200, "{}", resp.body);
+    served_with_id(&gate, "tcp", "tcp-1").await;
     let line = line_of(&gate, "tcp-1").await;
     let addr = line["peer_addr"]
         .as_str()
@@ -151,11 +157,7 @@ async fn debug_logging_follows_a_request_through_its_phases() {
         .env("SLOTGATE_LOG", "slotgate=debug")
         .start_with(FakeUpstream::instant())
         .await;
-    let resp = gate
-        .client()
-        .post_json_with_headers(CHAT, &Req::chat("dbg").json(), &[("x-request-id", "dbg-1")])
-        .await;
-    assert_eq!(resp.status, 200, "{}", resp.body);
+    served_with_id(&gate, "dbg", "dbg-1").await;
     gate.assert_settled(&up, 1).await;
     let log = gate.stderr_text();
     let mine: Vec<&str> = log
