@@ -53,8 +53,14 @@ const NO_SLOTS_GRACE: Duration = Duration::from_millis(500);
 
 /// How often a failure that lasts is said again in the log.
 const UNREACHABLE_REPEAT: Duration = Duration::from_secs(30);
-/// How a probe that could not reach llama-server is described (see [`Probe`]).
-const UNREACHABLE_PREFIX: &str = "cannot reach it: ";
+
+/// The last failed probe: in words, whether it could not even connect, and when it was last said
+/// in the log.
+struct LastError {
+    text: String,
+    unreachable: bool,
+    said: Instant,
+}
 
 /// How a `/health` probe failed.
 #[derive(Debug, thiserror::Error)]
@@ -99,8 +105,8 @@ struct Inner {
     ready: AtomicBool,
     /// llama-server has answered slotgate at least once (any status) since it started.
     reached: AtomicBool,
-    /// The last failed probe, and when it was last said in the log.
-    last_error: std::sync::Mutex<Option<(String, Instant)>>,
+    /// The last failed probe.
+    last_error: std::sync::Mutex<Option<LastError>>,
     /// slotgate starts llama-server itself (`wrap`).
     starts_it: bool,
     inflight: AtomicUsize,
@@ -575,45 +581,47 @@ impl Upstream {
     /// Keeps the last probe's failure for `/status`, and says it in the log: when it starts or
     /// changes, and again every [`UNREACHABLE_REPEAT`] while it lasts.
     fn note_probe(&self, probe: &Result<(), Probe>) {
-        let mut last = self
-            .inner
-            .last_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = self.last();
         let Err(failure) = probe else {
             *last = None;
             return;
         };
         let text = failure.to_string();
         let repeat = match &*last {
-            Some((same, said)) if *same == text => said.elapsed() >= UNREACHABLE_REPEAT,
+            Some(l) if l.text == text => l.said.elapsed() >= UNREACHABLE_REPEAT,
             _ => true,
         };
-        if repeat {
-            match failure {
-                Probe::Unreachable(_) => tracing::warn!(
-                    upstream = %self.inner.target,
-                    error = %text,
-                    "upstream not reachable; requests get 503 until it is, once it has answered they wait for it"
-                ),
-                Probe::Answered(_) | Probe::Failed(_) => tracing::warn!(
-                    upstream = %self.inner.target,
-                    error = %text,
-                    "upstream is not ready"
-                ),
-            }
-            *last = Some((text, Instant::now()));
+        if !repeat {
+            return;
         }
+        let unreachable = matches!(failure, Probe::Unreachable(_));
+        match unreachable {
+            true => tracing::warn!(
+                upstream = %self.inner.target,
+                error = %text,
+                "upstream not reachable; requests get 503 until it is, once it has answered they wait for it"
+            ),
+            false => {
+                tracing::warn!(upstream = %self.inner.target, error = %text, "upstream is not ready")
+            }
+        }
+        *last = Some(LastError {
+            text,
+            unreachable,
+            said: Instant::now(),
+        });
+    }
+
+    fn last(&self) -> std::sync::MutexGuard<'_, Option<LastError>> {
+        self.inner
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The last failed probe, in words (`None` while llama-server answers ready).
     pub fn last_error(&self) -> Option<String> {
-        let last = self
-            .inner
-            .last_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        last.as_ref().map(|(text, _)| text.clone())
+        self.last().as_ref().map(|l| l.text.clone())
     }
 
     /// Whether llama-server has answered slotgate at all since it started (any status).
@@ -628,20 +636,21 @@ impl Upstream {
         if self.inner.starts_it || self.reached() {
             return None;
         }
-        let last = self
-            .inner
-            .last_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match &*last {
-            Some((text, _)) if text.starts_with(UNREACHABLE_PREFIX) => Some(text.clone()),
-            _ => None,
-        }
+        self.last()
+            .as_ref()
+            .filter(|l| l.unreachable)
+            .map(|l| l.text.clone())
     }
 
     /// slotgate starts llama-server itself (`wrap`): while it is not reachable yet, it is starting.
+    /// Call before the first clone: it sets a field of the shared state.
     pub fn set_starts_it(&mut self, starts: bool) {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+        let inner = Arc::get_mut(&mut self.inner);
+        debug_assert!(
+            inner.is_some(),
+            "set_starts_it after the upstream was shared"
+        );
+        if let Some(inner) = inner {
             inner.starts_it = starts;
         }
     }
