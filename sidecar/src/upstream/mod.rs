@@ -316,8 +316,11 @@ impl Upstream {
             false => self.pool(),
         };
         let resp = pool.request(req).await.map_err(classify)?;
-        // It answered: whatever it said, it is there (see `never_reachable`).
-        self.inner.reached.store(true, Ordering::Relaxed);
+        // It answered: whatever it said, it is there (see `never_reachable`). Read first: a store
+        // per request would bounce the cache line between the workers.
+        if !self.inner.reached.load(Ordering::Relaxed) {
+            self.inner.reached.store(true, Ordering::Relaxed);
+        }
         if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
             return self.check_loading(resp).await;
         }
@@ -700,12 +703,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Copies every end-to-end header: not hop-by-hop, and not named in `Connection`.
 pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
-    let named_in_connection: Vec<HeaderName> = from
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+    let named_in_connection: Vec<HeaderName> = connection_tokens(from)
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for (name, value) in from {
         if HOP_BY_HOP.contains(&name.as_str()) || named_in_connection.contains(name) {
@@ -713,6 +712,16 @@ pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
         }
         to.append(name.clone(), value.clone());
     }
+}
+
+/// The tokens of `headers`' `Connection` values, trimmed (`close`, `keep-alive`, header names).
+pub(crate) fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
 }
 
 /// Decrements the in-flight count when the response (or the attempt) is over.

@@ -287,12 +287,7 @@ async fn reap(pool: Weak<Shared>) {
 
 /// Whether the request's `Connection` header asks to close after it.
 fn asks_close(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("close"))
+    super::connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("close"))
 }
 
 /// The request as it goes on the wire: origin-form target, `Host` from the URI's authority.
