@@ -40,6 +40,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Top(args)) => return slotgate::cmd::top::run(args),
         None => (false, cli.run),
     };
     slotgate::cmd::run::run(args, wrapped, check)

@@ -10,6 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::admission::{Admission, Fairness};
 use crate::config::{Config, Limits, Slots};
 use crate::fleet::Fleet;
+use crate::live::Live;
 use crate::metrics as m;
 use crate::policy::PolicySet;
 use crate::upstream::capacity::Capacity;
@@ -36,6 +37,8 @@ pub struct App {
     pub quarantine: Arc<Quarantine>,
     /// The fleet state backend, when `state.backend = redis`.
     pub fleet: Option<Arc<Fleet>>,
+    /// What is inside now: every request, tenant totals and a minute of history (`GET /live`).
+    pub live: Live,
     /// The `total_slots` last warned about (a fixed `--slots` that differs from it).
     warned_slots: AtomicUsize,
 }
@@ -78,6 +81,7 @@ impl App {
             policies,
             fleet,
             warned_slots: AtomicUsize::new(0),
+            live: Live::new(),
             cost: Counter::new(config.tokenizer, upstream.clone()),
             capacity: Capacity::new(upstream.clone(), config.kv_pool, config.launch.clone()),
             cors: Cors::default(),

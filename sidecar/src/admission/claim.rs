@@ -25,6 +25,8 @@ pub struct Claim {
     pub slots: usize,
     /// Tokens of the shared KV pool it holds while it runs.
     pub kv: u64,
+    /// Who it is in the live view (`live::Request::key`), so a waiter can be named; 0: untagged.
+    pub tag: u64,
 }
 
 impl Claim {
@@ -51,7 +53,14 @@ impl Claim {
             priority,
             slots: 1,
             kv: 0,
+            tag: 0,
         }
+    }
+
+    /// Named `tag` in the live view.
+    pub fn tagged(mut self, tag: u64) -> Claim {
+        self.tag = tag;
+        self
     }
 
     /// What the request holds while it runs.
@@ -81,6 +90,7 @@ impl Claim {
             priority,
             slots: 1,
             kv: 0,
+            tag: 0,
         }
     }
 }

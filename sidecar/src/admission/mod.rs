@@ -8,4 +8,6 @@ mod queue;
 
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
-pub use queue::{Admission, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket};
+pub use queue::{
+    Admission, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket, WaiterView,
+};

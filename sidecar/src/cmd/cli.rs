@@ -52,6 +52,11 @@ pub enum Command {
     /// Work with policy modules offline: `slotgate policy check P.wasm`, `slotgate policy eval ...`.
     #[command(subcommand)]
     Policy(crate::cmd::policy::PolicyCommand),
+    /// A live view of a running slotgate: its slots and the requests on them, the queue in service
+    /// order, tenants, rates and the upstream, refreshed every second from the admin listener
+    /// (`GET /live`, docs/live.md). Keys: tab focus, s sort, r reverse, / filter, p pause, q quit.
+    /// `--once` prints the picture as text.
+    Top(crate::cmd::top::TopArgs),
 }
 
 #[derive(Debug, Clone, Args)]

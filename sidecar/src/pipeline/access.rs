@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::dialect::usage::Usage;
 use crate::error::{GateError, Outcome};
+use crate::live::{Ended, Live, Request, Tracked};
 use crate::log::{self, Field};
 use crate::metrics as m;
 use crate::policy::complete::CompletionHook;
@@ -38,12 +39,11 @@ thread_local! {
 }
 
 pub struct Exchange {
-    method: http::Method,
-    path: String,
+    /// Its place in the live view, with its method, path and id.
+    live: Tracked,
     peer: Option<Peer>,
     /// A TCP client's address.
     addr: Option<SocketAddr>,
-    request_id: http::HeaderValue,
     /// The Retry-After a refusal gave, in seconds.
     retry_after: Option<u64>,
     /// The policy that denied the request, and its reason.
@@ -63,18 +63,17 @@ pub struct Exchange {
 
 impl Exchange {
     pub fn new(
-        method: http::Method,
+        live: &Live,
+        method: &http::Method,
         path: &str,
         peer: Option<Peer>,
         addr: Option<SocketAddr>,
         request_id: &http::HeaderValue,
     ) -> Self {
         Exchange {
-            method,
-            path: path.to_owned(),
+            live: live.track(request_id, method, path),
             peer,
             addr,
-            request_id: request_id.clone(),
             retry_after: None,
             denied: None,
             started: Instant::now(),
@@ -93,15 +92,22 @@ impl Exchange {
 
     /// The request's id (see `request_id`), as text.
     pub fn request_id(&self) -> String {
-        self.request_id.to_str().unwrap_or("-").to_owned()
+        self.live.request_id.to_str().unwrap_or("-").to_owned()
+    }
+
+    /// The request as the live view shows it (`GET /live`): its phase, tokens so far.
+    pub fn live(&self) -> &Request {
+        self.live.request()
     }
 
     pub fn set_priority(&mut self, priority: i64) {
+        self.live.set_priority(priority);
         self.priority = priority;
     }
 
-    /// The tenant the request was scheduled for.
+    /// The tenant the request was scheduled for (or, refused before it had one, the caller).
     pub fn set_tenant(&mut self, tenant: Arc<str>) {
+        self.live.set_tenant(&tenant);
         self.tenant = Some(tenant);
     }
 
@@ -127,6 +133,7 @@ impl Exchange {
 
     /// The request's prompt tokens as counted before admission (exact, else estimated).
     pub fn set_prompt_tokens(&mut self, n: u64) {
+        self.live.set_prompt_tokens(n);
         self.prompt_tokens = n;
     }
 
@@ -185,6 +192,16 @@ impl Drop for Exchange {
             );
         }
         m::hot().requests(outcome).increment(1);
+        self.live.end(Ended {
+            outcome,
+            status: self.status,
+            tenant: self.tenant.as_deref(),
+            tokens: self
+                .usage
+                .map_or(0, |u| u.prompt_tokens + u.completion_tokens),
+            // Only a request given a slot queued (or not) for one.
+            queue_wait: self.reserved.and(self.queue_wait),
+        });
         // Absent values (no status yet, no peer on TCP) are left out of the line rather than faked,
         // and numbers stay numbers in JSON logs.
         let Some(format) = log::format() else { return };
@@ -192,12 +209,12 @@ impl Drop for Exchange {
             return;
         }
         let ms = |d: Option<Duration>| d.map(|d| Field::Num(d.as_millis() as u64));
-        let id = self.request_id.to_str().ok();
+        let id = self.live.request_id.to_str().ok();
         let fields = [
             ("outcome", Some(Field::Str(outcome.label()))),
             ("status", self.status.map(|s| Field::Num(s.into()))),
-            ("method", Some(Field::Str(self.method.as_str()))),
-            ("path", Some(Field::Str(&self.path))),
+            ("method", Some(Field::Str(self.live.method.as_str()))),
+            ("path", Some(Field::Str(&self.live.path))),
             ("request_id", id.map(Field::Str)),
             ("priority", Some(Field::Int(self.priority))),
             ("tenant", self.tenant.as_deref().map(Field::Str)),

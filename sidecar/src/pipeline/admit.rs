@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::admission::{Claim, Demand, Entry, SlotGuard, Ticket};
 use crate::error::GateError;
+use crate::live::Phase;
 use crate::state::App;
 use crate::upstream::tokenize;
 
@@ -45,6 +46,7 @@ pub(super) async fn admit(
         let claim = Claim::new(&intake.summary, decision, decided.priority, 0);
         ex.set_tenant(claim.tenant);
         ex.set_queue_wait(Duration::ZERO);
+        ex.live().admitted(0);
         return Ok(Admitted {
             slot: None,
             queue_wait: Duration::ZERO,
@@ -55,7 +57,8 @@ pub(super) async fn admit(
     // (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
     let demand = demand_of(app, intake)?;
     let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge)
-        .holding(demand.slots, demand.kv);
+        .holding(demand.slots, demand.kv)
+        .tagged(ex.live().key);
     ex.set_tenant(claim.tenant.clone());
     let (slot, queue_wait, demand) = match app.admission.enter(claim, deadline)? {
         Entry::Admitted(slot) => {
@@ -68,12 +71,14 @@ pub(super) async fn admit(
         // Boxed: a wait's state (the queue ticket, the count under way) is large and a request
         // that gets a slot at once never needs it, while every request's future is moved whole.
         Entry::Queued(ticket) => {
+            ex.live().set_phase(Phase::Queued);
             Box::pin(wait_for_slot(
                 app, intake, ticket, decision, demand, deadline,
             ))
             .await?
         }
     };
+    ex.live().admitted(demand.slots);
     ex.set_reserved(demand.reserved.unwrap_or(demand.charge));
     ex.set_prompt_tokens(intake.summary.prompt_tokens_best());
     ex.set_queue_wait(queue_wait);

@@ -15,6 +15,7 @@ use crate::admission::SlotGuard;
 use crate::dialect::usage::{Usage, UsageScanner};
 use crate::dialect::{self, DialectRef};
 use crate::error::Outcome;
+use crate::live::Phase;
 use crate::metrics as m;
 use crate::pipeline::access::Exchange;
 use crate::respond::{self, Body, BodyError};
@@ -253,8 +254,14 @@ impl HttpBody for GuardedBody {
                         m::hot()
                             .ttfb
                             .record(this.forwarded_at.elapsed().as_secs_f64());
+                        if let Some(held) = &this.held {
+                            held.exchange.live().set_phase(Phase::Answering);
+                        }
                     }
                     this.usage.feed(data);
+                    if let Some(held) = &this.held {
+                        held.exchange.live().set_generated(this.usage.generated());
+                    }
                 }
                 if this.inner.is_end_stream() {
                     this.settle(Outcome::Ok);

@@ -41,6 +41,7 @@ use slotgate_sdk::Peer;
 use tokio::time::Instant;
 
 use crate::error::GateError;
+use crate::live::Phase;
 use crate::respond::Body;
 use crate::server::conn::ClientAddr;
 use crate::state::App;
@@ -76,7 +77,7 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
         reply.health()
     } else {
         let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
-        let mut ex = Exchange::new(req.method().clone(), req.uri().path(), peer, addr, &id);
+        let mut ex = Exchange::new(&app.live, req.method(), req.uri().path(), peer, addr, &id);
         match phases(&app, req, peer, found, arrived, &mut ex).await {
             Ok(answer) => reply.answer(ex, answer),
             Err(refusal) => reply.refuse(ex, refusal),
@@ -120,10 +121,18 @@ async fn phases(
         .await
         .map_err(Refusal::reading)?;
     tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");
+    ex.live().set_stream(intake.ask.stream);
+    ex.live().set_phase(Phase::Deciding);
     // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
     let chain = app.policies.current();
-    count::before_chain(app, &mut intake, &chain, &ctx).await?;
-    let decided = decide::decide(app, &mut intake, chain, &ctx, ex).await?;
+    let decided = match count::before_chain(app, &mut intake, &chain, &ctx).await {
+        Ok(()) => decide::decide(app, &mut intake, chain, &ctx, ex).await,
+        Err(e) => Err(e),
+    };
+    let decided = decided.inspect_err(|_| {
+        // Refused before the scheduler named a tenant: counted for the caller.
+        ex.set_tenant(std::sync::Arc::from(intake.summary.identity().to_string()));
+    })?;
     ex.set_priority(decided.priority);
     tracing::debug!(request_id = %id, priority = decided.priority, "decide: allowed");
     let admitted = admit::admit(app, &mut intake, &decided, &ctx, ex).await?;

@@ -16,6 +16,7 @@ mod endpoints;
 mod fairness;
 mod fake_upstream_selftest;
 mod keep_alive;
+mod live;
 mod metrics;
 mod passthrough;
 mod peer_credentials;

@@ -614,9 +614,11 @@ impl Drop for Ticket {
 
 mod drain;
 mod slot;
+mod view;
 
 use drain::Drain;
 #[cfg(test)]
 mod tests;
 
 pub use slot::SlotGuard;
+pub use view::WaiterView;

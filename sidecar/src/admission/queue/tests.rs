@@ -652,3 +652,48 @@ async fn displacement_weighs_aged_priority() {
     }
     assert_eq!(adm.tenants(10).iter().map(|t| t.waiting).sum::<usize>(), 0);
 }
+
+/// The live view lists the waiters in the order they are then served, each expected to start after
+/// the work ahead of it.
+#[tokio::test(start_paused = true)]
+async fn the_waiters_view_is_the_order_of_service() {
+    let adm = Admission::new(1, 16);
+    learn(&adm, 10, Duration::from_millis(100), 10).await;
+    let log = Log::default();
+    let (held, _) = adm.acquire(claim("holder", 0, 10), far()).await.unwrap();
+    let queued = [
+        ("a1", claim("a", 0, 10)),
+        ("a2", claim("a", 0, 10)),
+        ("b1", claim("b", 0, 10)),
+        ("c9", claim("c", 9, 10)),
+        ("b0", claim("b", -1, 10)),
+    ];
+    let mut tasks = Vec::new();
+    for (i, (tag, c)) in queued.into_iter().enumerate() {
+        let c = c.tagged(i as u64 + 1);
+        tasks.push(request(&adm, &log, tag, c, Duration::from_millis(10), None));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let view = adm.waiters(10);
+    let names: Vec<&str> = view.iter().map(|w| queued_name(w.tag)).collect();
+    // b0 first (more urgent), charged to b; then a (served less) once, then the earlier arrival of
+    // the two now level.
+    assert_eq!(names, ["b0", "a1", "a2", "b1", "c9"]);
+    let starts: Vec<f64> = view.iter().map(|w| w.expected_start_seconds).collect();
+    assert!(starts.windows(2).all(|p| p[0] < p[1]), "{starts:?}");
+    // 10 tokens in 100 ms a slot: the one in service, then one more before each.
+    assert!((starts[0] - 0.1).abs() < 0.01, "{starts:?}");
+    assert!((starts[4] - 0.5).abs() < 0.01, "{starts:?}");
+    assert!(view[0].age_seconds > 0.0 && view[0].age_seconds < 0.01);
+    assert_eq!(adm.waiters(2).len(), 2);
+    drop(held);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(tags(&log), names);
+    assert!(adm.waiters(10).is_empty());
+}
+
+fn queued_name(tag: u64) -> &'static str {
+    ["", "a1", "a2", "b1", "c9", "b0"][tag as usize]
+}

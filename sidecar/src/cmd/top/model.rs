@@ -1,0 +1,159 @@
+//! What `slotgate top` reads: the admin listener's `GET /live` (docs/live.md) and llama-server's
+//! own `GET /slots`, forwarded there. Every field has a default, so a slotgate a version apart (a
+//! field added or gone) still shows what both know.
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Live {
+    pub version: String,
+    pub uptime_seconds: f64,
+    pub upstream: Upstream,
+    pub slots: Slots,
+    pub queue: Queue,
+    pub requests: Vec<Request>,
+    pub tenants: Vec<Tenant>,
+    pub rates: Rates,
+    pub history: History,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Upstream {
+    pub target: String,
+    pub ready: bool,
+    pub reached: bool,
+    pub last_error: Option<String>,
+    pub total_slots: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Slots {
+    pub total: u64,
+    pub busy: u64,
+    pub in_service: u64,
+    pub kv_pool_tokens: Option<u64>,
+    pub kv_reserved_tokens: u64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Queue {
+    pub depth: u64,
+    pub capacity: u64,
+    pub estimated_wait_seconds: f64,
+    pub draining: bool,
+    pub waiters: Vec<Waiter>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Waiter {
+    pub request_id: Option<String>,
+    pub path: Option<String>,
+    pub tenant: String,
+    pub priority: i64,
+    pub effective_priority: i64,
+    pub age_seconds: f64,
+    pub reserved_tokens: u64,
+    pub slots: u64,
+    pub expected_start_seconds: f64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Request {
+    pub request_id: String,
+    pub method: String,
+    pub path: String,
+    pub tenant: Option<String>,
+    pub phase: String,
+    pub priority: i64,
+    pub stream: bool,
+    pub age_seconds: f64,
+    pub in_service_seconds: Option<f64>,
+    pub slots: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+}
+
+impl Request {
+    /// Holding slots: admitted, and not yet over.
+    pub fn in_service(&self) -> bool {
+        self.in_service_seconds.is_some() && self.slots > 0
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Tenant {
+    pub tenant: String,
+    pub requests: u64,
+    pub served_tokens: u64,
+    pub share: f64,
+    pub virtual_tokens: Option<f64>,
+    pub waiting: u64,
+    pub in_service: u64,
+    pub refused: std::collections::BTreeMap<String, u64>,
+}
+
+impl Tenant {
+    pub fn refused_total(&self) -> u64 {
+        self.refused.values().sum()
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Rates {
+    pub window_seconds: u64,
+    pub requests_per_second: f64,
+    pub tokens_per_second: f64,
+    pub refused_per_second: f64,
+    pub queue_wait_p50_seconds: Option<f64>,
+    pub queue_wait_p95_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct History {
+    pub requests: Vec<u64>,
+    pub tokens: Vec<u64>,
+    pub refused: Vec<u64>,
+}
+
+/// One of llama-server's slots, as its `GET /slots` describes it (tools/server/server-context.cpp,
+/// `server_slot::to_json`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct LlamaSlot {
+    pub id: u64,
+    pub n_ctx: u64,
+    pub is_processing: bool,
+    pub id_task: Option<i64>,
+    pub n_prompt_tokens: Option<u64>,
+    pub next_token: Vec<NextToken>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct NextToken {
+    pub n_decoded: u64,
+}
+
+impl LlamaSlot {
+    pub fn decoded(&self) -> u64 {
+        self.next_token.first().map_or(0, |t| t.n_decoded)
+    }
+}
+
+/// What one refresh brought.
+#[derive(Debug, Clone)]
+pub struct Picture {
+    pub live: Live,
+    /// llama-server's `/slots`, or why it could not be read (not ready, `--no-slots`, an older
+    /// slotgate).
+    pub llama_slots: Result<Vec<LlamaSlot>, String>,
+}

@@ -1,0 +1,610 @@
+//! What is happening now, for `GET /live` on the admin listener and `slotgate top`: every request
+//! inside slotgate (its id, endpoint, tenant, phase, tokens so far, age), per-tenant totals (served
+//! tokens, refusals by reason) and a minute of per-second history (requests, tokens, 429s, queue
+//! waits).
+//!
+//! The request path writes it at a few points per request: one map insert when it arrives, a few
+//! relaxed atomic stores as it moves on, and one short lock with the map removal when it ends. It is
+//! read about once a second by whoever watches.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::time::Instant;
+
+use crate::error::Outcome;
+
+/// Seconds of history kept.
+pub const HISTORY_SECONDS: usize = 60;
+/// Seconds the rates are averaged over.
+pub const RATE_SECONDS: usize = 10;
+/// Tenants with totals of their own; later ones share [`OTHER_TENANT`].
+const MAX_TENANTS: usize = 1000;
+pub const OTHER_TENANT: &str = "other";
+/// The tenant of a request refused before it had one (unreadable, say).
+pub const NO_TENANT: &str = "-";
+/// Queue-wait bins: 0 (under a millisecond), then each 1.2 times the one before, from 1 ms.
+const WAIT_BINS: usize = 80;
+const WAIT_GROWTH: f64 = 1.2;
+
+/// Where a request is on its way (see `pipeline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Its body being read.
+    Reading = 0,
+    /// Counted and judged by the policy chain.
+    Deciding = 1,
+    /// Waiting for a slot.
+    Queued = 2,
+    /// Sent to llama-server, its answer not begun.
+    Upstream = 3,
+    /// Its answer flowing to the client.
+    Answering = 4,
+}
+
+impl Phase {
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Reading => "reading",
+            Phase::Deciding => "deciding",
+            Phase::Queued => "queued",
+            Phase::Upstream => "upstream",
+            Phase::Answering => "answering",
+        }
+    }
+
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::Reading,
+            1 => Phase::Deciding,
+            2 => Phase::Queued,
+            3 => Phase::Upstream,
+            _ => Phase::Answering,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Live {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    started: Instant,
+    next: AtomicU64,
+    requests: DashMap<u64, Arc<Request>>,
+    totals: Mutex<Totals>,
+}
+
+/// One request inside slotgate.
+pub struct Request {
+    /// Its key in the live view (also the queue's `Claim::tag`).
+    pub key: u64,
+    pub request_id: http::HeaderValue,
+    pub method: http::Method,
+    pub path: String,
+    pub arrived: Instant,
+    phase: AtomicU8,
+    tenant: OnceLock<Arc<str>>,
+    priority: AtomicI64,
+    prompt_tokens: AtomicU64,
+    generated: AtomicU64,
+    slots: AtomicUsize,
+    stream: AtomicBool,
+    /// Nanoseconds after arrival it was admitted (given its slot); 0: not yet.
+    admitted_after: AtomicU64,
+}
+
+impl Request {
+    pub fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+
+    pub fn set_tenant(&self, tenant: &Arc<str>) {
+        let _ = self.tenant.set(tenant.clone());
+    }
+
+    pub fn tenant(&self) -> Option<&Arc<str>> {
+        self.tenant.get()
+    }
+
+    pub fn set_priority(&self, priority: i64) {
+        self.priority.store(priority, Ordering::Relaxed);
+    }
+
+    pub fn set_prompt_tokens(&self, n: u64) {
+        self.prompt_tokens.store(n, Ordering::Relaxed);
+    }
+
+    /// Tokens generated so far (a stream's text-carrying events).
+    pub fn set_generated(&self, n: u64) {
+        self.generated.store(n, Ordering::Relaxed);
+    }
+
+    pub fn set_stream(&self, stream: bool) {
+        self.stream.store(stream, Ordering::Relaxed);
+    }
+
+    /// Given its slots (`slots` of them): in service from now.
+    pub fn admitted(&self, slots: usize) {
+        self.slots.store(slots, Ordering::Relaxed);
+        let after = self.arrived.elapsed().as_nanos().max(1);
+        self.admitted_after
+            .store(u64::try_from(after).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.set_phase(Phase::Upstream);
+    }
+
+    /// What the live view shows of it now.
+    pub fn view(&self, now: Instant) -> RequestView {
+        let admitted = self.admitted_after.load(Ordering::Relaxed);
+        RequestView {
+            key: self.key,
+            request_id: self.request_id.to_str().unwrap_or("-").to_owned(),
+            method: self.method.as_str().to_owned(),
+            path: self.path.clone(),
+            tenant: self.tenant().map(|t| t.to_string()),
+            phase: self.phase(),
+            priority: self.priority.load(Ordering::Relaxed),
+            age_seconds: now.saturating_duration_since(self.arrived).as_secs_f64(),
+            in_service_seconds: (admitted > 0).then(|| {
+                let at = self.arrived + Duration::from_nanos(admitted);
+                now.saturating_duration_since(at).as_secs_f64()
+            }),
+            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: self.generated.load(Ordering::Relaxed),
+            slots: self.slots.load(Ordering::Relaxed),
+            stream: self.stream.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A request as the live view shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestView {
+    pub key: u64,
+    pub request_id: String,
+    pub method: String,
+    pub path: String,
+    pub tenant: Option<String>,
+    pub phase: Phase,
+    pub priority: i64,
+    pub age_seconds: f64,
+    /// Since it was given its slots; `None` before.
+    pub in_service_seconds: Option<f64>,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    /// Slots it holds (0: none, or not yet admitted).
+    pub slots: usize,
+    pub stream: bool,
+}
+
+/// How one request ended, for the totals.
+#[derive(Debug, Clone, Copy)]
+pub struct Ended<'a> {
+    pub outcome: Outcome,
+    pub status: Option<u16>,
+    pub tenant: Option<&'a str>,
+    /// Prompt plus completion tokens served.
+    pub tokens: u64,
+    /// How long it queued, for a request that was given a slot.
+    pub queue_wait: Option<Duration>,
+}
+
+/// A request's place in the live view; leaves it when dropped.
+pub struct Tracked {
+    live: Live,
+    request: Arc<Request>,
+}
+
+impl Tracked {
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// Counts how it ended. Called once, as it ends.
+    pub fn end(&self, ended: Ended<'_>) {
+        self.live.record(ended);
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.live.inner.requests.remove(&self.request.key);
+    }
+}
+
+impl std::ops::Deref for Tracked {
+    type Target = Request;
+    fn deref(&self) -> &Request {
+        &self.request
+    }
+}
+
+#[derive(Default)]
+struct Totals {
+    outcomes: [u64; Outcome::ALL.len()],
+    tokens: u64,
+    tenants: HashMap<Arc<str>, TenantTotals>,
+    seconds: Vec<Second>,
+}
+
+/// One tenant's totals since start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantTotals {
+    pub requests: u64,
+    /// Prompt plus completion tokens served.
+    pub served_tokens: u64,
+    /// Requests refused, by outcome (`queue_full`, `policy_denied`, ...): every outcome but `ok`,
+    /// the client's own leaving and llama-server's answers.
+    pub refused: HashMap<&'static str, u64>,
+}
+
+/// One second of history.
+#[derive(Clone)]
+struct Second {
+    /// Whole seconds since start.
+    at: u64,
+    requests: u64,
+    tokens: u64,
+    /// Answers with status 429.
+    refused: u64,
+    waits: [u32; WAIT_BINS],
+}
+
+impl Second {
+    fn new(at: u64) -> Second {
+        Second {
+            at,
+            requests: 0,
+            tokens: 0,
+            refused: 0,
+            waits: [0; WAIT_BINS],
+        }
+    }
+}
+
+/// A refusal slotgate made itself, counted per tenant by reason.
+fn is_refusal(outcome: Outcome) -> bool {
+    !matches!(
+        outcome,
+        Outcome::Ok
+            | Outcome::ClientGone
+            | Outcome::ClientStalled
+            | Outcome::Upstream4xx
+            | Outcome::Upstream5xx
+            | Outcome::DrainTimeout
+    )
+}
+
+fn wait_bin(wait: Duration) -> usize {
+    let ms = wait.as_secs_f64() * 1e3;
+    if ms < 1.0 {
+        return 0;
+    }
+    let bin = 1 + (ms.ln() / WAIT_GROWTH.ln()) as usize;
+    bin.min(WAIT_BINS - 1)
+}
+
+/// The middle of a bin, in seconds (the geometric middle of its bounds).
+fn bin_seconds(bin: usize) -> f64 {
+    if bin == 0 {
+        return 0.0;
+    }
+    let low = WAIT_GROWTH.powi(bin as i32 - 1);
+    low * WAIT_GROWTH.sqrt() / 1e3
+}
+
+/// Everything the live view shows, at one instant.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub uptime: Duration,
+    pub requests: Vec<RequestView>,
+    pub outcomes: Vec<(&'static str, u64)>,
+    pub tokens: u64,
+    pub tenants: Vec<(String, TenantTotals)>,
+    pub rates: Rates,
+    /// The last [`HISTORY_SECONDS`] whole seconds, oldest first (the current one left out).
+    pub history: History,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rates {
+    pub requests_per_second: f64,
+    pub tokens_per_second: f64,
+    pub refused_per_second: f64,
+    /// Of the requests given a slot in the last [`HISTORY_SECONDS`]; `None` without any.
+    pub queue_wait_p50_seconds: Option<f64>,
+    pub queue_wait_p95_seconds: Option<f64>,
+    pub queue_waits: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    pub requests: Vec<u64>,
+    pub tokens: Vec<u64>,
+    pub refused: Vec<u64>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Live::new()
+    }
+}
+
+impl Live {
+    pub fn new() -> Live {
+        Live {
+            inner: Arc::new(Inner {
+                started: Instant::now(),
+                next: AtomicU64::new(1),
+                requests: DashMap::new(),
+                totals: Mutex::new(Totals::default()),
+            }),
+        }
+    }
+
+    /// A request arrived: it is in the view until the returned [`Tracked`] drops.
+    pub fn track(
+        &self,
+        request_id: &http::HeaderValue,
+        method: &http::Method,
+        path: &str,
+    ) -> Tracked {
+        let key = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let request = Arc::new(Request {
+            key,
+            request_id: request_id.clone(),
+            method: method.clone(),
+            path: path.to_owned(),
+            arrived: Instant::now(),
+            phase: AtomicU8::new(Phase::Reading as u8),
+            tenant: OnceLock::new(),
+            priority: AtomicI64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated: AtomicU64::new(0),
+            slots: AtomicUsize::new(0),
+            stream: AtomicBool::new(false),
+            admitted_after: AtomicU64::new(0),
+        });
+        self.inner.requests.insert(key, request.clone());
+        Tracked {
+            live: self.clone(),
+            request,
+        }
+    }
+
+    /// The request with this key, while it is inside slotgate.
+    pub fn request(&self, key: u64) -> Option<RequestView> {
+        let now = Instant::now();
+        self.inner.requests.get(&key).map(|r| r.view(now))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Totals> {
+        self.inner.totals.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, ended: Ended<'_>) {
+        let now = self.inner.started.elapsed().as_secs();
+        let mut t = self.lock();
+        let t = &mut *t;
+        if let Some(i) = Outcome::ALL.iter().position(|o| *o == ended.outcome) {
+            t.outcomes[i] += 1;
+        }
+        t.tokens += ended.tokens;
+        let tenant = ended.tenant.unwrap_or(NO_TENANT);
+        let entry = match t.tenants.get_mut(tenant) {
+            Some(e) => e,
+            None => {
+                let name: Arc<str> = match t.tenants.len() < MAX_TENANTS {
+                    true => Arc::from(tenant),
+                    false => Arc::from(OTHER_TENANT),
+                };
+                t.tenants.entry(name).or_default()
+            }
+        };
+        entry.requests += 1;
+        entry.served_tokens += ended.tokens;
+        if is_refusal(ended.outcome) {
+            *entry.refused.entry(ended.outcome.label()).or_default() += 1;
+        }
+        let second = match t.seconds.last_mut() {
+            Some(s) if s.at == now => s,
+            _ => {
+                t.seconds.push(Second::new(now));
+                let keep = HISTORY_SECONDS + 1;
+                if t.seconds.len() > keep {
+                    let extra = t.seconds.len() - keep;
+                    t.seconds.drain(..extra);
+                }
+                t.seconds.last_mut().expect("just pushed")
+            }
+        };
+        second.requests += 1;
+        second.tokens += ended.tokens;
+        if ended.status == Some(429) {
+            second.refused += 1;
+        }
+        if let Some(wait) = ended.queue_wait {
+            second.waits[wait_bin(wait)] += 1;
+        }
+    }
+
+    /// Everything, now.
+    pub fn snapshot(&self) -> Snapshot {
+        let now = Instant::now();
+        let mut requests: Vec<RequestView> =
+            self.inner.requests.iter().map(|r| r.view(now)).collect();
+        requests.sort_by_key(|r| r.key);
+        let uptime = self.inner.started.elapsed();
+        let current = uptime.as_secs();
+        let t = self.lock();
+        let outcomes = Outcome::ALL
+            .iter()
+            .zip(t.outcomes)
+            .map(|(o, n)| (o.label(), n))
+            .collect();
+        let mut tenants: Vec<(String, TenantTotals)> = t
+            .tenants
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        tenants.sort_by(|a, b| a.0.cmp(&b.0));
+        // Whole seconds only: the current one is still filling.
+        let at = |s: u64| t.seconds.iter().find(|x| x.at == s);
+        let past = |n: usize| {
+            (1..=n as u64)
+                .rev()
+                .filter_map(|back| current.checked_sub(back))
+        };
+        let mut history = History::default();
+        for back in (1..=HISTORY_SECONDS as u64).rev() {
+            // Before start: nothing.
+            let sec = current.checked_sub(back).and_then(at);
+            history.requests.push(sec.map_or(0, |x| x.requests));
+            history.tokens.push(sec.map_or(0, |x| x.tokens));
+            history.refused.push(sec.map_or(0, |x| x.refused));
+        }
+        // Seconds there has been time for (a view taken in the first seconds averages over those).
+        let span = (current as usize).clamp(1, RATE_SECONDS);
+        let recent = |f: fn(&Second) -> u64| -> f64 {
+            past(span).filter_map(at).map(f).sum::<u64>() as f64 / span as f64
+        };
+        let mut waits = [0u64; WAIT_BINS];
+        for s in past(HISTORY_SECONDS).filter_map(at) {
+            for (sum, n) in waits.iter_mut().zip(s.waits) {
+                *sum += u64::from(n);
+            }
+        }
+        let count: u64 = waits.iter().sum();
+        let quantile = |q: f64| -> Option<f64> {
+            let rank = ((count as f64) * q).ceil().max(1.0) as u64;
+            let mut seen = 0;
+            waits.iter().enumerate().find_map(|(bin, n)| {
+                seen += n;
+                (seen >= rank).then(|| bin_seconds(bin))
+            })
+        };
+        let rates = Rates {
+            requests_per_second: recent(|s| s.requests),
+            tokens_per_second: recent(|s| s.tokens),
+            refused_per_second: recent(|s| s.refused),
+            queue_wait_p50_seconds: (count > 0).then(|| quantile(0.5)).flatten(),
+            queue_wait_p95_seconds: (count > 0).then(|| quantile(0.95)).flatten(),
+            queue_waits: count,
+        };
+        Snapshot {
+            uptime,
+            requests,
+            outcomes,
+            tokens: t.tokens,
+            tenants,
+            rates,
+            history,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(outcome: Outcome, status: u16, tenant: &str, tokens: u64) -> Ended<'_> {
+        Ended {
+            outcome,
+            status: Some(status),
+            tenant: Some(tenant),
+            tokens,
+            queue_wait: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_is_in_view_until_it_ends() {
+        let live = Live::new();
+        let id = http::HeaderValue::from_static("abc");
+        let tracked = live.track(&id, &http::Method::POST, "/v1/chat/completions");
+        tracked.set_tenant(&Arc::from("team-a"));
+        tracked.set_prompt_tokens(12);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tracked.admitted(2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tracked.set_generated(5);
+        tracked.set_phase(Phase::Answering);
+        let snap = live.snapshot();
+        let [r] = &snap.requests[..] else {
+            panic!("{:?}", snap.requests)
+        };
+        assert_eq!(
+            (r.request_id.as_str(), r.tenant.as_deref(), r.phase),
+            ("abc", Some("team-a"), Phase::Answering)
+        );
+        assert_eq!((r.prompt_tokens, r.generated_tokens, r.slots), (12, 5, 2));
+        assert!((r.age_seconds - 0.5).abs() < 1e-3, "{r:?}");
+        assert!((r.in_service_seconds.unwrap() - 0.2).abs() < 1e-3, "{r:?}");
+        assert_eq!(live.request(r.key).unwrap().request_id, "abc");
+        tracked.end(ended(Outcome::Ok, 200, "team-a", 17));
+        drop(tracked);
+        let snap = live.snapshot();
+        assert!(snap.requests.is_empty());
+        assert_eq!(snap.tokens, 17);
+        assert_eq!(snap.tenants[0].1.served_tokens, 17);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rates_history_and_refusals_by_reason() {
+        let live = Live::new();
+        let id = http::HeaderValue::from_static("x");
+        for second in 0..12u64 {
+            for i in 0..4 {
+                let t = live.track(&id, &http::Method::POST, "/v1/completions");
+                if i == 3 {
+                    t.end(ended(Outcome::QueueFull, 429, "b", 0));
+                } else {
+                    t.end(Ended {
+                        // Three waits: 0, 10 ms and (in the last seconds) 2 s.
+                        queue_wait: Some(Duration::from_millis([0, 10, 2000][i])),
+                        ..ended(Outcome::Ok, 200, "a", 10 + second)
+                    });
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let snap = live.snapshot();
+        let r = &snap.rates;
+        assert_eq!((r.requests_per_second, r.refused_per_second), (4.0, 1.0));
+        // Seconds 2..=11 each served 3 * (10 + s) tokens.
+        let tokens: u64 = (2..12).map(|s| 3 * (10 + s)).sum();
+        assert_eq!(r.tokens_per_second, tokens as f64 / 10.0);
+        assert_eq!(r.queue_waits, 36);
+        let p50 = r.queue_wait_p50_seconds.unwrap();
+        assert!((0.009..0.012).contains(&p50), "{r:?}");
+        let p95 = r.queue_wait_p95_seconds.unwrap();
+        assert!((1.8..2.2).contains(&p95), "{r:?}");
+        assert_eq!(snap.history.requests.len(), HISTORY_SECONDS);
+        assert_eq!(snap.history.requests[HISTORY_SECONDS - 12..], [4; 12]);
+        assert_eq!(snap.history.requests[..HISTORY_SECONDS - 12], [0; 48]);
+        let b = &snap.tenants.iter().find(|t| t.0 == "b").unwrap().1;
+        assert_eq!((b.requests, b.refused["queue_full"]), (12, 12));
+        let a = &snap.tenants.iter().find(|t| t.0 == "a").unwrap().1;
+        assert!(a.refused.is_empty());
+        let queue_full = snap.outcomes.iter().find(|o| o.0 == "queue_full").unwrap();
+        assert_eq!(queue_full.1, 12);
+    }
+
+    #[test]
+    fn wait_bins_hold_their_values_within_a_tenth() {
+        for ms in [1.0, 3.0, 10.0, 250.0, 4_000.0, 60_000.0] {
+            let got = bin_seconds(wait_bin(Duration::from_secs_f64(ms / 1e3))) * 1e3;
+            assert!((got / ms - 1.0).abs() < 0.1, "{ms} ms -> {got} ms");
+        }
+        assert_eq!(bin_seconds(wait_bin(Duration::from_micros(300))), 0.0);
+    }
+}
