@@ -76,6 +76,8 @@ pub struct Live {
 struct Inner {
     started: Instant,
     next: AtomicU64,
+    /// Completion tokens generated, counted as they stream (and at the end of a whole answer).
+    generated: AtomicU64,
     requests: DashMap<u64, Arc<Request>>,
     totals: Mutex<Totals>,
 }
@@ -122,11 +124,6 @@ impl Request {
 
     pub fn set_prompt_tokens(&self, n: u64) {
         self.prompt_tokens.store(n, Ordering::Relaxed);
-    }
-
-    /// Tokens generated so far (a stream's text-carrying events).
-    pub fn set_generated(&self, n: u64) {
-        self.generated.store(n, Ordering::Relaxed);
     }
 
     pub fn set_stream(&self, stream: bool) {
@@ -194,6 +191,7 @@ pub struct Ended<'a> {
     pub tenant: Option<&'a str>,
     /// Prompt plus completion tokens served.
     pub tokens: u64,
+    pub completion_tokens: u64,
     /// How long it queued, for a request that was given a slot.
     pub queue_wait: Option<Duration>,
 }
@@ -209,8 +207,21 @@ impl Tracked {
         &self.request
     }
 
+    /// Tokens generated so far (a stream's text-carrying events); they count in the rates at once.
+    pub fn set_generated(&self, n: u64) {
+        let before = self.request.generated.swap(n, Ordering::Relaxed);
+        let more = n.saturating_sub(before);
+        if more > 0 {
+            self.live.inner.generated.fetch_add(more, Ordering::Relaxed);
+        }
+    }
+
     /// Counts how it ended. Called once, as it ends.
     pub fn end(&self, ended: Ended<'_>) {
+        // What the answer reported beyond what was seen streaming (a whole answer: all of it).
+        let seen = self.request.generated.load(Ordering::Relaxed);
+        let more = ended.completion_tokens.saturating_sub(seen);
+        self.live.inner.generated.fetch_add(more, Ordering::Relaxed);
         self.live.record(ended);
     }
 }
@@ -234,6 +245,8 @@ struct Totals {
     tokens: u64,
     tenants: HashMap<Arc<str>, TenantTotals>,
     seconds: Vec<Second>,
+    /// The generated-token mark of the last second dropped from `seconds`.
+    dropped_mark: u64,
 }
 
 /// One tenant's totals since start.
@@ -253,7 +266,8 @@ struct Second {
     /// Whole seconds since start.
     at: u64,
     requests: u64,
-    tokens: u64,
+    /// [`Inner::generated`] when this second was last touched.
+    generated: u64,
     /// Answers with status 429.
     refused: u64,
     waits: [u32; WAIT_BINS],
@@ -264,7 +278,7 @@ impl Second {
         Second {
             at,
             requests: 0,
-            tokens: 0,
+            generated: 0,
             refused: 0,
             waits: [0; WAIT_BINS],
         }
@@ -345,6 +359,7 @@ impl Live {
             inner: Arc::new(Inner {
                 started: Instant::now(),
                 next: AtomicU64::new(1),
+                generated: AtomicU64::new(0),
                 requests: DashMap::new(),
                 totals: Mutex::new(Totals::default()),
             }),
@@ -415,26 +430,31 @@ impl Live {
         if is_refusal(ended.outcome) {
             *entry.refused.entry(ended.outcome.label()).or_default() += 1;
         }
-        let second = match t.seconds.last_mut() {
-            Some(s) if s.at == now => s,
-            _ => {
-                t.seconds.push(Second::new(now));
-                let keep = HISTORY_SECONDS + 1;
-                if t.seconds.len() > keep {
-                    let extra = t.seconds.len() - keep;
-                    t.seconds.drain(..extra);
-                }
-                t.seconds.last_mut().expect("just pushed")
-            }
-        };
+        let second = self.touch(t, now);
         second.requests += 1;
-        second.tokens += ended.tokens;
         if ended.status == Some(429) {
             second.refused += 1;
         }
         if let Some(wait) = ended.queue_wait {
             second.waits[wait_bin(wait)] += 1;
         }
+    }
+
+    /// The second `now` (since start), its generated-token mark brought up to date.
+    fn touch<'t>(&self, t: &'t mut Totals, now: u64) -> &'t mut Second {
+        if t.seconds.last().is_none_or(|s| s.at != now) {
+            t.seconds.push(Second::new(now));
+            // One more than the history: the base of its first second's tokens.
+            let keep = HISTORY_SECONDS + 2;
+            if t.seconds.len() > keep {
+                let extra = t.seconds.len() - keep;
+                t.dropped_mark = t.seconds[extra - 1].generated;
+                t.seconds.drain(..extra);
+            }
+        }
+        let second = t.seconds.last_mut().expect("just pushed");
+        second.generated = self.inner.generated.load(Ordering::Relaxed);
+        second
     }
 
     /// Everything, now.
@@ -445,7 +465,8 @@ impl Live {
         requests.sort_by_key(|r| r.key);
         let uptime = self.inner.started.elapsed();
         let current = uptime.as_secs();
-        let t = self.lock();
+        let mut t = self.lock();
+        self.touch(&mut t, current);
         let outcomes = Outcome::ALL
             .iter()
             .zip(t.outcomes)
@@ -459,6 +480,17 @@ impl Live {
         tenants.sort_by(|a, b| a.0.cmp(&b.0));
         // Whole seconds only: the current one is still filling.
         let at = |s: u64| t.seconds.iter().find(|x| x.at == s);
+        // Tokens generated in second `s`: its mark less the mark of the second touched before it
+        // (a quiet stretch is counted in the second that ends it).
+        let generated_in = |s: u64| -> u64 {
+            let Some(i) = t.seconds.iter().position(|x| x.at == s) else {
+                return 0;
+            };
+            let before = i
+                .checked_sub(1)
+                .map_or(t.dropped_mark, |p| t.seconds[p].generated);
+            t.seconds[i].generated.saturating_sub(before)
+        };
         let past = |n: usize| {
             (1..=n as u64)
                 .rev()
@@ -469,7 +501,9 @@ impl Live {
             // Before start: nothing.
             let sec = current.checked_sub(back).and_then(at);
             history.requests.push(sec.map_or(0, |x| x.requests));
-            history.tokens.push(sec.map_or(0, |x| x.tokens));
+            history
+                .tokens
+                .push(current.checked_sub(back).map_or(0, generated_in));
             history.refused.push(sec.map_or(0, |x| x.refused));
         }
         // Seconds there has been time for (a view taken in the first seconds averages over those).
@@ -494,7 +528,7 @@ impl Live {
         };
         let rates = Rates {
             requests_per_second: recent(|s| s.requests),
-            tokens_per_second: recent(|s| s.tokens),
+            tokens_per_second: past(span).map(generated_in).sum::<u64>() as f64 / span as f64,
             refused_per_second: recent(|s| s.refused),
             queue_wait_p50_seconds: (count > 0).then(|| quantile(0.5)).flatten(),
             queue_wait_p95_seconds: (count > 0).then(|| quantile(0.95)).flatten(),
@@ -522,6 +556,7 @@ mod tests {
             status: Some(status),
             tenant: Some(tenant),
             tokens,
+            completion_tokens: tokens,
             queue_wait: None,
         }
     }
@@ -597,6 +632,31 @@ mod tests {
         assert!(a.refused.is_empty());
         let queue_full = snap.outcomes.iter().find(|o| o.0 == "queue_full").unwrap();
         assert_eq!(queue_full.1, 12);
+    }
+
+    /// A long stream's tokens count in the rates as they stream, and once only when it ends.
+    #[tokio::test(start_paused = true)]
+    async fn streamed_tokens_count_at_once() {
+        let live = Live::new();
+        let id = http::HeaderValue::from_static("s");
+        let t = live.track(&id, &http::Method::POST, "/v1/chat/completions");
+        for n in 1..=4u64 {
+            t.set_generated(n * 10);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            live.snapshot();
+        }
+        // Counted in the second they are seen (a look, or a request's end): the first 10 at 1 s.
+        let snap = live.snapshot();
+        assert_eq!(snap.history.tokens[HISTORY_SECONDS - 4..], [0, 10, 10, 10]);
+        assert_eq!(snap.rates.tokens_per_second, 7.5);
+        t.end(Ended {
+            completion_tokens: 45,
+            ..ended(Outcome::Ok, 200, "a", 50)
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let snap = live.snapshot();
+        // The last 10 streamed, and the 5 the usage reported beyond them.
+        assert_eq!(snap.history.tokens[HISTORY_SECONDS - 1], 15);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! - [`redis`]: a real redis-server per test, on a Unix socket, for the fleet state.
 //! - [`soak`]: long mixed traffic against a real llama-server, with RSS, fds and invariants.
 //! - [`systemd`]: a notify socket, sockets handed over as systemd does, the example units verified.
+//! - [`tmux`]: a terminal of a given size for `slotgate top`: keys in, the screen out as text.
 //! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
 
 pub mod budget;
@@ -33,6 +34,7 @@ pub mod redis;
 pub mod request;
 pub mod soak;
 pub mod systemd;
+pub mod tmux;
 pub mod wait;
 pub mod wat;
 

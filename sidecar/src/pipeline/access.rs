@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::dialect::usage::Usage;
 use crate::error::{GateError, Outcome};
-use crate::live::{Ended, Live, Request, Tracked};
+use crate::live::{Ended, Live, Tracked};
 use crate::log::{self, Field};
 use crate::metrics as m;
 use crate::policy::complete::CompletionHook;
@@ -96,8 +96,8 @@ impl Exchange {
     }
 
     /// The request as the live view shows it (`GET /live`): its phase, tokens so far.
-    pub fn live(&self) -> &Request {
-        self.live.request()
+    pub fn live(&self) -> &Tracked {
+        &self.live
     }
 
     pub fn set_priority(&mut self, priority: i64) {
@@ -199,6 +199,7 @@ impl Drop for Exchange {
             tokens: self
                 .usage
                 .map_or(0, |u| u.prompt_tokens + u.completion_tokens),
+            completion_tokens: self.usage.map_or(0, |u| u.completion_tokens),
             // Only a request given a slot queued (or not) for one.
             queue_wait: self.reserved.and(self.queue_wait),
         });

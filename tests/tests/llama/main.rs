@@ -26,3 +26,4 @@ mod observability_kit;
 mod readme;
 mod routes_source;
 mod soak_ci;
+mod top;

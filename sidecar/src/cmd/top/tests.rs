@@ -60,7 +60,7 @@ fn the_snapshot_shows_slots_queue_tenants_and_rates() {
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines[0].starts_with("slotgate 9.9.9 · up 1h02m"), "{out}");
     assert!(
-        lines[0].contains("upstream ready unix:/run/llama.sock (2 slots)"),
+        lines[0].contains("upstream ready (2 slots) unix:/run/llama.sock"),
         "{out}"
     );
     assert!(

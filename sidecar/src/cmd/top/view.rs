@@ -352,8 +352,9 @@ fn header(f: &mut Frame, area: Rect, p: &Picture) {
     };
     let first = Line::from(vec![
         Span::styled(format!("slotgate {}", l.version), bold()),
+        // The address last: a long socket path is what the edge cuts.
         Span::raw(format!(
-            " · up {} · upstream {upstream} {}{llama}",
+            " · up {} · upstream {upstream}{llama} {}",
             dur(l.uptime_seconds),
             l.upstream.target
         )),
@@ -586,7 +587,7 @@ fn keys(f: &mut Frame, area: Rect, v: &ViewState) {
         };
         let paused = if v.paused { " · PAUSED" } else { "" };
         format!(
-            "q quit · tab focus · s sort · r reverse · / filter · p pause · {}{filter}{paused}",
+            "q quit · tab focus · s sort · r reverse · / filter · p pause{filter}{paused} · {}",
             v.source
         )
     };
