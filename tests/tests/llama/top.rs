@@ -145,6 +145,12 @@ async fn top_shows_a_loaded_slotgate_before_llama_server_with_its_defaults() {
     top.wait_for(Duration::from_secs(10), "more tokens generated", |s| {
         gen(s) > before
     });
+    // And count in the rates while they stream, not only when the streams end.
+    let busy = top.wait_for(Duration::from_secs(10), "tokens per second", |s| {
+        let rates = s.lines().nth(1).unwrap_or("");
+        rates.contains(" tok/s") && !rates.contains(" 0 tok/s")
+    });
+    eprintln!("{busy}");
 
     // Sort the queue by age, then filter down to one waiter.
     top.keys(&["Tab", "s"]);
