@@ -18,6 +18,7 @@ const ROOMS: &[&str] = &[
     "policy",
     "fleet",
     "admission",
+    "otel",
     "live",
     "log",
     "config",

@@ -27,13 +27,14 @@
 //!  state    the `App` every request, the admin listener and the reloader share
 //!  upstream the client, capacity (/props, the command line), cors, tokenize, quarantine
 //!  fleet    budgets shared by every sidecar, on Redis/Valkey
+//!  otel     OpenTelemetry traces: the exporter, the request's spans, traceparent in and out
 //!  live     what is inside now, for `/live` and `slotgate top`: requests, tenant totals, rates
 //!  config   flags, env and TOML → one validated `Config`; what llama-server was launched with
 //!  leaves   respond, dialect, json_edit, metrics, error
 //! ```
 //!
 //! Dependencies run one way, down that list: `cmd → app → admin → pipeline → server → state →
-//! upstream → policy → fleet → admission → live → log → config → leaves`. `arrows.rs` fails on an
+//! upstream → policy → fleet → admission → otel → live → log → config → leaves`. `arrows.rs` fails on an
 //! arrow back up; docs/architecture.md has the map and the invariants.
 
 pub mod admin;
@@ -53,6 +54,7 @@ pub mod json_edit;
 pub mod live;
 pub mod log;
 pub mod metrics;
+pub mod otel;
 pub mod pipeline;
 pub mod policy;
 pub mod respond;

@@ -131,6 +131,8 @@ struct State {
     passthrough: Mutex<Vec<String>>,
     /// Every request's path and `X-Request-Id`, in arrival order.
     request_ids: Mutex<Vec<(String, Option<String>)>>,
+    /// Every request's path and `traceparent`, in arrival order.
+    traceparents: Mutex<Vec<(String, Option<String>)>>,
     /// slotgate's own calls (user agent `slotgate/...`): token counting, `/props`.
     internal: Mutex<Vec<String>>,
     /// When each generation request answered "Loading model" arrived.
@@ -371,6 +373,7 @@ impl FakeUpstream {
             seen: Mutex::new(Vec::new()),
             passthrough: Mutex::new(Vec::new()),
             request_ids: Mutex::new(Vec::new()),
+            traceparents: Mutex::new(Vec::new()),
             internal: Mutex::new(Vec::new()),
             rejected_loading: Mutex::new(Vec::new()),
         });
@@ -504,6 +507,11 @@ impl RunningUpstream {
     /// Every request's path and the `X-Request-Id` it carried, in arrival order.
     pub fn request_ids_seen(&self) -> Vec<(String, Option<String>)> {
         self.state.request_ids.lock().unwrap().clone()
+    }
+
+    /// Every request's path and the W3C `traceparent` it carried, in arrival order.
+    pub fn traceparents_seen(&self) -> Vec<(String, Option<String>)> {
+        self.state.traceparents.lock().unwrap().clone()
     }
 
     /// Paths of non-generation requests (passthroughs) in arrival order; `/health` excluded.
@@ -657,6 +665,16 @@ async fn handle(
         .lock()
         .unwrap()
         .push((path.clone(), request_id));
+    let traceparent = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    state
+        .traceparents
+        .lock()
+        .unwrap()
+        .push((path.clone(), traceparent));
     let generation = GENERATION_PATHS.contains(&path.as_str());
     // slotgate's own calls (token counting, /props) are kept apart from the clients' passthroughs.
     let internal = parts

@@ -12,6 +12,7 @@
 //! - [`client`]: HTTP/1.1 over Unix or TCP, whole or streamed responses, and raw sockets for abuse tests.
 //! - [`llama`]: launcher for a real llama-server, and the requests and checks of the end-to-end tests.
 //! - [`request`]: fluent request bodies carrying the fake's knobs (`fake_tag`, `fake_delay_ms`, ...).
+//! - [`otlp`]: an OTLP/HTTP trace receiver that decodes what slotgate exports, for the trace tests.
 //! - [`metrics`]: a small Prometheus text parser for asserting counters, gauges and histograms.
 //! - [`errors`]: the OpenAI error shape every slotgate-made response must have.
 //! - [`budget`]: waiting out the token-budget policy's refusals until a refund has landed.
@@ -29,6 +30,7 @@ pub mod gate;
 pub mod kube;
 pub mod llama;
 pub mod metrics;
+pub mod otlp;
 pub mod python;
 pub mod redis;
 pub mod request;

@@ -62,8 +62,20 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
             }
         };
     }
-    init_logging(config.log_format);
-    match serve(config, source, wrapped) {
+    let traces = match init_logging(config.log_format) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("slotgate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let served = serve(config, source, wrapped);
+    // What the exporter still holds goes out before the process ends.
+    if let Some(t) = traces {
+        t.shutdown();
+        crate::log::flush();
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         // Once, through the log (which goes to stderr): the log's format is the operator's choice.
         Err(e) => {
@@ -136,16 +148,51 @@ fn serve(
     served
 }
 
-fn init_logging(format: LogFormat) {
+/// The log (`SLOTGATE_LOG`, else `RUST_LOG`, else `info`) and, when the `OTEL_*` variables ask for
+/// it, the trace exporter (`otel`). The global filter enables the traces' target only while there
+/// is an exporter, so with traces off their spans are never even created; the log never shows them.
+fn init_logging(format: LogFormat) -> Result<Option<crate::otel::Traces>, crate::otel::OtelError> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+
+    let traces = match crate::otel::wanted() {
+        true => Some(crate::otel::Traces::start()?),
+        false => None,
+    };
     let filter = EnvFilter::try_from_env("SLOTGATE_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(crate::log::Sink);
+    let level = if traces.is_some() { "trace" } else { "off" };
+    let filter = match format!("{}={level}", crate::otel::TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     crate::log::set_format(format);
-    match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
+    let not_traces =
+        tracing_subscriber::filter::filter_fn(|m| !m.target().starts_with(crate::otel::TARGET));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(crate::log::Sink);
+    let fmt = match format {
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_filter(not_traces)
+            .boxed(),
+        LogFormat::Text => fmt.with_ansi(false).with_filter(not_traces).boxed(),
+    };
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    match &traces {
+        Some(t) => {
+            let layer = t.layer();
+            registry.with(layer).init();
+            tracing::info!(
+                endpoint = %std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                    .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+                    .unwrap_or_default(),
+                "traces are exported over OTLP/HTTP"
+            );
+        }
+        None => registry.init(),
     }
+    Ok(traces)
 }

@@ -59,6 +59,8 @@ pub struct Exchange {
     reserved: Option<u64>,
     prompt_tokens: u64,
     completion: Option<CompletionHook>,
+    /// Its trace's server span (`otel::request`); disabled while traces are off.
+    span: tracing::Span,
 }
 
 impl Exchange {
@@ -69,8 +71,13 @@ impl Exchange {
         peer: Option<Peer>,
         addr: Option<SocketAddr>,
         request_id: &http::HeaderValue,
+        span: tracing::Span,
     ) -> Self {
+        if !span.is_disabled() {
+            span.record("slotgate.request_id", request_id.to_str().unwrap_or("-"));
+        }
         Exchange {
+            span,
             live: live.track(request_id, method, path),
             peer,
             addr,
@@ -93,6 +100,11 @@ impl Exchange {
     /// The request's id (see `request_id`), as text.
     pub fn request_id(&self) -> String {
         self.live.request_id.to_str().unwrap_or("-").to_owned()
+    }
+
+    /// The request's server span (see `otel`).
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     /// The request as the live view shows it (`GET /live`): its phase, tokens so far.
@@ -171,6 +183,46 @@ impl Exchange {
     }
 }
 
+impl Exchange {
+    /// What the trace's server span says of the request's end.
+    fn trace_end(&self, outcome: Outcome) {
+        let span = &self.span;
+        if let Some(status) = self.status {
+            span.record("http.response.status_code", i64::from(status));
+        }
+        span.record("slotgate.outcome", outcome.label());
+        span.record("slotgate.priority", self.priority);
+        if let Some(tenant) = &self.tenant {
+            span.record("slotgate.tenant", &**tenant);
+        }
+        if let Some(wait) = self.queue_wait {
+            span.record("slotgate.queue_wait_ms", wait.as_millis() as i64);
+        }
+        if let Some(secs) = self.retry_after {
+            span.record("slotgate.retry_after", secs as i64);
+        }
+        if let Some(u) = self.usage {
+            span.record("gen_ai.usage.input_tokens", u.prompt_tokens as i64);
+            span.record("gen_ai.usage.output_tokens", u.completion_tokens as i64);
+        }
+        if outcome != Outcome::Ok {
+            span.record("error.type", outcome.label());
+        }
+        // A server span's error is the server's: slotgate's or llama-server's failure, or a cut;
+        // a refusal (429) or a client that left is the client's.
+        let failed = self.status.is_some_and(|s| s >= 500)
+            || matches!(
+                outcome,
+                Outcome::UpstreamError
+                    | Outcome::UpstreamTimeout
+                    | Outcome::Upstream5xx
+                    | Outcome::DrainTimeout
+                    | Outcome::PolicyError
+            );
+        span.record("otel.status_code", if failed { "error" } else { "ok" });
+    }
+}
+
 impl Drop for Exchange {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or_else(ended_unfinished);
@@ -192,6 +244,9 @@ impl Drop for Exchange {
             );
         }
         m::hot().requests(outcome).increment(1);
+        if !self.span.is_disabled() {
+            self.trace_end(outcome);
+        }
         self.live.end(Ended {
             outcome,
             status: self.status,

@@ -60,6 +60,7 @@ pub(super) async fn admit(
         .holding(demand.slots, demand.kv)
         .tagged(ex.live().key);
     ex.set_tenant(claim.tenant.clone());
+    let queue = crate::otel::phase(ex.span(), "queue");
     let (slot, queue_wait, demand) = match app.admission.enter(claim, deadline)? {
         Entry::Admitted(slot) => {
             if intake.prompt_counts.is_none() {
@@ -73,11 +74,12 @@ pub(super) async fn admit(
         Entry::Queued(ticket) => {
             ex.live().set_phase(Phase::Queued);
             Box::pin(wait_for_slot(
-                app, intake, ticket, decision, demand, deadline,
+                app, intake, ticket, decision, demand, deadline, &queue,
             ))
             .await?
         }
     };
+    drop(queue);
     ex.live().admitted(demand.slots);
     ex.set_reserved(demand.reserved.unwrap_or(demand.charge));
     ex.set_prompt_tokens(intake.summary.prompt_tokens_best());
@@ -103,6 +105,7 @@ async fn wait_for_slot(
     decided: Option<&Decision>,
     demand: Demand,
     deadline: Instant,
+    span: &tracing::Span,
 ) -> Result<(SlotGuard, Duration, Demand), GateError> {
     let counted = intake.prompt_counts.is_some();
     let forwarded = |s: &RequestSummary| {
@@ -120,7 +123,10 @@ async fn wait_for_slot(
                 }
                 return granted.map(|(slot, wait)| (slot, wait, demand));
             }
-            done = count_prompt(app, intake, Before::Slot) => demand = done?,
+            done = async {
+                let _phase = crate::otel::phase(span, "count");
+                count_prompt(app, intake, Before::Slot).await
+            } => demand = done?,
         }
         if intake.prompt_counts.is_some() {
             ticket.recost(

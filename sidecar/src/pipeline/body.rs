@@ -43,6 +43,9 @@ pub struct GuardedBody {
     /// The client has left a resumable answer: it is read to its end in the background, holding
     /// the slot, and recorded as `client_gone` with the usage it really had.
     client_left: bool,
+    /// The trace's span of the request to llama-server: the first token is an event on it, and it
+    /// ends with the answer.
+    trace: tracing::Span,
 }
 
 /// `--upstream-idle-timeout`: armed at the last frame, checked only while waiting for the next one.
@@ -113,7 +116,14 @@ impl GuardedBody {
             status: http::StatusCode::OK,
             resumable: false,
             client_left: false,
+            trace: tracing::Span::none(),
         }
+    }
+
+    /// The trace's span of the request to llama-server, ended with the answer.
+    pub fn traced(mut self, span: tracing::Span) -> Self {
+        self.trace = span;
+        self
     }
 
     /// The request named a conversation: its answer outlives its client (see `resumable`).
@@ -166,6 +176,9 @@ impl GuardedBody {
         }
         let elapsed = self.forwarded_at.elapsed();
         held.exchange.set_upstream_time(elapsed);
+        if !self.trace.is_disabled() {
+            self.trace_end(outcome);
+        }
         m::hot().upstream_seconds.record(elapsed.as_secs_f64());
         // Only work a slot did is counted: a passthrough that replays a stream (`GET /v1/stream`)
         // carries the usage of a generation counted already.
@@ -233,6 +246,33 @@ impl GuardedBody {
     }
 }
 
+impl GuardedBody {
+    /// What the upstream span says of the answer's end: its usage, or why it did not finish.
+    fn trace_end(&mut self, outcome: Outcome) {
+        let span = self.trace.clone();
+        // What llama-server reported (read again by `settle`: `finish` may be called twice), else
+        // what streamed before the answer was cut.
+        match self.usage.finish() {
+            Some(u) => {
+                span.record("gen_ai.usage.input_tokens", u.prompt_tokens as i64);
+                span.record("gen_ai.usage.output_tokens", u.completion_tokens as i64);
+            }
+            None if self.usage.generated() > 0 => {
+                span.record("gen_ai.usage.output_tokens", self.usage.generated() as i64);
+            }
+            None => {}
+        }
+        if outcome != Outcome::Ok {
+            span.record("error.type", outcome.label());
+        }
+        let failed = self.status.is_server_error()
+            || matches!(outcome, Outcome::UpstreamError | Outcome::UpstreamTimeout);
+        span.record("otel.status_code", if failed { "error" } else { "ok" });
+        // Ended now, with the answer (not when the body is dropped).
+        self.trace = tracing::Span::none();
+    }
+}
+
 impl HttpBody for GuardedBody {
     type Data = Bytes;
     type Error = BodyError;
@@ -257,6 +297,7 @@ impl HttpBody for GuardedBody {
                         if let Some(held) = &this.held {
                             held.exchange.live().set_phase(Phase::Answering);
                         }
+                        crate::otel::first_token(&this.trace);
                     }
                     this.usage.feed(data);
                     if let Some(held) = &this.held {
@@ -347,6 +388,7 @@ impl GuardedBody {
             status: self.status,
             resumable: false,
             client_left: true,
+            trace: std::mem::replace(&mut self.trace, tracing::Span::none()),
         }
     }
 

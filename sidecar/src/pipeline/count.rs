@@ -28,8 +28,10 @@ pub(super) async fn before_chain(
     intake: &mut Intake,
     chain: &Chain,
     ctx: &Ctx,
+    span: &tracing::Span,
 ) -> Result<(), GateError> {
     if ctx.slot_route && (app.config.count_first || chain.needs_prompt_tokens()) {
+        let _phase = crate::otel::phase(span, "count");
         // Boxed: the count's state is large and most requests never have it, while every
         // request's future is moved whole (see `phases`).
         Box::pin(count_prompt(app, intake, Before::Chain)).await?;

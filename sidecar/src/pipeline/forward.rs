@@ -34,6 +34,8 @@ pub(super) struct Sent {
     pub forwarded_at: Instant,
     /// slotgate asked for the stream's usage; the client did not, so it is taken out again.
     pub strip_usage: bool,
+    /// The trace's client span of the request to llama-server, ended with the answer.
+    pub span: tracing::Span,
 }
 
 pub(super) async fn forward(
@@ -57,12 +59,27 @@ pub(super) async fn forward(
     // it after the stream), or when reuse is off; a whole answer may reuse an idle one.
     let own_connection =
         ctx.slot_route && (intake.ask.stream || !app.config.upstream_reuse_connections);
+    // Traced, llama-server gets this span's context as its `traceparent`; else the caller's, as it
+    // came.
+    let span = crate::otel::upstream(
+        ex.span(),
+        intake.dialect.map(|d| crate::otel::operation(d.name())),
+        intake.summary.model.as_deref(),
+        &mut intake.parts.headers,
+    );
     let sent = send(app, intake, deadline, own_connection).await;
     let slot = held.disarm();
     match sent {
         Ok(response) => {
             ex.set_status(response.status().as_u16());
+            if !span.is_disabled() {
+                span.record(
+                    "http.response.status_code",
+                    i64::from(response.status().as_u16()),
+                );
+            }
             Ok(Sent {
+                span,
                 response,
                 slot,
                 inflight,
@@ -72,6 +89,10 @@ pub(super) async fn forward(
             })
         }
         Err(e) => {
+            if !span.is_disabled() {
+                span.record("error.type", e.outcome().label());
+                span.record("otel.status_code", "error");
+            }
             match (slot, &e) {
                 // Never reached the upstream: nothing was served.
                 (Some(mut slot), GateError::UpstreamUnavailable { .. }) => slot.settle(0),

@@ -77,7 +77,16 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
         reply.health()
     } else {
         let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
-        let mut ex = Exchange::new(&app.live, req.method(), req.uri().path(), peer, addr, &id);
+        let span = crate::otel::request(req.method(), req.uri().path(), req.headers());
+        let mut ex = Exchange::new(
+            &app.live,
+            req.method(),
+            req.uri().path(),
+            peer,
+            addr,
+            &id,
+            span,
+        );
         match phases(&app, req, peer, found, arrived, &mut ex).await {
             Ok(answer) => reply.answer(ex, answer),
             Err(refusal) => reply.refuse(ex, refusal),
@@ -117,16 +126,22 @@ async fn phases(
         false => String::new(),
     };
     tracing::debug!(request_id = %id, route = handling.label(), "routes: found");
+    let phase = crate::otel::phase(ex.span(), "intake");
     let mut intake = intake::read(req, &app.limits, peer, handling)
         .await
         .map_err(Refusal::reading)?;
+    drop(phase);
+    traced_ask(ex.span(), &intake);
     tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");
     ex.live().set_stream(intake.ask.stream);
     ex.live().set_phase(Phase::Deciding);
     // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
     let chain = app.policies.current();
-    let decided = match count::before_chain(app, &mut intake, &chain, &ctx).await {
-        Ok(()) => decide::decide(app, &mut intake, chain, &ctx, ex).await,
+    let decided = match count::before_chain(app, &mut intake, &chain, &ctx, ex.span()).await {
+        Ok(()) => {
+            let _phase = crate::otel::phase(ex.span(), "policy");
+            decide::decide(app, &mut intake, chain, &ctx, ex).await
+        }
         Err(e) => Err(e),
     };
     let decided = decided.inspect_err(|_| {
@@ -150,5 +165,25 @@ async fn phases(
         // llama-server answers every preflight; while it cannot, slotgate answers as it would.
         Err(_) if ctx.preflight => Ok(Answer::Preflight),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// What the request asks, on its trace's server span: the GenAI operation, model and max tokens.
+fn traced_ask(span: &tracing::Span, intake: &intake::Intake) {
+    if span.is_disabled() {
+        return;
+    }
+    if let Some(dialect) = intake.dialect {
+        span.record(
+            "gen_ai.operation.name",
+            crate::otel::operation(dialect.name()),
+        );
+        span.record("gen_ai.provider.name", "llama.cpp");
+    }
+    if let Some(model) = &intake.summary.model {
+        span.record("gen_ai.request.model", model.as_str());
+    }
+    if let Some(max) = intake.ask.max_tokens {
+        span.record("gen_ai.request.max_tokens", max as i64);
     }
 }

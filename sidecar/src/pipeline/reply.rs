@@ -194,7 +194,8 @@ impl<'a> Reply<'a> {
         .answered(upstream_parts.status)
         .resumable(slot_route && intake.parts.headers.contains_key("x-conversation-id"))
         .guarded(self.watch, self.app.config.upstream_idle_timeout)
-        .on_upstream_timeout(self.app.quarantine.clone());
+        .on_upstream_timeout(self.app.quarantine.clone())
+        .traced(sent.span);
         if sent.strip_usage {
             return out.map(|()| StripUsage::new(guarded.boxed_unsync()).boxed_unsync());
         }

@@ -31,3 +31,4 @@ mod slots_auto;
 mod status;
 mod stream_holds_slot;
 mod tcp_listener;
+mod traces;
