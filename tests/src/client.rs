@@ -296,6 +296,22 @@ impl Client {
         answered("streaming POST", path, self.try_stream(path, body).await)
     }
 
+    /// [`Client::stream`] with extra request headers.
+    pub async fn stream_with_headers(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> Streaming {
+        let sent = async {
+            self.connect()
+                .await?
+                .send_streaming(post_with_headers(path, body, headers))
+                .await
+        };
+        answered("streaming POST", path, sent.await)
+    }
+
     /// Writes `bytes` on a fresh raw Unix socket, then reads until the peer closes it or `timeout` passes.
     /// Returns what arrived and how long after the write the close came; `None` if it stayed open.
     pub async fn raw_exchange(

@@ -27,3 +27,4 @@ mod readme;
 mod routes_source;
 mod soak_ci;
 mod top;
+mod traces;
