@@ -14,6 +14,10 @@ use crate::config::{PolicySpec, Settings};
 /// with 429 and an honest Retry-After. Every option is also an environment variable
 /// (`SLOTGATE_<NAME>`) and a key of the same name in the `--config` TOML file;
 /// a flag beats the environment, which beats the file.
+///
+/// Logging: `SLOTGATE_LOG` (e.g. `debug`, a line per phase of each request). Traces: set
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (OTLP/HTTP, e.g. `http://127.0.0.1:4318`) and the other standard
+/// `OTEL_*` variables; off without it. Watch a running slotgate with `slotgate top`.
 #[derive(Debug, Parser)]
 #[command(
     name = "slotgate",
