@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Two slotgate binaries head to head on the hot path: each with no policy and with token-budget, in
 # front of the same nginx mock (mock.conf.in), rounds interleaved (A B A B ...) so drift on a noisy
-# machine hits both alike. Prints wrk's c=64 requests/s and c=1 p50 per run; asserts nothing.
+# machine hits both alike; and the head binary with OpenTelemetry traces on (every request traced,
+# exported to the mock's /v1/traces). Prints wrk's c=64 requests/s and c=1 p50 per run, then each
+# system's medians as ratios to base-no-policy; asserts nothing.
 #
 #   bash scripts/bench/ab.sh BASE_BINARY HEAD_BINARY
 #
@@ -31,7 +33,8 @@ trap cleanup EXIT
 user=""; [ "$(id -u)" = 0 ] && user="user root;"
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mkdir -p "$root/mock"
-sed -e "s|@DIR@|$root/mock|g" -e "s|@USER@|$user|g" -e "s|@BENCH@|$here|g" -e "s|@MOCK_PORT@|$(port)|g" \
+mock_port="$(port)"
+sed -e "s|@DIR@|$root/mock|g" -e "s|@USER@|$user|g" -e "s|@BENCH@|$here|g" -e "s|@MOCK_PORT@|$mock_port|g" \
   "$here/mock.conf.in" >"$root/mock/nginx.conf"
 nginx -p "$root/mock" -c "$root/mock/nginx.conf" -e "$root/mock/error.log" &
 pids+=($!)
@@ -59,6 +62,7 @@ start base-no-policy "$base"
 start head-no-policy "$head"
 start base-token-budget "$base" --policy "$policy" --policy-settings "$root/budget.json"
 start head-token-budget "$head" --policy "$policy" --policy-settings "$root/budget.json"
+OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$mock_port" start head-traces-on "$head"
 
 printf '%-6s %-20s %12s %10s\n' round system "c=64 rps" "c=1 p50"
 for r in $(seq "$rounds"); do
@@ -66,6 +70,24 @@ for r in $(seq "$rounds"); do
     url="http://127.0.0.1:${s#*:}/v1/chat/completions"
     rps=$(wrk -t2 -c64 -d"${secs}s" -s "$here/post.lua" "$url" | awk '/Requests\/sec/{print $2}')
     p50=$(wrk -t1 -c1 -d5s --latency -s "$here/post.lua" "$url" | awk '/ 50%/{print $2}')
-    printf '%-6s %-20s %12s %10s\n' "$r" "${s%%:*}" "$rps" "$p50"
+    printf '%-6s %-20s %12s %10s\n' "$r" "${s%%:*}" "$rps" "$p50" | tee -a "$root/rows"
   done
 done
+# Medians per system, as ratios to base-no-policy (throughput: higher is better; p50: lower is).
+python3 - "$root/rows" <<'PY'
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    _, name, rps, p50 = line.split()
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", p50)
+    p50 = float(m[1]) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m[2]]
+    rows.setdefault(name, []).append((float(rps), p50))
+base = rows["base-no-policy"]
+b_rps = statistics.median(r for r, _ in base)
+b_p50 = statistics.median(p for _, p in base)
+print(f"\n{'system':<20} {'c=64 rps':>10} {'ratio':>6} {'c=1 p50 ms':>11} {'ratio':>6}")
+for name, v in rows.items():
+    rps = statistics.median(r for r, _ in v)
+    p50 = statistics.median(p for _, p in v)
+    print(f"{name:<20} {rps:>10.0f} {rps / b_rps:>6.3f} {p50:>11.3f} {p50 / b_p50:>6.3f}")
+PY
