@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Direct concurrency on llama-server's router mode (issue 21): what happens when two models decode at
+# once on this machine. Starts the router (`--models-dir` with copies of the tiny model,
+# `--models-max 2`, `-np 2`) once per thread setting (llama-server's default, which gives every child
+# all the cores; `--poll 0`; `-t 1`) and runs scripts/bench/router_concurrency.py against it: the
+# same requests one at a time, two at once on one model, and at once across two models. Prints wall
+# times and ratios to the serial run; asserts nothing. Needs scripts/setup-llama.sh (run here).
+#
+#   bash scripts/bench/router-concurrency.sh        # ROUTER_TOKENS (200), ROUTER_ROUNDS (3)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+eval "$(bash scripts/setup-llama.sh)"
+root="$(mktemp -d -t slotgate-router.XXXXXX)"
+pid=""
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  rm -rf "$root"
+}
+trap cleanup EXIT
+mkdir -p "$root/models"
+cp "$LLAMA_MODEL" "$root/models/alpha.gguf"
+cp "$LLAMA_MODEL" "$root/models/beta.gguf"
+export LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+echo "router-concurrency: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
+for threads in "" "--poll 0" "-t 1"; do
+  # shellcheck disable=SC2086 # the setting is two words or none
+  "$LLAMA_SERVER" --models-dir "$root/models" --models-max 2 -np 2 -c 4096 --host 127.0.0.1 \
+    --port "$port" --no-webui $threads >"$root/router.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+  label="$threads"; [ -n "$label" ] || label="with llama-server's default threads (every core)"
+  echo "children $label:"
+  python3 scripts/bench/router_concurrency.py "http://127.0.0.1:$port" alpha beta \
+    --tokens "${ROUTER_TOKENS:-200}" --rounds "${ROUTER_ROUNDS:-3}"
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+done
