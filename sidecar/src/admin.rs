@@ -175,6 +175,8 @@ pub fn status(app: &App) -> serde_json::Value {
             "reached": app.upstream.reached(),
             "last_error": app.upstream.last_error(),
             "auth": app.upstream.auth_status(),
+            "role": if app.capacity.router.is_on() { "router" } else { "server" },
+            "router": app.capacity.router.status(),
         },
         "service_time_seconds": q.service_seconds,
         "estimated_wait_seconds": q.wait_seconds,
@@ -279,6 +281,8 @@ pub fn live(app: &App) -> serde_json::Value {
             "reached": app.upstream.reached(),
             "last_error": app.upstream.last_error(),
             "total_slots": app.capacity.upstream_slots(),
+            "role": if app.capacity.router.is_on() { "router" } else { "server" },
+            "router": app.capacity.router.status(),
         },
         "slots": {
             "total": q.slots,

@@ -12,6 +12,8 @@ pub enum GateError {
     AdminOnly { method: String, path: String },
     #[error("slotgate refuses {method} {path}: llama-server's built-in tools and CORS proxy act on the host (read and write files, run commands, fetch URLs); start slotgate with --forward-host-endpoints to forward them")]
     HostEndpoint { method: String, path: String },
+    #[error("the model `{model}` is not one llama-server's router serves (it serves: {})", .known.join(", "))]
+    ModelNotFound { model: String, known: Vec<String> },
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
     #[error("request body is larger than the {limit}-byte limit")]
@@ -150,7 +152,7 @@ impl Outcome {
 impl GateError {
     pub fn status(&self) -> u16 {
         match self {
-            GateError::NotFound { .. } => 404,
+            GateError::NotFound { .. } | GateError::ModelNotFound { .. } => 404,
             GateError::AdminOnly { .. } | GateError::HostEndpoint { .. } => 403,
             GateError::MethodNotAllowed { .. } => 405,
             GateError::BodyTooLarge { .. } => 413,
@@ -177,6 +179,7 @@ impl GateError {
             GateError::NotFound { .. } => "not_found_error",
             GateError::AdminOnly { .. } | GateError::HostEndpoint { .. } => "permission_error",
             GateError::MethodNotAllowed { .. }
+            | GateError::ModelNotFound { .. }
             | GateError::BodyTooLarge { .. }
             | GateError::BodyTimeout(_)
             | GateError::BodyRead(_)
@@ -201,6 +204,7 @@ impl GateError {
     pub fn code(&self) -> &'static str {
         match self {
             GateError::NotFound { .. } => "not_found",
+            GateError::ModelNotFound { .. } => "model_not_found",
             GateError::AdminOnly { .. } => "admin_endpoint",
             GateError::HostEndpoint { .. } => "host_endpoint",
             GateError::MethodNotAllowed { .. } => "method_not_allowed",
@@ -227,6 +231,7 @@ impl GateError {
     pub fn outcome(&self) -> Outcome {
         match self {
             GateError::NotFound { .. }
+            | GateError::ModelNotFound { .. }
             | GateError::AdminOnly { .. }
             | GateError::HostEndpoint { .. }
             | GateError::TooManyCompletions { .. }

@@ -151,6 +151,38 @@ impl LlamaServer {
         llama
     }
 
+    /// llama-server in router mode (no `-m`): a `--models-dir` holding the tiny model under each of
+    /// `models` (`NAME.gguf`), `--models-max max`, each child `-np 2 -c 4096` and `-t 1` (two models
+    /// decoding at once on this machine's two cores: see docs/performance.md), `extra` after.
+    pub async fn start_router(models: &[&str], max: usize, extra: &[&str]) -> RunningLlama {
+        let paths = LlamaPaths::get();
+        let dir = unique_dir("models");
+        for m in models {
+            let to = dir.join(format!("{m}.gguf"));
+            if std::fs::hard_link(&paths.model, &to).is_err() {
+                std::fs::copy(&paths.model, &to).expect("copy the tiny model");
+            }
+        }
+        let mut argv = vec![
+            paths.server.display().to_string(),
+            "--models-dir".into(),
+            dir.display().to_string(),
+            "--models-max".into(),
+            max.to_string(),
+            "-np".into(),
+            "2".into(),
+            "-c".into(),
+            "4096".into(),
+            "-t".into(),
+            "1".into(),
+            "--metrics".into(),
+            "--slots".into(),
+            "--no-webui".into(),
+        ];
+        argv.extend(extra.iter().map(|a| (*a).to_owned()));
+        Self::start_argv(argv).await
+    }
+
     /// llama-server as people run it with its own defaults: no `-np` (4 slots sharing one KV pool),
     /// on the long-context model, the pool `-c ctx` tokens; `extra` arguments after.
     pub async fn start_default(ctx: usize, extra: &[&str]) -> RunningLlama {

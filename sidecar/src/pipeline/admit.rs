@@ -11,6 +11,7 @@ use crate::admission::{Claim, Demand, Entry, SlotGuard, Ticket};
 use crate::error::GateError;
 use crate::live::Phase;
 use crate::state::App;
+use crate::upstream::router::Known;
 use crate::upstream::tokenize;
 
 use super::access::Exchange;
@@ -53,6 +54,8 @@ pub(super) async fn admit(
             deadline,
         });
     }
+    // Before the router: a model it does not serve is refused at once, not after a wait.
+    known_model(app, intake).await?;
     // Again, after any policy capped max_tokens: what the scheduler charges up front and holds
     // (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
     let demand = demand_of(app, intake)?;
@@ -140,4 +143,24 @@ async fn wait_for_slot(
         .wait(deadline)
         .await
         .map(|(slot, wait)| (slot, wait, demand))
+}
+
+/// In front of llama-server's router, a request must name a model it serves (an id or an alias of
+/// its `/models`): otherwise 404 `model_not_found` at once. A name it does not list has the list read
+/// again first (a model added since). Without a name, or before the list is read, the router decides.
+async fn known_model(app: &App, intake: &Intake) -> Result<(), GateError> {
+    let router = &app.capacity.router;
+    let Some(model) = intake.summary.model.as_deref().filter(|_| router.is_on()) else {
+        return Ok(());
+    };
+    if let Known::No(_) = router.knows(model) {
+        router.refresh(&app.upstream).await;
+    }
+    match router.knows(model) {
+        Known::No(known) => Err(GateError::ModelNotFound {
+            model: model.to_owned(),
+            known,
+        }),
+        Known::Yes | Known::Unknown => Ok(()),
+    }
 }

@@ -60,6 +60,8 @@ struct Learned {
 
 pub struct Capacity {
     upstream: Upstream,
+    /// llama-server's router mode, when `/props` says so, and its models.
+    pub router: super::router::Router,
     setting: KvPool,
     /// The command line of the llama-server `slotgate wrap` runs.
     wrapped: Option<Launch>,
@@ -69,6 +71,7 @@ pub struct Capacity {
 impl Capacity {
     pub fn new(upstream: Upstream, setting: KvPool, wrapped: Option<Launch>) -> Self {
         Capacity {
+            router: super::router::Router::default(),
             upstream,
             setting,
             wrapped,
@@ -110,6 +113,8 @@ impl Capacity {
                 return;
             }
         };
+        self.router.learn_props(&props);
+        self.router.refresh(&self.upstream).await;
         let settings = &props["default_generation_settings"];
         let n_ctx = settings["n_ctx"].as_u64().filter(|&n| n > 0);
         let n_predict = settings["params"]["n_predict"]

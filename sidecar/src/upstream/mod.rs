@@ -8,6 +8,7 @@ pub mod cors;
 mod pool;
 pub mod process;
 pub mod quarantine;
+pub mod router;
 pub mod tokenize;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -24,6 +24,7 @@ mod fault_upstream;
 mod llama_today;
 mod observability_kit;
 mod readme;
+mod router;
 mod routes_source;
 mod soak_ci;
 mod top;

@@ -1,0 +1,201 @@
+//! llama-server's router mode (started without `-m`, with `--models-dir` or `--models-preset`): one
+//! child llama-server per model, each request routed by its body's `model`. Known from `/props`
+//! (`"role": "router"`); its models, their aliases and states (`unloaded`, `loading`, `loaded`,
+//! `sleeping`, `failed`) from `GET /models`, read whenever the router is probed healthy.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::Method;
+use serde_json::{json, Value};
+
+use super::Upstream;
+
+/// Longest wait for `/models`.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One model the router can serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Model {
+    pub id: String,
+    pub aliases: Vec<String>,
+    /// `unloaded`, `loading`, `loaded`, `sleeping`, `downloading`, ...
+    pub status: String,
+    /// Its last load failed (with this exit code, when the router says).
+    pub failed: bool,
+    pub exit_code: Option<i64>,
+}
+
+impl Model {
+    fn from_json(v: &Value) -> Option<Model> {
+        let status = &v["status"];
+        Some(Model {
+            id: v["id"].as_str()?.to_owned(),
+            aliases: v["aliases"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            status: status["value"].as_str().unwrap_or("unknown").to_owned(),
+            failed: status["failed"].as_bool().unwrap_or(false),
+            exit_code: status["exit_code"].as_i64(),
+        })
+    }
+
+    fn answers_to(&self, name: &str) -> bool {
+        self.id == name || self.aliases.iter().any(|a| a == name)
+    }
+}
+
+#[derive(Default)]
+pub struct Router {
+    /// `/props` said `"role": "router"`.
+    on: AtomicBool,
+    state: Mutex<RouterState>,
+}
+
+#[derive(Default)]
+struct RouterState {
+    /// `max_instances` in `/props` (`--models-max`; 0: no limit).
+    max_instances: Option<u64>,
+    /// `None` until `/models` has been read.
+    models: Option<Vec<Model>>,
+}
+
+/// Whether a request's model is one the router serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Known {
+    Yes,
+    /// Not among these (the router's ids).
+    No(Vec<String>),
+    /// The list has not been read: the router decides.
+    Unknown,
+}
+
+impl Router {
+    /// Whether the upstream is a router.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RouterState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What `/props` says: a router or not, and its `max_instances`.
+    pub fn learn_props(&self, props: &Value) {
+        let router = props["role"].as_str() == Some("router");
+        if router != self.on.swap(router, Ordering::Relaxed) {
+            match router {
+                true => tracing::info!(
+                    max_instances = props["max_instances"].as_u64(),
+                    "llama-server runs in router mode: requests are routed by their model"
+                ),
+                false => tracing::info!("llama-server serves one model (not a router)"),
+            }
+        }
+        let mut st = self.lock();
+        st.max_instances = props["max_instances"].as_u64();
+        if !router {
+            st.models = None;
+        }
+    }
+
+    /// Reads the router's `/models`. Keeps the last list when it cannot.
+    pub async fn refresh(&self, upstream: &Upstream) {
+        if !self.is_on() {
+            return;
+        }
+        let listed = match upstream
+            .json(Method::GET, "/models", None, MODELS_TIMEOUT)
+            .await
+        {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "GET /models failed; the router's model list is unchanged");
+                return;
+            }
+        };
+        let Some(data) = listed["data"].as_array() else {
+            return;
+        };
+        let models: Vec<Model> = data.iter().filter_map(Model::from_json).collect();
+        self.lock().models = Some(models);
+    }
+
+    /// Whether the router serves `name` (an id or an alias), by the list last read.
+    pub fn knows(&self, name: &str) -> Known {
+        let st = self.lock();
+        match &st.models {
+            None => Known::Unknown,
+            Some(models) if models.iter().any(|m| m.answers_to(name)) => Known::Yes,
+            Some(models) => Known::No(models.iter().map(|m| m.id.clone()).collect()),
+        }
+    }
+
+    /// For `/status` and `/live`: the models and their states; `null` when not a router.
+    pub fn status(&self) -> Value {
+        if !self.is_on() {
+            return Value::Null;
+        }
+        let st = self.lock();
+        let models: Vec<Value> = st
+            .models
+            .iter()
+            .flatten()
+            .map(|m| {
+                json!({
+                    "id": m.id,
+                    "aliases": m.aliases,
+                    "status": m.status,
+                    "failed": m.failed,
+                    "exit_code": m.exit_code,
+                })
+            })
+            .collect();
+        json!({ "max_instances": st.max_instances, "models": models })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_routers_models_are_read_with_their_aliases_and_states() {
+        let r = Router::default();
+        assert_eq!(r.knows("a"), Known::Unknown);
+        assert_eq!(r.status(), Value::Null);
+        r.learn_props(&json!({"role": "router", "max_instances": 2}));
+        assert!(r.is_on());
+        let listed = json!({"data": [
+            {"id": "alpha", "aliases": ["a"], "status": {"value": "loaded"}},
+            {"id": "beta", "status": {"value": "unloaded", "failed": true, "exit_code": 1}}
+        ]});
+        let models: Vec<Model> = listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Model::from_json)
+            .collect();
+        r.lock().models = Some(models);
+        assert_eq!(r.knows("alpha"), Known::Yes);
+        assert_eq!(r.knows("a"), Known::Yes);
+        assert_eq!(
+            r.knows("gamma"),
+            Known::No(vec!["alpha".into(), "beta".into()])
+        );
+        let s = r.status();
+        assert_eq!(s["max_instances"], 2);
+        assert_eq!(s["models"][1]["failed"], true);
+        assert_eq!(s["models"][1]["exit_code"], 1);
+        // A server that is no router again: nothing is known of models.
+        r.learn_props(&json!({"total_slots": 2}));
+        assert_eq!((r.is_on(), r.knows("alpha")), (false, Known::Unknown));
+    }
+}
