@@ -25,6 +25,9 @@ pub struct Model {
     /// Its last load failed (with this exit code, when the router says).
     pub failed: bool,
     pub exit_code: Option<i64>,
+    /// What its own `/props` says once it is loaded: its slots and each slot's context.
+    pub slots: Option<u64>,
+    pub n_ctx: Option<u64>,
 }
 
 impl Model {
@@ -44,6 +47,8 @@ impl Model {
             status: status["value"].as_str().unwrap_or("unknown").to_owned(),
             failed: status["failed"].as_bool().unwrap_or(false),
             exit_code: status["exit_code"].as_i64(),
+            slots: None,
+            n_ctx: None,
         })
     }
 
@@ -124,7 +129,28 @@ impl Router {
         let Some(data) = listed["data"].as_array() else {
             return;
         };
-        let models: Vec<Model> = data.iter().filter_map(Model::from_json).collect();
+        let mut models: Vec<Model> = data.iter().filter_map(Model::from_json).collect();
+        // A loaded model's slots and context, from its own `/props`: kept while it stays loaded,
+        // read once when it is newly so. Only for a loaded one: `/props?model=` loads a model that
+        // is not.
+        let before = self.lock().models.clone().unwrap_or_default();
+        for m in models.iter_mut().filter(|m| m.status == "loaded") {
+            if let Some(old) = before.iter().find(|o| o.id == m.id && o.slots.is_some()) {
+                (m.slots, m.n_ctx) = (old.slots, old.n_ctx);
+                continue;
+            }
+            let path = format!("/props?model={}&autoload=false", query_escape(&m.id));
+            if let Ok(props) = upstream
+                .json(Method::GET, &path, None, MODELS_TIMEOUT)
+                .await
+            {
+                m.slots = props["total_slots"].as_u64().filter(|n| *n > 0);
+                m.n_ctx = props["default_generation_settings"]["n_ctx"]
+                    .as_u64()
+                    .filter(|n| *n > 0);
+                tracing::info!(model = %m.id, slots = m.slots, n_ctx_slot = m.n_ctx, "router model loaded");
+            }
+        }
         self.lock().models = Some(models);
     }
 
@@ -155,11 +181,27 @@ impl Router {
                     "status": m.status,
                     "failed": m.failed,
                     "exit_code": m.exit_code,
+                    "slots": m.slots,
+                    "n_ctx_slot": m.n_ctx,
                 })
             })
             .collect();
         json!({ "max_instances": st.max_instances, "models": models })
     }
+}
+
+/// `s` as a URL query value: everything but RFC 3986's unreserved characters percent-encoded.
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -194,6 +236,10 @@ mod tests {
         assert_eq!(s["max_instances"], 2);
         assert_eq!(s["models"][1]["failed"], true);
         assert_eq!(s["models"][1]["exit_code"], 1);
+        assert_eq!(
+            query_escape("ggml-org/gemma-3:Q4_K_M"),
+            "ggml-org%2Fgemma-3%3AQ4_K_M"
+        );
         // A server that is no router again: nothing is known of models.
         r.learn_props(&json!({"total_slots": 2}));
         assert_eq!((r.is_on(), r.knows("alpha")), (false, Known::Unknown));

@@ -59,6 +59,16 @@ async fn the_router_is_recognised_and_an_unknown_model_is_refused_at_once() {
         s["upstream"]["router"]["models"][1]["status"], "unloaded",
         "{s}"
     );
+    // Its own slots and context, from its /props (never asked of beta: that would load it).
+    let s = gate
+        .wait_status(Duration::from_secs(10), "alpha's slots", |s| {
+            s["upstream"]["router"]["models"][0]["slots"] == 2
+        })
+        .await;
+    let models = &s["upstream"]["router"]["models"];
+    assert_eq!(models[0]["n_ctx_slot"], 2048, "{s}");
+    assert!(models[1]["slots"].is_null(), "{s}");
+    assert_eq!(models[1]["status"], "unloaded", "{s}");
 
     // One it does not: 404 at once, in the OpenAI shape, naming what it serves.
     body["model"] = json!("gamma");
