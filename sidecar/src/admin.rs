@@ -249,14 +249,17 @@ pub fn live(app: &App) -> serde_json::Value {
         .map(|t| (t.tenant.clone(), t))
         .collect();
     let served: u64 = snap.tenants.iter().map(|t| t.1.served_tokens).sum();
-    let mut names: Vec<&str> = snap.tenants.iter().map(|t| t.0.as_str()).collect();
+    // Looked up by name: thousands of tenants are one pass, not a scan each.
+    let totals_of: std::collections::HashMap<&str, &crate::live::TenantTotals> =
+        snap.tenants.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut names: Vec<&str> = totals_of.keys().copied().collect();
     names.extend(scheduler.keys().map(String::as_str));
     names.sort_unstable();
     names.dedup();
     let tenants: Vec<serde_json::Value> = names
         .into_iter()
         .map(|name| {
-            let totals = snap.tenants.iter().find(|t| t.0 == name).map(|t| &t.1);
+            let totals = totals_of.get(name).copied();
             let now = scheduler.get(name);
             let served_tokens = totals.map_or(0, |t| t.served_tokens);
             json!({

@@ -169,13 +169,14 @@ pub fn phase(parent: &Span, name: &'static str) -> Span {
 /// to llama-server as `traceparent` (written into `headers`, replacing the caller's).
 pub fn upstream(
     parent: &Span,
-    operation: Option<&str>,
+    dialect: Option<&str>,
     model: Option<&str>,
     headers: &mut http::HeaderMap,
 ) -> Span {
     if parent.is_disabled() {
         return Span::none();
     }
+    let operation = dialect.map(operation);
     let name = match (operation, model) {
         (Some(op), Some(m)) => format!("{op} {m}"),
         (Some(op), None) => op.to_owned(),

@@ -655,26 +655,20 @@ async fn handle(
         .map(|c| c.to_bytes())
         .unwrap_or_default();
     let path = parts.uri.path().to_owned();
-    let request_id = parts
-        .headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    state
-        .request_ids
-        .lock()
-        .unwrap()
-        .push((path.clone(), request_id));
-    let traceparent = parts
-        .headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    state
-        .traceparents
-        .lock()
-        .unwrap()
-        .push((path.clone(), traceparent));
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let seen = [
+        (&state.request_ids, "x-request-id"),
+        (&state.traceparents, "traceparent"),
+    ];
+    for (list, name) in seen {
+        list.lock().unwrap().push((path.clone(), header(name)));
+    }
     let generation = GENERATION_PATHS.contains(&path.as_str());
     // slotgate's own calls (token counting, /props) are kept apart from the clients' passthroughs.
     let internal = parts

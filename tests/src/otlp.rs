@@ -6,8 +6,8 @@
 //! compresses nothing unless told (`OTEL_EXPORTER_OTLP_COMPRESSION`), so a compressed body is refused
 //! with 415 rather than decoded.
 //!
-//! The receiver runs on a thread of its own with its own runtime, so a plain `#[test]` can use it
-//! and a test blocked in a synchronous wait does not stall it:
+//! The receiver runs on a thread of its own with its own runtime, so a test blocked in a
+//! synchronous wait does not stall it:
 //!
 //! ```ignore
 //! let otlp = OtlpReceiver::start();
@@ -224,25 +224,6 @@ impl OtlpReceiver {
                 panic!("{}", self.timed_out(timeout, &spans));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// [`OtlpReceiver::wait_for`] for a plain `#[test]` (blocks the calling thread).
-    pub fn wait_for_blocking(
-        &self,
-        mut done: impl FnMut(&[ReceivedSpan]) -> bool,
-        timeout: Duration,
-    ) -> Vec<ReceivedSpan> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let spans = self.spans();
-            if done(&spans) {
-                return spans;
-            }
-            if Instant::now() >= deadline {
-                panic!("{}", self.timed_out(timeout, &spans));
-            }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

@@ -249,7 +249,8 @@ impl GuardedBody {
 impl GuardedBody {
     /// What the upstream span says of the answer's end: its usage, or why it did not finish.
     fn trace_end(&mut self, outcome: Outcome) {
-        let span = self.trace.clone();
+        // Taken: the span ends with this function, with the answer (not when the body drops).
+        let span = std::mem::replace(&mut self.trace, tracing::Span::none());
         // What llama-server reported (read again by `settle`: `finish` may be called twice), else
         // what streamed before the answer was cut.
         match self.usage.finish() {
@@ -268,8 +269,6 @@ impl GuardedBody {
         let failed = self.status.is_server_error()
             || matches!(outcome, Outcome::UpstreamError | Outcome::UpstreamTimeout);
         span.record("otel.status_code", if failed { "error" } else { "ok" });
-        // Ended now, with the answer (not when the body is dropped).
-        self.trace = tracing::Span::none();
     }
 }
 

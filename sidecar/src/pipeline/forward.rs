@@ -63,7 +63,7 @@ pub(super) async fn forward(
     // came.
     let span = crate::otel::upstream(
         ex.span(),
-        intake.dialect.map(|d| crate::otel::operation(d.name())),
+        intake.dialect.map(|d| d.name()),
         intake.summary.model.as_deref(),
         &mut intake.parts.headers,
     );

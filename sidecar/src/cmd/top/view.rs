@@ -453,25 +453,24 @@ fn slots(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
             ]),
         }
     });
-    let widths = [
-        Constraint::Length(4),
-        Constraint::Length(10),
-        Constraint::Length(12),
-        Constraint::Length(20),
-        Constraint::Length(6),
-        Constraint::Length(5),
-        Constraint::Length(6),
-        Constraint::Min(6),
+    let columns = [
+        ("SLOT", 4),
+        ("REQUEST", 10),
+        ("TENANT", 12),
+        ("ENDPOINT", 20),
+        ("PROMPT", 6),
+        ("GEN", 5),
+        ("AGE", 6),
+        ("LLAMA", 0),
     ];
-    let header = Row::new([
-        "SLOT", "REQUEST", "TENANT", "ENDPOINT", "PROMPT", "GEN", "AGE", "LLAMA",
-    ])
-    .style(bold());
-    let table =
-        Table::new(rows, widths)
-            .header(header)
-            .block(title(text, v.focus == Focus::Slots, v));
-    f.render_widget(table, area);
+    table(
+        f,
+        area,
+        title(text, v.focus == Focus::Slots, v),
+        &columns,
+        6,
+        rows,
+    );
 }
 
 fn queue(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
@@ -501,25 +500,24 @@ fn queue(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
             format!("in {}", dur(w.expected_start_seconds)),
         ])
     });
-    let widths = [
-        Constraint::Length(3),
-        Constraint::Length(10),
-        Constraint::Length(5),
-        Constraint::Length(12),
-        Constraint::Length(20),
-        Constraint::Length(6),
-        Constraint::Length(6),
-        Constraint::Min(8),
+    let columns = [
+        ("#", 3),
+        ("REQUEST", 10),
+        ("PRI", 5),
+        ("TENANT", 12),
+        ("ENDPOINT", 20),
+        ("AGE", 6),
+        ("RESERV", 6),
+        ("START", 0),
     ];
-    let header = Row::new([
-        "#", "REQUEST", "PRI", "TENANT", "ENDPOINT", "AGE", "RESERV", "START",
-    ])
-    .style(bold());
-    let table =
-        Table::new(rows, widths)
-            .header(header)
-            .block(title(text, v.focus == Focus::Queue, v));
-    f.render_widget(table, area);
+    table(
+        f,
+        area,
+        title(text, v.focus == Focus::Queue, v),
+        &columns,
+        8,
+        rows,
+    );
 }
 
 fn tenants(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
@@ -547,32 +545,42 @@ fn tenants(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
             top,
         ])
     });
-    let widths = [
-        Constraint::Length(14),
-        Constraint::Length(7),
-        Constraint::Length(5),
-        Constraint::Length(7),
-        Constraint::Length(4),
-        Constraint::Length(4),
-        Constraint::Length(7),
-        Constraint::Min(10),
+    let columns = [
+        ("TENANT", 14),
+        ("SERVED", 7),
+        ("SHARE", 5),
+        ("VTC", 7),
+        ("RUN", 4),
+        ("WAIT", 4),
+        ("REFUSED", 7),
+        ("MOST REFUSED FOR", 0),
     ];
-    let header = Row::new([
-        "TENANT",
-        "SERVED",
-        "SHARE",
-        "VTC",
-        "RUN",
-        "WAIT",
-        "REFUSED",
-        "MOST REFUSED FOR",
-    ])
-    .style(bold());
-    let table =
-        Table::new(rows, widths)
-            .header(header)
-            .block(title(text, v.focus == Focus::Tenants, v));
-    f.render_widget(table, area);
+    table(
+        f,
+        area,
+        title(text, v.focus == Focus::Tenants, v),
+        &columns,
+        10,
+        rows,
+    );
+}
+
+/// A table under its title: columns of the widths given (0: the rest, at least `last_min`), its
+/// header in bold.
+fn table<'a>(
+    f: &mut Frame,
+    area: Rect,
+    block: Block<'a>,
+    columns: &[(&'static str, u16)],
+    last_min: u16,
+    rows: impl IntoIterator<Item = Row<'a>>,
+) {
+    let widths = columns.iter().map(|(_, w)| match w {
+        0 => Constraint::Min(last_min),
+        w => Constraint::Length(*w),
+    });
+    let header = Row::new(columns.iter().map(|(h, _)| *h)).style(bold());
+    f.render_widget(Table::new(rows, widths).header(header).block(block), area);
 }
 
 fn keys(f: &mut Frame, area: Rect, v: &ViewState) {
