@@ -122,12 +122,65 @@ async fn metrics_text(app: &App) -> String {
 /// Tenants listed in /status, the next to be served first.
 const STATUS_TENANTS: usize = 100;
 
+/// Every queue: the server's, and in front of llama-server's router each model's (with its id).
+fn queues(app: &App) -> Vec<(Option<String>, crate::admission::Admission)> {
+    let mut all = vec![(None, app.admission.clone())];
+    all.extend(
+        app.models
+            .all()
+            .into_iter()
+            .map(|p| (Some(p.id.clone()), p.admission.clone())),
+    );
+    all
+}
+
+/// The server's queue figures, with every model's pool added in front of a router: what is busy,
+/// in service and waiting anywhere.
+fn totals(app: &App) -> crate::admission::QueueStats {
+    let mut q = app.admission.stats();
+    for p in app.models.all() {
+        let m = p.admission.stats();
+        q.busy += m.busy;
+        q.serving += m.serving;
+        q.depth += m.depth;
+        q.kv_reserved += m.kv_reserved;
+        q.tokens_in_service += m.tokens_in_service;
+    }
+    q
+}
+
+/// The scheduler's tenants over every queue: waiting and in service summed, the highest counter.
+fn tenant_stats(app: &App, limit: usize) -> Vec<crate::admission::TenantStats> {
+    let mut by: std::collections::BTreeMap<String, crate::admission::TenantStats> =
+        Default::default();
+    for (_, a) in queues(app) {
+        for t in a.tenants(usize::MAX) {
+            match by.get_mut(&t.tenant) {
+                Some(e) => {
+                    e.waiting += t.waiting;
+                    e.in_service += t.in_service;
+                    e.counter = e.counter.max(t.counter);
+                }
+                None => {
+                    by.insert(t.tenant.clone(), t);
+                }
+            }
+        }
+    }
+    let mut all: Vec<_> = by.into_values().collect();
+    all.sort_by(|a, b| {
+        a.counter
+            .total_cmp(&b.counter)
+            .then_with(|| a.tenant.cmp(&b.tenant))
+    });
+    all.truncate(limit);
+    all
+}
+
 pub fn status(app: &App) -> serde_json::Value {
-    let q = app.admission.stats();
+    let q = totals(app);
     let slots = app.slots_status();
-    let tenants: Vec<serde_json::Value> = app
-        .admission
-        .tenants(STATUS_TENANTS)
+    let tenants: Vec<serde_json::Value> = tenant_stats(app, STATUS_TENANTS)
         .into_iter()
         .map(|t| {
             json!({
@@ -178,6 +231,7 @@ pub fn status(app: &App) -> serde_json::Value {
             "role": if app.capacity.router.is_on() { "router" } else { "server" },
             "router": app.capacity.router.status(),
         },
+        "models": app.models.status(),
         "service_time_seconds": q.service_seconds,
         "estimated_wait_seconds": q.wait_seconds,
         "draining": q.closed,
@@ -201,7 +255,7 @@ const LIVE_WAITERS: usize = 200;
 /// names are stable; new ones may be added.
 pub fn live(app: &App) -> serde_json::Value {
     let snap = app.live.snapshot();
-    let q = app.admission.stats();
+    let q = totals(app);
     let requests: Vec<serde_json::Value> = snap
         .requests
         .iter()
@@ -222,13 +276,18 @@ pub fn live(app: &App) -> serde_json::Value {
             })
         })
         .collect();
-    let waiters: Vec<serde_json::Value> = app
-        .admission
-        .waiters(LIVE_WAITERS)
+    let waiters: Vec<serde_json::Value> = queues(app)
         .into_iter()
-        .map(|w| {
+        .flat_map(|(model, a)| {
+            a.waiters(LIVE_WAITERS)
+                .into_iter()
+                .map(move |w| (model.clone(), w))
+        })
+        .take(LIVE_WAITERS)
+        .map(|(model, w)| {
             let r = app.live.request(w.tag);
             json!({
+                "model": model,
                 "request_id": r.as_ref().map(|r| r.request_id.clone()),
                 "path": r.as_ref().map(|r| r.path.clone()),
                 "tenant": w.tenant,
@@ -242,12 +301,11 @@ pub fn live(app: &App) -> serde_json::Value {
             })
         })
         .collect();
-    let scheduler: std::collections::HashMap<String, crate::admission::TenantStats> = app
-        .admission
-        .tenants(usize::MAX)
-        .into_iter()
-        .map(|t| (t.tenant.clone(), t))
-        .collect();
+    let scheduler: std::collections::HashMap<String, crate::admission::TenantStats> =
+        tenant_stats(app, usize::MAX)
+            .into_iter()
+            .map(|t| (t.tenant.clone(), t))
+            .collect();
     let served: u64 = snap.tenants.iter().map(|t| t.1.served_tokens).sum();
     // Looked up by name: thousands of tenants are one pass, not a scan each.
     let totals_of: std::collections::HashMap<&str, &crate::live::TenantTotals> =
@@ -287,6 +345,7 @@ pub fn live(app: &App) -> serde_json::Value {
             "role": if app.capacity.router.is_on() { "router" } else { "server" },
             "router": app.capacity.router.status(),
         },
+        "models": app.models.status(),
         "slots": {
             "total": q.slots,
             "busy": q.busy,

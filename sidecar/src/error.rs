@@ -62,6 +62,12 @@ pub enum GateError {
     UpstreamTimeout(Duration),
     #[error("the upstream did not become available before the request's deadline: {reason}")]
     UpstreamUnavailable { reason: String, retry_after: u64 },
+    #[error("the model `{model}` could not be loaded by llama-server's router ({reason}); retry after {}s", whole_seconds(.retry_after))]
+    ModelUnavailable {
+        model: String,
+        reason: String,
+        retry_after: Duration,
+    },
     #[error("upstream request failed: {0}")]
     Upstream(String),
     #[error("slotgate is shutting down")]
@@ -167,7 +173,9 @@ impl GateError {
             | GateError::WaitTooLong { .. } => 429,
             GateError::QueueTimeout(_) | GateError::UpstreamTimeout(_) => 504,
             GateError::Upstream(_) => 502,
-            GateError::UpstreamUnavailable { .. } | GateError::ShuttingDown { .. } => 503,
+            GateError::UpstreamUnavailable { .. }
+            | GateError::ModelUnavailable { .. }
+            | GateError::ShuttingDown { .. } => 503,
             GateError::PolicyDenied { status, .. } => *status,
             GateError::PolicyFailed { .. } => 503,
         }
@@ -193,6 +201,7 @@ impl GateError {
             GateError::QueueTimeout(_) | GateError::UpstreamTimeout(_) => "timeout_error",
             GateError::Upstream(_)
             | GateError::UpstreamUnavailable { .. }
+            | GateError::ModelUnavailable { .. }
             | GateError::ShuttingDown { .. }
             | GateError::PolicyFailed { .. } => "server_error",
             GateError::PolicyDenied { status: 429, .. } => "rate_limit_error",
@@ -221,6 +230,7 @@ impl GateError {
             GateError::QueueTimeout(_) => "queue_timeout",
             GateError::UpstreamTimeout(_) => "upstream_timeout",
             GateError::UpstreamUnavailable { .. } => "upstream_unavailable",
+            GateError::ModelUnavailable { .. } => "model_unavailable",
             GateError::Upstream(_) => "upstream_error",
             GateError::ShuttingDown { .. } => "shutting_down",
             GateError::PolicyDenied { .. } => "policy_denied",
@@ -247,9 +257,9 @@ impl GateError {
             GateError::WaitTooLong { .. } => Outcome::WaitTooLong,
             GateError::QueueTimeout(_) => Outcome::QueueTimeout,
             GateError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
-            GateError::Upstream(_) | GateError::UpstreamUnavailable { .. } => {
-                Outcome::UpstreamError
-            }
+            GateError::Upstream(_)
+            | GateError::UpstreamUnavailable { .. }
+            | GateError::ModelUnavailable { .. } => Outcome::UpstreamError,
             GateError::ShuttingDown { .. } => Outcome::ShuttingDown,
             GateError::PolicyDenied { .. } => Outcome::PolicyDenied,
             GateError::PolicyFailed { .. } => Outcome::PolicyError,
@@ -263,7 +273,8 @@ impl GateError {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
-            | GateError::WaitTooLong { retry_after, .. } => Some(whole_seconds(retry_after)),
+            | GateError::WaitTooLong { retry_after, .. }
+            | GateError::ModelUnavailable { retry_after, .. } => Some(whole_seconds(retry_after)),
             GateError::UpstreamUnavailable { retry_after, .. }
             | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
             GateError::PolicyDenied { retry_after, .. } => retry_after.map(|s| s.max(1)),
@@ -279,7 +290,8 @@ impl GateError {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
-            | GateError::WaitTooLong { retry_after, .. } => {
+            | GateError::WaitTooLong { retry_after, .. }
+            | GateError::ModelUnavailable { retry_after, .. } => {
                 let ms = retry_after.as_nanos().div_ceil(1_000_000);
                 Some(u64::try_from(ms).unwrap_or(u64::MAX).max(1))
             }

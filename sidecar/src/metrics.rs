@@ -40,6 +40,15 @@ pub const CHILD_RESTARTS_TOTAL: &str = "slotgate_child_restarts_total";
 pub const KV_CACHE_RESERVED_RATIO: &str = "slotgate_kv_cache_reserved_ratio";
 pub const KV_POOL_TOKENS: &str = "slotgate_kv_pool_tokens";
 pub const KV_RESERVED_TOKENS: &str = "slotgate_kv_reserved_tokens";
+pub const MODEL_QUEUE_DEPTH: &str = "slotgate_model_queue_depth";
+pub const MODEL_QUEUE_CAPACITY: &str = "slotgate_model_queue_capacity";
+pub const MODEL_SLOTS_BUSY: &str = "slotgate_model_slots_busy";
+pub const MODEL_SLOTS_TOTAL: &str = "slotgate_model_slots_total";
+pub const MODEL_LOADED: &str = "slotgate_model_loaded";
+pub const MODEL_LOADS_TOTAL: &str = "slotgate_model_loads_total";
+pub const MODEL_UNLOADS_TOTAL: &str = "slotgate_model_unloads_total";
+pub const MODEL_LOAD_SECONDS: &str = "slotgate_model_load_seconds";
+pub const MODEL_REQUESTS_TOTAL: &str = "slotgate_model_requests_total";
 pub const STATE_UP: &str = "slotgate_state_up";
 pub const STATE_SYNC_SECONDS: &str = "slotgate_state_sync_seconds";
 pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
@@ -77,7 +86,12 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         Matcher::Full(RETRY_AFTER_SECONDS.to_owned()),
         &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0],
     )?;
-    for name in [QUEUE_WAIT_SECONDS, UPSTREAM_SECONDS, TTFB_SECONDS] {
+    for name in [
+        QUEUE_WAIT_SECONDS,
+        UPSTREAM_SECONDS,
+        TTFB_SECONDS,
+        MODEL_LOAD_SECONDS,
+    ] {
         builder =
             builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), LATENCY_BUCKETS)?;
     }
@@ -190,6 +204,43 @@ pub fn hot() -> &'static Hot {
 
 fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, drain_timeout: cut by the shutdown's drain timeout, policy_denied, policy_error).");
+    describe_gauge!(
+        MODEL_QUEUE_DEPTH,
+        "In front of llama-server's router: requests waiting in this model's own queue (the model label is one of the router's /models ids)."
+    );
+    describe_gauge!(
+        MODEL_QUEUE_CAPACITY,
+        "In front of llama-server's router: the places of this model's queue."
+    );
+    describe_gauge!(
+        MODEL_SLOTS_BUSY,
+        "In front of llama-server's router: this model's slots held by requests in service."
+    );
+    describe_gauge!(
+        MODEL_SLOTS_TOTAL,
+        "In front of llama-server's router: the slots slotgate admits this model's requests to (its child's total_slots, or the per-model override)."
+    );
+    describe_gauge!(
+        MODEL_LOADED,
+        "In front of llama-server's router: 1 while this model is loaded and admitting, 0 otherwise."
+    );
+    describe_counter!(
+        MODEL_LOADS_TOTAL,
+        "Model loads slotgate asked llama-server's router for, by model and result (loaded, failed)."
+    );
+    describe_counter!(
+        MODEL_UNLOADS_TOTAL,
+        "Idle models slotgate unloaded to make room under --models-max, by model."
+    );
+    describe_histogram!(
+        MODEL_LOAD_SECONDS,
+        Unit::Seconds,
+        "Time from asking the router to load a model until it was loaded, by model."
+    );
+    describe_counter!(
+        MODEL_REQUESTS_TOTAL,
+        "In front of llama-server's router: requests finished, by model and outcome (the labels of slotgate_requests_total)."
+    );
     describe_gauge!(
         KV_POOL_TOKENS,
         "Tokens of the KV pool llama-server's slots share (its default without -np, or --kv-unified), as slotgate admits by it; 0 when each slot has a context of its own."

@@ -15,6 +15,7 @@ use crate::metrics as m;
 use crate::policy::PolicySet;
 use crate::upstream::capacity::Capacity;
 use crate::upstream::cors::Cors;
+use crate::upstream::models::{Defaults, Models};
 use crate::upstream::quarantine::Quarantine;
 use crate::upstream::tokenize::Counter;
 use crate::upstream::Upstream;
@@ -31,6 +32,8 @@ pub struct App {
     pub cost: Counter,
     /// Its slots, their context and the KV pool they may share.
     pub capacity: Capacity,
+    /// In front of llama-server's router: a pool per model, and its loads.
+    pub models: Models,
     /// Its CORS rule, for slotgate's own answers.
     pub cors: Cors,
     /// Holds the slot of a request llama-server may still run after an upstream timeout.
@@ -68,22 +71,33 @@ impl App {
         metrics::gauge!(crate::metrics::SLOTS_TOTAL).set(slots as f64);
         metrics::gauge!(m::SLOTS_MISMATCH).set(0.0);
         metrics::gauge!(crate::metrics::QUEUE_CAPACITY).set(config.queue_depth as f64);
-        let admission = Admission::with_fairness(
-            slots,
-            config.queue_depth,
-            Fairness {
-                aging: config.priority_aging,
-                tenant_limit: config.tenant_queue_limit(),
-                reject_doomed: config.reject_doomed_waits,
+        let fairness = Fairness {
+            aging: config.priority_aging,
+            tenant_limit: config.tenant_queue_limit(),
+            reject_doomed: config.reject_doomed_waits,
+        };
+        let admission = Admission::with_fairness(slots, config.queue_depth, fairness);
+        let capacity = Capacity::new(upstream.clone(), config.kv_pool, config.launch.clone());
+        let models = Models::new(
+            upstream.clone(),
+            capacity.router.clone(),
+            Defaults {
+                slots: config.slots,
+                queue_depth: config.queue_depth,
+                queue_timeout: config.queue_timeout,
+                fairness,
+                tenant_queue_share: config.tenant_queue_share,
+                overrides: config.models.clone(),
             },
         );
         App {
+            models,
             policies,
             fleet,
             warned_slots: AtomicUsize::new(0),
             live: Live::new(),
             cost: Counter::new(config.tokenizer, upstream.clone()),
-            capacity: Capacity::new(upstream.clone(), config.kv_pool, config.launch.clone()),
+            capacity,
             cors: Cors::default(),
             quarantine: Arc::new(Quarantine::new(upstream.clone(), admission.clone())),
             admission,

@@ -155,6 +155,17 @@ impl LlamaServer {
     /// `models` (`NAME.gguf`), `--models-max max`, each child `-np 2 -c 4096` and `-t 1` (two models
     /// decoding at once on this machine's two cores: see docs/performance.md), `extra` after.
     pub async fn start_router(models: &[&str], max: usize, extra: &[&str]) -> RunningLlama {
+        Self::start_router_with(models, &[], max, extra).await
+    }
+
+    /// [`LlamaServer::start_router`] with `broken` models too: files in `--models-dir` that are no
+    /// GGUF, so their child llama-server exits while loading.
+    pub async fn start_router_with(
+        models: &[&str],
+        broken: &[&str],
+        max: usize,
+        extra: &[&str],
+    ) -> RunningLlama {
         let paths = LlamaPaths::get();
         let dir = unique_dir("models");
         for m in models {
@@ -162,6 +173,9 @@ impl LlamaServer {
             if std::fs::hard_link(&paths.model, &to).is_err() {
                 std::fs::copy(&paths.model, &to).expect("copy the tiny model");
             }
+        }
+        for m in broken {
+            std::fs::write(dir.join(format!("{m}.gguf")), b"not a gguf file").expect("write");
         }
         let mut argv = vec![
             paths.server.display().to_string(),

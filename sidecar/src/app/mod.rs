@@ -225,6 +225,7 @@ pub async fn run(
         // 2. Everyone still waiting gets a 503 with Retry-After instead of a slot.
         let retry_after = cfg.drain_timeout.as_secs().max(1);
         app.admission.close(retry_after);
+        app.models.close(retry_after);
         // 3. Wait for every client connection to finish, for at most the drain timeout.
         let all = u32::try_from(cfg.max_connections).unwrap_or(u32::MAX);
         match tokio::time::timeout(cfg.drain_timeout, conns.acquire_many(all)).await {
@@ -245,6 +246,7 @@ pub async fn run(
             crate::pipeline::access::cut_by_shutdown();
             let _ = stop_tx.send(true);
             app.admission.close(1);
+            app.models.close(1);
             tracing::warn!(
                 signal = again,
                 still_open = cfg.max_connections - conns.available_permits(),
@@ -276,10 +278,18 @@ async fn health_loop(app: Arc<App>) {
         let ready = app.upstream.probe_health(timeout).await;
         // The slot context can change only across a restart of llama-server: read it when it
         // becomes ready, and until it has been read.
-        if ready && (!was_ready || app.capacity.slot_context().is_none()) {
+        // (A router's own /props has no slot context: its models' are read with its list.)
+        let router = app.capacity.router.is_on();
+        if ready && (!was_ready || (app.capacity.slot_context().is_none() && !router)) {
             app.capacity.refresh().await;
             app.follow_upstream();
             app.cors.learn(&app.upstream).await;
+        } else if ready && router {
+            // In front of a router: its models' states, every check, and each pool follows.
+            app.capacity.router.refresh(&app.upstream).await;
+        }
+        if ready && app.capacity.router.is_on() {
+            app.models.follow();
         }
     }
 }

@@ -114,6 +114,16 @@ pub struct Config {
     pub state: StateConfig,
     /// The policy chain, in evaluation order (file entries first, then `--policy` flags).
     pub policies: Vec<PolicySpec>,
+    /// Per-model overrides in front of llama-server's router, by the name the file gives.
+    pub models: std::collections::BTreeMap<String, ModelOverride>,
+}
+
+/// What one model behind llama-server's router has of its own (`[models."NAME"]`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelOverride {
+    pub slots: Option<usize>,
+    pub queue_depth: Option<usize>,
+    pub queue_timeout: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -261,6 +271,7 @@ impl Config {
                 .over(s.state.unwrap_or_default()),
             )?,
             policies: policy_chain(s.policy, s.policy_flags)?,
+            models: model_overrides(s.models.unwrap_or_default())?,
         })
     }
 
@@ -319,8 +330,50 @@ impl Config {
             policy_settings: None,
             policy_flags: None,
             policy: (!self.policies.is_empty()).then(|| self.policies.clone()),
+            models: (!self.models.is_empty()).then(|| {
+                self.models
+                    .iter()
+                    .map(|(name, o)| {
+                        let table = ModelTable {
+                            slots: o.slots,
+                            queue_depth: o.queue_depth,
+                            queue_timeout: o.queue_timeout.map(Dur),
+                        };
+                        (name.clone(), table)
+                    })
+                    .collect()
+            }),
         }
     }
+}
+
+/// The `[models."NAME"]` tables, checked.
+fn model_overrides(
+    tables: std::collections::BTreeMap<String, ModelTable>,
+) -> Result<std::collections::BTreeMap<String, ModelOverride>, ConfigError> {
+    tables
+        .into_iter()
+        .map(|(name, t)| {
+            if t.slots == Some(0) {
+                return Err(invalid(
+                    "models.slots",
+                    format!("model `{name}`: must be at least 1"),
+                ));
+            }
+            if t.queue_timeout.is_some_and(|d| d.0.is_zero()) {
+                return Err(invalid(
+                    "models.queue-timeout",
+                    format!("model `{name}`: must be longer than zero"),
+                ));
+            }
+            let o = ModelOverride {
+                slots: t.slots,
+                queue_depth: t.queue_depth,
+                queue_timeout: t.queue_timeout.map(|d| d.0),
+            };
+            Ok((name, o))
+        })
+        .collect()
 }
 
 /// The key of an API key file, read as llama-server reads its `--api-key-file`.

@@ -348,6 +348,12 @@ pub struct Settings {
     #[serde(skip)]
     pub state_lease_max_age: Option<Dur>,
 
+    /// In front of llama-server's router: `[models."NAME"]` tables, one model's own slots, queue
+    /// depth and queue timeout (NAME: an id or alias of the router's `/models`).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<std::collections::BTreeMap<String, ModelTable>>,
+
     /// The `[state]` table of the config file.
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -398,6 +404,21 @@ pub struct CostTable {
     /// Count every request before the chain (see `--cost-count-first`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count_first: Option<bool>,
+}
+
+/// A `[models."NAME"]` table: what differs for one model behind llama-server's router.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ModelTable {
+    /// Its requests forwarded at once (default: its child's `total_slots`, as `--slots auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<usize>,
+    /// Places in its own queue (default: `queue-depth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<usize>,
+    /// How long its requests may wait, loading included (default: `queue-timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_timeout: Option<Dur>,
 }
 
 impl Settings {

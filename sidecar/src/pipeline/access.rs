@@ -51,6 +51,8 @@ pub struct Exchange {
     started: Instant,
     priority: i64,
     tenant: Option<Arc<str>>,
+    /// In front of llama-server's router: the model's id (one the router lists).
+    model: Option<Arc<str>>,
     queue_wait: Option<Duration>,
     upstream: Option<Duration>,
     status: Option<u16>,
@@ -86,6 +88,7 @@ impl Exchange {
             started: Instant::now(),
             priority: 0,
             tenant: None,
+            model: None,
             queue_wait: None,
             upstream: None,
             status: None,
@@ -121,6 +124,11 @@ impl Exchange {
     pub fn set_tenant(&mut self, tenant: Arc<str>) {
         self.live.set_tenant(&tenant);
         self.tenant = Some(tenant);
+    }
+
+    /// The router's model the request was queued for (its id: bounded by the router's list).
+    pub fn set_model(&mut self, id: &str) {
+        self.model = Some(id.into());
     }
 
     pub fn set_queue_wait(&mut self, wait: Duration) {
@@ -244,6 +252,10 @@ impl Drop for Exchange {
             );
         }
         m::hot().requests(outcome).increment(1);
+        if let Some(model) = &self.model {
+            metrics::counter!(m::MODEL_REQUESTS_TOTAL, "model" => model.to_string(), "outcome" => outcome.label())
+                .increment(1);
+        }
         if !self.span.is_disabled() {
             self.trace_end(outcome);
         }
@@ -274,6 +286,7 @@ impl Drop for Exchange {
             ("request_id", id.map(Field::Str)),
             ("priority", Some(Field::Int(self.priority))),
             ("tenant", self.tenant.as_deref().map(Field::Str)),
+            ("model", self.model.as_deref().map(Field::Str)),
             ("queue_wait_ms", ms(self.queue_wait)),
             ("reserved_tokens", self.reserved.map(Field::Num)),
             (

@@ -2,6 +2,7 @@
 //! weight, priority), and a slot: at once when one is free and nobody waits, else in its fair place
 //! in the queue, or a 429/504.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use slotgate_sdk::{Decision, RequestSummary};
@@ -11,6 +12,7 @@ use crate::admission::{Claim, Demand, Entry, SlotGuard, Ticket};
 use crate::error::GateError;
 use crate::live::Phase;
 use crate::state::App;
+use crate::upstream::models::Pool;
 use crate::upstream::router::Known;
 use crate::upstream::tokenize;
 
@@ -26,6 +28,16 @@ pub(super) struct Admitted {
     pub slot: Option<SlotGuard>,
     pub queue_wait: Duration,
     pub deadline: Instant,
+    /// In front of llama-server's router, its model loaded by slotgate: forwarded with
+    /// `?autoload=false`, so the router never loads (nor evicts) on its own for it.
+    pub no_autoload: bool,
+}
+
+/// In front of llama-server's router, the pool of the model a request names (see
+/// `upstream::models`); `None` otherwise, or for a model it does not list.
+pub(super) fn model_pool(app: &App, intake: &Intake) -> Option<Arc<Pool>> {
+    let model = intake.summary.model.as_deref()?;
+    app.models.pool_for(model)
 }
 
 pub(super) async fn admit(
@@ -52,10 +64,26 @@ pub(super) async fn admit(
             slot: None,
             queue_wait: Duration::ZERO,
             deadline,
+            no_autoload: false,
         });
     }
     // Before the router: a model it does not serve is refused at once, not after a wait.
     known_model(app, intake).await?;
+    // Its model's own pool, queue and queue timeout; one whose last load failed is refused at once
+    // while that backs off.
+    let pool = model_pool(app, intake);
+    let (admission, deadline) = match &pool {
+        Some(p) => {
+            ex.set_model(&p.id);
+            p.arrive()?;
+            let deadline = match ctx.preflight {
+                true => deadline,
+                false => ctx.arrived + p.queue_timeout,
+            };
+            (&p.admission, deadline)
+        }
+        None => (&app.admission, deadline),
+    };
     // Again, after any policy capped max_tokens: what the scheduler charges up front and holds
     // (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
     let demand = demand_of(app, intake)?;
@@ -64,7 +92,7 @@ pub(super) async fn admit(
         .tagged(ex.live().key);
     ex.set_tenant(claim.tenant.clone());
     let queue = crate::otel::phase(ex.span(), "queue");
-    let (slot, queue_wait, demand) = match app.admission.enter(claim, deadline)? {
+    let (slot, queue_wait, demand) = match admission.enter(claim, deadline)? {
         Entry::Admitted(slot) => {
             if intake.prompt_counts.is_none() {
                 let s = &intake.summary;
@@ -76,6 +104,9 @@ pub(super) async fn admit(
         // that gets a slot at once never needs it, while every request's future is moved whole.
         Entry::Queued(ticket) => {
             ex.live().set_phase(Phase::Queued);
+            if let Some(p) = &pool {
+                app.models.ensure_loaded(p);
+            }
             Box::pin(wait_for_slot(
                 app, intake, ticket, decision, demand, deadline, &queue,
             ))
@@ -91,6 +122,7 @@ pub(super) async fn admit(
         slot: Some(slot),
         queue_wait,
         deadline,
+        no_autoload: pool.is_some(),
     })
 }
 

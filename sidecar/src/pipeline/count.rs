@@ -49,10 +49,20 @@ pub(super) async fn count_prompt(
 ) -> Result<Demand, GateError> {
     // Before the chain, with every slot busy and the queue full, the request will most likely be
     // turned away: keep that 429 fast and do not ask llama-server (the estimate stands).
-    let q = app.admission.stats();
+    let pool = super::admit::model_pool(app, intake);
+    let q = pool
+        .as_ref()
+        .map_or(&app.admission, |p| &p.admission)
+        .stats();
     let full = when == Before::Chain && q.busy >= q.slots && q.depth >= q.capacity;
     let (exact, source) = match (&intake.json, intake.dialect) {
-        (Some(json), Some(d)) if !full => app.cost.prompt_tokens(d, json, &intake.body).await,
+        // In front of a router, only a loaded model is asked (a count must never load one).
+        (Some(json), Some(d))
+            if !full && pool.as_ref().is_none_or(|p| !p.admission.is_paused()) =>
+        {
+            let model = pool.as_ref().map(|p| p.id.as_str());
+            app.cost.prompt_tokens(d, json, &intake.body, model).await
+        }
         _ => (None, tokenize::Source::Estimate),
     };
     let total = exact.as_ref().map(|c| c.iter().sum());
@@ -81,9 +91,20 @@ pub(super) fn demand_of(app: &App, intake: &mut Intake) -> Result<Demand, GateEr
         max_tokens: intake.ask.max_tokens,
         all_slots: intake.ask.all_slots,
     };
-    let (ctx, upstream_slots) = app.capacity.now();
-    let slots_known = upstream_slots.is_some() || matches!(app.config.slots, Slots::Fixed(_));
-    let demand = crate::admission::demand(&want, app.admission.slots(), slots_known, ctx)?;
+    // In front of a router, by the request's model (its context once it has been loaded).
+    let demand = match super::admit::model_pool(app, intake) {
+        Some(pool) => {
+            let ctx = pool.context();
+            let slots = pool.admission.slots();
+            crate::admission::demand(&want, slots, ctx.is_some(), ctx)?
+        }
+        None => {
+            let (ctx, upstream_slots) = app.capacity.now();
+            let slots_known =
+                upstream_slots.is_some() || matches!(app.config.slots, Slots::Fixed(_));
+            crate::admission::demand(&want, app.admission.slots(), slots_known, ctx)?
+        }
+    };
     intake.summary.reserved_tokens = demand.reserved;
     Ok(demand)
 }

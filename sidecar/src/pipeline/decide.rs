@@ -107,7 +107,11 @@ async fn evaluate(
     chain: Arc<Chain>,
 ) -> (ChainOutcome, Vec<Option<Decision>>) {
     let mut summary = intake.summary.clone();
-    let q = app.admission.stats();
+    let pool = super::admit::model_pool(app, intake);
+    let q = pool
+        .as_ref()
+        .map_or(&app.admission, |p| &p.admission)
+        .stats();
     summary.queue = QueueSnapshot {
         depth: q.depth,
         capacity: q.capacity,

@@ -49,6 +49,7 @@ pub(super) async fn forward(
         slot,
         queue_wait,
         deadline,
+        no_autoload,
     } = admitted;
     // Every chat stream reports its usage; the client still gets the stream it asked for.
     let strip_usage = intake.ask_for_stream_usage()?;
@@ -67,7 +68,7 @@ pub(super) async fn forward(
         intake.summary.model.as_deref(),
         &mut intake.parts.headers,
     );
-    let sent = send(app, intake, deadline, own_connection).await;
+    let sent = send(app, intake, deadline, own_connection, no_autoload).await;
     let slot = held.disarm();
     match sent {
         Ok(response) => {
@@ -134,12 +135,26 @@ async fn send(
     intake: &Intake,
     deadline: Instant,
     own_connection: bool,
+    no_autoload: bool,
 ) -> Result<http::Response<Body>, GateError> {
     let path_and_query = intake
         .parts
         .uri
         .path_and_query()
         .map_or("/", |pq| pq.as_str());
+    let with_param;
+    let path_and_query = match no_autoload {
+        true => {
+            let sep = if path_and_query.contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            with_param = format!("{path_and_query}{sep}autoload=false");
+            with_param.as_str()
+        }
+        false => path_and_query,
+    };
     let mut attempt: u32 = 0;
     loop {
         let send = app.upstream.send(

@@ -61,7 +61,7 @@ struct Learned {
 pub struct Capacity {
     upstream: Upstream,
     /// llama-server's router mode, when `/props` says so, and its models.
-    pub router: super::router::Router,
+    pub router: std::sync::Arc<super::router::Router>,
     setting: KvPool,
     /// The command line of the llama-server `slotgate wrap` runs.
     wrapped: Option<Launch>,
@@ -71,7 +71,7 @@ pub struct Capacity {
 impl Capacity {
     pub fn new(upstream: Upstream, setting: KvPool, wrapped: Option<Launch>) -> Self {
         Capacity {
-            router: super::router::Router::default(),
+            router: Default::default(),
             upstream,
             setting,
             wrapped,

@@ -5,6 +5,7 @@
 
 pub mod capacity;
 pub mod cors;
+pub mod models;
 mod pool;
 pub mod process;
 pub mod quarantine;

@@ -28,6 +28,8 @@ pub struct Model {
     /// What its own `/props` says once it is loaded: its slots and each slot's context.
     pub slots: Option<u64>,
     pub n_ctx: Option<u64>,
+    /// The command line the router starts its child with (`status.args`, the binary first).
+    pub args: Vec<String>,
 }
 
 impl Model {
@@ -49,7 +51,35 @@ impl Model {
             exit_code: status["exit_code"].as_i64(),
             slots: None,
             n_ctx: None,
+            args: status["args"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
+    }
+
+    /// Its child runs (or is starting): what counts against `--models-max`.
+    pub fn is_running(&self) -> bool {
+        matches!(self.status.as_str(), "loaded" | "loading" | "sleeping")
+    }
+
+    /// Its child takes requests (a sleeping one wakes for the next).
+    pub fn is_ready(&self) -> bool {
+        matches!(self.status.as_str(), "loaded" | "sleeping")
+    }
+
+    /// The threads its child decodes with (`-t`), when its command line says.
+    pub fn threads(&self) -> Option<u64> {
+        let at = self
+            .args
+            .iter()
+            .position(|a| a == "-t" || a == "--threads")?;
+        self.args.get(at + 1)?.parse().ok()
     }
 
     fn answers_to(&self, name: &str) -> bool {
@@ -162,6 +192,33 @@ impl Router {
             Some(models) if models.iter().any(|m| m.answers_to(name)) => Known::Yes,
             Some(models) => Known::No(models.iter().map(|m| m.id.clone()).collect()),
         }
+    }
+
+    /// The id of the model `name` names (an id or an alias), by the list last read.
+    pub fn resolve(&self, name: &str) -> Option<String> {
+        let st = self.lock();
+        let models = st.models.as_ref()?;
+        models
+            .iter()
+            .find(|m| m.id == name)
+            .or_else(|| models.iter().find(|m| m.answers_to(name)))
+            .map(|m| m.id.clone())
+    }
+
+    /// The model `id`, as last read.
+    pub fn model(&self, id: &str) -> Option<Model> {
+        let st = self.lock();
+        st.models.as_ref()?.iter().find(|m| m.id == id).cloned()
+    }
+
+    /// Every model, as last read.
+    pub fn models(&self) -> Vec<Model> {
+        self.lock().models.clone().unwrap_or_default()
+    }
+
+    /// `--models-max` (`None` or 0: no limit).
+    pub fn max_instances(&self) -> Option<u64> {
+        self.lock().max_instances.filter(|n| *n > 0)
     }
 
     /// For `/status` and `/live`: the models and their states; `null` when not a router.

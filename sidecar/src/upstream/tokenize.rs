@@ -105,11 +105,16 @@ impl Counter {
 
     /// The exact prompt tokens of a request in `dialect` with `body` (as parsed, and as the client
     /// sent it), one count per prompt; `None`: the estimate stands.
+    ///
+    /// In front of llama-server's router, `model` is the loaded model the request names: every
+    /// count goes to it with `?autoload=false` (a count never loads a model, nor evicts one), and is
+    /// remembered for it alone (each model has its own tokenizer).
     pub async fn prompt_tokens(
         &self,
         dialect: DialectRef,
         json: &Value,
         raw: &Bytes,
+        model: Option<&str>,
     ) -> (Option<Vec<u64>>, Source) {
         if self.mode == Tokenizer::Estimate {
             return (None, Source::Estimate);
@@ -120,14 +125,14 @@ impl Counter {
                 path,
                 chat_fallback,
             } => self
-                .whole(path, chat_fallback, json, raw)
+                .whole(path, chat_fallback, json, raw, model)
                 .await
                 .map(|(n, s)| (vec![n], s)),
             Count::Prompts(pieces) => {
                 let mut counts = Vec::with_capacity(pieces.len());
                 let mut source = Source::Cache;
                 for piece in &pieces {
-                    match self.piece(piece).await {
+                    match self.piece(piece, model).await {
                         Ok((n, s)) => {
                             counts.push(n);
                             if s == Source::Upstream {
@@ -156,8 +161,9 @@ impl Counter {
         chat_fallback: bool,
         json: &Value,
         raw: &Bytes,
+        model: Option<&str>,
     ) -> Result<(u64, Source), ()> {
-        let key = body_key(path, json, raw);
+        let key = body_key(&keyed(model, path), json, raw);
         if let Some(n) = self.cached(&key) {
             return Ok((n, Source::Cache));
         }
@@ -167,7 +173,12 @@ impl Counter {
             true => None,
             false => Some(
                 self.upstream
-                    .raw_json(http::Method::POST, path, raw.clone(), COUNT_TIMEOUT)
+                    .raw_json(
+                        http::Method::POST,
+                        &no_autoload(path, model),
+                        raw.clone(),
+                        COUNT_TIMEOUT,
+                    )
                     .await
                     .and_then(|v| {
                         v["input_tokens"]
@@ -184,51 +195,56 @@ impl Counter {
             }
             Some(Err(e)) => {
                 self.failed(&e, path);
-                self.older_way(chat_fallback, raw).await?
+                self.older_way(chat_fallback, raw, model).await?
             }
-            None => self.older_way(chat_fallback, raw).await?,
+            None => self.older_way(chat_fallback, raw, model).await?,
         };
         self.remember(key, n);
         Ok((n, Source::Upstream))
     }
 
     /// A chat on a build without the count endpoint, when the API allows it.
-    async fn older_way(&self, chat_fallback: bool, raw: &Bytes) -> Result<u64, ()> {
+    async fn older_way(
+        &self,
+        chat_fallback: bool,
+        raw: &Bytes,
+        model: Option<&str>,
+    ) -> Result<u64, ()> {
         if !chat_fallback || self.backing_off("/apply-template") {
             return Err(());
         }
-        self.templated(raw)
+        self.templated(raw, model)
             .await
             .map_err(|e| self.failed(&e, "/apply-template"))
     }
 
     /// A chat as older builds count it: `/apply-template`, then `/tokenize`.
-    async fn templated(&self, raw: &Bytes) -> Result<u64, String> {
+    async fn templated(&self, raw: &Bytes, model: Option<&str>) -> Result<u64, String> {
         let templated = self
             .upstream
             .raw_json(
                 http::Method::POST,
-                "/apply-template",
+                &no_autoload("/apply-template", model),
                 raw.clone(),
                 COUNT_TIMEOUT,
             )
             .await?;
         match templated.get("prompt") {
-            Some(Value::String(p)) => self.tokenize(p, true).await,
+            Some(Value::String(p)) => self.tokenize(p, true, model).await,
             _ => Err("/apply-template answered without a prompt".into()),
         }
     }
 
-    async fn piece(&self, piece: &Piece<'_>) -> Result<(u64, Source), String> {
+    async fn piece(&self, piece: &Piece<'_>, model: Option<&str>) -> Result<(u64, Source), String> {
         match piece {
             Piece::Tokens(n) => Ok((*n, Source::Cache)),
-            Piece::Text(t) => self.text(t, true).await,
+            Piece::Text(t) => self.text(t, true, model).await,
             Piece::Parts(parts, extra) => {
                 // The special tokens the model adds to any prompt (BOS), as an empty text shows.
-                let (special, mut source) = self.text("", true).await?;
+                let (special, mut source) = self.text("", true, model).await?;
                 let mut total = extra + special;
                 for p in parts {
-                    let (n, s) = self.text(p, false).await?;
+                    let (n, s) = self.text(p, false, model).await?;
                     total += n;
                     if s == Source::Upstream {
                         source = s;
@@ -239,26 +255,44 @@ impl Counter {
         }
     }
 
-    async fn text(&self, text: &str, special: bool) -> Result<(u64, Source), String> {
-        let key = text_key(text, special);
+    async fn text(
+        &self,
+        text: &str,
+        special: bool,
+        model: Option<&str>,
+    ) -> Result<(u64, Source), String> {
+        let key = text_key(&keyed(model, text), special);
         if let Some(n) = self.cached(&key) {
             return Ok((n, Source::Cache));
         }
         if self.backing_off("/tokenize") {
             return Err("/tokenize: not offered".into());
         }
-        let n = self.tokenize(text, special).await?;
+        let n = self.tokenize(text, special, model).await?;
         self.remember(key, n);
         Ok((n, Source::Upstream))
     }
 
     /// As llama-server tokenizes a prompt for generation: with BOS and the like (`special`),
     /// special tokens parsed.
-    async fn tokenize(&self, text: &str, special: bool) -> Result<u64, String> {
-        let req = json!({"content": text, "add_special": special, "parse_special": true});
+    async fn tokenize(
+        &self,
+        text: &str,
+        special: bool,
+        model: Option<&str>,
+    ) -> Result<u64, String> {
+        let mut req = json!({"content": text, "add_special": special, "parse_special": true});
+        if let Some(model) = model {
+            req["model"] = json!(model);
+        }
         let tokens = self
             .upstream
-            .json(Method::POST, "/tokenize", Some(&req), COUNT_TIMEOUT)
+            .json(
+                Method::POST,
+                &no_autoload("/tokenize", model),
+                Some(&req),
+                COUNT_TIMEOUT,
+            )
             .await?;
         tokens["tokens"]
             .as_array()
@@ -347,6 +381,22 @@ fn body_key(path: &str, json: &Value, raw: &[u8]) -> [u8; 32] {
         }
     }
     h.finalize().into()
+}
+
+/// A cache key's text, for one router model when there is one.
+fn keyed(model: Option<&str>, what: &str) -> String {
+    match model {
+        Some(m) => format!("{m}\0{what}"),
+        None => what.to_owned(),
+    }
+}
+
+/// `path` as sent to a router's `model`: never loading it.
+fn no_autoload(path: &str, model: Option<&str>) -> String {
+    match model {
+        Some(_) => format!("{path}?autoload=false"),
+        None => path.to_owned(),
+    }
 }
 
 fn text_key(text: &str, special: bool) -> [u8; 32] {

@@ -109,3 +109,398 @@ async fn the_router_is_recognised_and_an_unknown_model_is_refused_at_once() {
         "{slots:?}"
     );
 }
+
+/// A chat for `model` generating `max_tokens`.
+fn chat_for(model: &str, max_tokens: u64) -> serde_json::Value {
+    let mut body = chat("hello there", max_tokens, false);
+    body["model"] = json!(model);
+    body
+}
+
+/// The pool slotgate keeps for `model` in `/status`, if it has one.
+fn pool<'a>(s: &'a serde_json::Value, model: &str) -> Option<&'a serde_json::Value> {
+    s["models"].as_array()?.iter().find(|p| p["model"] == model)
+}
+
+/// The router's state of `model` in `/status`.
+fn router_state(s: &serde_json::Value, model: &str) -> String {
+    s["upstream"]["router"]["models"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["id"] == model))
+        .map_or("absent".into(), |m| {
+            m["status"].as_str().unwrap_or("?").to_owned()
+        })
+}
+
+/// Every model's pool is idle: nothing in service or waiting.
+async fn assert_pools_idle(gate: &RunningGate) {
+    gate.assert_idle().await;
+    let s = gate.status().await;
+    for p in s["models"].as_array().unwrap() {
+        assert_eq!(
+            (p["busy"].as_u64(), p["depth"].as_u64()),
+            (Some(0), Some(0)),
+            "{p}"
+        );
+    }
+}
+
+/// llama-server's own gauge for one model (`/metrics?model=`, never loading it).
+async fn llama_gauge(llama: &slotgate_tests::llama::RunningLlama, model: &str, name: &str) -> f64 {
+    let text = llama
+        .get(&format!("/metrics?model={model}&autoload=false"))
+        .await
+        .body;
+    Metrics::parse(&text).value(name, &[]).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_model_is_served_with_its_own_slots_once_slotgate_has_loaded_it() {
+    let _one = serial().await;
+    let llama = LlamaServer::start_router(&["alpha", "beta"], 2, &[]).await;
+    let gate = Gate::new()
+        .queue_timeout("60s")
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    gate.wait_status(Duration::from_secs(10), "the router's models", |s| {
+        router_state(s, "beta") == "unloaded"
+    })
+    .await;
+
+    // Two requests for each of two unloaded models, at once: each model's first wait is its load.
+    let max_tokens = 1500;
+    let tasks: Vec<_> = ["alpha", "alpha", "beta", "beta"]
+        .into_iter()
+        .map(|m| {
+            let (client, body) = (gate.client(), chat_for(m, max_tokens));
+            tokio::spawn(async move { client.post_json(CHAT, &body).await })
+        })
+        .collect();
+    // Both models' pools run two each at once, and llama-server defers none of them.
+    let (mut both, mut deferred, mut processing) = (false, 0.0f64, (0.0f64, 0.0f64));
+    let t0 = Instant::now();
+    while !tasks.iter().all(|t| t.is_finished()) && t0.elapsed() < Duration::from_secs(120) {
+        let s = gate.status().await;
+        let busy = |m| pool(&s, m).and_then(|p| p["busy"].as_u64()).unwrap_or(0);
+        both |= busy("alpha") == 2 && busy("beta") == 2;
+        if router_state(&s, "alpha") == "loaded" && router_state(&s, "beta") == "loaded" {
+            let (a, b) = (
+                llama_gauge(&llama, "alpha", "llamacpp:requests_processing").await,
+                llama_gauge(&llama, "beta", "llamacpp:requests_processing").await,
+            );
+            processing = (processing.0.max(a), processing.1.max(b));
+            deferred = deferred
+                .max(llama_gauge(&llama, "alpha", "llamacpp:requests_deferred").await)
+                .max(llama_gauge(&llama, "beta", "llamacpp:requests_deferred").await);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for t in tasks {
+        let resp = t.await.unwrap();
+        slotgate_tests::llama::chat_usage(&resp, max_tokens);
+    }
+    assert!(both, "the two models never ran two requests each at once");
+    assert_eq!(
+        processing,
+        (2.0, 2.0),
+        "llama-server's requests_processing per model"
+    );
+    assert_eq!(deferred, 0.0, "llama-server deferred a request");
+
+    // slotgate loaded each once, and learned each one's slots and context from its child.
+    let s = gate.status().await;
+    for m in ["alpha", "beta"] {
+        let p = pool(&s, m).unwrap_or_else(|| panic!("no pool for {m}: {s}"));
+        assert_eq!(p["slots"], 2, "{p}");
+        assert_eq!(p["n_ctx_slot"], 2048, "{p}");
+        assert_eq!(
+            p["kv_pool_tokens"],
+            serde_json::Value::Null,
+            "-np 2: a context per slot: {p}"
+        );
+        assert_eq!(p["admitting"], true, "{p}");
+        assert!(
+            p["load"]["last_seconds"].as_f64().is_some_and(|s| s > 0.0),
+            "{p}"
+        );
+        let loads = gate
+            .metric(
+                "slotgate_model_loads_total",
+                &[("model", m), ("result", "loaded")],
+            )
+            .await;
+        assert_eq!(loads, Some(1.0), "{m}");
+        let ok = gate
+            .metric(
+                "slotgate_model_requests_total",
+                &[("model", m), ("outcome", "ok")],
+            )
+            .await;
+        assert_eq!(ok, Some(2.0), "{m}");
+        assert_eq!(
+            gate.metric("slotgate_model_slots_total", &[("model", m)])
+                .await,
+            Some(2.0)
+        );
+    }
+    assert_pools_idle(&gate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_third_model_waits_for_an_idle_one_and_no_request_loses_its_model() {
+    let _one = serial().await;
+    let llama = LlamaServer::start_router(&["alpha", "beta", "gamma"], 2, &[]).await;
+    let gate = Gate::new()
+        .queue_timeout("120s")
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    // alpha and beta loaded (--models-max 2 reached).
+    for m in ["alpha", "beta"] {
+        let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    // Both busy, each on its two slots: alpha with long answers, beta with shorter ones.
+    let long = |m: &str, n| {
+        let (client, body) = (gate.client(), chat_for(m, n));
+        tokio::spawn(async move { client.post_json(CHAT, &body).await })
+    };
+    let alpha = [long("alpha", 1800), long("alpha", 1800)];
+    let beta = [long("beta", 600), long("beta", 600)];
+    gate.wait_status(Duration::from_secs(10), "alpha and beta busy", |s| {
+        pool(s, "alpha").is_some_and(|p| p["busy"] == 2)
+            && pool(s, "beta").is_some_and(|p| p["busy"] == 2)
+    })
+    .await;
+    // gamma: the router would evict one of them now; slotgate waits for one to be idle.
+    let t0 = Instant::now();
+    let gamma = long("gamma", 8);
+    let s = gate
+        .wait_status(Duration::from_secs(10), "gamma waiting for room", |s| {
+            pool(s, "gamma").is_some_and(|p| p["load"]["doing"] == "waiting for room")
+        })
+        .await;
+    assert_eq!(pool(&s, "gamma").unwrap()["depth"], 1, "{s}");
+    assert_eq!(router_state(&s, "gamma"), "unloaded", "{s}");
+    // Nothing of alpha's or beta's fails; beta, idle first, is the one unloaded.
+    for t in beta {
+        slotgate_tests::llama::chat_usage(&t.await.unwrap(), 600);
+    }
+    let resp = gamma.await.unwrap();
+    slotgate_tests::llama::chat_usage(&resp, 8);
+    let gamma_took = t0.elapsed();
+    let s = gate.status().await;
+    assert_eq!(
+        router_state(&s, "alpha"),
+        "loaded",
+        "alpha was busy and must stay: {s}"
+    );
+    assert!(
+        !alpha.iter().all(|t| t.is_finished()),
+        "gamma should be served while alpha is still busy (took {gamma_took:?})"
+    );
+    for t in alpha {
+        slotgate_tests::llama::chat_usage(&t.await.unwrap(), 1800);
+    }
+    assert_eq!(
+        gate.metric("slotgate_model_unloads_total", &[("model", "beta")])
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        gate.metric("slotgate_model_unloads_total", &[("model", "alpha")])
+            .await,
+        None
+    );
+    let s = gate.status().await;
+    assert_eq!(router_state(&s, "beta"), "unloaded", "{s}");
+    assert_eq!(router_state(&s, "gamma"), "loaded", "{s}");
+    assert_eq!(pool(&s, "beta").unwrap()["admitting"], false, "{s}");
+    // beta again: it waits for alpha or gamma to be idle (both are now), and is served.
+    let resp = gate.client().post_json(CHAT, &chat_for("beta", 4)).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let outcomes = gate.metrics().await;
+    for outcome in [
+        "upstream_4xx",
+        "upstream_5xx",
+        "upstream_error",
+        "queue_timeout",
+    ] {
+        assert_eq!(
+            outcomes.value_or_zero("slotgate_requests_total", &[("outcome", outcome)]),
+            0.0,
+            "{outcome}"
+        );
+    }
+    assert_pools_idle(&gate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_that_cannot_load_is_a_503_naming_it_and_is_retried_after_a_backoff() {
+    let _one = serial().await;
+    let llama = LlamaServer::start_router_with(&["alpha"], &["broken"], 2, &[]).await;
+    let gate = Gate::new()
+        .queue_timeout("60s")
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    gate.wait_status(Duration::from_secs(10), "the router's models", |s| {
+        router_state(s, "broken") == "unloaded"
+    })
+    .await;
+    // Two waiting for it: both get the 503, naming it and its exit.
+    let tasks: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, body) = (gate.client(), chat_for("broken", 8));
+            tokio::spawn(async move { client.post_json(CHAT, &body).await })
+        })
+        .collect();
+    for t in tasks {
+        let resp = t.await.unwrap();
+        assert_eq!(resp.status, 503, "{}", resp.body);
+        let e = &resp.json()["error"];
+        assert_eq!(e["code"], "model_unavailable", "{}", resp.body);
+        assert_eq!(e["type"], "server_error", "{}", resp.body);
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains("`broken`") && message.contains("exited with code"),
+            "{message}"
+        );
+        assert!(resp.header("retry-after").is_some(), "{:?}", resp.headers);
+        assert_eq!(
+            resp.header("x-slotgate-reason").as_deref(),
+            Some("upstream_error")
+        );
+    }
+    // At once while it backs off, without asking the router again.
+    let t0 = Instant::now();
+    let resp = gate.client().post_json(CHAT, &chat_for("broken", 8)).await;
+    assert_eq!(resp.status, 503, "{}", resp.body);
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    let failed = [("model", "broken"), ("result", "failed")];
+    assert_eq!(
+        gate.metric("slotgate_model_loads_total", &failed).await,
+        Some(1.0)
+    );
+    let s = gate.status().await;
+    let p = pool(&s, "broken").unwrap();
+    assert_eq!(p["load"]["failures"], 1, "{p}");
+    assert!(
+        p["load"]["error"].as_str().unwrap().contains("exited"),
+        "{p}"
+    );
+    // Another model is served meanwhile.
+    let resp = gate.client().post_json(CHAT, &chat_for("alpha", 8)).await;
+    slotgate_tests::llama::chat_usage(&resp, 8);
+    // After the backoff, the next request tries again (and fails again, with a longer backoff).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let resp = gate.client().post_json(CHAT, &chat_for("broken", 8)).await;
+    assert_eq!(resp.status, 503, "{}", resp.body);
+    assert_eq!(
+        gate.metric("slotgate_model_loads_total", &failed).await,
+        Some(2.0)
+    );
+    let retry: u64 = resp.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(retry, 2, "the backoff doubles");
+    assert_pools_idle(&gate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_model_flooded_does_not_delay_another_and_overrides_apply() {
+    let _one = serial().await;
+    let llama = LlamaServer::start_router(&["alpha", "beta"], 2, &[]).await;
+    // alpha: one slot, two queue places, its own timeout; beta: the defaults.
+    let config = unique_dir("router-config").join("slotgate.toml");
+    std::fs::write(
+        &config,
+        "[models.alpha]\nslots = 1\nqueue-depth = 2\nqueue-timeout = \"90s\"\n",
+    )
+    .unwrap();
+    let gate = Gate::new()
+        .queue_timeout("60s")
+        .queue_depth(8)
+        .opt("--config", config.display())
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    for m in ["alpha", "beta"] {
+        let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    let s = gate.status().await;
+    let a = pool(&s, "alpha").unwrap();
+    assert_eq!(
+        (
+            a["slots"].as_u64(),
+            a["capacity"].as_u64(),
+            a["slots_source"].as_str()
+        ),
+        (Some(1), Some(2), Some("fixed")),
+        "{a}"
+    );
+    assert_eq!(a["queue_timeout_seconds"], 90.0, "{a}");
+    let b = pool(&s, "beta").unwrap();
+    assert_eq!(
+        (b["slots"].as_u64(), b["capacity"].as_u64()),
+        (Some(2), Some(8)),
+        "{b}"
+    );
+
+    // Five long requests for alpha: one runs, two wait, two are refused with its Retry-After.
+    let flood: Vec<_> = (0..5)
+        .map(|_| {
+            let (client, body) = (gate.client(), chat_for("alpha", 1200));
+            tokio::spawn(async move { client.post_json(CHAT, &body).await })
+        })
+        .collect();
+    gate.wait_status(Duration::from_secs(10), "alpha's queue full", |s| {
+        pool(s, "alpha").is_some_and(|p| p["busy"] == 1 && p["depth"] == 2)
+    })
+    .await;
+    gate.wait_metric(
+        "slotgate_model_requests_total",
+        &[("model", "alpha"), ("outcome", "queue_full")],
+        2.0,
+    )
+    .await;
+    // beta's requests meanwhile: admitted at once, answered while alpha's backlog is still there.
+    for _ in 0..3 {
+        let resp = gate.client().post_json(CHAT, &chat_for("beta", 16)).await;
+        slotgate_tests::llama::chat_usage(&resp, 16);
+        assert_eq!(queue_wait_ms(&resp), 0);
+    }
+    let s = gate.status().await;
+    assert_eq!(
+        pool(&s, "alpha").unwrap()["depth"],
+        2,
+        "alpha still backed up: {s}"
+    );
+    let (mut ok, mut refused) = (0, 0);
+    for t in flood {
+        let resp = t.await.unwrap();
+        match resp.status.as_u16() {
+            200 => ok += 1,
+            429 => {
+                refused += 1;
+                assert_eq!(resp.json()["error"]["code"], "queue_full", "{}", resp.body);
+                assert!(resp.header("retry-after").is_some());
+            }
+            other => panic!("{other}: {}", resp.body),
+        }
+    }
+    assert_eq!((ok, refused), (3, 2));
+    assert_eq!(
+        gate.metric(
+            "slotgate_model_requests_total",
+            &[("model", "beta"), ("outcome", "queue_full")]
+        )
+        .await,
+        None
+    );
+    assert_pools_idle(&gate).await;
+}

@@ -114,13 +114,23 @@ impl Admission {
     /// measured, else `(busy + queued) * service_ewma / slots`.
     pub(super) fn wait_seconds(&self, st: &State) -> f64 {
         let lanes = self.lanes(st);
-        st.drain
+        let drain = st
+            .drain
             .seconds(self.tokens_ahead(st), lanes.slots)
             .unwrap_or_else(|| {
                 (st.serving + st.waiters.len()) as f64
                     * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
                     / lanes.requests
-            })
+            });
+        drain + self.until_ready(st, Instant::now())
+    }
+
+    /// Seconds until a paused pool is expected to serve (its model loaded); 0 when it serves.
+    pub(super) fn until_ready(&self, st: &State, now: Instant) -> f64 {
+        match (st.paused, st.ready_at) {
+            (true, Some(at)) => at.saturating_duration_since(now).as_secs_f64(),
+            _ => 0.0,
+        }
     }
 
     /// What runs at once, on average, of the work in service and waiting: all the slots, or fewer
@@ -182,10 +192,17 @@ impl Admission {
             .fold((0, 0.0), |(n, t), w| (n + 1, t + w.claim.cost as f64));
         let tokens = st.drain.in_service + ahead_tokens;
         let lanes = self.lanes(st);
-        st.drain.seconds(tokens, lanes.slots).or_else(|| {
+        let drain = st.drain.seconds(tokens, lanes.slots).or_else(|| {
             st.service_ewma
                 .map(|s| (st.serving + ahead) as f64 * s / lanes.requests)
-        })
+        });
+        // A model still to load: its load time alone is an estimate.
+        let ready = self.until_ready(st, now);
+        match (drain, ready > 0.0) {
+            (Some(d), _) => Some(d + ready),
+            (None, true) => Some(ready),
+            (None, false) => None,
+        }
     }
 
     /// When a client turned away should find room: the wait for the work ahead (see
@@ -201,6 +218,7 @@ impl Admission {
         let wait = st
             .drain
             .cautious_seconds(ahead, lanes)
+            .map(|w| w + self.until_ready(st, now))
             .unwrap_or_else(|| self.wait_seconds(st));
         let secs = (wait.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
         let exact = Duration::try_from_secs_f64(wait.min(MAX_RETRY_AFTER_SECONDS as f64))

@@ -67,7 +67,15 @@ struct Shared {
     pool: AtomicU64,
     capacity: usize,
     fairness: Fairness,
+    /// The model this pool serves, in front of llama-server's router: its own gauges.
+    model: Option<ModelGauges>,
     state: Mutex<State>,
+}
+
+/// The `model`-labelled gauges of one model's pool.
+struct ModelGauges {
+    depth: metrics::Gauge,
+    busy: metrics::Gauge,
 }
 
 struct State {
@@ -86,6 +94,13 @@ struct State {
     service_ewma: Option<f64>,
     /// The token model of the drain: see [`Drain`].
     drain: Drain,
+    /// Nobody is admitted, whatever is free: the model is not loaded (see [`Admission::pause`]).
+    paused: bool,
+    /// When the paused pool is expected to serve again (its model loaded): counted in every wait
+    /// estimate.
+    ready_at: Option<Instant>,
+    /// What [`Admission::publish`] last added to the unlabelled gauges, which sum every pool.
+    shown: (f64, f64, f64),
 }
 
 struct Waiter {
@@ -109,6 +124,12 @@ enum Grant {
     },
     ShuttingDown {
         retry_after: u64,
+    },
+    /// Its model could not be loaded.
+    Unavailable {
+        model: Arc<str>,
+        reason: Arc<str>,
+        retry_after: Duration,
     },
 }
 
@@ -164,12 +185,35 @@ impl Admission {
     }
 
     pub fn with_fairness(slots: usize, capacity: usize, fairness: Fairness) -> Self {
+        Self::build(slots, capacity, fairness, None)
+    }
+
+    /// The pool of one model behind llama-server's router: it starts paused (the model is loaded
+    /// first), and has `model`-labelled gauges besides its part of the unlabelled ones.
+    pub fn for_model(slots: usize, capacity: usize, fairness: Fairness, model: &str) -> Self {
+        let gauges = ModelGauges {
+            depth: metrics::gauge!(m::MODEL_QUEUE_DEPTH, "model" => model.to_owned()),
+            busy: metrics::gauge!(m::MODEL_SLOTS_BUSY, "model" => model.to_owned()),
+        };
+        metrics::gauge!(m::MODEL_QUEUE_CAPACITY, "model" => model.to_owned()).set(capacity as f64);
+        let a = Self::build(slots, capacity, fairness, Some(gauges));
+        a.lock().paused = true;
+        a
+    }
+
+    fn build(
+        slots: usize,
+        capacity: usize,
+        fairness: Fairness,
+        model: Option<ModelGauges>,
+    ) -> Self {
         Admission {
             shared: Arc::new(Shared {
                 slots: AtomicUsize::new(slots),
                 pool: AtomicU64::new(0),
                 capacity,
                 fairness,
+                model,
                 state: Mutex::new(State {
                     busy: 0,
                     serving: 0,
@@ -181,6 +225,9 @@ impl Admission {
                     closed: false,
                     service_ewma: None,
                     drain: Drain::default(),
+                    paused: false,
+                    ready_at: None,
+                    shown: (0.0, 0.0, 0.0),
                 }),
             }),
         }
@@ -213,7 +260,7 @@ impl Admission {
             let hold = self.hold_of(&claim);
             self.take(&mut st, hold, claim.cost);
             st.tenants.admit(&claim.tenant, claim.charge());
-            self.publish(&st);
+            self.publish(&mut st);
             return Ok(Entry::Admitted(self.guard(&claim, hold)));
         }
         if self.shared.fairness.reject_doomed {
@@ -288,7 +335,7 @@ impl Admission {
                 tx,
             },
         );
-        self.publish(&st);
+        self.publish(&mut st);
         Ok(Entry::Queued(Ticket {
             admission: self.clone(),
             seq,
@@ -383,6 +430,9 @@ impl Admission {
 
     /// Whether `claim` can be admitted beside what is in service.
     fn fits(&self, st: &State, claim: &Claim) -> bool {
+        if st.paused {
+            return false;
+        }
         if st.serving == 0 {
             return true;
         }
@@ -406,7 +456,65 @@ impl Admission {
             st.tenants.dequeue(&w.claim.tenant);
             let _ = w.tx.send(Grant::ShuttingDown { retry_after });
         }
-        self.publish(&st);
+        self.publish(&mut st);
+    }
+
+    /// Admits nobody from now on, whatever is free (its model is not loaded); arrivals queue.
+    /// Requests in service finish.
+    pub fn pause(&self) {
+        let mut st = self.lock();
+        st.paused = true;
+    }
+
+    /// Pauses the pool only if nothing is in service or waiting: then its model may be unloaded
+    /// without any request losing it. Returns whether it did.
+    pub fn pause_if_idle(&self) -> bool {
+        let mut st = self.lock();
+        if st.serving > 0 || !st.waiters.is_empty() {
+            return false;
+        }
+        st.paused = true;
+        true
+    }
+
+    /// Admits again (its model is loaded), at once to the waiters.
+    pub fn resume(&self) {
+        let mut st = self.lock();
+        st.paused = false;
+        st.ready_at = None;
+        self.dispatch(&mut st);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.lock().paused
+    }
+
+    /// When a paused pool is expected to serve again: what every wait estimate adds (`None`: not
+    /// known).
+    pub fn set_ready_in(&self, after: Option<Duration>) {
+        self.lock().ready_at = after.map(|d| Instant::now() + d);
+    }
+
+    /// Turns every waiter away with a 503 naming `model` (it failed to load); new arrivals still
+    /// queue.
+    pub fn fail_waiters(&self, model: &str, reason: &str, retry_after: Duration) {
+        let mut st = self.lock();
+        let (model, reason): (Arc<str>, Arc<str>) = (model.into(), reason.into());
+        for (_, w) in std::mem::take(&mut st.waiters) {
+            st.tenants.dequeue(&w.claim.tenant);
+            let _ = w.tx.send(Grant::Unavailable {
+                model: model.clone(),
+                reason: reason.clone(),
+                retry_after,
+            });
+        }
+        self.publish(&mut st);
+    }
+
+    /// Whether nothing is in service or waiting.
+    pub fn is_idle(&self) -> bool {
+        let st = self.lock();
+        st.serving == 0 && st.waiters.is_empty()
     }
 
     /// Whether the queue was closed (shutting down).
@@ -505,11 +613,26 @@ impl Admission {
         self.publish(st);
     }
 
-    fn publish(&self, st: &State) {
+    /// The gauges: the unlabelled ones sum every pool (each adds what changed since it last
+    /// published), a model's pool sets its own.
+    fn publish(&self, st: &mut State) {
         let hot = m::hot();
-        hot.queue_depth.set(st.waiters.len() as f64);
-        hot.slots_busy.set(st.busy as f64);
-        hot.kv_reserved.set(st.kv as f64);
+        let now = (st.waiters.len() as f64, st.busy as f64, st.kv as f64);
+        let (d, b, k) = st.shown;
+        if now.0 != d {
+            hot.queue_depth.increment(now.0 - d);
+        }
+        if now.1 != b {
+            hot.slots_busy.increment(now.1 - b);
+        }
+        if now.2 != k {
+            hot.kv_reserved.increment(now.2 - k);
+        }
+        st.shown = now;
+        if let Some(g) = &self.shared.model {
+            g.depth.set(now.0);
+            g.busy.set(now.1);
+        }
     }
 }
 
@@ -562,6 +685,15 @@ impl Ticket {
                 retry_after,
             }),
             Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),
+            Grant::Unavailable {
+                model,
+                reason,
+                retry_after,
+            } => Err(GateError::ModelUnavailable {
+                model: model.to_string(),
+                reason: reason.to_string(),
+                retry_after,
+            }),
         }
     }
 
@@ -587,7 +719,7 @@ impl Ticket {
         if let Some(w) = st.waiters.remove(&self.seq) {
             st.tenants.dequeue(&w.claim.tenant);
             self.resolved = true;
-            self.admission.publish(&st);
+            self.admission.publish(&mut st);
             return None;
         }
         drop(st);

@@ -78,10 +78,11 @@ impl Admission {
     /// of them waiters: by tokens once a throughput is known, else by requests.
     fn start_after(&self, st: &State, ahead: f64, before: usize) -> f64 {
         let lanes = self.lanes(st);
-        st.drain.seconds(ahead, lanes.slots).unwrap_or_else(|| {
+        let drain = st.drain.seconds(ahead, lanes.slots).unwrap_or_else(|| {
             let waiting = (st.serving + before) as f64 / lanes.requests;
             // Nothing in service and nothing before it: it starts as soon as the slots allow.
             (waiting.floor()) * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
-        })
+        });
+        drain + self.until_ready(st, Instant::now())
     }
 }
