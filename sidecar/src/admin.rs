@@ -168,12 +168,7 @@ fn tenant_stats(app: &App, limit: usize) -> Vec<crate::admission::TenantStats> {
         }
     }
     let mut all: Vec<_> = by.into_values().collect();
-    all.sort_by(|a, b| {
-        a.counter
-            .total_cmp(&b.counter)
-            .then_with(|| a.tenant.cmp(&b.tenant))
-    });
-    all.truncate(limit);
+    crate::admission::TenantStats::next_served_first(&mut all, limit);
     all
 }
 

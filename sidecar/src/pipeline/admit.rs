@@ -34,10 +34,14 @@ pub(super) struct Admitted {
 }
 
 /// In front of llama-server's router, the pool of the model a request names (see
-/// `upstream::models`); `None` otherwise, or for a model it does not list.
+/// `upstream::models`); `None` otherwise, or for a model it does not list (yet: the list may be
+/// read again). Looked up once per request.
 pub(super) fn model_pool(app: &App, intake: &Intake) -> Option<Arc<Pool>> {
-    let model = intake.summary.model.as_deref()?;
-    app.models.pool_for(model)
+    if let Some(pool) = intake.pool.get() {
+        return Some(pool.clone());
+    }
+    let pool = app.models.pool_for(intake.summary.model.as_deref()?)?;
+    Some(intake.pool.get_or_init(|| pool).clone())
 }
 
 pub(super) async fn admit(

@@ -39,6 +39,8 @@ pub struct Intake {
     /// Its prompts' exact token counts, once counted (see `cost`).
     pub prompt_counts: Option<Vec<u64>>,
     pub summary: RequestSummary,
+    /// In front of llama-server's router, its model's pool once looked up (see `admit::model_pool`).
+    pub pool: std::sync::OnceLock<std::sync::Arc<crate::upstream::models::Pool>>,
 }
 
 pub async fn read(
@@ -107,6 +109,7 @@ impl Intake {
             ask,
             prompt_counts: None,
             summary,
+            pool: Default::default(),
         })
     }
 }

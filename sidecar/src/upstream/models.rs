@@ -113,6 +113,16 @@ impl Pool {
         }
     }
 
+    /// A failed load's backoff has not run out: no new load is tried.
+    fn backing_off(&self) -> bool {
+        self.lock().retry_at.is_some_and(|at| at > Instant::now())
+    }
+
+    /// Whether requests wait for its model to be loaded (and no backoff forbids trying).
+    fn wants_load(&self) -> bool {
+        !self.admission.is_idle() && self.admission.is_paused() && !self.backing_off()
+    }
+
     /// Admits by what the router says of its loaded model: its child's slots (unless fixed), each
     /// slot's context and how the KV pool is laid out (from the child's command line).
     fn apply(&self, model: &Model) {
@@ -152,6 +162,15 @@ impl Pool {
     fn pause(&self) {
         self.admission.pause();
         metrics::gauge!(m::MODEL_LOADED, "model" => self.id.clone()).set(0.0);
+    }
+}
+
+/// A pool's load task: whatever way it ends (a panic included), another may start.
+struct Task(Arc<Pool>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.lock().task = false;
     }
 }
 
@@ -251,10 +270,12 @@ impl Models {
         }
         let (models, pool) = (self.clone(), pool.clone());
         tokio::spawn(async move {
-            models.load(&pool).await;
-            pool.lock().task = false;
+            let task = Task(pool);
+            models.load(&task.0).await;
+            let pool = task.0.clone();
+            drop(task);
             // Someone queued while the task was ending: go on for them.
-            if !pool.admission.is_idle() && pool.admission.is_paused() && pool.arrive().is_ok() {
+            if pool.wants_load() {
                 models.ensure_loaded(&pool);
             }
         });
@@ -512,7 +533,7 @@ impl Models {
                         tracing::info!(model = %pool.id, "the router no longer runs this model: its requests wait for a load");
                         pool.pause();
                     }
-                    if !pool.admission.is_idle() && pool.arrive().is_ok() {
+                    if pool.wants_load() {
                         self.ensure_loaded(&pool);
                     }
                 }

@@ -37,29 +37,13 @@ impl Model {
         let status = &v["status"];
         Some(Model {
             id: v["id"].as_str()?.to_owned(),
-            aliases: v["aliases"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            aliases: strings(&v["aliases"]),
             status: status["value"].as_str().unwrap_or("unknown").to_owned(),
             failed: status["failed"].as_bool().unwrap_or(false),
             exit_code: status["exit_code"].as_i64(),
             slots: None,
             n_ctx: None,
-            args: status["args"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            args: strings(&status["args"]),
         })
     }
 
@@ -245,6 +229,18 @@ impl Router {
             .collect();
         json!({ "max_instances": st.max_instances, "models": models })
     }
+}
+
+/// The strings of a JSON array (none when it is not one).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `s` as a URL query value: everything but RFC 3986's unreserved characters percent-encoded.

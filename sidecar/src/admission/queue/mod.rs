@@ -169,6 +169,18 @@ impl QueueStats {
     }
 }
 
+impl TenantStats {
+    /// Orders tenants the next to be served first (lowest counter, then name), keeping `limit`.
+    pub fn next_served_first(all: &mut Vec<TenantStats>, limit: usize) {
+        all.sort_by(|a, b| {
+            a.counter
+                .total_cmp(&b.counter)
+                .then_with(|| a.tenant.cmp(&b.tenant))
+        });
+        all.truncate(limit);
+    }
+}
+
 /// One tenant's share of the queue, for /status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantStats {
@@ -558,12 +570,7 @@ impl Admission {
             })
             .collect();
         drop(st);
-        all.sort_by(|a, b| {
-            a.counter
-                .total_cmp(&b.counter)
-                .then_with(|| a.tenant.cmp(&b.tenant))
-        });
-        all.truncate(limit);
+        TenantStats::next_served_first(&mut all, limit);
         all
     }
 
