@@ -31,7 +31,7 @@ MESSAGES = [{"role": "user", "content": PROMPT}]
 def client_for(args, recorder, max_retries=None):
     return anthropic.Anthropic(
         base_url=args.base_url,
-        api_key="sk-ant-slotgate-tests",
+        api_key=args.api_key or "sk-ant-slotgate-tests",
         max_retries=args.max_retries if max_retries is None else max_retries,
         http_client=recorder.http_client(),
     )
@@ -46,7 +46,7 @@ def usage(u):
 
 
 def messages(client, args):
-    m = client.messages.create(model="tiny", max_tokens=args.max_tokens, messages=MESSAGES)
+    m = client.messages.create(model=args.model, max_tokens=args.max_tokens, messages=MESSAGES)
     return {
         "type": m.type,
         "text": "".join(b.text for b in m.content if b.type == "text"),
@@ -57,7 +57,7 @@ def messages(client, args):
 
 def stream(client, args):
     events, text = [], []
-    with client.messages.stream(model="tiny", max_tokens=args.max_tokens, messages=MESSAGES) as s:
+    with client.messages.stream(model=args.model, max_tokens=args.max_tokens, messages=MESSAGES) as s:
         for event in s:
             events.append(event.type)
             if event.type == "content_block_delta" and event.delta.type == "text_delta":
@@ -67,7 +67,7 @@ def stream(client, args):
 
 
 def count(client, args):
-    c = client.messages.count_tokens(model="tiny", messages=MESSAGES)
+    c = client.messages.count_tokens(model=args.model, messages=MESSAGES)
     return {"input_tokens": c.input_tokens}
 
 

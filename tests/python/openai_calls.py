@@ -33,7 +33,7 @@ def messages(args):
 
 def chat(client, args):
     completion = client.chat.completions.create(
-        model="tiny", messages=messages(args), max_tokens=args.max_tokens, extra_body={"ignore_eos": True}
+        model=args.model, messages=messages(args), max_tokens=args.max_tokens, extra_body={"ignore_eos": True}
     )
     choice = completion.choices[0]
     return {
@@ -47,7 +47,7 @@ def chat(client, args):
 def stream(client, args):
     kwargs = {"stream_options": {"include_usage": True}} if args.include_usage else {}
     chunks = client.chat.completions.create(
-        model="tiny",
+        model=args.model,
         messages=messages(args),
         max_tokens=args.max_tokens,
         stream=True,
@@ -76,7 +76,7 @@ def stream(client, args):
 
 def responses(client, args):
     """The Responses API (`client.responses.create`), whole or streamed."""
-    kwargs = {"model": "tiny", "input": PROMPT, "max_output_tokens": args.max_tokens}
+    kwargs = {"model": args.model, "input": PROMPT, "max_output_tokens": args.max_tokens}
     if not args.stream:
         r = client.responses.create(**kwargs)
         return {
@@ -132,7 +132,7 @@ def main():
     args = parser.parse_args()
 
     recorder = Recorder()
-    client = sdk_client(args.base_url, recorder, args.max_retries)
+    client = sdk_client(args.base_url, recorder, args.max_retries, args.api_key or "sk-slotgate-tests")
     if args.on_cue:
         # The SDK imports its resources on first use: before the cue, not after.
         client.chat.completions, client.files

@@ -86,6 +86,8 @@ def driver_parser(doc):
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--max-retries", type=int, default=2, help="the SDK's default is 2")
     parser.add_argument("--on-cue", action="store_true", help="print `ready`, call once stdin has a line")
+    parser.add_argument("--model", default="tiny", help="the request's model (a router's model id)")
+    parser.add_argument("--api-key", default=None, help="the key the SDK sends (else a dummy one)")
     return parser
 
 

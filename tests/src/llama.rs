@@ -166,33 +166,24 @@ impl LlamaServer {
         max: usize,
         extra: &[&str],
     ) -> RunningLlama {
-        let paths = LlamaPaths::get();
-        let dir = unique_dir("models");
-        for m in models {
-            let to = dir.join(format!("{m}.gguf"));
-            if std::fs::hard_link(&paths.model, &to).is_err() {
-                std::fs::copy(&paths.model, &to).expect("copy the tiny model");
-            }
-        }
-        for m in broken {
-            std::fs::write(dir.join(format!("{m}.gguf")), b"not a gguf file").expect("write");
-        }
-        let mut argv = vec![
-            paths.server.display().to_string(),
-            "--models-dir".into(),
-            dir.display().to_string(),
-            "--models-max".into(),
-            max.to_string(),
-            "-np".into(),
-            "2".into(),
-            "-c".into(),
-            "4096".into(),
-            "-t".into(),
-            "1".into(),
-            "--metrics".into(),
-            "--slots".into(),
-            "--no-webui".into(),
-        ];
+        let dir = models_dir(&LlamaPaths::get().model, models, broken);
+        let mut argv = router_argv(&dir, max);
+        argv.extend(["-np", "2", "-c", "4096"].map(str::to_owned));
+        argv.extend(extra.iter().map(|a| (*a).to_owned()));
+        Self::start_argv(argv).await
+    }
+
+    /// A router as people run it: no `-np`, so each child has llama-server's default 4 slots over
+    /// one shared KV pool of `-c ctx` tokens, on the long-context model; `extra` after.
+    pub async fn start_router_defaults(
+        models: &[&str],
+        max: usize,
+        ctx: usize,
+        extra: &[&str],
+    ) -> RunningLlama {
+        let dir = models_dir(&LlamaPaths::get().model_long, models, &[]);
+        let mut argv = router_argv(&dir, max);
+        argv.extend(["-c".to_owned(), ctx.to_string()]);
         argv.extend(extra.iter().map(|a| (*a).to_owned()));
         Self::start_argv(argv).await
     }
@@ -202,6 +193,39 @@ impl LlamaServer {
     pub async fn start_default(ctx: usize, extra: &[&str]) -> RunningLlama {
         Self::start_argv(default_argv(ctx, extra)).await
     }
+}
+
+/// A `--models-dir` holding `models` (links to `model`) and `broken` ones (files that are no GGUF).
+fn models_dir(model: &Path, models: &[&str], broken: &[&str]) -> PathBuf {
+    let dir = unique_dir("models");
+    for m in models {
+        let to = dir.join(format!("{m}.gguf"));
+        if std::fs::hard_link(model, &to).is_err() {
+            std::fs::copy(model, &to).expect("copy the tiny model");
+        }
+    }
+    for m in broken {
+        std::fs::write(dir.join(format!("{m}.gguf")), b"not a gguf file").expect("write");
+    }
+    dir
+}
+
+/// A router over `dir`: `--models-max max`, one thread per child (two models decoding at once
+/// with a thread per core each run many times slower on a small machine: docs/router.md).
+fn router_argv(dir: &Path, max: usize) -> Vec<String> {
+    let paths = LlamaPaths::get();
+    vec![
+        paths.server.display().to_string(),
+        "--models-dir".into(),
+        dir.display().to_string(),
+        "--models-max".into(),
+        max.to_string(),
+        "-t".into(),
+        "1".into(),
+        "--metrics".into(),
+        "--slots".into(),
+        "--no-webui".into(),
+    ]
 }
 
 /// The command line of [`LlamaServer::start_default`].

@@ -62,13 +62,32 @@ pub(super) async fn admit(
     if !ctx.slot_route {
         let claim = Claim::new(&intake.summary, decision, decided.priority, 0);
         ex.set_tenant(claim.tenant);
-        ex.set_queue_wait(Duration::ZERO);
+        // In front of a router, one that names a model (`/props?model=`, `/tokenize`) waits for
+        // slotgate to load it rather than have the router load it, and evict, on its own.
+        let pool = match ctx.preflight {
+            true => None,
+            false => {
+                known_model(app, intake).await?;
+                model_pool(app, intake)
+            }
+        };
+        let mut waited = Duration::ZERO;
+        if let Some(p) = &pool {
+            ex.set_model(&p.id);
+            p.arrive()?;
+            let started = Instant::now();
+            app.models
+                .wait_loaded(p, ctx.arrived + p.queue_timeout)
+                .await?;
+            waited = started.elapsed();
+        }
+        ex.set_queue_wait(waited);
         ex.live().admitted(0);
         return Ok(Admitted {
             slot: None,
-            queue_wait: Duration::ZERO,
+            queue_wait: waited,
             deadline,
-            no_autoload: false,
+            no_autoload: pool.is_some(),
         });
     }
     // Before the router: a model it does not serve is refused at once, not after a wait.

@@ -139,7 +139,12 @@ pub(crate) fn summarize(
     RequestSummary {
         method: parts.method.to_string(),
         path: parts.uri.path().to_owned(),
-        model: j.get("model").and_then(Value::as_str).map(str::to_owned),
+        // The body's, else `?model=` (a GET to llama-server's router: `/props?model=`).
+        model: j
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| query_model(parts.uri.query()?)),
         stream: ask.stream,
         max_tokens: ask.max_tokens,
         prompt_chars,
@@ -187,6 +192,14 @@ pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
 /// `sha256:<hex>` of the caller's key, so no policy, log line or label ever holds the key itself.
 fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
     api_key(headers).map(hash_api_key)
+}
+
+/// The `model` parameter of a query string, decoded.
+fn query_model(query: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "model")
+        .map(|(_, v)| v.into_owned())
+        .filter(|v| !v.is_empty())
 }
 
 /// The form in which policies see an API key: `sha256:` and 64 lower-case hex digits.
@@ -488,6 +501,38 @@ mod tests {
             crate::pipeline::routes::find(&Method::POST, "/v1/chat/completions").unwrap();
         let e = Intake::new(parts, Bytes::from_static(b"not json"), handling, None).err();
         assert!(matches!(e, Some(GateError::InvalidJson(_))));
+    }
+
+    #[test]
+    fn a_get_names_its_model_in_the_query() {
+        let model = |uri: &str, body: &'static [u8]| {
+            let method = match body.is_empty() {
+                true => Method::GET,
+                false => Method::POST,
+            };
+            let (parts, ()) = Request::builder()
+                .method(method.clone())
+                .uri(uri)
+                .body(())
+                .unwrap()
+                .into_parts();
+            let path = parts.uri.path().to_owned();
+            let handling = crate::pipeline::routes::find(&method, &path).unwrap();
+            let i = Intake::new(parts, Bytes::from_static(body), handling, None).unwrap();
+            i.summary.model
+        };
+        assert_eq!(model("/props?model=alpha", b""), Some("alpha".into()));
+        assert_eq!(
+            model("/props?autoload=false&model=a%2Fb+c", b""),
+            Some("a/b c".into())
+        );
+        assert_eq!(model("/props?model=", b""), None);
+        assert_eq!(model("/props", b""), None);
+        // The body's name comes first.
+        assert_eq!(
+            model("/tokenize?model=q", br#"{"model":"b","content":"x"}"#),
+            Some("b".into())
+        );
     }
 
     #[test]

@@ -12,8 +12,12 @@
 //!   waits until one is idle; its waiters see that wait in their estimates.
 //! - A model that fails to load (`failed`, its exit code) turns its waiters away with 503 naming
 //!   it; a new load is tried on the next request after a backoff (1 s, doubling to 60 s).
+//! - A request outside the slots that names a model (`GET /props?model=`, `/tokenize`, the count
+//!   endpoints) waits the same way for its model to be loaded, holding no place in the queue, and
+//!   is forwarded with `?autoload=false` too.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +65,10 @@ pub struct Pool {
     /// `slots` from its `[models."NAME"]` table, or a fixed `--slots`.
     fixed_slots: Option<usize>,
     load: Mutex<Load>,
+    /// Requests outside the slots waiting for its model to be loaded (see `Models::wait_loaded`).
+    passers: AtomicUsize,
+    /// Woken when it starts admitting or its load fails.
+    changed: tokio::sync::Notify,
 }
 
 /// Where a model's load stands.
@@ -118,9 +126,14 @@ impl Pool {
         self.lock().retry_at.is_some_and(|at| at > Instant::now())
     }
 
+    /// Some request waits for it: queued, in service, or outside the slots for its load.
+    fn waited_on(&self) -> bool {
+        !self.admission.is_idle() || self.passers.load(Ordering::Acquire) > 0
+    }
+
     /// Whether requests wait for its model to be loaded (and no backoff forbids trying).
     fn wants_load(&self) -> bool {
-        !self.admission.is_idle() && self.admission.is_paused() && !self.backing_off()
+        self.waited_on() && self.admission.is_paused() && !self.backing_off()
     }
 
     /// Admits by what the router says of its loaded model: its child's slots (unless fixed), each
@@ -156,6 +169,7 @@ impl Pool {
     fn resume(&self, model: &Model) {
         self.apply(model);
         self.admission.resume();
+        self.changed.notify_waiters();
         metrics::gauge!(m::MODEL_LOADED, "model" => self.id.clone()).set(1.0);
     }
 
@@ -253,6 +267,41 @@ impl Models {
             queue_timeout: o.queue_timeout.unwrap_or(d.queue_timeout),
             fixed_slots,
             load: Mutex::new(Load::default()),
+            passers: AtomicUsize::new(0),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// A request outside the slots (`/props?model=`, `/tokenize`, a count) for `pool`'s model: once
+    /// it is loaded, at once; else it waits for slotgate's load until `deadline` (504
+    /// `queue_timeout`), or is refused with 503 when the load fails. It holds no place in the queue.
+    pub async fn wait_loaded(&self, pool: &Arc<Pool>, deadline: Instant) -> Result<(), GateError> {
+        struct Passer<'a>(&'a Pool);
+        impl Drop for Passer<'_> {
+            fn drop(&mut self) {
+                self.0.passers.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let started = Instant::now();
+        pool.passers.fetch_add(1, Ordering::AcqRel);
+        let _passer = Passer(pool);
+        loop {
+            let changed = pool.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !pool.admission.is_paused() {
+                return Ok(());
+            }
+            pool.arrive()?;
+            self.ensure_loaded(pool);
+            tokio::select! {
+                _ = changed => {}
+                // Eviction, or a load task ending just as this one came: look again.
+                _ = tokio::time::sleep(POLL * 5) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(GateError::QueueTimeout(started.elapsed()));
+                }
+            }
         }
     }
 
@@ -346,7 +395,7 @@ impl Models {
                 self.fail(pool, why);
                 return;
             }
-            if pool.admission.is_idle() {
+            if !pool.waited_on() {
                 // Nobody waits for it any more.
                 pool.lock().doing = None;
                 return;
@@ -456,7 +505,7 @@ impl Models {
         if let Some(p) = &victim_pool {
             p.lock().evicting = false;
             // Requests that arrived for it meanwhile get it loaded again.
-            if !p.admission.is_idle() {
+            if p.waited_on() {
                 self.ensure_loaded(p);
             }
         }
@@ -505,6 +554,7 @@ impl Models {
         tracing::warn!(model = %pool.id, error = %why, retry_in_s = backoff.as_secs(), "model failed to load; its waiting requests get 503");
         pool.admission.set_ready_in(None);
         pool.admission.fail_waiters(&pool.id, &why, backoff);
+        pool.changed.notify_waiters();
     }
 
     /// After the router's list was read (every health check): each pool follows its model. One

@@ -1,7 +1,8 @@
-//! slotgate before llama-server's router mode (issue 21, first step): the router is recognised
-//! (`/status` says `role: router` and lists its models with their states), a request for a model it
-//! serves is forwarded and answered, and one for a model it does not serve is a 404
-//! `model_not_found` in the API's own error shape at once, never queued.
+//! slotgate before llama-server's router mode (docs/router.md): the router is recognised (`/status`
+//! says `role: router` and lists its models with their states); each model gets a pool of its own
+//! (its slots, queue and overrides), loaded by slotgate and never evicted while busy; a model that
+//! cannot load is a 503 naming it, one the router does not serve a 404 at once; and a router run on
+//! llama-server's defaults with `--api-key` serves the OpenAI and Anthropic SDKs.
 
 use std::time::{Duration, Instant};
 
@@ -283,6 +284,47 @@ async fn a_third_model_waits_for_an_idle_one_and_no_request_loses_its_model() {
         .await;
     assert_eq!(pool(&s, "gamma").unwrap()["depth"], 1, "{s}");
     assert_eq!(router_state(&s, "gamma"), "unloaded", "{s}");
+    // A request outside the slots for gamma (the router would load it, and evict, for a
+    // `/tokenize`): it waits for slotgate's load too.
+    let tokenize = {
+        let client = gate.client();
+        tokio::spawn(async move {
+            client
+                .post_json(
+                    "/tokenize",
+                    &json!({"model": "gamma", "content": "hello there"}),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!tokenize.is_finished(), "the count did not wait for gamma");
+    // `slotgate top` shows each model's pool: two loaded and busy, gamma waiting for room.
+    let once = slotgate_tests::gate::run(&[
+        "top",
+        "--once",
+        "--width",
+        "100",
+        "--admin",
+        gate.admin_addr(),
+    ]);
+    let once = slotgate_tests::gate::succeeded(&once);
+    let row = |model: &str| {
+        once.lines()
+            .find(|l| l.starts_with(model))
+            .unwrap_or_else(|| panic!("no {model} row in\n{once}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(once.contains("Models 2/3 loaded"), "{once}");
+    assert!(row("alpha").starts_with("alpha loaded 2/2 0/"), "{once}");
+    assert!(row("beta").starts_with("beta loaded 2/2 0/"), "{once}");
+    assert!(
+        row("gamma").starts_with("gamma waiting for room") && row("gamma").contains(" 0/1 1/"),
+        "{once}"
+    );
+    assert_eq!(router_state(&gate.status().await, "gamma"), "unloaded");
     // Nothing of alpha's or beta's fails; beta, idle first, is the one unloaded.
     for t in beta {
         slotgate_tests::llama::chat_usage(&t.await.unwrap(), 600);
@@ -290,6 +332,15 @@ async fn a_third_model_waits_for_an_idle_one_and_no_request_loses_its_model() {
     let resp = gamma.await.unwrap();
     slotgate_tests::llama::chat_usage(&resp, 8);
     let gamma_took = t0.elapsed();
+    let counted = tokenize.await.unwrap();
+    assert_eq!(counted.status, 200, "{}", counted.body);
+    assert!(
+        counted.json()["tokens"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{}",
+        counted.body
+    );
     let s = gate.status().await;
     assert_eq!(
         router_state(&s, "alpha"),
@@ -502,5 +553,161 @@ async fn one_model_flooded_does_not_delay_another_and_overrides_apply() {
         .await,
         None
     );
+    assert_pools_idle(&gate).await;
+}
+
+/// The router as people run it: no `-np` (each child 4 slots over one shared KV pool), with
+/// `--api-key`, reached by the OpenAI and Anthropic SDKs from PyPI. slotgate's own calls (its
+/// `/models`, loads, `/props?model=`, counts) carry the key it was given; requests outside the
+/// slots that name a model wait for slotgate's load instead of having the router load it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_on_its_defaults_with_a_key_serves_the_sdks() {
+    use slotgate_tests::python::{arg, driver, python};
+    const KEY: &str = "sk-router-secret";
+    let _one = serial().await;
+    python();
+    let llama =
+        LlamaServer::start_router_defaults(&["alpha", "beta"], 2, 4096, &["--api-key", KEY]).await;
+    let file = unique_dir("router-key").join("llama.key");
+    std::fs::write(&file, format!("{KEY}\n")).unwrap();
+    let (gate, base) = crate::llama_today::gate_before(
+        &llama,
+        Gate::new()
+            .queue_timeout("60s")
+            .opt("--upstream-api-key-file", file.display()),
+    )
+    .await;
+    let s = gate
+        .wait_status(
+            Duration::from_secs(10),
+            "the router's models, read with the key",
+            |s| router_state(s, "beta") == "unloaded",
+        )
+        .await;
+    assert_eq!(s["upstream"]["role"], "router", "{s}");
+    let key = format!("Bearer {KEY}");
+    let auth = [("authorization", key.as_str())];
+
+    // `GET /props?model=beta` while beta is unloaded: slotgate loads it, then forwards.
+    let props = gate
+        .client()
+        .send_with(http::Method::GET, "/props?model=beta", &auth, "")
+        .await;
+    assert_eq!(props.status, 200, "{}", props.body);
+    assert_eq!(props.json()["total_slots"], 4, "{}", props.body);
+    assert_eq!(
+        gate.metric(
+            "slotgate_model_loads_total",
+            &[("model", "beta"), ("result", "loaded")]
+        )
+        .await,
+        Some(1.0),
+        "slotgate, not the router, loaded beta"
+    );
+    // An unknown model there too: 404 at once.
+    let none = gate
+        .client()
+        .send_with(http::Method::GET, "/props?model=zeta", &auth, "")
+        .await;
+    assert_eq!(none.status, 404, "{}", none.body);
+    assert_eq!(none.json()["error"]["code"], "model_not_found");
+
+    // The SDKs, with the server's key: OpenAI chat (alpha, unloaded: it waits for its load) and a
+    // stream (beta), Anthropic messages and count_tokens (alpha).
+    let sdk = |script: &str, model: &str, extra: &[&str]| {
+        let mut args = vec![
+            arg("--base-url"),
+            arg(match script {
+                "openai_calls.py" => format!("{base}/v1"),
+                _ => base.clone(),
+            }),
+            arg("--model"),
+            arg(model),
+            arg("--api-key"),
+            arg(KEY),
+        ];
+        args.extend(extra.iter().map(arg));
+        args
+    };
+    let c: serde_json::Value = driver(
+        "openai_calls.py",
+        &sdk("openai_calls.py", "alpha", &["chat", "--max-tokens", "12"]),
+    )
+    .await;
+    assert_eq!(c["object"], "chat.completion", "{c}");
+    assert_eq!(c["usage"]["completion_tokens"], 12, "{c}");
+    let st: serde_json::Value = driver(
+        "openai_calls.py",
+        &sdk(
+            "openai_calls.py",
+            "beta",
+            &["stream", "--max-tokens", "9", "--include-usage"],
+        ),
+    )
+    .await;
+    assert_eq!(st["finish_reason"], "length", "{st}");
+    assert_eq!(st["usage"]["completion_tokens"], 9, "{st}");
+    let m: serde_json::Value = driver(
+        "anthropic_calls.py",
+        &sdk(
+            "anthropic_calls.py",
+            "alpha",
+            &["messages", "--max-tokens", "6"],
+        ),
+    )
+    .await;
+    assert_eq!(m["type"], "message", "{m}");
+    assert_eq!(m["usage"]["output_tokens"], 6, "{m}");
+    let n: serde_json::Value = driver(
+        "anthropic_calls.py",
+        &sdk("anthropic_calls.py", "alpha", &["count"]),
+    )
+    .await;
+    assert!(n["input_tokens"].as_u64().is_some_and(|n| n > 0), "{n}");
+
+    // Each pool learned its child's defaults: 4 slots over one shared pool of 4096 tokens.
+    let s = gate.status().await;
+    for model in ["alpha", "beta"] {
+        let p = pool(&s, model).unwrap_or_else(|| panic!("no pool for {model}: {s}"));
+        assert_eq!(p["slots"], 4, "{p}");
+        assert_eq!(p["kv_pool_tokens"], 4096, "{p}");
+        assert_eq!(p["admitting"], true, "{p}");
+    }
+    // Four requests for alpha at once: its four slots, one shared pool, llama-server defers none.
+    let req = Req::from_json(chat_for("alpha", 200)).header("authorization", &key);
+    let tasks: Vec<_> = (0..4)
+        .map(|_| spawn_post(&gate.client(), CHAT, &req))
+        .collect();
+    let mut busy = 0;
+    let t0 = Instant::now();
+    while !tasks.iter().all(|t| t.is_finished()) && t0.elapsed() < Duration::from_secs(60) {
+        let s = gate.status().await;
+        busy = busy.max(
+            pool(&s, "alpha")
+                .and_then(|p| p["busy"].as_u64())
+                .unwrap_or(0),
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (resp, _) in join_all(tasks).await {
+        slotgate_tests::llama::chat_usage(&resp, 200);
+    }
+    assert_eq!(busy, 4, "alpha's four slots at once");
+    let text = llama.get("/metrics?model=alpha&autoload=false").await.body;
+    assert_eq!(
+        Metrics::parse(&text).value("llamacpp:requests_deferred", &[]),
+        Some(0.0),
+        "{text}"
+    );
+    // Nothing was refused by the router (no 401: every call of slotgate's carried the key).
+    let metrics = gate.metrics().await;
+    for outcome in ["upstream_4xx", "upstream_5xx", "upstream_error"] {
+        assert_eq!(
+            metrics.value_or_zero("slotgate_requests_total", &[("outcome", outcome)]),
+            0.0,
+            "{outcome}"
+        );
+    }
+    assert_eq!(gate.status().await["upstream"]["auth"]["refused"], false);
     assert_pools_idle(&gate).await;
 }

@@ -16,6 +16,55 @@ pub struct Live {
     pub tenants: Vec<Tenant>,
     pub rates: Rates,
     pub history: History,
+    /// In front of llama-server's router: each model's pool (docs/router.md).
+    pub models: Vec<ModelPool>,
+}
+
+/// One model's pool behind a router, as `/live`'s `models[]` describes it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ModelPool {
+    pub model: String,
+    pub admitting: bool,
+    pub load: ModelLoad,
+    pub slots: u64,
+    pub busy: u64,
+    pub depth: u64,
+    pub capacity: u64,
+    pub estimated_wait_seconds: f64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ModelLoad {
+    pub doing: Option<String>,
+    pub for_seconds: Option<f64>,
+    pub last_seconds: Option<f64>,
+    pub failures: u64,
+    pub error: Option<String>,
+    pub retry_in_seconds: Option<f64>,
+}
+
+impl ModelPool {
+    /// Where its model stands: `loaded`, what its load is doing (`loading 2.1s`, `waiting for
+    /// room`), `failed` (retried in so long), or `unloaded`.
+    pub fn state(&self) -> String {
+        let l = &self.load;
+        if let Some(doing) = &l.doing {
+            return match l.for_seconds {
+                Some(s) => format!("{doing} {}", super::view::dur(s)),
+                None => doing.clone(),
+            };
+        }
+        if let (Some(_), Some(retry)) = (&l.error, l.retry_in_seconds) {
+            return format!("failed, retry in {}", super::view::dur(retry));
+        }
+        match (self.admitting, l.error.is_some()) {
+            (true, _) => "loaded".into(),
+            (false, true) => "failed".into(),
+            (false, false) => "unloaded".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

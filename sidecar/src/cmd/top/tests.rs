@@ -198,6 +198,76 @@ fn an_80_by_24_screen_keeps_every_part() {
     assert!(lines[23].starts_with("q quit"), "{screen}");
 }
 
+/// In front of a router: three models, one loaded, one loading, one whose load failed.
+fn router_live() -> Live {
+    let mut l = live();
+    l.models = serde_json::from_value(serde_json::json!([
+        {"model": "alpha", "admitting": true, "slots": 2, "busy": 2, "depth": 1, "capacity": 64,
+         "estimated_wait_seconds": 1.5, "load": {"last_seconds": 0.8, "failures": 0}},
+        {"model": "beta", "admitting": false, "slots": 1, "busy": 0, "depth": 3, "capacity": 64,
+         "estimated_wait_seconds": 4.0, "load": {"doing": "waiting for room", "for_seconds": 2.06}},
+        {"model": "broken", "admitting": false, "slots": 1, "busy": 0, "depth": 0, "capacity": 64,
+         "load": {"failures": 2, "error": "its llama-server exited with code 1 while loading",
+                  "retry_in_seconds": 3.0}}
+    ]))
+    .unwrap();
+    l
+}
+
+#[test]
+fn a_router_shows_each_models_pool() {
+    let p = Picture {
+        live: router_live(),
+        llama_slots: Err("-".into()),
+    };
+    let out = text(&p, &mut ViewState::new(String::new()), 100);
+    let line = |model: &str| {
+        out.lines()
+            .find(|l| l.starts_with(model))
+            .unwrap_or_else(|| panic!("no {model} row in\n{out}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(out.contains("Models 1/3 loaded"), "{out}");
+    assert_eq!(line("alpha"), "alpha loaded 2/2 1/64 1.5s 800ms");
+    assert_eq!(line("beta"), "beta waiting for room 2.1s 0/1 3/64 4.0s -");
+    assert!(
+        line("broken")
+            .starts_with("broken failed, retry in 3.0s 0/1 0/64 0ms - its llama-server exited"),
+        "{}",
+        line("broken")
+    );
+    // Without a router there is no models table.
+    let out = text(
+        &Picture {
+            live: live(),
+            llama_slots: Err("-".into()),
+        },
+        &mut ViewState::new(String::new()),
+        100,
+    );
+    assert!(!out.contains("Models"), "{out}");
+    // On 80x24 every part stays.
+    let state = ViewState::new("tcp:127.0.0.1:9464".into());
+    let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(80, 24)).unwrap();
+    term.draw(|f| view::draw(f, &p, &state)).unwrap();
+    let buf = term.backend().buffer();
+    let screen: String = (0..24)
+        .map(|y| (0..80).map(|x| buf[(x, y)].symbol()).collect::<String>() + "\n")
+        .collect();
+    for part in [
+        "Models 1/3",
+        "alpha",
+        "Slots 2/2",
+        "Queue 2/64",
+        "Tenants 2",
+        "q quit",
+    ] {
+        assert!(screen.contains(part), "no {part:?} in\n{screen}");
+    }
+}
+
 #[test]
 fn durations_and_counts_read_as_people_write_them() {
     assert_eq!(

@@ -1,5 +1,6 @@
 //! The picture `slotgate top` draws: a header (version, uptime, the upstream, rates and a
-//! sparkline), then three tables (slots, the queue in service order, tenants) and a line of keys.
+//! sparkline), in front of llama-server's router a table of its models, then three tables (slots,
+//! the queue in service order, tenants) and a line of keys.
 //! The same drawing makes the `--once` text, so a script sees what the screen shows.
 
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -8,7 +9,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::model::{LlamaSlot, Picture, Request, Tenant, Waiter};
+use super::model::{LlamaSlot, ModelPool, Picture, Request, Tenant, Waiter};
 
 /// Which table the sort keys act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,21 +218,27 @@ fn bold() -> Style {
     Style::default().add_modifier(Modifier::BOLD)
 }
 
-/// How many rows each part gets of `height`: the header, the three tables (title and column
-/// header each, then rows), the key line.
-fn heights(height: u16, want: [usize; 3], plain: bool) -> [u16; 5] {
+/// How many rows each part gets of `height`: the header, the models table (none when there are no
+/// models), the three tables (title and column header each, then rows), the key line.
+fn heights(height: u16, want: [usize; 3], models: usize, plain: bool) -> [u16; 6] {
     let keys = u16::from(!plain);
+    let models_table = |rows: u16| match models {
+        0 => 0,
+        _ => 2 + rows,
+    };
     if plain {
         let t = want.map(|n| 2 + n.max(1) as u16);
-        return [2, t[0], t[1], t[2], 0];
+        return [2, models_table(models as u16), t[0], t[1], t[2], 0];
     }
     let room = height.saturating_sub(2 + keys);
-    let tables = room.saturating_sub(6);
-    // Slots and tenants first, each to at most a third; the queue takes what is left.
+    // The models to at most a quarter, then slots and tenants, each to at most a third of the
+    // rest; the queue takes what is left.
+    let models = models_table((models as u16).min((room / 4).saturating_sub(2).max(1)));
+    let tables = room.saturating_sub(models + 6);
     let slots = (want[0].max(1) as u16).min((tables / 3).max(2));
     let tenants = (want[2].max(1) as u16).min((tables / 4).max(2));
     let queue = tables.saturating_sub(slots + tenants);
-    [2, 2 + slots, 2 + queue, 2 + tenants, keys]
+    [2, models, 2 + slots, 2 + queue, 2 + tenants, keys]
 }
 
 /// The rows each table shows once filtered and sorted.
@@ -317,7 +324,12 @@ pub fn rows<'a>(p: &'a Picture, v: &ViewState) -> Rows<'a> {
 /// Rows a plain snapshot needs to show everything.
 pub fn plain_height(p: &Picture, v: &ViewState) -> u16 {
     let r = rows(p, v);
-    let h = heights(0, [r.slots.len(), r.queue.len(), r.tenants.len()], true);
+    let h = heights(
+        0,
+        [r.slots.len(), r.queue.len(), r.tenants.len()],
+        p.live.models.len(),
+        true,
+    );
     h.iter().sum()
 }
 
@@ -326,15 +338,19 @@ pub fn draw(f: &mut Frame, p: &Picture, v: &ViewState) {
     let h = heights(
         f.area().height,
         [r.slots.len(), r.queue.len(), r.tenants.len()],
+        p.live.models.len(),
         v.plain,
     );
     let parts = Layout::vertical(h.map(Constraint::Length)).split(f.area());
     header(f, parts[0], p);
-    slots(f, parts[1], p, &r, v);
-    queue(f, parts[2], p, &r, v);
-    tenants(f, parts[3], p, &r, v);
+    if !p.live.models.is_empty() {
+        models(f, parts[1], &p.live.models, v);
+    }
+    slots(f, parts[2], p, &r, v);
+    queue(f, parts[3], p, &r, v);
+    tenants(f, parts[4], p, &r, v);
     if !v.plain {
-        keys(f, parts[4], v);
+        keys(f, parts[5], v);
     }
 }
 
@@ -401,6 +417,37 @@ fn shown(rows: usize, room: u16) -> String {
         true => format!(" · {room} of {rows} shown"),
         false => String::new(),
     }
+}
+
+/// In front of llama-server's router: a row per model slotgate keeps a pool for.
+fn models(f: &mut Frame, area: Rect, models: &[ModelPool], v: &ViewState) {
+    let loaded = models.iter().filter(|m| m.admitting).count();
+    let text = format!(
+        " Models {loaded}/{} loaded{} ",
+        models.len(),
+        shown(models.len(), area.height)
+    );
+    let rows = models.iter().map(|m| {
+        Row::new(vec![
+            cut(&m.model, 14),
+            cut(&m.state(), 22),
+            format!("{}/{}", m.busy, m.slots),
+            format!("{}/{}", m.depth, m.capacity),
+            dur(m.estimated_wait_seconds),
+            m.load.last_seconds.map_or("-".into(), dur),
+            m.load.error.clone().unwrap_or_default(),
+        ])
+    });
+    let columns = [
+        ("MODEL", 14),
+        ("STATE", 22),
+        ("SLOTS", 5),
+        ("QUEUE", 7),
+        ("WAIT", 6),
+        ("LOAD", 6),
+        ("LAST ERROR", 0),
+    ];
+    table(f, area, title(text, false, v), &columns, 10, rows);
 }
 
 fn slots(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {

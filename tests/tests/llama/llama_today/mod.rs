@@ -24,7 +24,7 @@ use slotgate_tests::*;
 
 /// `gate` before `llama` on a TCP port as well as its Unix socket (the SDKs speak TCP): the gate
 /// and `http://127.0.0.1:PORT`.
-async fn gate_before(llama: &RunningLlama, gate: Gate) -> (RunningGate, String) {
+pub(crate) async fn gate_before(llama: &RunningLlama, gate: Gate) -> (RunningGate, String) {
     let port = free_port();
     let gate = gate
         .listen(format!(
