@@ -3,16 +3,20 @@
 # once on this machine. Starts the router (`--models-dir` with copies of the tiny model,
 # `--models-max 2`, `-np 2`) once per thread setting (llama-server's default, which gives every child
 # all the cores; `--poll 0`; `-t 1`) and runs scripts/bench/router_concurrency.py against it: the
-# same requests one at a time, two at once on one model, and at once across two models. Prints wall
-# times and ratios to the serial run; asserts nothing. Needs scripts/setup-llama.sh (run here).
+# same requests one at a time, two at once on one model, and at once across two models. With the
+# default threads, the same runs go through slotgate too, its models taking turns (`--model-turns
+# auto`, which turns them on there) and not (`off`). Prints wall times and ratios to each run's own
+# serial run; asserts nothing. Needs scripts/setup-llama.sh (run here) and a built slotgate
+# (target/release, else target/debug, else it is built).
 #
 #   bash scripts/bench/router-concurrency.sh        # ROUTER_TOKENS (200), ROUTER_ROUNDS (3)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 eval "$(bash scripts/setup-llama.sh)"
 root="$(mktemp -d -t slotgate-router.XXXXXX)"
-pid=""
+pid="" gate=""
 cleanup() {
+  [ -n "$gate" ] && kill "$gate" 2>/dev/null && wait "$gate" 2>/dev/null
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
   rm -rf "$root"
 }
@@ -21,7 +25,11 @@ mkdir -p "$root/models"
 cp "$LLAMA_MODEL" "$root/models/alpha.gguf"
 cp "$LLAMA_MODEL" "$root/models/beta.gguf"
 export LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port="$(free_port)"
+slotgate=target/release/slotgate
+[ -x "$slotgate" ] || slotgate=target/debug/slotgate
+[ -x "$slotgate" ] || { cargo build -q -p slotgate; slotgate=target/debug/slotgate; }
 echo "router-concurrency: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
 for threads in "" "--poll 0" "-t 1"; do
   # shellcheck disable=SC2086 # the setting is two words or none
@@ -33,5 +41,25 @@ for threads in "" "--poll 0" "-t 1"; do
   echo "children $label:"
   python3 scripts/bench/router_concurrency.py "http://127.0.0.1:$port" alpha beta \
     --tokens "${ROUTER_TOKENS:-200}" --rounds "${ROUTER_ROUNDS:-3}"
+  if [ -z "$threads" ]; then
+    for turns in auto off; do
+      gate_port="$(free_port)"
+      "$slotgate" --listen "tcp:127.0.0.1:$gate_port" --upstream "http://127.0.0.1:$port" \
+        --admin-listen "unix:$root/admin.sock" --model-turns "$turns" --queue-timeout 600s \
+        >"$root/slotgate.log" 2>&1 &
+      gate=$!
+      for _ in $(seq 100); do
+        curl -sf --unix-socket "$root/admin.sock" http://localhost/readyz >/dev/null && break
+        sleep 0.1
+      done
+      echo "  through slotgate, --model-turns $turns:"
+      python3 scripts/bench/router_concurrency.py "http://127.0.0.1:$gate_port" alpha beta \
+        --tokens "${ROUTER_TOKENS:-200}" --rounds "${ROUTER_ROUNDS:-3}" | sed 's/^/  /'
+      taking="$(curl -sf --unix-socket "$root/admin.sock" http://localhost/status \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["model_turns"]["taking_turns"])')"
+      echo "    (taking turns at the end: $taking)"
+      kill "$gate"; wait "$gate" 2>/dev/null || true; gate=""
+    done
+  fi
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
 done

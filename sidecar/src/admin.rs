@@ -227,6 +227,7 @@ pub fn status(app: &App) -> serde_json::Value {
             "router": app.capacity.router.status(),
         },
         "models": app.models.status(),
+        "model_turns": app.models.turns_status(),
         "service_time_seconds": q.service_seconds,
         "estimated_wait_seconds": q.wait_seconds,
         "draining": q.closed,

@@ -88,6 +88,7 @@ impl App {
                 fairness,
                 tenant_queue_share: config.tenant_queue_share,
                 overrides: config.models.clone(),
+                turns: config.model_turns,
             },
         );
         App {

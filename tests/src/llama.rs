@@ -167,9 +167,18 @@ impl LlamaServer {
         extra: &[&str],
     ) -> RunningLlama {
         let dir = models_dir(&LlamaPaths::get().model, models, broken);
-        let mut argv = router_argv(&dir, max);
+        let mut argv = router_argv(&dir, max, true);
         argv.extend(["-np", "2", "-c", "4096"].map(str::to_owned));
         argv.extend(extra.iter().map(|a| (*a).to_owned()));
+        Self::start_argv(argv).await
+    }
+
+    /// [`LlamaServer::start_router`] with llama-server's default threads: each child a thread per
+    /// core, so two loaded models oversubscribe the CPUs.
+    pub async fn start_router_all_cores(models: &[&str], max: usize) -> RunningLlama {
+        let dir = models_dir(&LlamaPaths::get().model, models, &[]);
+        let mut argv = router_argv(&dir, max, false);
+        argv.extend(["-np", "2", "-c", "4096"].map(str::to_owned));
         Self::start_argv(argv).await
     }
 
@@ -182,7 +191,7 @@ impl LlamaServer {
         extra: &[&str],
     ) -> RunningLlama {
         let dir = models_dir(&LlamaPaths::get().model_long, models, &[]);
-        let mut argv = router_argv(&dir, max);
+        let mut argv = router_argv(&dir, max, true);
         argv.extend(["-c".to_owned(), ctx.to_string()]);
         argv.extend(extra.iter().map(|a| (*a).to_owned()));
         Self::start_argv(argv).await
@@ -210,22 +219,25 @@ fn models_dir(model: &Path, models: &[&str], broken: &[&str]) -> PathBuf {
     dir
 }
 
-/// A router over `dir`: `--models-max max`, one thread per child (two models decoding at once
-/// with a thread per core each run many times slower on a small machine: docs/router.md).
-fn router_argv(dir: &Path, max: usize) -> Vec<String> {
+/// A router over `dir`: `--models-max max`, with `one_thread` one thread per child (two models
+/// decoding at once with a thread per core each run many times slower on a small machine:
+/// docs/router.md).
+fn router_argv(dir: &Path, max: usize, one_thread: bool) -> Vec<String> {
     let paths = LlamaPaths::get();
-    vec![
+    let mut argv = vec![
         paths.server.display().to_string(),
         "--models-dir".into(),
         dir.display().to_string(),
         "--models-max".into(),
         max.to_string(),
-        "-t".into(),
-        "1".into(),
         "--metrics".into(),
         "--slots".into(),
         "--no-webui".into(),
-    ]
+    ];
+    if one_thread {
+        argv.extend(["-t".to_owned(), "1".to_owned()]);
+    }
+    argv
 }
 
 /// The command line of [`LlamaServer::start_default`].

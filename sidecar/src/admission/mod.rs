@@ -5,9 +5,11 @@ mod claim;
 mod demand;
 mod fair;
 mod queue;
+mod turns;
 
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
 pub use queue::{
     Admission, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket, WaiterView,
 };
+pub use turns::Turns;

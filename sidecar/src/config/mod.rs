@@ -92,6 +92,8 @@ pub struct Config {
     pub upstream_reuse_connections: bool,
     /// llama-server's `/metrics` is appended to the admin `/metrics`.
     pub upstream_metrics: bool,
+    /// In front of a router: whether its models take turns (see `admission::turns`).
+    pub model_turns: ModelTurns,
     pub reject_doomed_waits: bool,
     /// The status a policy's 429 denial is sent with (429 unless configured).
     pub policy_denial_status: u16,
@@ -229,6 +231,7 @@ impl Config {
             ),
             upstream_reuse_connections: s.upstream_reuse_connections.unwrap_or(true),
             upstream_metrics: s.upstream_metrics.unwrap_or(true),
+            model_turns: s.model_turns.unwrap_or_default(),
             reject_doomed_waits: s.reject_doomed_waits.unwrap_or(true),
             policy_denial_status,
             max_connections,
@@ -299,6 +302,7 @@ impl Config {
             upstream_first_byte_timeout: Some(off_is_zero(self.upstream_first_byte_timeout)),
             upstream_reuse_connections: Some(self.upstream_reuse_connections),
             upstream_metrics: Some(self.upstream_metrics),
+            model_turns: Some(self.model_turns),
             reject_doomed_waits: Some(self.reject_doomed_waits),
             policy_denial_status: Some(self.policy_denial_status),
             max_connections: Some(self.max_connections),

@@ -169,6 +169,14 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_reuse_connections: Option<bool>,
 
+    /// In front of llama-server's router: whether its models take turns, one model decoding at a
+    /// time. `auto`: while the loaded children's threads together exceed the CPUs (two models
+    /// decoding at once then run several times slower than one after the other, docs/router.md);
+    /// `off` for children that offload every layer to a GPU. [default: auto]
+    #[arg(long, env = "SLOTGATE_MODEL_TURNS", value_name = "auto|on|off")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_turns: Option<ModelTurns>,
+
     /// Append llama-server's own `/metrics` (the `llamacpp:*` series, when it runs with `--metrics`)
     /// to slotgate's admin `/metrics`, so one scrape target serves both (llama-server on a private
     /// Unix socket cannot be scraped itself). [default: true]

@@ -363,6 +363,41 @@ impl fmt::Display for Tokenizer {
 }
 string_serde!(Tokenizer);
 
+/// Whether the models behind llama-server's router take turns (one model decoding at a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModelTurns {
+    /// While the loaded children's threads together exceed the CPUs.
+    #[default]
+    Auto,
+    /// Always, with two models or more loaded.
+    On,
+    /// Never: each model's pool admits on its own slots alone.
+    Off,
+}
+
+impl FromStr for ModelTurns {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(ModelTurns::Auto),
+            "on" => Ok(ModelTurns::On),
+            "off" => Ok(ModelTurns::Off),
+            _ => Err(format!("`{s}` is not a turns setting; use auto, on or off")),
+        }
+    }
+}
+
+impl fmt::Display for ModelTurns {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ModelTurns::Auto => "auto",
+            ModelTurns::On => "on",
+            ModelTurns::Off => "off",
+        })
+    }
+}
+string_serde!(ModelTurns);
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {

@@ -12,6 +12,8 @@
 //!   waits until one is idle; its waiters see that wait in their estimates.
 //! - A model that fails to load (`failed`, its exit code) turns its waiters away with 503 naming
 //!   it; a new load is tried on the next request after a backoff (1 s, doubling to 60 s).
+//! - While the loaded children's threads together exceed the CPUs (`--model-turns auto`), the
+//!   models take turns: one model decodes at a time (see `admission::turns`).
 //! - A request outside the slots that names a model (`GET /props?model=`, `/tokenize`, the count
 //!   endpoints) waits the same way for its model to be loaded, holding no place in the queue, and
 //!   is forwarded with `?autoload=false` too.
@@ -27,9 +29,9 @@ use tokio::time::Instant;
 
 use super::router::{Model, Router};
 use super::Upstream;
-use crate::admission::{Admission, Fairness, SlotContext};
+use crate::admission::{Admission, Fairness, SlotContext, Turns};
 use crate::config::launch::{KvLayout, Launch};
-use crate::config::{ModelOverride, Slots};
+use crate::config::{ModelOverride, ModelTurns, Slots};
 use crate::error::GateError;
 use crate::metrics as m;
 
@@ -55,6 +57,8 @@ pub struct Defaults {
     /// `--tenant-queue-share`, for a model whose queue depth is its own.
     pub tenant_queue_share: f64,
     pub overrides: std::collections::BTreeMap<String, ModelOverride>,
+    /// `--model-turns`.
+    pub turns: ModelTurns,
 }
 
 /// One model's pool.
@@ -200,8 +204,10 @@ struct Inner {
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// The last load time seen of any model: the guess for one never loaded.
     typical_load: Mutex<Option<Duration>>,
-    /// Threads x models last warned about.
+    /// Threads x models last looked at (warned about, turns switched).
     warned_threads: Mutex<Option<(u64, usize)>>,
+    /// The turns the pools take while the children's threads oversubscribe the CPUs.
+    turns: Turns,
 }
 
 impl Models {
@@ -214,6 +220,7 @@ impl Models {
                 pools: Mutex::new(HashMap::new()),
                 typical_load: Mutex::new(None),
                 warned_threads: Mutex::new(None),
+                turns: Turns::new(),
             }),
         }
     }
@@ -261,9 +268,13 @@ impl Models {
             Slots::Auto => None,
         });
         metrics::gauge!(m::MODEL_LOADED, "model" => id.to_owned()).set(0.0);
+        let admission = Admission::for_model(fixed_slots.unwrap_or(1), depth, fairness, id);
+        if d.turns != ModelTurns::Off {
+            admission.join_turns(&self.inner.turns);
+        }
         Pool {
             id: id.to_owned(),
-            admission: Admission::for_model(fixed_slots.unwrap_or(1), depth, fairness, id),
+            admission,
             queue_timeout: o.queue_timeout.unwrap_or(d.queue_timeout),
             fixed_slots,
             load: Mutex::new(Load::default()),
@@ -592,8 +603,9 @@ impl Models {
         self.warn_threads();
     }
 
-    /// Warns once per change when the loaded models' decoding threads together exceed the CPUs:
-    /// two models decoding at once then run many times slower than one after the other.
+    /// After each change of what the router runs: the loaded models' decoding threads against the
+    /// CPUs. When they exceed them, two models decoding at once run many times slower than one after
+    /// the other: warned once per change, and (`--model-turns auto`) the models take turns.
     fn warn_threads(&self) {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let loaded: Vec<Model> = self
@@ -603,24 +615,47 @@ impl Models {
             .into_iter()
             .filter(Model::is_running)
             .collect();
-        if loaded.len() < 2 {
-            return;
-        }
         let threads: u64 = loaded.iter().map(|m| m.threads().unwrap_or(cpus)).sum();
+        let over = loaded.len() >= 2 && threads > cpus;
+        let turns = match self.inner.defaults.turns {
+            ModelTurns::Auto => over,
+            ModelTurns::On => loaded.len() >= 2,
+            ModelTurns::Off => false,
+        };
         let key = (threads, loaded.len());
         let mut warned = self
             .inner
             .warned_threads
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if threads > cpus && *warned != Some(key) {
-            *warned = Some(key);
+        if *warned == Some(key) {
+            return;
+        }
+        *warned = Some(key);
+        let was = self.inner.turns.is_on();
+        self.inner.turns.set(turns);
+        if over && !turns {
             tracing::warn!(
                 models = loaded.len(),
                 threads,
                 cpus,
-                "the router's loaded models decode with more threads than this machine has CPUs: two models decoding at once run many times slower than one after the other (docs/router.md); start the router with -t so that threads x --models-max fits the CPUs"
+                "the router's loaded models decode with more threads than this machine has CPUs and --model-turns is off: two models decoding at once run many times slower than one after the other (docs/router.md); start the router with -t so that threads x --models-max fits the CPUs"
             );
+        } else if turns != was {
+            match turns {
+                true => tracing::info!(
+                    models = loaded.len(),
+                    threads,
+                    cpus,
+                    "models take turns: one model decodes at a time while the router's loaded models have more threads than this machine has CPUs (docs/router.md; --model-turns off for children that run on a GPU)"
+                ),
+                false => tracing::info!(
+                    models = loaded.len(),
+                    threads,
+                    cpus,
+                    "models no longer take turns: each decodes on its own slots"
+                ),
+            }
         }
     }
 
@@ -659,6 +694,14 @@ impl Models {
                 })
             })
             .collect()
+    }
+
+    /// For `/status`: `--model-turns` and whether the models take turns now.
+    pub fn turns_status(&self) -> Value {
+        json!({
+            "setting": self.inner.defaults.turns.to_string(),
+            "taking_turns": self.inner.turns.is_on(),
+        })
     }
 
     /// Every pool (for the live view's waiters).

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use slotgate_tests::llama::{chat, serial, LlamaServer};
+use slotgate_tests::llama::{chat, serial, LlamaServer, RunningLlama};
 use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -118,6 +118,30 @@ fn chat_for(model: &str, max_tokens: u64) -> serde_json::Value {
     body
 }
 
+/// A chat for `model` generating `max_tokens`, sent in a task.
+fn spawn_chat(
+    gate: &RunningGate,
+    model: &str,
+    max_tokens: u64,
+) -> tokio::task::JoinHandle<slotgate_tests::Response> {
+    let (client, body) = (gate.client(), chat_for(model, max_tokens));
+    tokio::spawn(async move { client.post_json(CHAT, &body).await })
+}
+
+/// slotgate before `llama`'s router, waiting up to 120 s in the queue; `models` loaded through it.
+async fn gate_with_loaded(llama: &RunningLlama, models: &[&str]) -> RunningGate {
+    let gate = Gate::new()
+        .queue_timeout("120s")
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    for m in models {
+        let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    gate
+}
+
 /// The pool slotgate keeps for `model` in `/status`, if it has one.
 fn pool<'a>(s: &'a serde_json::Value, model: &str) -> Option<&'a serde_json::Value> {
     s["models"].as_array()?.iter().find(|p| p["model"] == model)
@@ -173,10 +197,7 @@ async fn each_model_is_served_with_its_own_slots_once_slotgate_has_loaded_it() {
     let max_tokens = 1500;
     let tasks: Vec<_> = ["alpha", "alpha", "beta", "beta"]
         .into_iter()
-        .map(|m| {
-            let (client, body) = (gate.client(), chat_for(m, max_tokens));
-            tokio::spawn(async move { client.post_json(CHAT, &body).await })
-        })
+        .map(|m| spawn_chat(&gate, m, max_tokens))
         .collect();
     // Both models' pools run two each at once, and llama-server defers none of them.
     let (mut both, mut deferred, mut processing) = (false, 0.0f64, (0.0f64, 0.0f64));
@@ -252,21 +273,10 @@ async fn each_model_is_served_with_its_own_slots_once_slotgate_has_loaded_it() {
 async fn a_third_model_waits_for_an_idle_one_and_no_request_loses_its_model() {
     let _one = serial().await;
     let llama = LlamaServer::start_router(&["alpha", "beta", "gamma"], 2, &[]).await;
-    let gate = Gate::new()
-        .queue_timeout("120s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
     // alpha and beta loaded (--models-max 2 reached).
-    for m in ["alpha", "beta"] {
-        let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
-        assert_eq!(resp.status, 200, "{}", resp.body);
-    }
+    let gate = gate_with_loaded(&llama, &["alpha", "beta"]).await;
     // Both busy, each on its two slots: alpha with long answers, beta with shorter ones.
-    let long = |m: &str, n| {
-        let (client, body) = (gate.client(), chat_for(m, n));
-        tokio::spawn(async move { client.post_json(CHAT, &body).await })
-    };
+    let long = |m: &str, n| spawn_chat(&gate, m, n);
     let alpha = [long("alpha", 1800), long("alpha", 1800)];
     let beta = [long("beta", 600), long("beta", 600)];
     gate.wait_status(Duration::from_secs(10), "alpha and beta busy", |s| {
@@ -401,12 +411,7 @@ async fn a_model_that_cannot_load_is_a_503_naming_it_and_is_retried_after_a_back
     })
     .await;
     // Two waiting for it: both get the 503, naming it and its exit.
-    let tasks: Vec<_> = (0..2)
-        .map(|_| {
-            let (client, body) = (gate.client(), chat_for("broken", 8));
-            tokio::spawn(async move { client.post_json(CHAT, &body).await })
-        })
-        .collect();
+    let tasks: Vec<_> = (0..2).map(|_| spawn_chat(&gate, "broken", 8)).collect();
     for t in tasks {
         let resp = t.await.unwrap();
         assert_eq!(resp.status, 503, "{}", resp.body);
@@ -503,12 +508,7 @@ async fn one_model_flooded_does_not_delay_another_and_overrides_apply() {
     );
 
     // Five long requests for alpha: one runs, two wait, two are refused with its Retry-After.
-    let flood: Vec<_> = (0..5)
-        .map(|_| {
-            let (client, body) = (gate.client(), chat_for("alpha", 1200));
-            tokio::spawn(async move { client.post_json(CHAT, &body).await })
-        })
-        .collect();
+    let flood: Vec<_> = (0..5).map(|_| spawn_chat(&gate, "alpha", 1200)).collect();
     gate.wait_status(Duration::from_secs(10), "alpha's queue full", |s| {
         pool(s, "alpha").is_some_and(|p| p["busy"] == 1 && p["depth"] == 2)
     })
@@ -709,5 +709,45 @@ async fn a_router_on_its_defaults_with_a_key_serves_the_sdks() {
         );
     }
     assert_eq!(gate.status().await["upstream"]["auth"]["refused"], false);
+    assert_pools_idle(&gate).await;
+}
+
+/// Children on llama-server's default threads (each a thread per core): two models decoding at
+/// once would run several times slower than one after the other, so slotgate's pools take turns.
+/// Four requests for two models at once: each model runs its batch on both its slots, never while
+/// the other decodes, and every request is served in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn models_on_every_core_take_turns_and_each_runs_its_batch_whole() {
+    let _one = serial().await;
+    let llama = LlamaServer::start_router_all_cores(&["alpha", "beta"], 2).await;
+    let gate = gate_with_loaded(&llama, &["alpha", "beta"]).await;
+    let s = gate
+        .wait_status(Duration::from_secs(10), "the models taking turns", |s| {
+            s["model_turns"]["taking_turns"] == true
+        })
+        .await;
+    assert_eq!(s["model_turns"]["setting"], "auto", "{s}");
+    let max_tokens = 400;
+    let tasks: Vec<_> = ["alpha", "alpha", "beta", "beta"]
+        .into_iter()
+        .map(|m| spawn_chat(&gate, m, max_tokens))
+        .collect();
+    let (mut together, mut peak) = (0, (0, 0));
+    let t0 = Instant::now();
+    while !tasks.iter().all(|t| t.is_finished()) && t0.elapsed() < Duration::from_secs(120) {
+        let s = gate.status().await;
+        let busy = |m| pool(&s, m).and_then(|p| p["busy"].as_u64()).unwrap_or(0);
+        let (a, b) = (busy("alpha"), busy("beta"));
+        if a > 0 && b > 0 {
+            together += 1;
+        }
+        peak = (peak.0.max(a), peak.1.max(b));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for t in tasks {
+        slotgate_tests::llama::chat_usage(&t.await.unwrap(), max_tokens);
+    }
+    assert_eq!(together, 0, "both models decoded at once");
+    assert_eq!(peak, (2, 2), "each model's batch on both its slots");
     assert_pools_idle(&gate).await;
 }

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use super::claim::Claim;
 use super::fair::Tenants;
+use super::turns::{Seat, Turns};
 use crate::error::GateError;
 use crate::metrics::{self as m, BoundedLabels};
 
@@ -45,6 +46,15 @@ const TENANT_LABELS: usize = 50;
 #[derive(Clone)]
 pub struct Admission {
     shared: Arc<Shared>,
+}
+
+/// An [`Admission`] that does not keep its pool alive (what the turns hold of each pool).
+pub(crate) struct WeakAdmission(std::sync::Weak<Shared>);
+
+impl WeakAdmission {
+    pub(crate) fn upgrade(&self) -> Option<Admission> {
+        self.0.upgrade().map(|shared| Admission { shared })
+    }
 }
 
 /// How the queue shares itself between tenants and priorities.
@@ -69,6 +79,9 @@ struct Shared {
     fairness: Fairness,
     /// The model this pool serves, in front of llama-server's router: its own gauges.
     model: Option<ModelGauges>,
+    /// Its place in the turns the router's models take while their threads oversubscribe the
+    /// CPUs (see `admission::turns`).
+    turn: std::sync::OnceLock<Seat>,
     state: Mutex<State>,
 }
 
@@ -226,6 +239,7 @@ impl Admission {
                 capacity,
                 fairness,
                 model,
+                turn: std::sync::OnceLock::new(),
                 state: Mutex::new(State {
                     busy: 0,
                     serving: 0,
@@ -445,6 +459,11 @@ impl Admission {
         if st.paused {
             return false;
         }
+        if let Some(seat) = self.shared.turn.get() {
+            if !seat.may_start(st.serving, Self::oldest(st)) {
+                return false;
+            }
+        }
         if st.serving == 0 {
             return true;
         }
@@ -476,6 +495,27 @@ impl Admission {
     pub fn pause(&self) {
         let mut st = self.lock();
         st.paused = true;
+        self.publish(&mut st);
+    }
+
+    /// Takes turns with the other pools of `turns` (see `admission::turns`).
+    pub fn join_turns(&self, turns: &Turns) {
+        let _ = self.shared.turn.set(turns.seat(self));
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakAdmission {
+        WeakAdmission(Arc::downgrade(&self.shared))
+    }
+
+    /// Looks at the waiters again (another pool's turn ended).
+    pub(crate) fn dispatch_now(&self) {
+        let mut st = self.lock();
+        self.dispatch(&mut st);
+    }
+
+    /// When its oldest waiter queued (the first by arrival).
+    fn oldest(st: &State) -> Option<Instant> {
+        st.waiters.first_key_value().map(|(_, w)| w.queued)
     }
 
     /// Pauses the pool only if nothing is in service or waiting: then its model may be unloaded
@@ -486,6 +526,7 @@ impl Admission {
             return false;
         }
         st.paused = true;
+        self.publish(&mut st);
         true
     }
 
@@ -639,6 +680,10 @@ impl Admission {
         if let Some(g) = &self.shared.model {
             g.depth.set(now.0);
             g.busy.set(now.1);
+        }
+        if let Some(seat) = self.shared.turn.get() {
+            let oldest = if st.paused { None } else { Self::oldest(st) };
+            seat.update(st.serving, oldest);
         }
     }
 }

@@ -697,3 +697,87 @@ async fn the_waiters_view_is_the_order_of_service() {
 fn queued_name(tag: u64) -> &'static str {
     ["", "a1", "a2", "b1", "c9", "b0"][tag as usize]
 }
+
+/// Two models' pools of two slots each, taking turns (or not).
+fn two_models(on: bool) -> (Turns, Admission, Admission) {
+    let turns = Turns::new();
+    let pools = ["a", "b"].map(|m| {
+        let p = Admission::for_model(2, 8, Fairness::default(), m);
+        p.resume();
+        p.join_turns(&turns);
+        p
+    });
+    turns.set(on);
+    let [a, b] = pools;
+    (turns, a, b)
+}
+
+#[tokio::test(start_paused = true)]
+async fn models_taking_turns_never_decode_at_once_and_alternate_by_batches() {
+    let (turns, a, b) = two_models(true);
+    // a's turn: both its slots.
+    let (a1, _) = a.acquire(c(0), far()).await.unwrap();
+    let (a2, _) = a.acquire(c(0), far()).await.unwrap();
+    // b waits while a serves, though its own slots are free.
+    let bw: Vec<_> = (0..2)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire(c(0), far()).await.map(|(s, _)| s) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!((b.stats().busy, b.stats().depth), (0, 2));
+    // a ends one: b still waits (a is still decoding), and a admits no more while b waits.
+    drop(a1);
+    let a3 = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(c(0), far()).await.map(|(s, _)| s) })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!((a.stats().busy, a.stats().depth), (1, 1), "a's turn ends");
+    assert_eq!(b.stats().busy, 0);
+    // a's turn over: b's waiters (older than a's) go, both at once.
+    drop(a2);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!((a.stats().busy, b.stats().busy), (0, 2));
+    let held: Vec<SlotGuard> = futures_util::future::join_all(bw)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    // b's turn over: a's waiter goes.
+    drop(held);
+    let a3 = a3.await.unwrap().unwrap();
+    assert_eq!((a.stats().busy, b.stats().busy), (1, 0));
+    drop(a3);
+    // Off: each pool on its own slots, both at once.
+    turns.set(false);
+    let (_a, _) = a.acquire(c(0), far()).await.unwrap();
+    let (_b, _) = b.acquire(c(0), far()).await.unwrap();
+    assert_eq!((a.stats().busy, b.stats().busy), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_model_does_not_hold_back_the_others_turns() {
+    let (_turns, a, b) = two_models(true);
+    // b is loading: its waiter cannot start, and must not stop a from starting.
+    b.pause();
+    let bw = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire(c(0), far()).await.map(|(s, _)| s) })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (a1, _) = a.acquire(c(0), far()).await.unwrap();
+    let (a2, _) = a.acquire(c(0), far()).await.unwrap();
+    assert_eq!(a.stats().busy, 2);
+    // Loaded, b waits for a's turn to end; then it goes.
+    b.resume();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(b.stats().busy, 0);
+    drop((a1, a2));
+    let slot = bw.await.unwrap().unwrap();
+    assert_eq!(b.stats().busy, 1);
+    drop(slot);
+    let s = (a.stats(), b.stats());
+    assert_eq!((s.0.busy, s.0.depth, s.1.busy, s.1.depth), (0, 0, 0, 0));
+}
