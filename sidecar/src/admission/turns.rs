@@ -4,10 +4,10 @@
 //! (docs/router.md). While that is so, the pools of the models take turns:
 //!
 //! - a pool starts a request only while no other model has one in service;
-//! - and only when no other model has a waiter that came before it: a pool in its turn admits its
-//!   waiters that came before the other models' first, then its turn ends when what it has in
-//!   service is done. Across models requests start in arrival order, a model's batch at a time,
-//!   and none starves.
+//! - between turns (no model in service), the model with the oldest waiter goes first;
+//! - in its turn a model starts a batch of as many requests as it has slots, and more only while
+//!   no other model waits; then its turn ends when what it has in service is done. So every model
+//!   decodes on all its slots, and a waiter waits at most one batch of each other model.
 //!
 //! Each pool keeps a [`Seat`]: what it has in service and its oldest waiter, published under its
 //! own lock each time they change. A seat whose change may let another pool start wakes the kicker,
@@ -38,8 +38,12 @@ struct Inner {
 
 struct SeatState {
     serving: usize,
+    /// Requests started in its current turn.
+    started: usize,
     /// Its oldest waiter that could start now but for the turns (none while its pool is paused).
     oldest: Option<Instant>,
+    /// When its work in service and waiting is expected to be done (its own estimate).
+    done_at: Option<Instant>,
     /// Its pool, to dispatch when another's turn ends (weak: the pool holds its seat).
     pool: Option<WeakAdmission>,
 }
@@ -73,7 +77,9 @@ impl Turns {
         let mut seats = self.lock();
         seats.push(SeatState {
             serving: 0,
+            started: 0,
             oldest: None,
+            done_at: None,
             pool: Some(admission.downgrade()),
         });
         let id = seats.len() - 1;
@@ -118,42 +124,45 @@ impl Turns {
 }
 
 impl Seat {
-    /// Whether its pool may start a request now, with `serving` in service and its oldest waiter
-    /// queued at `oldest` (an arrival with nobody waiting: now). Starting counts at once, so two
-    /// pools deciding in the same instant cannot both start.
-    pub(super) fn may_start(&self, serving: usize, oldest: Option<Instant>) -> bool {
+    /// Whether its pool may start a request now, with `serving` in service on its `slots`, and its
+    /// oldest waiter queued at `oldest` (an arrival with nobody waiting: now). Starting counts at
+    /// once, so two pools deciding in the same instant cannot both start.
+    pub(super) fn may_start(&self, serving: usize, slots: usize, oldest: Option<Instant>) -> bool {
         if !self.turns.is_on() {
             return true;
         }
         let mut seats = self.turns.lock();
         let mine = oldest.unwrap_or_else(Instant::now);
-        let others = seats
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != self.id)
-            .map(|(_, s)| s);
-        let mut allowed = true;
-        for other in others {
-            // Another model decoding, or one whose waiter came first.
-            if other.serving > 0 || other.oldest.is_some_and(|theirs| theirs < mine) {
-                allowed = false;
-                break;
-            }
+        let started = seats[self.id].started;
+        let blocked = seats.iter().enumerate().any(|(i, other)| {
+            i != self.id
+                && (other.serving > 0
+                    || match serving {
+                        // Between turns: the model with the oldest waiter goes first.
+                        0 => other.oldest.is_some_and(|theirs| theirs < mine),
+                        // In its turn: a batch of its slots, then none while another waits.
+                        _ => other.oldest.is_some() && started >= slots,
+                    })
+        });
+        if blocked {
+            return false;
         }
-        if allowed {
-            seats[self.id].serving = serving + 1;
-        }
-        allowed
+        let seat = &mut seats[self.id];
+        seat.serving = serving + 1;
+        seat.started = if serving == 0 { 1 } else { started + 1 };
+        true
     }
 
-    /// Its pool's state after a change: in service, and its oldest waiter that only the turns hold
-    /// back. Wakes the kicker when that may let another pool start.
-    pub(super) fn update(&self, serving: usize, oldest: Option<Instant>) {
+    /// Its pool's state after a change: in service, its oldest waiter that only the turns hold
+    /// back, and when its work is expected to be done. Wakes the kicker when that may let another
+    /// pool start.
+    pub(super) fn update(&self, serving: usize, oldest: Option<Instant>, done_at: Option<Instant>) {
         let mut seats = self.turns.lock();
         let seat = &mut seats[self.id];
         let was = (seat.serving, seat.oldest);
         seat.serving = serving;
         seat.oldest = oldest;
+        seat.done_at = done_at;
         drop(seats);
         // Its turn ended, or its waiters left or changed: others may go.
         let freed = was.0 > 0 && serving == 0;
@@ -164,12 +173,31 @@ impl Seat {
     }
 }
 
+impl Seat {
+    /// While turns are taken: seconds until the other models' work in service and waiting is done,
+    /// one model after the other (what a request arriving now for this pool waits behind).
+    pub(super) fn ahead(&self, now: Instant) -> f64 {
+        if !self.turns.is_on() {
+            return 0.0;
+        }
+        self.turns
+            .lock()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.id)
+            .filter_map(|(_, s)| s.done_at)
+            .map(|at| at.saturating_duration_since(now).as_secs_f64())
+            .sum()
+    }
+}
+
 impl Drop for Seat {
     fn drop(&mut self) {
         let mut seats = self.turns.lock();
         if let Some(s) = seats.get_mut(self.id) {
             s.serving = 0;
             s.oldest = None;
+            s.done_at = None;
             s.pool = None;
         }
     }

@@ -732,7 +732,7 @@ async fn models_on_every_core_take_turns_and_each_runs_its_batch_whole() {
         .into_iter()
         .map(|m| spawn_chat(&gate, m, max_tokens))
         .collect();
-    let (mut together, mut peak) = (0, (0, 0));
+    let (mut together, mut peak, mut behind) = (0, (0, 0), 0.0f64);
     let t0 = Instant::now();
     while !tasks.iter().all(|t| t.is_finished()) && t0.elapsed() < Duration::from_secs(120) {
         let s = gate.status().await;
@@ -742,12 +742,23 @@ async fn models_on_every_core_take_turns_and_each_runs_its_batch_whole() {
             together += 1;
         }
         peak = (peak.0.max(a), peak.1.max(b));
+        // Whichever waits behind the other's turn has that turn in its estimate.
+        for (model, other) in [("beta", a), ("alpha", b)] {
+            let p = pool(&s, model).unwrap();
+            if other > 0 && p["busy"] == 0 && p["depth"].as_u64() > Some(0) {
+                behind = behind.max(p["estimated_wait_seconds"].as_f64().unwrap());
+            }
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for t in tasks {
         slotgate_tests::llama::chat_usage(&t.await.unwrap(), max_tokens);
     }
     assert_eq!(together, 0, "both models decoded at once");
+    assert!(
+        behind > 0.0,
+        "the waiting model's estimate left out the other's turn"
+    );
     assert_eq!(peak, (2, 2), "each model's batch on both its slots");
     assert_pools_idle(&gate).await;
 }

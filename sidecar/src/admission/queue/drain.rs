@@ -113,6 +113,13 @@ impl Admission {
     /// Seconds until the work ahead of a newcomer has drained: by tokens once a throughput has been
     /// measured, else `(busy + queued) * service_ewma / slots`.
     pub(super) fn wait_seconds(&self, st: &State) -> f64 {
+        let now = Instant::now();
+        self.own_wait_seconds(st, now) + self.behind_turns(now)
+    }
+
+    /// [`Admission::wait_seconds`] of this pool alone: its work and its load, not the other models'
+    /// turns (what its seat in the turns tells the others).
+    pub(super) fn own_wait_seconds(&self, st: &State, now: Instant) -> f64 {
         let lanes = self.lanes(st);
         let drain = st
             .drain
@@ -122,15 +129,27 @@ impl Admission {
                     * st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS)
                     / lanes.requests
             });
-        drain + self.until_ready(st, Instant::now())
+        drain + self.until_loaded(st, now)
+    }
+
+    /// Seconds until the pool may serve: its model loaded, and the other models' turns that come
+    /// first done; 0 when it serves now.
+    pub(super) fn until_ready(&self, st: &State, now: Instant) -> f64 {
+        self.until_loaded(st, now) + self.behind_turns(now)
     }
 
     /// Seconds until a paused pool is expected to serve (its model loaded); 0 when it serves.
-    pub(super) fn until_ready(&self, st: &State, now: Instant) -> f64 {
+    fn until_loaded(&self, st: &State, now: Instant) -> f64 {
         match (st.paused, st.ready_at) {
             (true, Some(at)) => at.saturating_duration_since(now).as_secs_f64(),
             _ => 0.0,
         }
+    }
+
+    /// While the models take turns: until the other models' work now in service and waiting is
+    /// done (a new arrival comes after all of it).
+    fn behind_turns(&self, now: Instant) -> f64 {
+        self.shared.turn.get().map_or(0.0, |seat| seat.ahead(now))
     }
 
     /// What runs at once, on average, of the work in service and waiting: all the slots, or fewer

@@ -460,7 +460,7 @@ impl Admission {
             return false;
         }
         if let Some(seat) = self.shared.turn.get() {
-            if !seat.may_start(st.serving, Self::oldest(st)) {
+            if !seat.may_start(st.serving, self.slots(), Self::oldest(st)) {
                 return false;
             }
         }
@@ -683,7 +683,13 @@ impl Admission {
         }
         if let Some(seat) = self.shared.turn.get() {
             let oldest = if st.paused { None } else { Self::oldest(st) };
-            seat.update(st.serving, oldest);
+            let now = Instant::now();
+            let busy = st.serving > 0 || !st.waiters.is_empty();
+            let done_at = busy.then(|| {
+                now + Duration::try_from_secs_f64(self.own_wait_seconds(st, now))
+                    .unwrap_or(Duration::ZERO)
+            });
+            seat.update(st.serving, oldest, done_at);
         }
     }
 }

@@ -718,6 +718,12 @@ async fn models_taking_turns_never_decode_at_once_and_alternate_by_batches() {
     // a's turn: both its slots.
     let (a1, _) = a.acquire(c(0), far()).await.unwrap();
     let (a2, _) = a.acquire(c(0), far()).await.unwrap();
+    // b's estimate counts a's turn: two requests on two slots, 1 s each before any is measured.
+    assert!(
+        (b.stats().wait_seconds - 1.0).abs() < 0.01,
+        "{}",
+        b.stats().wait_seconds
+    );
     // b waits while a serves, though its own slots are free.
     let bw: Vec<_> = (0..2)
         .map(|_| {
@@ -750,8 +756,11 @@ async fn models_taking_turns_never_decode_at_once_and_alternate_by_batches() {
     let a3 = a3.await.unwrap().unwrap();
     assert_eq!((a.stats().busy, b.stats().busy), (1, 0));
     drop(a3);
-    // Off: each pool on its own slots, both at once.
+    // Off: each pool on its own slots, both at once, and nobody's estimate counts the other's.
     turns.set(false);
+    let (a4, _) = a.acquire(c(0), far()).await.unwrap();
+    assert_eq!(b.stats().wait_seconds, 0.0);
+    drop(a4);
     let (_a, _) = a.acquire(c(0), far()).await.unwrap();
     let (_b, _) = b.acquire(c(0), far()).await.unwrap();
     assert_eq!((a.stats().busy, b.stats().busy), (1, 1));
@@ -780,4 +789,35 @@ async fn a_paused_model_does_not_hold_back_the_others_turns() {
     drop(slot);
     let s = (a.stats(), b.stats());
     assert_eq!((s.0.busy, s.0.depth, s.1.busy, s.1.depth), (0, 0, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_is_a_batch_of_the_models_slots_whatever_the_order_of_arrival() {
+    let (_turns, a, b) = two_models(true);
+    let wait = |p: &Admission| {
+        let p = p.clone();
+        tokio::spawn(async move { p.acquire(c(0), far()).await.map(|(s, _)| s) })
+    };
+    let tick = || tokio::time::sleep(Duration::from_millis(1));
+    // a, b, a, b, a: a's turn is a1 and a2 (its two slots); b1 and b2 wait though b1 came before a2.
+    let (a1, _) = a.acquire(c(0), far()).await.unwrap();
+    let b1 = wait(&b);
+    tick().await;
+    let (a2, _) = a.acquire(c(0), far()).await.unwrap();
+    let b2 = wait(&b);
+    tick().await;
+    let a3 = wait(&a);
+    tick().await;
+    assert_eq!(
+        (a.stats().busy, a.stats().depth, b.stats().depth),
+        (2, 1, 2)
+    );
+    // a's turn over: b's oldest waiter came before a3, so b's batch runs, both of its slots.
+    drop((a1, a2));
+    let (b1, b2) = (b1.await.unwrap().unwrap(), b2.await.unwrap().unwrap());
+    assert_eq!((a.stats().busy, b.stats().busy, a.stats().depth), (0, 2, 1));
+    drop((b1, b2));
+    let a3 = a3.await.unwrap().unwrap();
+    assert_eq!((a.stats().busy, b.stats().busy), (1, 0));
+    drop(a3);
 }
