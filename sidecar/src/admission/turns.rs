@@ -11,7 +11,7 @@
 //!
 //! Each pool keeps a [`Seat`]: what it has in service and its oldest waiter, published under its
 //! own lock each time they change. A seat whose change may let another pool start wakes the kicker,
-//! a task that dispatches every other pool one at a time (never two pools' locks at once).
+//! a task that dispatches every pool one at a time (never two pools' locks at once).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,7 +42,8 @@ struct SeatState {
     started: usize,
     /// Its oldest waiter that could start now but for the turns (none while its pool is paused).
     oldest: Option<Instant>,
-    /// When its work in service and waiting is expected to be done (its own estimate).
+    /// When its work in service and waiting is expected to be done (its own estimate; none while
+    /// its pool is paused, holding nobody back).
     done_at: Option<Instant>,
     /// Its pool, to dispatch when another's turn ends (weak: the pool holds its seat).
     pool: Option<WeakAdmission>,
@@ -171,9 +172,7 @@ impl Seat {
             self.turns.inner.kick.notify_one();
         }
     }
-}
 
-impl Seat {
     /// While turns are taken: seconds until the other models' work in service and waiting is done,
     /// one model after the other (what a request arriving now for this pool waits behind).
     pub(super) fn ahead(&self, now: Instant) -> f64 {

@@ -684,7 +684,7 @@ impl Admission {
         if let Some(seat) = self.shared.turn.get() {
             let oldest = if st.paused { None } else { Self::oldest(st) };
             let now = Instant::now();
-            let busy = st.serving > 0 || !st.waiters.is_empty();
+            let busy = st.serving > 0 || (!st.paused && !st.waiters.is_empty());
             let done_at = busy.then(|| {
                 now + Duration::try_from_secs_f64(self.own_wait_seconds(st, now))
                     .unwrap_or(Duration::ZERO)
