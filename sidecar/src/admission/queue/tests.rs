@@ -821,3 +821,52 @@ async fn a_turn_is_a_batch_of_the_models_slots_whatever_the_order_of_arrival() {
     assert_eq!((a.stats().busy, b.stats().busy), (1, 0));
     drop(a3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_model_being_loaded_queues_its_requests_and_refuses_a_wait_that_cannot_fit() {
+    let fairness = Fairness {
+        reject_doomed: true,
+        ..Default::default()
+    };
+    let p = Admission::for_model(2, 8, fairness, "m");
+    assert!(p.is_paused(), "a model's pool starts paused");
+    p.set_ready_in(Some(Duration::from_secs(100)));
+    // Its load alone outlasts a 60 s deadline: refused at once, naming the estimate.
+    let soon = Instant::now() + Duration::from_secs(60);
+    match p.enter(c(0), soon) {
+        Err(GateError::WaitTooLong { estimate, .. }) => assert!(estimate >= 100, "{estimate}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("admitted or queued past its deadline"),
+    }
+    // One that can wait queues, and is served once the model is loaded.
+    let waiter = {
+        let p = p.clone();
+        tokio::spawn(async move { p.acquire(c(0), far()).await.map(|(s, _)| s) })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!((p.stats().busy, p.stats().depth), (0, 1));
+    assert!(!p.pause_if_idle(), "someone waits: it may not be unloaded");
+    p.resume();
+    let slot = waiter.await.unwrap().unwrap();
+    assert!(!p.pause_if_idle(), "one in service: it may not be unloaded");
+    drop(slot);
+    assert!(
+        p.pause_if_idle() && p.is_paused(),
+        "idle: paused for its unload"
+    );
+    // A failed load turns its waiters away with 503 naming the model.
+    let waiter = {
+        let p = p.clone();
+        tokio::spawn(async move { p.acquire(c(0), far()).await.map(|(s, _)| s) })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    p.fail_waiters("m", "it exited", Duration::from_secs(2));
+    match waiter.await.unwrap() {
+        Err(GateError::ModelUnavailable {
+            model, retry_after, ..
+        }) => assert_eq!((model.as_str(), retry_after), ("m", Duration::from_secs(2))),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("served by a model that failed to load"),
+    }
+    assert!(p.is_idle());
+}
