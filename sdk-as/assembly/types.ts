@@ -88,6 +88,10 @@ export class RequestSummary {
   /** The client's priority hint (`hasPriorityHint`); lower is more urgent. */
   priorityHint: i64 = 0;
   hasPriorityHint: bool = false;
+  /** The client's own deadline, milliseconds from arrival (`hasDeadlineMs`; its
+   * `X-Slotgate-Deadline-Ms`). */
+  deadlineMs: u64 = 0;
+  hasDeadlineMs: bool = false;
   /** Credentials of the Unix-socket peer; null on TCP. */
   peer: Peer | null = null;
   /** The bearer token as `sha256:<hex>`, never raw; null without one. */
@@ -143,6 +147,11 @@ export class RequestSummary {
         if (!r.null()) {
           s.priorityHint = r.i64();
           s.hasPriorityHint = true;
+        }
+      } else if (r.is("deadline_ms")) {
+        if (!r.null()) {
+          s.deadlineMs = r.u64();
+          s.hasDeadlineMs = true;
         }
       } else if (r.is("peer")) s.peer = r.null() ? null : Peer.read(r);
       else if (r.is("api_key")) s.apiKey = r.stringOrNull();
@@ -254,6 +263,8 @@ export class Decision {
   private _hasPriority: bool = false;
   private _weight: f64 = 1;
   private _hasWeight: bool = false;
+  private _deadlineMs: u64 = 0;
+  private _hasDeadlineMs: bool = false;
 
   /** A plain allow with no changes. */
   static allow(): Decision {
@@ -333,6 +344,19 @@ export class Decision {
     return this._hasWeight;
   }
 
+  /** The request's deadline, milliseconds from arrival (`hasDeadlineMs`): it must start within it
+   * or leave the queue. The shortest of the policies' and the client's wins. */
+  get deadlineMs(): u64 {
+    return this._deadlineMs;
+  }
+  set deadlineMs(v: u64) {
+    this._deadlineMs = v;
+    this._hasDeadlineMs = true;
+  }
+  get hasDeadlineMs(): bool {
+    return this._hasDeadlineMs;
+  }
+
   /** The decision as ABI v1 JSON. */
   write(w: JsonWriter): void {
     w.begin();
@@ -368,6 +392,10 @@ export class Decision {
       w.key("weight");
       w.f64(this._weight);
     }
+    if (this._hasDeadlineMs) {
+      w.key("deadline_ms");
+      w.u64(this._deadlineMs);
+    }
     if (!this.mutations.isEmpty) {
       w.key("mutations");
       this.mutations.write(w);
@@ -395,6 +423,8 @@ export class Decision {
       } else if (r.is("tenant")) d.tenant = r.stringOrNull();
       else if (r.is("weight")) {
         if (!r.null()) d.weight = r.f64();
+      } else if (r.is("deadline_ms")) {
+        if (!r.null()) d.deadlineMs = r.u64();
       } else if (r.is("mutations")) {
         if (!r.null()) d.mutations = Mutations.read(r);
       } else r.skip();

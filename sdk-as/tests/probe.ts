@@ -70,6 +70,7 @@ class Probe extends Policy<Settings> {
       h.set("prompt-best", r.promptTokensBest().toString());
       h.set("reserved", r.hasReservedTokens ? r.reservedTokens.toString() : "<none>");
       h.set("hint", r.hasPriorityHint ? r.priorityHint.toString() : "<none>");
+      h.set("deadline", r.hasDeadlineMs ? r.deadlineMs.toString() : "<none>");
       h.set("peer", peer !== null ? peer.uid.toString() + "/" + peer.gid.toString() + "/" + (peer.hasPid ? peer.pid.toString() : "-") : "<none>");
       h.set("api-key", key !== null ? key : "<none>");
       h.set("identity", r.identity());
@@ -84,6 +85,7 @@ class Probe extends Policy<Settings> {
       d.cost = r.promptTokensBest();
       d.priority = r.hasPriorityHint ? r.priorityHint : -3;
       d.weight = 2.5;
+      if (r.hasDeadlineMs) d.deadlineMs = r.deadlineMs / 2;
       d.mutations.capMaxTokens = 77;
       d.mutations.stripIdSlot = true;
       return d;

@@ -24,6 +24,7 @@ const ECHO = {
     prompt_tokens: 342,
     reserved_tokens: 598,
     priority_hint: -7,
+    deadline_ms: 3000,
     peer: { uid: 1000, gid: 1001, pid: 4242 },
     api_key: "sha256:" + "ab".repeat(32),
     headers: { "user-agent": "openai-python/1.40", "x-b": "2" },
@@ -47,6 +48,7 @@ for (const snapshot of [true, false]) {
         priority: -7,
         tenant: ECHO.request.api_key,
         weight: 2.5,
+        deadline_ms: 1500,
         mutations: {
           cap_max_tokens: 77,
           strip_id_slot: true,
@@ -59,6 +61,7 @@ for (const snapshot of [true, false]) {
             "prompt-best": "342",
             reserved: "598",
             hint: "-7",
+            deadline: "3000",
             peer: "1000/1001/4242",
             "api-key": ECHO.request.api_key,
             identity: ECHO.request.api_key,
@@ -77,6 +80,8 @@ for (const snapshot of [true, false]) {
       assert.equal(h.model, "<none>");
       assert.equal(h["max-tokens"], "<none>");
       assert.equal(h.reserved, "<none>");
+      assert.equal(h.deadline, "<none>");
+      assert.equal(minimal.deadline_ms, undefined);
       assert.equal(h.peer, "7/8/-");
       assert.equal(h.identity, "uid:7");
       assert.equal(minimal.priority, -3);

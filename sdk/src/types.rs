@@ -71,6 +71,10 @@ pub struct RequestSummary {
     /// The client's priority hint from the body's `priority` field (lower is more urgent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_hint: Option<i64>,
+    /// How long the client's answer is worth waiting for, in milliseconds from arrival: its
+    /// `X-Slotgate-Deadline-Ms` header (capped by the queue timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
     /// Credentials of the Unix-socket peer; absent on TCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<Peer>,
@@ -141,6 +145,11 @@ pub struct Decision {
     /// else `anonymous`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The request's deadline in milliseconds from its arrival: it must start within it, or leave
+    /// the queue (504 `deadline_exceeded`) without reaching llama-server. The smallest any policy
+    /// and the client's header set wins, capped by the queue timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
     /// The tenant's share of the slots relative to other tenants in fair scheduling (a positive
     /// number; absent: 1). A tenant of weight 2 is served about twice the tokens of a tenant of
     /// weight 1 while both wait.

@@ -407,6 +407,7 @@ fn request() -> RequestSummary {
         prompt_tokens: Some(342),
         reserved_tokens: Some(598),
         priority_hint: None,
+        deadline_ms: None,
         peer: Some(Peer {
             uid: 1000,
             gid: 1000,

@@ -269,6 +269,7 @@ pub fn live(app: &App) -> serde_json::Value {
                 "slots": r.slots,
                 "prompt_tokens": r.prompt_tokens,
                 "generated_tokens": r.generated_tokens,
+                "deadline_ms": r.deadline_ms,
             })
         })
         .collect();
@@ -294,6 +295,7 @@ pub fn live(app: &App) -> serde_json::Value {
                 "slots": w.slots,
                 "kv_tokens": w.kv,
                 "expected_start_seconds": w.expected_start_seconds,
+                "deadline_in_seconds": w.deadline_in_seconds,
             })
         })
         .collect();

@@ -58,6 +58,19 @@ pub enum GateError {
     },
     #[error("waited {0:?} in the queue without getting a slot")]
     QueueTimeout(Duration),
+    #[error("waited {:.1}s in the queue and reached the request's deadline without getting a slot; it was not sent to llama-server", .0.as_secs_f64())]
+    DeadlineExceeded(Duration),
+    #[error(
+        "the estimated wait for a slot ({:.1}s) is longer than the request's deadline ({:.1}s left); retry after {}s",
+        .estimate.as_secs_f64(), .deadline.as_secs_f64(), whole_seconds(.retry_after)
+    )]
+    DeadlineUnreachable {
+        estimate: Duration,
+        deadline: Duration,
+        retry_after: Duration,
+    },
+    #[error("{0}")]
+    InvalidDeadline(String),
     #[error("llama-server did not begin its answer within {0:?} (upstream first-byte timeout)")]
     UpstreamTimeout(Duration),
     #[error("the upstream did not become available before the request's deadline: {reason}")]
@@ -109,10 +122,11 @@ pub enum Outcome {
     DrainTimeout,
     PolicyDenied,
     PolicyError,
+    DeadlineExceeded,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 17] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -130,6 +144,7 @@ impl Outcome {
         Outcome::DrainTimeout,
         Outcome::PolicyDenied,
         Outcome::PolicyError,
+        Outcome::DeadlineExceeded,
     ];
 
     pub fn label(self) -> &'static str {
@@ -151,6 +166,7 @@ impl Outcome {
             Outcome::DrainTimeout => "drain_timeout",
             Outcome::PolicyDenied => "policy_denied",
             Outcome::PolicyError => "policy_error",
+            Outcome::DeadlineExceeded => "deadline_exceeded",
         }
     }
 }
@@ -165,13 +181,17 @@ impl GateError {
             GateError::BodyTimeout(_) => 408,
             GateError::BodyRead(_)
             | GateError::InvalidJson(_)
+            | GateError::InvalidDeadline(_)
             | GateError::ContextTooLong { .. }
             | GateError::TooManyCompletions { .. } => 400,
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
             | GateError::Displaced { .. }
-            | GateError::WaitTooLong { .. } => 429,
-            GateError::QueueTimeout(_) | GateError::UpstreamTimeout(_) => 504,
+            | GateError::WaitTooLong { .. }
+            | GateError::DeadlineUnreachable { .. } => 429,
+            GateError::QueueTimeout(_)
+            | GateError::DeadlineExceeded(_)
+            | GateError::UpstreamTimeout(_) => 504,
             GateError::Upstream(_) => 502,
             GateError::UpstreamUnavailable { .. }
             | GateError::ModelUnavailable { .. }
@@ -192,13 +212,17 @@ impl GateError {
             | GateError::BodyTimeout(_)
             | GateError::BodyRead(_)
             | GateError::InvalidJson(_)
+            | GateError::InvalidDeadline(_)
             | GateError::TooManyCompletions { .. } => "invalid_request_error",
             GateError::ContextTooLong { .. } => "exceed_context_size_error",
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
             | GateError::Displaced { .. }
-            | GateError::WaitTooLong { .. } => "rate_limit_error",
-            GateError::QueueTimeout(_) | GateError::UpstreamTimeout(_) => "timeout_error",
+            | GateError::WaitTooLong { .. }
+            | GateError::DeadlineUnreachable { .. } => "rate_limit_error",
+            GateError::QueueTimeout(_)
+            | GateError::DeadlineExceeded(_)
+            | GateError::UpstreamTimeout(_) => "timeout_error",
             GateError::Upstream(_)
             | GateError::UpstreamUnavailable { .. }
             | GateError::ModelUnavailable { .. }
@@ -221,13 +245,16 @@ impl GateError {
             GateError::BodyTimeout(_) => "body_timeout",
             GateError::BodyRead(_) => "body_read_error",
             GateError::InvalidJson(_) => "invalid_json",
+            GateError::InvalidDeadline(_) => "invalid_deadline",
             GateError::ContextTooLong { .. } => "context_length_exceeded",
             GateError::TooManyCompletions { .. } => "too_many_completions",
             GateError::QueueFull { .. } => "queue_full",
             GateError::TenantQueueFull { .. } => "tenant_queue_full",
             GateError::Displaced { .. } => "displaced",
             GateError::WaitTooLong { .. } => "estimated_wait_too_long",
+            GateError::DeadlineUnreachable { .. } => "deadline_unreachable",
             GateError::QueueTimeout(_) => "queue_timeout",
+            GateError::DeadlineExceeded(_) => "deadline_exceeded",
             GateError::UpstreamTimeout(_) => "upstream_timeout",
             GateError::UpstreamUnavailable { .. } => "upstream_unavailable",
             GateError::ModelUnavailable { .. } => "model_unavailable",
@@ -250,12 +277,16 @@ impl GateError {
             | GateError::BodyTimeout(_)
             | GateError::BodyRead(_)
             | GateError::InvalidJson(_)
+            | GateError::InvalidDeadline(_)
             | GateError::ContextTooLong { .. } => Outcome::BadRequest,
             GateError::QueueFull { .. } => Outcome::QueueFull,
             GateError::TenantQueueFull { .. } => Outcome::TenantQueueFull,
             GateError::Displaced { .. } => Outcome::Displaced,
-            GateError::WaitTooLong { .. } => Outcome::WaitTooLong,
+            GateError::WaitTooLong { .. } | GateError::DeadlineUnreachable { .. } => {
+                Outcome::WaitTooLong
+            }
             GateError::QueueTimeout(_) => Outcome::QueueTimeout,
+            GateError::DeadlineExceeded(_) => Outcome::DeadlineExceeded,
             GateError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
             GateError::Upstream(_)
             | GateError::UpstreamUnavailable { .. }
@@ -274,6 +305,7 @@ impl GateError {
             | GateError::TenantQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }
+            | GateError::DeadlineUnreachable { retry_after, .. }
             | GateError::ModelUnavailable { retry_after, .. } => Some(whole_seconds(retry_after)),
             GateError::UpstreamUnavailable { retry_after, .. }
             | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
@@ -291,6 +323,7 @@ impl GateError {
             | GateError::TenantQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }
+            | GateError::DeadlineUnreachable { retry_after, .. }
             | GateError::ModelUnavailable { retry_after, .. } => {
                 let ms = retry_after.as_nanos().div_ceil(1_000_000);
                 Some(u64::try_from(ms).unwrap_or(u64::MAX).max(1))

@@ -99,6 +99,8 @@ pub struct Request {
     stream: AtomicBool,
     /// Nanoseconds after arrival it was admitted (given its slot); 0: not yet.
     admitted_after: AtomicU64,
+    /// Its own deadline, milliseconds after arrival; 0: none.
+    deadline_ms: AtomicU64,
 }
 
 impl Request {
@@ -130,6 +132,13 @@ impl Request {
         self.stream.store(stream, Ordering::Relaxed);
     }
 
+    pub fn set_deadline(&self, deadline: Duration) {
+        let ms = u64::try_from(deadline.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.deadline_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// Given its slots (`slots` of them): in service from now.
     pub fn admitted(&self, slots: usize) {
         self.slots.store(slots, Ordering::Relaxed);
@@ -159,6 +168,7 @@ impl Request {
             generated_tokens: self.generated.load(Ordering::Relaxed),
             slots: self.slots.load(Ordering::Relaxed),
             stream: self.stream.load(Ordering::Relaxed),
+            deadline_ms: Some(self.deadline_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0),
         }
     }
 }
@@ -181,6 +191,8 @@ pub struct RequestView {
     /// Slots it holds (0: none, or not yet admitted).
     pub slots: usize,
     pub stream: bool,
+    /// Its own deadline, milliseconds after arrival (header or policy).
+    pub deadline_ms: Option<u64>,
 }
 
 /// How one request ended, for the totals.
@@ -391,6 +403,7 @@ impl Live {
             slots: AtomicUsize::new(0),
             stream: AtomicBool::new(false),
             admitted_after: AtomicU64::new(0),
+            deadline_ms: AtomicU64::new(0),
         });
         self.inner.requests.insert(key, request.clone());
         Tracked {

@@ -39,6 +39,11 @@ pub struct Tenant {
     /// The most urgent (lowest) priority a hint may ask for; defaults to `priority`.
     #[serde(default)]
     pub ceiling: Option<i64>,
+    /// How long the tenant's answers are worth waiting for, in milliseconds (an IDE's completions:
+    /// 2000): its requests must start within it or leave the queue. A client's own
+    /// `X-Slotgate-Deadline-Ms` may cut it further, never extend it.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -51,6 +56,8 @@ pub struct Class {
     pub priority: i64,
     #[serde(default)]
     pub ceiling: Option<i64>,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
 }
 
 impl Default for Class {
@@ -59,6 +66,7 @@ impl Default for Class {
             tenant: default_tenant(),
             priority: 0,
             ceiling: None,
+            deadline_ms: None,
         }
     }
 }
@@ -72,6 +80,7 @@ struct Placement<'a> {
     tenant: &'a str,
     priority: i64,
     ceiling: i64,
+    deadline_ms: Option<u64>,
 }
 
 /// The tenant listing the request's API key, else the one listing its uid.
@@ -89,10 +98,21 @@ fn place<'a>(request: &RequestSummary, s: &'a Settings) -> Option<Placement<'a>>
         tenant: name,
         priority: t.priority,
         ceiling: t.ceiling.unwrap_or(t.priority),
+        deadline_ms: t.deadline_ms,
     })
 }
 
-fn check_class(what: &str, priority: i64, ceiling: Option<i64>) -> Result<(), String> {
+fn check_class(
+    what: &str,
+    priority: i64,
+    ceiling: Option<i64>,
+    deadline_ms: Option<u64>,
+) -> Result<(), String> {
+    if deadline_ms == Some(0) {
+        return Err(format!(
+            "{what}: deadline_ms 0 leaves no time at all; give milliseconds from 1, or leave it out"
+        ));
+    }
     match ceiling {
         Some(c) if c > priority => Err(format!(
             "{what}: ceiling {c} is less urgent than its own priority {priority} (lower is more urgent)"
@@ -110,7 +130,12 @@ impl Policy for TenantPriority {
             if name.is_empty() {
                 return Err("a tenant name is empty".into());
             }
-            check_class(&format!("tenant `{name}`"), t.priority, t.ceiling)?;
+            check_class(
+                &format!("tenant `{name}`"),
+                t.priority,
+                t.ceiling,
+                t.deadline_ms,
+            )?;
             let ids = t
                 .api_keys
                 .iter()
@@ -133,7 +158,12 @@ impl Policy for TenantPriority {
         if s.unknown.tenant.is_empty() {
             return Err("unknown.tenant is empty".into());
         }
-        check_class("unknown", s.unknown.priority, s.unknown.ceiling)?;
+        check_class(
+            "unknown",
+            s.unknown.priority,
+            s.unknown.ceiling,
+            s.unknown.deadline_ms,
+        )?;
         if let Some(h) = &s.tenant_header {
             let token = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-';
             if h.is_empty() || !h.bytes().all(token) {
@@ -156,6 +186,7 @@ impl Policy for TenantPriority {
                 tenant: &s.unknown.tenant,
                 priority: s.unknown.priority,
                 ceiling: s.unknown.ceiling.unwrap_or(s.unknown.priority),
+                deadline_ms: s.unknown.deadline_ms,
             },
         };
         // A hint may always ask to wait longer; it may not jump above the tenant's ceiling.
@@ -166,6 +197,7 @@ impl Policy for TenantPriority {
         let mut decision = Decision {
             priority: Some(priority),
             tenant: Some(placement.tenant.to_owned()),
+            deadline_ms: placement.deadline_ms,
             ..Decision::allow()
         };
         if let Some(header) = &s.tenant_header {
@@ -194,7 +226,7 @@ mod tests {
         format!(
             r#""settings": {{
                 "tenants": {{
-                    "chat": {{"api_keys": ["{}"], "uids": [1000], "priority": -5, "ceiling": -10}},
+                    "chat": {{"api_keys": ["{}"], "uids": [1000], "priority": -5, "ceiling": -10, "deadline_ms": 2000}},
                     "batch": {{"uids": [1001], "priority": 10}}
                 }},
                 "unknown": {{"tenant": "public", "priority": 5, "ceiling": 0}},
@@ -249,6 +281,12 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_class_may_carry_a_deadline() {
+        assert_eq!(eval(UID_1000).deadline_ms, Some(2000));
+        assert_eq!(eval(UID_1001).deadline_ms, None);
+    }
+
+    #[test]
     fn unknown_callers_can_be_refused() {
         let input = r#"{"request": {"peer": {"uid": 4242, "gid": 1}},
                         "settings": {"deny_unknown": true, "tenants": {"a": {"uids": [1], "priority": 0}}}}"#;
@@ -284,6 +322,7 @@ mod tests {
             r#"{"tenants": {"a": {"uids": [7], "priority": 0}, "b": {"uids": [7], "priority": 0}}}"#.into(),
             r#"{"tenants": {"a": {"priority": 0, "ceiling": 3}}}"#.into(),
             r#"{"unknown": {"priority": 0, "ceiling": 1}}"#.into(),
+            r#"{"tenants": {"a": {"uids": [7], "priority": 0, "deadline_ms": 0}}}"#.into(),
             r#"{"tenant_header": "X Tenant"}"#.into(),
             r#"{"tenants": {"a": {"uids": [7]}}}"#.into(),
             r#"{"tenant": {}}"#.into(),

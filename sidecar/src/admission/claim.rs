@@ -27,6 +27,10 @@ pub struct Claim {
     pub kv: u64,
     /// Who it is in the live view (`live::Request::key`), so a waiter can be named; 0: untagged.
     pub tag: u64,
+    /// Its own deadline (the client's `X-Slotgate-Deadline-Ms` or a policy's `deadline_ms`), when
+    /// it set one shorter than the queue timeout: it must start by then. Within a priority level
+    /// the earliest deadline is served first, while its tenant is within its fair share.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl Claim {
@@ -54,7 +58,14 @@ impl Claim {
             slots: 1,
             kv: 0,
             tag: 0,
+            deadline: None,
         }
+    }
+
+    /// Due by `deadline` (its own, shorter than the queue timeout).
+    pub fn due(mut self, deadline: Option<tokio::time::Instant>) -> Claim {
+        self.deadline = deadline;
+        self
     }
 
     /// Named `tag` in the live view.
@@ -91,6 +102,7 @@ impl Claim {
             slots: 1,
             kv: 0,
             tag: 0,
+            deadline: None,
         }
     }
 }

@@ -54,6 +54,8 @@ pub struct Exchange {
     /// In front of llama-server's router: the model's id (one the router lists).
     model: Option<Arc<str>>,
     queue_wait: Option<Duration>,
+    /// Its own deadline from arrival (header or policy), when it set one.
+    deadline: Option<Duration>,
     upstream: Option<Duration>,
     status: Option<u16>,
     outcome: Option<Outcome>,
@@ -90,6 +92,7 @@ impl Exchange {
             tenant: None,
             model: None,
             queue_wait: None,
+            deadline: None,
             upstream: None,
             status: None,
             outcome: None,
@@ -129,6 +132,12 @@ impl Exchange {
     /// The router's model the request was queued for (its id: bounded by the router's list).
     pub fn set_model(&mut self, id: &str) {
         self.model = Some(id.into());
+    }
+
+    /// The deadline the request was scheduled by (its own, from arrival).
+    pub fn set_deadline(&mut self, deadline: Duration) {
+        self.live.set_deadline(deadline);
+        self.deadline = Some(deadline);
     }
 
     pub fn set_queue_wait(&mut self, wait: Duration) {
@@ -288,6 +297,7 @@ impl Drop for Exchange {
             ("tenant", self.tenant.as_deref().map(Field::Str)),
             ("model", self.model.as_deref().map(Field::Str)),
             ("queue_wait_ms", ms(self.queue_wait)),
+            ("deadline_ms", ms(self.deadline)),
             ("reserved_tokens", self.reserved.map(Field::Num)),
             (
                 "prompt_tokens",

@@ -107,12 +107,23 @@ pub(super) async fn admit(
         }
         None => (&app.admission, deadline),
     };
+    // Its own deadline, when shorter than the queue timeout: it must start by then, or leave
+    // the queue without reaching llama-server.
+    let own = decided
+        .deadline
+        .map(|d| ctx.arrived + d)
+        .filter(|d| *d < deadline && !ctx.preflight);
+    if let Some(d) = own {
+        ex.set_deadline(d - ctx.arrived);
+    }
+    let deadline = own.unwrap_or(deadline);
     // Again, after any policy capped max_tokens: what the scheduler charges up front and holds
     // (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
     let demand = demand_of(app, intake)?;
     let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge)
         .holding(demand.slots, demand.kv)
-        .tagged(ex.live().key);
+        .tagged(ex.live().key)
+        .due(own);
     ex.set_tenant(claim.tenant.clone());
     let queue = crate::otel::phase(ex.span(), "queue");
     let (slot, queue_wait, demand) = match admission.enter(claim, deadline)? {

@@ -21,6 +21,8 @@ use super::Ctx;
 /// What the chain decided for an allowed request.
 pub(super) struct Decided {
     pub priority: i64,
+    /// Its own deadline, from arrival: the client's header or a policy's, the shorter.
+    pub deadline: Option<std::time::Duration>,
     /// The decision the chain came to, when there was a chain.
     pub decision: Option<Decision>,
     /// Headers the policies add to the response.
@@ -39,6 +41,10 @@ pub(super) async fn decide(
             true => intake.summary.priority_hint.unwrap_or(0),
             false => 0,
         },
+        deadline: intake
+            .summary
+            .deadline_ms
+            .map(std::time::Duration::from_millis),
         decision: None,
         response_headers: BTreeMap::new(),
     };
@@ -65,6 +71,10 @@ pub(super) async fn decide(
         ChainOutcome::Allow(mut decision) => {
             // A policy's priority replaces the client's hint (policies clamp hints themselves).
             decided.priority = decision.priority.unwrap_or(decided.priority);
+            if let Some(ms) = decision.deadline_ms.filter(|ms| *ms > 0) {
+                let theirs = std::time::Duration::from_millis(ms);
+                decided.deadline = Some(decided.deadline.map_or(theirs, |d| d.min(theirs)));
+            }
             intake.apply(&decision.mutations)?;
             decided.response_headers = std::mem::take(&mut decision.mutations.response_headers);
             decided.decision = Some(decision);

@@ -100,7 +100,11 @@ impl Intake {
             Some(d) => d.ask(json.as_ref().unwrap_or(&Value::Null)),
             None => Ask::default(),
         };
-        let summary = summarize(&parts, json.as_ref(), &ask, peer);
+        let mut summary = summarize(&parts, json.as_ref(), &ask, peer);
+        // Only a request that takes a slot waits for one: elsewhere the header means nothing.
+        if dialect.is_some() {
+            summary.deadline_ms = deadline_of(&parts.headers)?;
+        }
         Ok(Intake {
             parts,
             body,
@@ -153,6 +157,8 @@ pub(crate) fn summarize(
         prompt_tokens: None,
         reserved_tokens: None,
         priority_hint: j.get("priority").and_then(Value::as_i64),
+        // Read from its header by `Intake::new` (a slot route's).
+        deadline_ms: None,
         peer,
         api_key: api_key_hash(&parts.headers),
         headers: SUMMARY_HEADERS
@@ -192,6 +198,23 @@ pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
 /// `sha256:<hex>` of the caller's key, so no policy, log line or label ever holds the key itself.
 fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
     api_key(headers).map(hash_api_key)
+}
+
+/// The client's own deadline, `X-Slotgate-Deadline-Ms`: milliseconds from arrival, a whole number
+/// from 1. Anything else is a 400 `invalid_deadline` (a typo must not silently mean "no deadline").
+fn deadline_of(headers: &http::HeaderMap) -> Result<Option<u64>, GateError> {
+    let Some(value) = headers.get(super::DEADLINE_HEADER) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    match text.parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Some(ms)),
+        _ => Err(GateError::InvalidDeadline(format!(
+            "{}: `{}` is not a deadline; give the milliseconds from now the answer is worth waiting for, a whole number from 1 (it is capped by the queue timeout)",
+            super::DEADLINE_HEADER,
+            String::from_utf8_lossy(value.as_bytes())
+        ))),
+    }
 }
 
 /// The `model` parameter of a query string, decoded.

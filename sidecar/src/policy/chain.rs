@@ -7,6 +7,7 @@
 //!   another allows;
 //! - `tenant`: the first policy that names one (put the identity policy first);
 //! - `weight`: the smallest any policy set, so no policy can give a tenant more than another allows;
+//! - `deadline_ms`: the smallest any policy set (the client's own header may cut it further);
 //! - mutations: the smallest `cap_max_tokens`; `disable_prompt_cache` and `strip_id_slot` if any
 //!   policy asks; response headers merged, a later policy winning a name both set.
 
@@ -90,6 +91,10 @@ pub fn fold<'a>(steps: impl IntoIterator<Item = Step<'a>>) -> ChainOutcome {
         combined.cost = max_opt(combined.cost, decision.cost);
         combined.priority = max_opt(combined.priority, decision.priority);
         combined.weight = match (combined.weight, decision.weight) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        combined.deadline_ms = match (combined.deadline_ms, decision.deadline_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -204,6 +209,26 @@ mod tests {
             panic!("{out:?}")
         };
         assert_eq!(d.weight, Some(2.0));
+    }
+
+    #[test]
+    fn the_shortest_deadline_wins() {
+        let due = |ms: Option<u64>| {
+            Ok(Decision {
+                deadline_ms: ms,
+                ..Decision::allow()
+            })
+        };
+        let out = fold([
+            step("a", Mode::Enforce, OnError::Deny, due(Some(30_000))),
+            step("b", Mode::Enforce, OnError::Deny, due(None)),
+            step("c", Mode::Enforce, OnError::Deny, due(Some(2_000))),
+            step("m", Mode::Monitor, OnError::Deny, due(Some(5))),
+        ]);
+        let ChainOutcome::Allow(d) = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(d.deadline_ms, Some(2_000));
     }
 
     #[test]

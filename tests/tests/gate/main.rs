@@ -9,6 +9,7 @@ mod admission;
 mod bad_input;
 mod burst;
 mod cost;
+mod deadlines;
 mod displacement;
 mod doomed_waits;
 mod early_reject;

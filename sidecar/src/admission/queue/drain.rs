@@ -192,17 +192,22 @@ impl Admission {
     }
 
     /// Seconds `claim` would wait if queued now: the work in service plus the waiters that would be
-    /// served before it (more urgent; as urgent and of its own tenant, or of a tenant served no more
-    /// than its own). `None` until a service time or token rate has been measured: no estimate is no
+    /// served before it (a smaller `Place`: more urgent; as urgent with an earlier deadline; or of
+    /// its own tenant, or of a tenant served no more than its own). `None` until a service time or token rate has been measured: no estimate is no
     /// ground to refuse.
     pub(super) fn wait_before(&self, st: &State, claim: &Claim, now: Instant) -> Option<f64> {
         let mine = st.tenants.counter(&claim.tenant);
+        let counter = |w: &Waiter| st.tenants.counter(&w.claim.tenant);
+        let any_due =
+            claim.deadline.is_some() || st.waiters.values().any(|w| w.claim.deadline.is_some());
+        let least = match any_due {
+            true => st.waiters.values().map(counter).fold(mine, f64::min),
+            false => f64::MAX,
+        };
+        let me = self.place(claim, claim.priority, mine, least, st.next_seq);
         let first = |w: &Waiter| {
-            let p = self.effective(w, now);
-            p < claim.priority
-                || (p == claim.priority
-                    && (w.claim.tenant == claim.tenant
-                        || st.tenants.counter(&w.claim.tenant) <= mine))
+            let p = self.place(&w.claim, self.effective(w, now), counter(w), least, 0);
+            p.cmp(&me).is_lt()
         };
         let (ahead, ahead_tokens) = st
             .waiters

@@ -289,15 +289,26 @@ impl Admission {
             self.publish(&mut st);
             return Ok(Entry::Admitted(self.guard(&claim, hold)));
         }
-        if self.shared.fairness.reject_doomed {
+        // A request's own deadline is always held to: it said how long its answer is worth.
+        let own = claim.deadline.filter(|d| *d <= deadline);
+        if self.shared.fairness.reject_doomed || own.is_some() {
             let now = Instant::now();
-            let left = deadline.saturating_duration_since(now).as_secs_f64();
+            let by = own.unwrap_or(deadline);
+            let left = by.saturating_duration_since(now).as_secs_f64();
             if let Some(estimate) = self.wait_before(&st, &claim, now) {
                 if estimate > left {
-                    return Err(GateError::WaitTooLong {
-                        estimate: estimate.ceil() as u64,
-                        limit: left.ceil() as u64,
-                        retry_after: self.retry_after(&mut st, claim.cost),
+                    let retry_after = self.retry_after(&mut st, claim.cost);
+                    return Err(match own {
+                        Some(_) => GateError::DeadlineUnreachable {
+                            estimate: Duration::from_secs_f64(estimate.min(1e9)),
+                            deadline: Duration::from_secs_f64(left),
+                            retry_after,
+                        },
+                        None => GateError::WaitTooLong {
+                            estimate: estimate.ceil() as u64,
+                            limit: left.ceil() as u64,
+                            retry_after,
+                        },
                     });
                 }
             }
@@ -402,16 +413,43 @@ impl Admission {
             .saturating_sub(i64::try_from(levels).unwrap_or(i64::MAX))
     }
 
-    /// The waiter served next: most urgent, then least-served tenant, then first come.
+    /// The waiter served next: the smallest [`Place`].
     fn next_waiter(&self, st: &State, now: Instant) -> Option<u64> {
+        let least = Self::least_counter(st, |t| st.tenants.counter(t));
         st.waiters
             .iter()
             .map(|(seq, w)| {
                 let counter = st.tenants.counter(&w.claim.tenant);
-                (self.effective(w, now), counter, *seq)
+                self.place(&w.claim, self.effective(w, now), counter, least, *seq)
             })
-            .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)))
-            .map(|(_, _, seq)| seq)
+            .min_by(Place::cmp)
+            .map(|p| p.seq)
+    }
+
+    /// Where a claim stands in the service order, its tenant's counter at `counter` and the least
+    /// counter of any waiting tenant `least` (only looked at when some waiter has a deadline).
+    fn place(&self, claim: &Claim, effective: i64, counter: f64, least: f64, seq: u64) -> Place {
+        // A deadline counts while its tenant is no more than this request ahead of the least
+        // served: a tenant sending only short deadlines cannot take more than its share.
+        let due = claim.deadline.filter(|_| counter <= least + claim.charge());
+        Place {
+            priority: effective,
+            due,
+            counter,
+            seq,
+        }
+    }
+
+    /// The least counter of the tenants waiting with a deadline beside others (`f64::MAX`: no
+    /// waiter has a deadline, so none is compared).
+    fn least_counter(st: &State, counter: impl Fn(&str) -> f64) -> f64 {
+        if !st.waiters.values().any(|w| w.claim.deadline.is_some()) {
+            return f64::MAX;
+        }
+        st.waiters
+            .values()
+            .map(|w| counter(&w.claim.tenant))
+            .fold(f64::MAX, f64::min)
     }
 
     /// The slots requests are admitted to now.
@@ -694,6 +732,39 @@ impl Admission {
     }
 }
 
+/// Where a waiter stands in the service order, smallest first:
+///
+/// 1. its effective priority (after aging);
+/// 2. then, within a priority level, the waiters with a deadline (see [`Claim::deadline`]) by the
+///    earliest, while their tenant is within its fair share (no more than that request ahead of
+///    the least-served waiting tenant); the others after them;
+/// 3. then its tenant's virtual counter (the least served first);
+/// 4. then arrival.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    priority: i64,
+    due: Option<Instant>,
+    counter: f64,
+    seq: u64,
+}
+
+impl Place {
+    fn cmp(&self, other: &Place) -> std::cmp::Ordering {
+        // A deadline comes before none (`None` sorts first in `Option`'s order, so compare by hand).
+        let due = match (self.due, other.due) {
+            (Some(a), Some(b)) => a.cmp(&b),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        };
+        self.priority
+            .cmp(&other.priority)
+            .then(due)
+            .then(self.counter.total_cmp(&other.counter))
+            .then(self.seq.cmp(&other.seq))
+    }
+}
+
 /// What [`Admission::enter`] gives: a slot now, or a place in the queue.
 pub enum Entry {
     Admitted(SlotGuard),
@@ -722,7 +793,7 @@ impl Ticket {
             Ok(Err(_)) => Grant::ShuttingDown { retry_after: 1 },
             Err(_) => match self.leave() {
                 Some(grant) => grant,
-                None => return Err(GateError::QueueTimeout(self.queued.elapsed())),
+                None => return Err(self.timed_out(deadline)),
             },
         };
         self.resolved = true;
@@ -731,7 +802,7 @@ impl Ticket {
             // after the timeout", so the slot goes straight on to the next waiter.
             Grant::Slot(hold) if Instant::now() > deadline => {
                 self.guard(hold).settle(0);
-                Err(GateError::QueueTimeout(self.queued.elapsed()))
+                Err(self.timed_out(deadline))
             }
             Grant::Slot(hold) => Ok((self.guard(hold), self.queued.elapsed())),
             Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
@@ -752,6 +823,15 @@ impl Ticket {
                 reason: reason.to_string(),
                 retry_after,
             }),
+        }
+    }
+
+    /// Its wait reached `deadline`: its own (504 `deadline_exceeded`) or the queue timeout.
+    fn timed_out(&self, deadline: Instant) -> GateError {
+        let waited = self.queued.elapsed();
+        match self.claim.deadline.is_some_and(|own| own <= deadline) {
+            true => GateError::DeadlineExceeded(waited),
+            false => GateError::QueueTimeout(waited),
         }
     }
 

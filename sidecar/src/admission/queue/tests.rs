@@ -870,3 +870,123 @@ async fn a_model_being_loaded_queues_its_requests_and_refuses_a_wait_that_cannot
     }
     assert!(p.is_idle());
 }
+
+/// A claim of `tenant` due `secs` from now (at priority 0, cost 1).
+fn due(tenant: &str, secs: Option<u64>) -> Claim {
+    Claim::test(tenant, 0).due(secs.map(|s| Instant::now() + Duration::from_secs(s)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn within_a_priority_the_earliest_deadline_goes_first() {
+    let adm = Admission::new(1, 8);
+    let order = served_order(
+        &adm,
+        vec![
+            ("none", due("a", None), None),
+            ("late", due("b", Some(50)), None),
+            ("soon", due("c", Some(20)), None),
+            ("urgent-none", Claim::test("d", -1), None),
+        ],
+    )
+    .await;
+    // A more urgent priority still goes first; then deadlines by the earliest; then the rest.
+    assert_eq!(order, ["urgent-none", "soon", "late", "none"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_gives_no_precedence_to_a_tenant_beyond_its_share() {
+    let adm = Admission::new(1, 8);
+    // `busy` is served 100 tokens while `quiet` waits for 1.
+    let (busy, _) = adm.acquire(claim("busy", 0, 100), far()).await.unwrap();
+    let quiet = {
+        let adm = adm.clone();
+        tokio::spawn(async move { adm.acquire(claim("quiet", 0, 1), far()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(busy);
+    let (quiet, _) = quiet.await.unwrap().unwrap();
+    // Now `busy` is 99 tokens ahead: its deadline does not put it before `quiet`'s next request.
+    let log = Log::default();
+    let due_one = request(
+        &adm,
+        &log,
+        "busy-due",
+        due("busy", Some(20)),
+        Duration::from_millis(10),
+        None,
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let plain = request(
+        &adm,
+        &log,
+        "quiet",
+        claim("quiet", 0, 1),
+        Duration::from_millis(10),
+        None,
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(quiet);
+    due_one.await.unwrap().unwrap();
+    plain.await.unwrap().unwrap();
+    assert_eq!(tags(&log), ["quiet", "busy-due"], "fair share first");
+    // Within its share a deadline does go first: `quiet` again, against a plain `busy` request.
+    let order = served_order(
+        &adm,
+        vec![
+            ("busy", claim("busy", 0, 1), None),
+            ("quiet-due", due("quiet", Some(20)), None),
+        ],
+    )
+    .await;
+    assert_eq!(order, ["quiet-due", "busy"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_reaching_its_own_deadline_leaves_the_queue_with_its_reason() {
+    // Doomed waits are not refused here: the wait itself must end at the deadline.
+    let adm = Admission::new(1, 8);
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let claim = due("a", Some(2));
+    let by = claim.deadline.unwrap();
+    let err = adm.acquire(claim, by).await.err().unwrap();
+    assert!(matches!(err, GateError::DeadlineExceeded(_)), "{err:?}");
+    assert_eq!((err.status(), err.code()), (504, "deadline_exceeded"));
+    assert_eq!(err.outcome().label(), "deadline_exceeded");
+    // Without a deadline of its own, the queue timeout is what it reaches.
+    let err = adm
+        .acquire(c(0), Instant::now() + Duration::from_secs(1))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, GateError::QueueTimeout(_)), "{err:?}");
+    assert_eq!(adm.stats().depth, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_that_cannot_be_made_is_refused_at_arrival_even_without_doomed_wait_refusal() {
+    let adm = Admission::new(1, 8);
+    // 3 s a request, measured.
+    for _ in 0..3 {
+        let (mut slot, _) = adm.acquire(c(0), far()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        slot.complete();
+    }
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let claim = due("a", Some(1));
+    let by = claim.deadline.unwrap();
+    let err = adm.enter(claim, by).err().unwrap();
+    assert!(
+        matches!(err, GateError::DeadlineUnreachable { .. }),
+        "{err:?}"
+    );
+    assert_eq!((err.status(), err.code()), (429, "deadline_unreachable"));
+    assert!(err.retry_after().unwrap() >= 3, "{err:?}");
+    assert!(err.to_string().contains("deadline"), "{err}");
+    // One that can make it queues; a plain one queues too (doomed-wait refusal is off).
+    let claim = due("b", Some(10));
+    let by = claim.deadline.unwrap();
+    assert!(adm.enter(claim, by).is_ok());
+    assert!(adm
+        .enter(c(0), Instant::now() + Duration::from_secs(1))
+        .is_ok());
+}

@@ -22,12 +22,14 @@ pub struct WaiterView {
     /// Seconds from now until it is expected to start, by the same model as Retry-After: the work
     /// in service and the waiters served before it, over the throughput measured.
     pub expected_start_seconds: f64,
+    /// Seconds from now to its own deadline, when it set one.
+    pub deadline_in_seconds: Option<f64>,
 }
 
 impl Admission {
     /// The first `limit` waiters in the order they will be served, if nothing else arrives: by
-    /// effective priority, then the tenant's virtual counter (which grows by each charge as its
-    /// waiters are served in turn), then arrival.
+    /// their `Place` (effective priority, a deadline within the tenant's share, the tenant's
+    /// virtual counter, which grows by each charge as its waiters are served in turn, arrival).
     pub fn waiters(&self, limit: usize) -> Vec<WaiterView> {
         let st = self.lock();
         let now = Instant::now();
@@ -43,15 +45,23 @@ impl Admission {
             .collect();
         let mut ahead = st.drain.in_service;
         let mut out = Vec::with_capacity(limit.min(left.len()));
+        let any_due = st.waiters.values().any(|w| w.claim.deadline.is_some());
         while out.len() < limit && !left.is_empty() {
+            let least = match any_due {
+                true => left
+                    .iter()
+                    .map(|(seq, _)| counters[&*st.waiters[seq].claim.tenant])
+                    .fold(f64::MAX, f64::min),
+                false => f64::MAX,
+            };
+            let place = |(seq, effective): &(u64, i64)| {
+                let claim = &st.waiters[seq].claim;
+                self.place(claim, *effective, counters[&*claim.tenant], least, *seq)
+            };
             let (at, _) = left
                 .iter()
                 .enumerate()
-                .min_by(|(_, a), (_, b)| {
-                    let ca = counters[&*st.waiters[&a.0].claim.tenant];
-                    let cb = counters[&*st.waiters[&b.0].claim.tenant];
-                    a.1.cmp(&b.1).then(ca.total_cmp(&cb)).then(a.0.cmp(&b.0))
-                })
+                .min_by(|(_, a), (_, b)| place(a).cmp(&place(b)))
                 .expect("not empty");
             let (seq, effective) = left.swap_remove(at);
             let w = &st.waiters[&seq];
@@ -65,6 +75,10 @@ impl Admission {
                 slots: w.claim.slots,
                 kv: w.claim.kv,
                 expected_start_seconds: self.start_after(&st, ahead, out.len()),
+                deadline_in_seconds: w
+                    .claim
+                    .deadline
+                    .map(|d| d.saturating_duration_since(now).as_secs_f64()),
             });
             ahead += w.claim.cost as f64;
             if let Some(c) = counters.get_mut(&*w.claim.tenant) {

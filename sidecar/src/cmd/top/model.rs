@@ -109,6 +109,8 @@ pub struct Waiter {
     pub reserved_tokens: u64,
     pub slots: u64,
     pub expected_start_seconds: f64,
+    /// Until its own deadline (`null` without one).
+    pub deadline_in_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -17,7 +17,7 @@ fn live() -> Live {
              "expected_start_seconds": 1.5},
             {"request_id": "wait-a", "path": "/v1/chat/completions", "tenant": "alice", "priority": 5,
              "effective_priority": 4, "age_seconds": 2.0, "reserved_tokens": 1200, "slots": 1,
-             "expected_start_seconds": 3.0}
+             "expected_start_seconds": 3.0, "deadline_in_seconds": 4.5}
         ]},
         "requests": [
             {"request_id": "old-one", "method": "POST", "path": "/v1/chat/completions", "tenant": "alice",
@@ -116,8 +116,8 @@ fn the_snapshot_shows_slots_queue_tenants_and_rates() {
             "/v1/chat/completions",
             "2.0s",
             "1.2k",
-            "in",
-            "3.0s"
+            "3.0s",
+            "≤4.5s"
         ]
     );
     let bob: Vec<&str> = lines
