@@ -26,6 +26,7 @@ mod observability_kit;
 mod readme;
 mod router;
 mod routes_source;
+mod service_levels;
 mod soak_ci;
 mod top;
 mod traces;
