@@ -228,6 +228,7 @@ pub fn status(app: &App) -> serde_json::Value {
         },
         "models": app.models.status(),
         "model_turns": app.models.turns_status(),
+        "bands": bands(app),
         "service_time_seconds": q.service_seconds,
         "estimated_wait_seconds": q.wait_seconds,
         "draining": q.closed,
@@ -246,6 +247,37 @@ pub fn status(app: &App) -> serde_json::Value {
 
 /// Waiters listed in /live, the next to be served first.
 const LIVE_WAITERS: usize = 200;
+
+/// `/status` → `bands`: each overload band over every pool, what it holds and may hold.
+fn bands(app: &App) -> Vec<serde_json::Value> {
+    let pools = queues(app);
+    let mut out: Vec<crate::admission::BandStats> = app.admission.band_stats();
+    for s in &mut out {
+        s.slots_busy = 0;
+        s.waiting = 0;
+    }
+    for (_, a) in &pools {
+        for (i, s) in a.band_stats().into_iter().enumerate() {
+            if let Some(o) = out.get_mut(i) {
+                o.slots_busy += s.slots_busy;
+                o.waiting += s.waiting;
+            }
+        }
+    }
+    out.into_iter()
+        .map(|b| {
+            json!({
+                "band": &*b.name,
+                "priorities": [b.priorities.0, b.priorities.1],
+                "slots_busy": b.slots_busy,
+                "slot_limit": b.slot_limit,
+                "waiting": b.waiting,
+                "queue_limit": b.queue_limit,
+                "refused": b.refused,
+            })
+        })
+        .collect()
+}
 
 /// `GET /live`: what is inside slotgate now, for `slotgate top` and scripts (docs/live.md). Field
 /// names are stable; new ones may be added.

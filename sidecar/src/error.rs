@@ -43,6 +43,15 @@ pub enum GateError {
         retry_after: Duration,
     },
     #[error(
+        "requests of band `{band}` already hold its share of the queue ({waiting} waiting); the other places are kept for other work; retry after {}s",
+        whole_seconds(.retry_after)
+    )]
+    BandQueueFull {
+        band: String,
+        waiting: usize,
+        retry_after: Duration,
+    },
+    #[error(
         "a more urgent request took this request's place in the queue; retry after {}s",
         whole_seconds(.retry_after)
     )]
@@ -123,10 +132,11 @@ pub enum Outcome {
     PolicyDenied,
     PolicyError,
     DeadlineExceeded,
+    BandQueueFull,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 18] = [
+    pub const ALL: [Outcome; 19] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -145,6 +155,7 @@ impl Outcome {
         Outcome::PolicyDenied,
         Outcome::PolicyError,
         Outcome::DeadlineExceeded,
+        Outcome::BandQueueFull,
     ];
 
     pub fn label(self) -> &'static str {
@@ -167,6 +178,7 @@ impl Outcome {
             Outcome::PolicyDenied => "policy_denied",
             Outcome::PolicyError => "policy_error",
             Outcome::DeadlineExceeded => "deadline_exceeded",
+            Outcome::BandQueueFull => "band_queue_full",
         }
     }
 }
@@ -186,6 +198,7 @@ impl GateError {
             | GateError::TooManyCompletions { .. } => 400,
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
+            | GateError::BandQueueFull { .. }
             | GateError::Displaced { .. }
             | GateError::WaitTooLong { .. }
             | GateError::DeadlineUnreachable { .. } => 429,
@@ -217,6 +230,7 @@ impl GateError {
             GateError::ContextTooLong { .. } => "exceed_context_size_error",
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
+            | GateError::BandQueueFull { .. }
             | GateError::Displaced { .. }
             | GateError::WaitTooLong { .. }
             | GateError::DeadlineUnreachable { .. } => "rate_limit_error",
@@ -250,6 +264,7 @@ impl GateError {
             GateError::TooManyCompletions { .. } => "too_many_completions",
             GateError::QueueFull { .. } => "queue_full",
             GateError::TenantQueueFull { .. } => "tenant_queue_full",
+            GateError::BandQueueFull { .. } => "band_queue_full",
             GateError::Displaced { .. } => "displaced",
             GateError::WaitTooLong { .. } => "estimated_wait_too_long",
             GateError::DeadlineUnreachable { .. } => "deadline_unreachable",
@@ -281,6 +296,7 @@ impl GateError {
             | GateError::ContextTooLong { .. } => Outcome::BadRequest,
             GateError::QueueFull { .. } => Outcome::QueueFull,
             GateError::TenantQueueFull { .. } => Outcome::TenantQueueFull,
+            GateError::BandQueueFull { .. } => Outcome::BandQueueFull,
             GateError::Displaced { .. } => Outcome::Displaced,
             GateError::WaitTooLong { .. } | GateError::DeadlineUnreachable { .. } => {
                 Outcome::WaitTooLong
@@ -303,6 +319,7 @@ impl GateError {
         match self {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
+            | GateError::BandQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }
             | GateError::DeadlineUnreachable { retry_after, .. }
@@ -321,6 +338,7 @@ impl GateError {
         match self {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
+            | GateError::BandQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }
             | GateError::DeadlineUnreachable { retry_after, .. }

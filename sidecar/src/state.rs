@@ -77,6 +77,19 @@ impl App {
             reject_doomed: config.reject_doomed_waits,
         };
         let admission = Admission::with_fairness(slots, config.queue_depth, fairness);
+        let bands = crate::admission::Bands::new(
+            config
+                .bands
+                .iter()
+                .map(|b| crate::admission::Band {
+                    name: b.name.as_str().into(),
+                    priorities: b.priorities,
+                    slots: b.slots,
+                    queue: b.queue,
+                })
+                .collect(),
+        );
+        admission.set_bands(bands.clone());
         let capacity = Capacity::new(upstream.clone(), config.kv_pool, config.launch.clone());
         let models = Models::new(
             upstream.clone(),
@@ -89,6 +102,7 @@ impl App {
                 tenant_queue_share: config.tenant_queue_share,
                 overrides: config.models.clone(),
                 turns: config.model_turns,
+                bands,
             },
         );
         App {

@@ -31,6 +31,8 @@ pub struct Claim {
     /// it set one shorter than the queue timeout: it must start by then. Within a priority level
     /// the earliest deadline is served first, while its tenant is within its fair share.
     pub deadline: Option<tokio::time::Instant>,
+    /// Its overload band (see `admission::bands`), set by the queue when it arrives.
+    pub band: Option<usize>,
 }
 
 impl Claim {
@@ -59,6 +61,7 @@ impl Claim {
             kv: 0,
             tag: 0,
             deadline: None,
+            band: None,
         }
     }
 
@@ -103,6 +106,7 @@ impl Claim {
             kv: 0,
             tag: 0,
             deadline: None,
+            band: None,
         }
     }
 }

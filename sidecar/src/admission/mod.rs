@@ -1,15 +1,17 @@
 //! Admission: who may use one of the upstream's slots now, who waits, in what order, and who is
 //! turned away.
 
+mod bands;
 mod claim;
 mod demand;
 mod fair;
 mod queue;
 mod turns;
 
+pub use bands::{Band, Bands};
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
 pub use queue::{
-    Admission, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket, WaiterView,
+    Admission, BandStats, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket, WaiterView,
 };
 pub use turns::Turns;

@@ -118,6 +118,18 @@ pub struct Config {
     pub policies: Vec<PolicySpec>,
     /// Per-model overrides in front of llama-server's router, by the name the file gives.
     pub models: std::collections::BTreeMap<String, ModelOverride>,
+    /// Overload bands (`[bands.NAME]`), by their lowest priority.
+    pub bands: Vec<BandSpec>,
+}
+
+/// One overload band as configured (`[bands.NAME]`; see `admission::bands`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BandSpec {
+    pub name: String,
+    /// Both ends included.
+    pub priorities: (i64, i64),
+    pub slots: Option<f64>,
+    pub queue: Option<f64>,
 }
 
 /// What one model behind llama-server's router has of its own (`[models."NAME"]`).
@@ -275,6 +287,7 @@ impl Config {
             )?,
             policies: policy_chain(s.policy, s.policy_flags)?,
             models: model_overrides(s.models.unwrap_or_default())?,
+            bands: bands_of(s.bands.unwrap_or_default())?,
         })
     }
 
@@ -334,6 +347,19 @@ impl Config {
             policy_settings: None,
             policy_flags: None,
             policy: (!self.policies.is_empty()).then(|| self.policies.clone()),
+            bands: (!self.bands.is_empty()).then(|| {
+                self.bands
+                    .iter()
+                    .map(|b| {
+                        let table = BandTable {
+                            priorities: [b.priorities.0, b.priorities.1],
+                            slots: b.slots,
+                            queue: b.queue,
+                        };
+                        (b.name.clone(), table)
+                    })
+                    .collect()
+            }),
             models: (!self.models.is_empty()).then(|| {
                 self.models
                     .iter()
@@ -349,6 +375,55 @@ impl Config {
             }),
         }
     }
+}
+
+/// The `[bands.NAME]` tables, checked: a range each, not overlapping another; shares in (0, 1].
+fn bands_of(
+    tables: std::collections::BTreeMap<String, BandTable>,
+) -> Result<Vec<BandSpec>, ConfigError> {
+    let mut bands = Vec::new();
+    for (name, t) in tables {
+        let [lo, hi] = t.priorities;
+        if lo > hi {
+            return Err(invalid(
+                "bands.priorities",
+                format!("band `{name}`: [{lo}, {hi}] is no range; give [lowest, highest]"),
+            ));
+        }
+        for (what, share) in [("bands.slots", t.slots), ("bands.queue", t.queue)] {
+            if let Some(v) = share.filter(|v| !(*v > 0.0 && *v <= 1.0)) {
+                return Err(invalid(
+                    what,
+                    format!("band `{name}`: {v} is not a share in (0, 1]"),
+                ));
+            }
+        }
+        if t.slots.is_none() && t.queue.is_none() {
+            return Err(invalid(
+                "bands",
+                format!("band `{name}`: limits nothing; give `slots`, `queue` or both"),
+            ));
+        }
+        bands.push(BandSpec {
+            name,
+            priorities: (lo, hi),
+            slots: t.slots,
+            queue: t.queue,
+        });
+    }
+    bands.sort_by_key(|b| b.priorities.0);
+    for pair in bands.windows(2) {
+        if pair[1].priorities.0 <= pair[0].priorities.1 {
+            return Err(invalid(
+                "bands.priorities",
+                format!(
+                    "bands `{}` and `{}` overlap: a priority belongs to one band",
+                    pair[0].name, pair[1].name
+                ),
+            ));
+        }
+    }
+    Ok(bands)
 }
 
 /// The `[models."NAME"]` tables, checked.

@@ -362,6 +362,12 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub models: Option<std::collections::BTreeMap<String, ModelTable>>,
 
+    /// Overload bands: `[bands.NAME]` tables, each a range of priorities with the most of the
+    /// slots and queue places it may hold (docs/scheduling.md#overload-bands).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bands: Option<std::collections::BTreeMap<String, BandTable>>,
+
     /// The `[state]` table of the config file.
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -427,6 +433,20 @@ pub struct ModelTable {
     /// How long its requests may wait, loading included (default: `queue-timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_timeout: Option<Dur>,
+}
+
+/// A `[bands.NAME]` table: a class of work by its priorities, and its limits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct BandTable {
+    /// Its priorities, `[lowest, highest]`, both included (lower is more urgent).
+    pub priorities: [i64; 2],
+    /// The most of the slots its requests may hold, a share in (0, 1] (at least one slot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<f64>,
+    /// The most of the queue places its requests may hold, a share in (0, 1] (at least one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<f64>,
 }
 
 impl Settings {

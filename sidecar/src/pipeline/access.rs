@@ -56,6 +56,8 @@ pub struct Exchange {
     queue_wait: Option<Duration>,
     /// Its own deadline from arrival (header or policy), when it set one.
     deadline: Option<Duration>,
+    /// The overload band its priority falls in.
+    band: Option<Arc<str>>,
     upstream: Option<Duration>,
     status: Option<u16>,
     outcome: Option<Outcome>,
@@ -93,6 +95,7 @@ impl Exchange {
             model: None,
             queue_wait: None,
             deadline: None,
+            band: None,
             upstream: None,
             status: None,
             outcome: None,
@@ -138,6 +141,11 @@ impl Exchange {
     pub fn set_deadline(&mut self, deadline: Duration) {
         self.live.set_deadline(deadline);
         self.deadline = Some(deadline);
+    }
+
+    /// The overload band the request was scheduled in.
+    pub fn set_band(&mut self, band: Arc<str>) {
+        self.band = Some(band);
     }
 
     pub fn set_queue_wait(&mut self, wait: Duration) {
@@ -298,6 +306,7 @@ impl Drop for Exchange {
             ("model", self.model.as_deref().map(Field::Str)),
             ("queue_wait_ms", ms(self.queue_wait)),
             ("deadline_ms", ms(self.deadline)),
+            ("band", self.band.as_deref().map(Field::Str)),
             ("reserved_tokens", self.reserved.map(Field::Num)),
             (
                 "prompt_tokens",

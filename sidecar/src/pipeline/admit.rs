@@ -125,6 +125,9 @@ pub(super) async fn admit(
         .tagged(ex.live().key)
         .due(own);
     ex.set_tenant(claim.tenant.clone());
+    if let Some(band) = admission.band_of(claim.priority) {
+        ex.set_band(band);
+    }
     let queue = crate::otel::phase(ex.span(), "queue");
     let (slot, queue_wait, demand) = match admission.enter(claim, deadline)? {
         Entry::Admitted(slot) => {

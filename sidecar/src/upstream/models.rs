@@ -59,6 +59,8 @@ pub struct Defaults {
     pub overrides: std::collections::BTreeMap<String, ModelOverride>,
     /// `--model-turns`.
     pub turns: ModelTurns,
+    /// Overload bands, the same in every model's pool.
+    pub bands: crate::admission::Bands,
 }
 
 /// One model's pool.
@@ -272,6 +274,7 @@ impl Models {
         if d.turns != ModelTurns::Off {
             admission.join_turns(&self.inner.turns);
         }
+        admission.set_bands(d.bands.clone());
         Pool {
             id: id.to_owned(),
             admission,

@@ -93,3 +93,77 @@ async fn short_deadlines_go_first_or_are_refused_and_none_waits_past_its_deadlin
     gate.assert_idle().await;
     llama.assert_idle().await;
 }
+
+/// A flood of background work (priority 10, a band holding at most half the queue) on one real
+/// slot: the flood gets its places and 429 `band_queue_full` beyond them, and interactive requests
+/// sent meanwhile still find a place and start within one service time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_background_flood_within_its_band_leaves_room_for_interactive_work() {
+    let _one = serial().await;
+    let llama = LlamaServer::start(1).await;
+    let n = llama
+        .tokens_for(Duration::from_millis(400), (20, 4000))
+        .await;
+    let config = unique_dir("bands").join("slotgate.toml");
+    std::fs::write(
+        &config,
+        "[bands.background]\npriorities = [10, 1000]\nqueue = 0.5\n",
+    )
+    .unwrap();
+    let gate = Gate::one_slot(8)
+        .queue_timeout("60s")
+        .trust_client_priority()
+        .opt("--config", config.display())
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    let service = {
+        let t0 = std::time::Instant::now();
+        chat_usage(
+            &gate.client().post_json(CHAT, &chat(PROMPT, n, false)).await,
+            n,
+        );
+        t0.elapsed()
+    };
+    let mut background = chat(PROMPT, n, false);
+    background["priority"] = 10.into();
+    let flood: Vec<_> = (0..12)
+        .map(|_| spawn_post(&gate.client(), CHAT, &Req::from_json(background.clone())))
+        .collect();
+    let s = gate
+        .wait_status(
+            Duration::from_secs(5),
+            "the band's four places taken",
+            |s| s["bands"][0]["waiting"] == 4,
+        )
+        .await;
+    assert_eq!(s["bands"][0]["queue_limit"], 4, "{s}");
+    // Three interactive requests, one after another, while the flood is still queued.
+    for _ in 0..3 {
+        let resp = gate.client().post_json(CHAT, &chat(PROMPT, n, false)).await;
+        chat_usage(&resp, n);
+        let waited = Duration::from_millis(queue_wait_ms(&resp));
+        assert!(
+            waited <= service + service / 2,
+            "waited {waited:?}, one answer takes {service:?}"
+        );
+    }
+    let (mut served, mut refused) = (0, 0);
+    for (resp, _) in join_all(flood).await {
+        match resp.status.as_u16() {
+            200 => served += 1,
+            429 => {
+                assert_error(&resp, 429, "band_queue_full");
+                refused += 1;
+            }
+            other => panic!("{other}: {}", resp.body),
+        }
+    }
+    // One in service and four waiting at the flood's peak; the rest refused at arrival.
+    assert_eq!((served, refused), (5, 7));
+    let s = gate.status().await;
+    assert_eq!(s["bands"][0]["refused"], 7, "{s}");
+    gate.wait_outcome("band_queue_full", 7).await;
+    gate.assert_idle().await;
+    llama.assert_idle().await;
+}

@@ -414,3 +414,29 @@ fn the_llama_server_settings_are_checked_and_shown_and_the_key_never() {
     assert!(err.contains("control bytes"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn overload_bands_are_checked_and_printed() {
+    let file = config_file(
+        "[bands.background]\npriorities = [10, 1000]\nslots = 0.5\nqueue = 0.25\n\n[bands.batch]\npriorities = [1, 9]\nqueue = 0.5\n",
+    );
+    let out = check(&["--config", file.to_str().unwrap()], &[]);
+    let s = settings(&out);
+    let bg = &get(&s, "bands")["background"];
+    assert_eq!(bg["priorities"].as_array().unwrap().len(), 2, "{bg}");
+    assert_eq!(bg["slots"].as_float(), Some(0.5));
+    assert_eq!(get(&s, "bands")["batch"]["queue"].as_float(), Some(0.5));
+    for (bad, says) in [
+        ("[bands.a]\npriorities = [5, 1]\nqueue = 0.5\n", "no range"),
+        ("[bands.a]\npriorities = [1, 5]\nqueue = 1.5\n", "not a share"),
+        ("[bands.a]\npriorities = [1, 5]\n", "limits nothing"),
+        (
+            "[bands.a]\npriorities = [1, 5]\nqueue = 0.5\n[bands.b]\npriorities = [5, 9]\nslots = 0.5\n",
+            "overlap",
+        ),
+    ] {
+        let file = config_file(bad);
+        let why = rejected(&["--config", file.to_str().unwrap()]);
+        assert!(why.contains(says), "{bad}: {why}");
+    }
+}

@@ -30,6 +30,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::bands::Bands;
 use super::claim::Claim;
 use super::fair::Tenants;
 use super::turns::{Seat, Turns};
@@ -82,6 +83,8 @@ struct Shared {
     /// Its place in the turns the router's models take while their threads oversubscribe the
     /// CPUs (see `admission::turns`).
     turn: std::sync::OnceLock<Seat>,
+    /// Its overload bands (see `admission::bands`); none until set.
+    bands: std::sync::OnceLock<Bands>,
     state: Mutex<State>,
 }
 
@@ -114,6 +117,8 @@ struct State {
     ready_at: Option<Instant>,
     /// What [`Admission::publish`] last added to the unlabelled gauges, which sum every pool.
     shown: (f64, f64, f64),
+    /// Slots held by each band's requests in service (by band index; grown on use).
+    band_busy: Vec<usize>,
 }
 
 struct Waiter {
@@ -151,6 +156,21 @@ enum Grant {
 struct Hold {
     slots: usize,
     kv: u64,
+    /// The band it counts against.
+    band: Option<usize>,
+}
+
+/// One overload band of a pool now, for `/status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BandStats {
+    pub name: Arc<str>,
+    pub priorities: (i64, i64),
+    pub slots_busy: usize,
+    pub slot_limit: Option<usize>,
+    pub waiting: usize,
+    pub queue_limit: Option<usize>,
+    /// Refused since start, its share of the queue full (over every pool).
+    pub refused: u64,
 }
 
 /// A point-in-time view for /status and for Retry-After.
@@ -240,6 +260,7 @@ impl Admission {
                 fairness,
                 model,
                 turn: std::sync::OnceLock::new(),
+                bands: std::sync::OnceLock::new(),
                 state: Mutex::new(State {
                     busy: 0,
                     serving: 0,
@@ -254,6 +275,7 @@ impl Admission {
                     paused: false,
                     ready_at: None,
                     shown: (0.0, 0.0, 0.0),
+                    band_busy: Vec::new(),
                 }),
             }),
         }
@@ -277,7 +299,8 @@ impl Admission {
     /// A slot at once when one is free and nobody waits, else a place in the queue (or the refusal:
     /// full, doomed, over the tenant's share, shutting down). The caller may use the time queued
     /// (e.g. to count the prompt and [`Ticket::recost`]) before it [`Ticket::wait`]s.
-    pub fn enter(&self, claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
+    pub fn enter(&self, mut claim: Claim, deadline: Instant) -> Result<Entry, GateError> {
+        claim.band = self.bands().of(claim.priority);
         let mut st = self.lock();
         if st.closed {
             return Err(GateError::ShuttingDown { retry_after: 1 });
@@ -321,6 +344,24 @@ impl Admission {
                     waiting,
                     retry_after: self.retry_after(&mut st, claim.cost),
                 });
+            }
+        }
+        if let Some(b) = claim.band {
+            // A band holding its share of the places: the rest are for the other bands.
+            if let Some(limit) = self.bands().queue_limit(b, self.shared.capacity) {
+                let waiting = st
+                    .waiters
+                    .values()
+                    .filter(|w| w.claim.band == Some(b))
+                    .count();
+                if waiting >= limit {
+                    self.bands().refused(b);
+                    return Err(GateError::BandQueueFull {
+                        band: self.bands().get(b).name.to_string(),
+                        waiting,
+                        retry_after: self.retry_after(&mut st, claim.cost),
+                    });
+                }
             }
         }
         if st.waiters.len() >= self.shared.capacity {
@@ -372,7 +413,13 @@ impl Admission {
                 tx,
             },
         );
-        self.publish(&mut st);
+        if self.bands().is_empty() {
+            self.publish(&mut st);
+        } else {
+            // The waiters ahead may be held back only by their band's share of the slots: this one
+            // may start now (dispatch publishes).
+            self.dispatch(&mut st);
+        }
         Ok(Entry::Queued(Ticket {
             admission: self.clone(),
             seq,
@@ -418,6 +465,8 @@ impl Admission {
         let least = Self::least_counter(st, |t| st.tenants.counter(t));
         st.waiters
             .iter()
+            // A waiter whose band holds its share of the slots waits without blocking the others.
+            .filter(|(_, w)| !self.band_full(st, &w.claim))
             .map(|(seq, w)| {
                 let counter = st.tenants.counter(&w.claim.tenant);
                 self.place(&w.claim, self.effective(w, now), counter, least, *seq)
@@ -489,12 +538,16 @@ impl Admission {
         Hold {
             slots: claim.slots.clamp(1, self.slots()),
             kv: self.pool().map_or(claim.kv, |p| claim.kv.min(p)),
+            band: claim.band,
         }
     }
 
     /// Whether `claim` can be admitted beside what is in service.
     fn fits(&self, st: &State, claim: &Claim) -> bool {
         if st.paused {
+            return false;
+        }
+        if self.band_full(st, claim) {
             return false;
         }
         if let Some(seat) = self.shared.turn.get() {
@@ -509,8 +562,71 @@ impl Admission {
         st.busy + hold.slots <= self.slots() && self.pool().is_none_or(|p| st.kv + hold.kv <= p)
     }
 
+    /// Whether `claim`'s band already holds its share of the slots, with some of it in service (a
+    /// band with nothing in service may start a request however many slots it takes).
+    fn band_full(&self, st: &State, claim: &Claim) -> bool {
+        let Some(b) = claim.band else {
+            return false;
+        };
+        let Some(limit) = self.bands().slot_limit(b, self.slots()) else {
+            return false;
+        };
+        let busy = st.band_busy.get(b).copied().unwrap_or(0);
+        busy > 0 && busy + self.hold_of(claim).slots > limit
+    }
+
+    /// The pool's overload bands (none until [`Admission::set_bands`]).
+    fn bands(&self) -> &Bands {
+        static NONE: std::sync::OnceLock<Bands> = std::sync::OnceLock::new();
+        self.shared
+            .bands
+            .get()
+            .unwrap_or_else(|| NONE.get_or_init(Bands::default))
+    }
+
+    /// Limits each band's share of the slots and queue places from now on (once).
+    pub fn set_bands(&self, bands: Bands) {
+        let _ = self.shared.bands.set(bands);
+    }
+
+    /// The band a request at `priority` belongs to, by name.
+    pub fn band_of(&self, priority: i64) -> Option<Arc<str>> {
+        let bands = self.bands();
+        bands.of(priority).map(|b| bands.get(b).name.clone())
+    }
+
+    /// Each band now: what it holds and may hold.
+    pub fn band_stats(&self) -> Vec<BandStats> {
+        let bands = self.bands();
+        let st = self.lock();
+        (0..bands.len())
+            .map(|b| {
+                let band = bands.get(b);
+                BandStats {
+                    name: band.name.clone(),
+                    priorities: band.priorities,
+                    slots_busy: st.band_busy.get(b).copied().unwrap_or(0),
+                    slot_limit: bands.slot_limit(b, self.slots()),
+                    waiting: st
+                        .waiters
+                        .values()
+                        .filter(|w| w.claim.band == Some(b))
+                        .count(),
+                    queue_limit: bands.queue_limit(b, self.shared.capacity),
+                    refused: bands.refused_total(b),
+                }
+            })
+            .collect()
+    }
+
     /// Counts `hold` (of a request charged `cost`) as in service.
     fn take(&self, st: &mut State, hold: Hold, cost: u64) {
+        if let Some(b) = hold.band {
+            if st.band_busy.len() <= b {
+                st.band_busy.resize(b + 1, 0);
+            }
+            st.band_busy[b] += hold.slots;
+        }
         st.busy += hold.slots;
         st.kv += hold.kv;
         st.serving += 1;

@@ -65,6 +65,9 @@ impl Drop for SlotGuard {
         let mut st = self.admission.lock();
         st.drain.in_service = (st.drain.in_service - self.cost as f64).max(0.0);
         st.busy = st.busy.saturating_sub(self.hold.slots);
+        if let Some(busy) = self.hold.band.and_then(|b| st.band_busy.get_mut(b)) {
+            *busy = busy.saturating_sub(self.hold.slots);
+        }
         st.kv = st.kv.saturating_sub(self.hold.kv);
         st.serving = st.serving.saturating_sub(1);
         if self.completed {

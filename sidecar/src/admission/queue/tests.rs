@@ -990,3 +990,76 @@ async fn a_deadline_that_cannot_be_made_is_refused_at_arrival_even_without_doome
         .enter(c(0), Instant::now() + Duration::from_secs(1))
         .is_ok());
 }
+
+/// A pool of `slots` and `capacity` places with one band, `background` (priorities 10 and up).
+fn banded(
+    slots: usize,
+    capacity: usize,
+    slot_share: Option<f64>,
+    queue_share: Option<f64>,
+) -> Admission {
+    let adm = Admission::new(slots, capacity);
+    adm.set_bands(crate::admission::Bands::new(vec![crate::admission::Band {
+        name: "background".into(),
+        priorities: (10, i64::MAX),
+        slots: slot_share,
+        queue: queue_share,
+    }]));
+    adm
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_band_holding_its_share_of_the_queue_is_refused_while_others_still_queue() {
+    let adm = banded(1, 8, None, Some(0.25));
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let _bg: Vec<Ticket> = (0..2)
+        .map(|_| match adm.enter(c(10), far()).unwrap() {
+            Entry::Queued(t) => t,
+            Entry::Admitted(_) => panic!("admitted past a busy slot"),
+        })
+        .collect();
+    let err = adm.enter(c(20), far()).err().unwrap();
+    assert!(
+        matches!(&err, GateError::BandQueueFull { band, waiting: 2, .. } if band == "background"),
+        "{err:?}"
+    );
+    assert_eq!((err.status(), err.code()), (429, "band_queue_full"));
+    assert!(err.retry_after().is_some());
+    // Interactive work still finds places.
+    let _interactive: Vec<Entry> = (0..4).map(|_| adm.enter(c(0), far()).unwrap()).collect();
+    let s = adm.band_stats();
+    assert_eq!(
+        (s[0].waiting, s[0].queue_limit, s[0].refused),
+        (2, Some(2), 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_band_at_its_share_of_the_slots_waits_without_holding_back_the_others() {
+    let adm = banded(4, 8, Some(0.5), None);
+    let (b1, _) = adm.acquire(c(10), far()).await.unwrap();
+    let (b2, _) = adm.acquire(c(10), far()).await.unwrap();
+    // The band's two slots are taken: a third background request waits, two slots free.
+    let b3 = {
+        let adm = adm.clone();
+        tokio::spawn(async move { adm.acquire(c(10), far()).await.map(|(s, _)| s) })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!((adm.stats().busy, adm.stats().depth), (2, 1));
+    // Interactive requests behind it go straight to the free slots.
+    let (i1, w1) = adm.acquire(c(0), far()).await.unwrap();
+    let (i2, w2) = adm.acquire(c(0), far()).await.unwrap();
+    assert_eq!((w1, w2), (Duration::ZERO, Duration::ZERO));
+    assert_eq!(adm.band_stats()[0].slots_busy, 2);
+    // An interactive request ending does not let the band past its share.
+    drop(i1);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(adm.stats().depth, 1, "the band still holds its two slots");
+    // One of the band's own ending does.
+    drop(b1);
+    let b3 = b3.await.unwrap().unwrap();
+    assert_eq!(adm.band_stats()[0].slots_busy, 2);
+    drop((b2, b3, i2));
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth, adm.band_stats()[0].slots_busy), (0, 0, 0));
+}
