@@ -145,6 +145,7 @@ fn totals(app: &App) -> crate::admission::QueueStats {
         q.depth += m.depth;
         q.kv_reserved += m.kv_reserved;
         q.tokens_in_service += m.tokens_in_service;
+        q.with_deadline += m.with_deadline;
     }
     q
 }
@@ -211,7 +212,12 @@ pub fn status(app: &App) -> serde_json::Value {
         },
         "kv_pool": app.capacity.status(q.kv_reserved),
         "requests_in_service": q.serving,
-        "queue": { "depth": q.depth, "capacity": q.capacity, "tenant_limit": q.tenant_limit },
+        "queue": {
+            "depth": q.depth,
+            "capacity": q.capacity,
+            "tenant_limit": q.tenant_limit,
+            "with_deadline": q.with_deadline,
+        },
         "fairness": {
             "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),
             "tenants": tenants,

@@ -96,6 +96,7 @@ async fn within_a_priority_the_earliest_deadline_is_served_first() {
         .filter_map(|r| r["deadline_ms"].as_u64())
         .collect();
     assert_eq!(live_deadline.len(), 2, "{live}");
+    assert_eq!(gate.status().await["queue"]["with_deadline"], 2);
     hold.await.unwrap();
     for (resp, _) in join_all(tasks).await {
         assert_eq!(resp.status, 200, "{}", resp.body);

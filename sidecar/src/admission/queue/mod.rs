@@ -193,6 +193,8 @@ pub struct QueueStats {
     pub closed: bool,
     /// Tokens reserved (claim costs) by the requests in service.
     pub tokens_in_service: f64,
+    /// Waiters with a deadline of their own (see `Claim::deadline`).
+    pub with_deadline: usize,
 }
 
 impl QueueStats {
@@ -747,6 +749,11 @@ impl Admission {
             wait_seconds: self.wait_seconds(st),
             closed: st.closed,
             tokens_in_service: st.drain.in_service,
+            with_deadline: st
+                .waiters
+                .values()
+                .filter(|w| w.claim.deadline.is_some())
+                .count(),
         }
     }
 
