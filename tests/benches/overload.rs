@@ -3,7 +3,8 @@
 //!
 //! 1. Retry-After hit rate: bursts of 8 against one slot and two queue places; every client turned
 //!    away retries exactly at the Retry-After it was told. Answers are of mixed length, as in real
-//!    traffic. The figure: the share of retries that got in.
+//!    traffic, and (the short-burst shape) all about 0.3 s. The figure: the share of retries that
+//!    got in.
 //! 2. Goodput under overload: open-loop (Poisson) arrivals at 1x and at 10x the rate the slot can
 //!    serve, for the same time each. Goodput is requests answered 200 (so within their queue timeout)
 //!    per second; the ratio 10x / 1x shows whether overload costs served work.
@@ -11,7 +12,8 @@
 //! Run with `bash scripts/bench-overload.sh` (release binary), or by hand:
 //! `SLOTGATE_BIN=target/release/slotgate cargo bench -p slotgate-tests --bench overload`.
 //! `OVERLOAD_SECONDS` sets the length of each goodput run (default 30), `OVERLOAD_ROUNDS` the bursts
-//! of each Retry-After run (default 8, about 40 retries).
+//! of each Retry-After run (default 8, about 40 retries); `OVERLOAD_ONLY=retry-after` skips the
+//! goodput runs, `OVERLOAD_VERBOSE=1` prints each retry that missed.
 
 use std::time::{Duration, Instant};
 
@@ -33,13 +35,16 @@ trait Workload: Sync {
     fn body(&self, tag: &str, draw: f64) -> Value;
 }
 
-/// The real llama-server: `max_tokens` between 0.5x and 1.5x of a length taking ~`target`.
+/// The real llama-server: `max_tokens` between 0.5x and 1.5x of a length taking ~`target`, or
+/// (`equal`) every answer the same length.
 struct Llama {
     tokens: u64,
+    equal: bool,
 }
 
 impl Workload for Llama {
     fn body(&self, _tag: &str, draw: f64) -> Value {
+        let draw = if self.equal { 0.5 } else { draw };
         let n = ((self.tokens as f64) * (0.5 + draw)).round().max(1.0) as u64;
         llama::chat(PROMPT, n, false)
     }
@@ -80,7 +85,14 @@ async fn run() {
     let tokens = llama
         .tokens_for(Duration::from_millis(300), (16, 1500))
         .await;
-    let llama_work = Llama { tokens };
+    let llama_work = Llama {
+        tokens,
+        equal: false,
+    };
+    let short_burst = Llama {
+        tokens,
+        equal: true,
+    };
 
     let rounds: usize = std::env::var("OVERLOAD_ROUNDS")
         .ok()
@@ -106,7 +118,16 @@ async fn run() {
         "real llama-server : {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
+    // The short-burst shape of issue 22: every answer about 0.3 s.
+    let (hits, tries) = retry_rounds(&g, &short_burst, rounds).await;
+    println!(
+        "real llama-server, equal 0.3 s answers: {hits} of {tries} retries got in ({:.1}%)",
+        pct(hits, tries)
+    );
     drop(g);
+    if std::env::var("OVERLOAD_ONLY").as_deref() == Ok("retry-after") {
+        return;
+    }
 
     println!("\n== Goodput (answered 200 per second), open-loop arrivals for {seconds} s per run, queue 4, queue timeout {QUEUE_TIMEOUT}");
     for (name, work, up) in [
@@ -185,8 +206,17 @@ async fn retry_rounds(gate: &RunningGate, work: &dyn Workload, rounds: usize) ->
                         return None;
                     }
                     let wait = retry_after(&first);
+                    let told_ms = first.header("retry-after-ms");
                     tokio::time::sleep(Duration::from_secs(wait)).await;
                     let second = client.post_json(CHAT, &body).await;
+                    if second.status != 200 && std::env::var("OVERLOAD_VERBOSE").is_ok() {
+                        eprintln!(
+                            "miss: told {wait} s (retry-after-ms {told_ms:?}), then {} {:?} retry-after {:?}",
+                            second.status,
+                            second.header("x-slotgate-reason"),
+                            second.header("retry-after-ms"),
+                        );
+                    }
                     Some(second.status == 200)
                 })
             })
