@@ -325,8 +325,9 @@ impl Admission {
                     let retry_after = self.retry_after(&mut st, claim.cost);
                     return Err(match own {
                         Some(_) => GateError::DeadlineUnreachable {
-                            estimate: Duration::from_secs_f64(estimate.min(1e9)),
-                            deadline: Duration::from_secs_f64(left),
+                            estimate: Duration::try_from_secs_f64(estimate)
+                                .unwrap_or(Duration::MAX),
+                            deadline: Duration::try_from_secs_f64(left).unwrap_or_default(),
                             retry_after,
                         },
                         None => GateError::WaitTooLong {
