@@ -18,10 +18,12 @@
 //! test: a LiteLLM start costs seconds, and its cooldowns are state each scenario hands on.
 //!
 //! 1. The keys and the model list are the example's.
-//! 2. A saturated pair (its slot held and its one queue place taken, its llama-server stopped
+//! 2. A burst of twice the slots (four chats of about a second, two pairs of one slot and one queue
+//!    place each) is served in full: no client sees a 429.
+//! 3. A saturated pair (its slot held and its one queue place taken, its llama-server stopped
 //!    meanwhile) answers 429 `queue_full`: LiteLLM serves from the other pair until slotgate's
 //!    Retry-After has passed, then uses both.
-//! 3. A tenant over its budget at one pair (budgets per pair, as token-budget keeps them in
+//! 4. A tenant over its budget at one pair (budgets per pair, as token-budget keeps them in
 //!    memory): pair A runs with `--policy-denial-status 403`, and LiteLLM serves the tenant from B
 //!    and keeps sending everybody else to A as well. Pair B answers the default 429, and LiteLLM
 //!    cools B down for everybody, for as long as that one tenant's Retry-After.
@@ -253,10 +255,16 @@ impl LiteLlm {
 
     /// A short chat completion of the example's model, as `tenant`, with `key` if any.
     async fn chat_with(&self, key: Option<&str>, tenant: &str) -> Response {
+        self.chat_of(key, tenant, 2).await
+    }
+
+    /// A chat completion of `max_tokens` (generated in full) as `tenant`, with `key` if any.
+    async fn chat_of(&self, key: Option<&str>, tenant: &str, max_tokens: u64) -> Response {
         let body = json!({
             "model": MODEL,
             "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": 2,
+            "max_tokens": max_tokens,
+            "ignore_eos": true,
         });
         let mut headers = vec![("x-tenant".to_owned(), tenant.to_owned())];
         if let Some(key) = key {
@@ -458,6 +466,7 @@ async fn litellm_routes_around_overload_but_not_around_one_tenants_budget() {
     let pairs = [&a, &b];
 
     keys_and_models_are_the_examples(&litellm, pairs).await;
+    a_burst_of_twice_the_slots_is_served(&litellm, pairs).await;
     a_saturated_pair_is_skipped_for_its_retry_after(&litellm, pairs).await;
     one_tenants_budget_cools_down_a_pair_only_as_a_429(&litellm, pairs).await;
 }
@@ -510,6 +519,62 @@ async fn keys_and_models_are_the_examples(litellm: &LiteLlm, pairs: [&Pair; 2]) 
     for pair in pairs {
         pair.assert_idle().await;
     }
+}
+
+/// A burst of twice the slots (four requests of about a second for two pairs of one slot), each
+/// pair with the example's queue place: every client is served. A first attempt a pair refuses
+/// (four landing on one pair) cools that pair down and is retried at once on the other, whose slot
+/// and queue place take it; with no queue places the same burst reached clients as LiteLLM's 429
+/// (issue 22), since the first refusal cools a pair down and the retries then find none.
+async fn a_burst_of_twice_the_slots_is_served(litellm: &LiteLlm, pairs: [&Pair; 2]) {
+    let refused_before =
+        pairs[0].refused(Refusal::Overload).await + pairs[1].refused(Refusal::Overload).await;
+    let told_before = [retry_afters(pairs[0]).await, retry_afters(pairs[1]).await];
+    let tokens = pairs[0]
+        .llama
+        .tokens_for(Duration::from_millis(1000), (50, 4000))
+        .await;
+    let one = |i: usize| async move {
+        litellm
+            .chat_of(Some(MASTER_KEY), &format!("burst-{i}"), tokens)
+            .await
+    };
+    let (r0, r1, r2, r3) = tokio::join!(one(0), one(1), one(2), one(3));
+    for resp in [r0, r1, r2, r3] {
+        assert_eq!(
+            resp.status,
+            200,
+            "a client of the burst: {}\n{}",
+            resp.body,
+            litellm.log_tail(30)
+        );
+        assert_eq!(
+            resp.json()["usage"]["completion_tokens"],
+            tokens,
+            "{}",
+            resp.body
+        );
+    }
+    let refused =
+        pairs[0].refused(Refusal::Overload).await + pairs[1].refused(Refusal::Overload).await;
+    eprintln!(
+        "burst of 4: {} first attempts refused and retried on the other pair",
+        refused - refused_before
+    );
+    for pair in pairs {
+        pair.assert_idle().await;
+    }
+    // A pair cooled down by a refusal of this burst is used again once its Retry-After has passed:
+    // the next scenario starts with both pairs in use.
+    let mut longest = 0.0f64;
+    for (pair, before) in pairs.iter().zip(told_before) {
+        let (count, sum) = retry_afters(pair).await;
+        if count > before.0 {
+            // Their sum: at least the longest of them.
+            longest = longest.max(sum - before.1);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs_f64(longest.ceil() + 0.5)).await;
 }
 
 /// Pair A is saturated: its slot held and its one queue place taken by requests sent to slotgate A
