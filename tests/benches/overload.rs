@@ -3,8 +3,8 @@
 //!
 //! 1. Retry-After hit rate: bursts of 8 against one slot and two queue places; every client turned
 //!    away retries exactly at the Retry-After it was told. Answers are of mixed length, as in real
-//!    traffic, and (the short-burst shape) all about 0.3 s. The figure: the share of retries that
-//!    got in.
+//!    traffic, and (the short-burst shape) all about 0.3 s, with each burst after the one before or
+//!    one every second (overlapping). The figure: the share of retries that got in.
 //! 2. Goodput under overload: open-loop (Poisson) arrivals at 1x and at 10x the rate the slot can
 //!    serve, for the same time each. Goodput is requests answered 200 (so within their queue timeout)
 //!    per second; the ratio 10x / 1x shows whether overload costs served work.
@@ -124,6 +124,12 @@ async fn run() {
         "real llama-server, equal 0.3 s answers: {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
+    // The same bursts one a second, each meeting the clients the one before sent back.
+    let (hits, tries) = retry_bursts(&g, &short_burst, rounds, Some(Duration::from_secs(1))).await;
+    println!(
+        "real llama-server, equal 0.3 s answers, a burst every second: {hits} of {tries} retries got in ({:.1}%)",
+        pct(hits, tries)
+    );
     drop(g);
     if std::env::var("OVERLOAD_ONLY").as_deref() == Ok("retry-after") {
         return;
@@ -184,8 +190,20 @@ fn pct(a: usize, b: usize) -> f64 {
     100.0 * a as f64 / b.max(1) as f64
 }
 
-/// Bursts of `BURST` at once; the ones turned away sleep their Retry-After and try once more.
+/// Bursts of `BURST` at once; the ones turned away sleep their Retry-After and try once more. Each
+/// burst starts once the one before is over.
 async fn retry_rounds(gate: &RunningGate, work: &dyn Workload, rounds: usize) -> (usize, usize) {
+    retry_bursts(gate, work, rounds, None).await
+}
+
+/// [`retry_rounds`], or with `every` a new burst that often, whether or not the one before is over
+/// (its returning clients and the next burst then meet).
+async fn retry_bursts(
+    gate: &RunningGate,
+    work: &dyn Workload,
+    rounds: usize,
+    every: Option<Duration>,
+) -> (usize, usize) {
     let client = gate.client();
     // Teach the drain estimate what a request costs.
     for i in 0..3 {
@@ -195,6 +213,7 @@ async fn retry_rounds(gate: &RunningGate, work: &dyn Workload, rounds: usize) ->
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
     let (mut hits, mut tries) = (0, 0);
+    let mut pending = Vec::new();
     for round in 0..rounds {
         let tasks: Vec<_> = (0..BURST)
             .map(|i| {
@@ -221,12 +240,25 @@ async fn retry_rounds(gate: &RunningGate, work: &dyn Workload, rounds: usize) ->
                 })
             })
             .collect();
-        for r in join_all(tasks).await.into_iter().flatten() {
-            tries += 1;
-            hits += usize::from(r);
+        match every {
+            None => {
+                for r in join_all(tasks).await.into_iter().flatten() {
+                    tries += 1;
+                    hits += usize::from(r);
+                }
+                gate.assert_idle().await;
+            }
+            Some(every) => {
+                pending.extend(tasks);
+                tokio::time::sleep(every).await;
+            }
         }
-        gate.assert_idle().await;
     }
+    for r in join_all(pending).await.into_iter().flatten() {
+        tries += 1;
+        hits += usize::from(r);
+    }
+    gate.assert_idle().await;
     (hits, tries)
 }
 
