@@ -256,14 +256,10 @@ const LIVE_WAITERS: usize = 200;
 
 /// `/status` → `bands`: each overload band over every pool, what it holds and may hold.
 fn bands(app: &App) -> Vec<serde_json::Value> {
-    let pools = queues(app);
+    // The server's own pool first (every pool has the same bands), then each model's added.
     let mut out: Vec<crate::admission::BandStats> = app.admission.band_stats();
-    for s in &mut out {
-        s.slots_busy = 0;
-        s.waiting = 0;
-    }
-    for (_, a) in &pools {
-        for (i, s) in a.band_stats().into_iter().enumerate() {
+    for p in app.models.all() {
+        for (i, s) in p.admission.band_stats().into_iter().enumerate() {
             if let Some(o) = out.get_mut(i) {
                 o.slots_busy += s.slots_busy;
                 o.waiting += s.waiting;

@@ -112,8 +112,13 @@ impl Pool {
     /// A request for it arrived: refused at once while a failed load backs off, else noted (for
     /// least-recently-used eviction).
     pub fn arrive(&self) -> Result<(), GateError> {
-        let mut l = self.lock();
-        l.used = Some(Instant::now());
+        self.lock().used = Some(Instant::now());
+        self.backoff_refusal()
+    }
+
+    /// While a failed load backs off: the 503 its requests get.
+    fn backoff_refusal(&self) -> Result<(), GateError> {
+        let l = self.lock();
         match l.retry_at {
             Some(at) if at > Instant::now() => Err(GateError::ModelUnavailable {
                 model: self.id.clone(),
@@ -129,7 +134,7 @@ impl Pool {
 
     /// A failed load's backoff has not run out: no new load is tried.
     fn backing_off(&self) -> bool {
-        self.lock().retry_at.is_some_and(|at| at > Instant::now())
+        self.backoff_refusal().is_err()
     }
 
     /// Some request waits for it: queued, in service, or outside the slots for its load.
@@ -306,7 +311,8 @@ impl Models {
             if !pool.admission.is_paused() {
                 return Ok(());
             }
-            pool.arrive()?;
+            // A load that failed while this one waited turns it away too.
+            pool.backoff_refusal()?;
             self.ensure_loaded(pool);
             tokio::select! {
                 _ = changed => {}
