@@ -146,6 +146,10 @@ fn totals(app: &App) -> crate::admission::QueueStats {
         q.kv_reserved += m.kv_reserved;
         q.tokens_in_service += m.tokens_in_service;
         q.with_deadline += m.with_deadline;
+        q.sheddable += m.sheddable;
+        q.yielding += m.yielding;
+        q.shed_requeued += m.shed_requeued;
+        q.shed_ended += m.shed_ended;
     }
     q
 }
@@ -235,6 +239,15 @@ pub fn status(app: &App) -> serde_json::Value {
         "models": app.models.status(),
         "model_turns": app.models.turns_status(),
         "bands": bands(app),
+        "shedding": {
+            "sheddable_priority": app.config.sheddable_priority,
+            "sheddable_in_service": q.sheddable,
+            "yielding": q.yielding,
+            "shed_before_first_byte": q.shed_requeued,
+            "shed_after_first_byte": q.shed_ended,
+            "guard_seconds": crate::admission::SHED_GUARD.as_secs_f64(),
+            "max_requeues": crate::admission::MAX_REQUEUES,
+        },
         "service_time_seconds": q.service_seconds,
         "estimated_wait_seconds": q.wait_seconds,
         "draining": q.closed,
@@ -304,6 +317,7 @@ pub fn live(app: &App) -> serde_json::Value {
                 "prompt_tokens": r.prompt_tokens,
                 "generated_tokens": r.generated_tokens,
                 "deadline_ms": r.deadline_ms,
+                "shed": r.shed,
             })
         })
         .collect();
@@ -384,6 +398,9 @@ pub fn live(app: &App) -> serde_json::Value {
             "in_service": q.serving,
             "kv_pool_tokens": q.kv_pool,
             "kv_reserved_tokens": q.kv_reserved,
+            "sheddable": q.sheddable,
+            "shed_before_first_byte": q.shed_requeued,
+            "shed_after_first_byte": q.shed_ended,
         },
         "queue": {
             "depth": q.depth,

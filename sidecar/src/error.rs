@@ -80,6 +80,13 @@ pub enum GateError {
     },
     #[error("{0}")]
     InvalidDeadline(String),
+    // Only ever the body of the error event that ends a shed stream (the status line went out
+    // with the answer's beginning).
+    #[error(
+        "this sheddable request yielded its slot to a more urgent one and its answer was ended here; retry after {}s",
+        whole_seconds(.retry_after)
+    )]
+    Shed { retry_after: Duration },
     #[error("llama-server did not begin its answer within {0:?} (upstream first-byte timeout)")]
     UpstreamTimeout(Duration),
     #[error("the upstream did not become available before the request's deadline: {reason}")]
@@ -133,10 +140,12 @@ pub enum Outcome {
     PolicyError,
     DeadlineExceeded,
     BandQueueFull,
+    /// A sheddable request's answer, ended after its first byte for a more urgent request.
+    Shed,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 19] = [
+    pub const ALL: [Outcome; 20] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -156,6 +165,7 @@ impl Outcome {
         Outcome::PolicyError,
         Outcome::DeadlineExceeded,
         Outcome::BandQueueFull,
+        Outcome::Shed,
     ];
 
     pub fn label(self) -> &'static str {
@@ -179,6 +189,7 @@ impl Outcome {
             Outcome::PolicyError => "policy_error",
             Outcome::DeadlineExceeded => "deadline_exceeded",
             Outcome::BandQueueFull => "band_queue_full",
+            Outcome::Shed => "shed",
         }
     }
 }
@@ -208,7 +219,8 @@ impl GateError {
             GateError::Upstream(_) => 502,
             GateError::UpstreamUnavailable { .. }
             | GateError::ModelUnavailable { .. }
-            | GateError::ShuttingDown { .. } => 503,
+            | GateError::ShuttingDown { .. }
+            | GateError::Shed { .. } => 503,
             GateError::PolicyDenied { status, .. } => *status,
             GateError::PolicyFailed { .. } => 503,
         }
@@ -241,6 +253,7 @@ impl GateError {
             | GateError::UpstreamUnavailable { .. }
             | GateError::ModelUnavailable { .. }
             | GateError::ShuttingDown { .. }
+            | GateError::Shed { .. }
             | GateError::PolicyFailed { .. } => "server_error",
             GateError::PolicyDenied { status: 429, .. } => "rate_limit_error",
             GateError::PolicyDenied { .. } => "permission_error",
@@ -275,6 +288,7 @@ impl GateError {
             GateError::ModelUnavailable { .. } => "model_unavailable",
             GateError::Upstream(_) => "upstream_error",
             GateError::ShuttingDown { .. } => "shutting_down",
+            GateError::Shed { .. } => "shed",
             GateError::PolicyDenied { .. } => "policy_denied",
             GateError::PolicyFailed { .. } => "policy_error",
         }
@@ -308,6 +322,7 @@ impl GateError {
             | GateError::UpstreamUnavailable { .. }
             | GateError::ModelUnavailable { .. } => Outcome::UpstreamError,
             GateError::ShuttingDown { .. } => Outcome::ShuttingDown,
+            GateError::Shed { .. } => Outcome::Shed,
             GateError::PolicyDenied { .. } => Outcome::PolicyDenied,
             GateError::PolicyFailed { .. } => Outcome::PolicyError,
         }
@@ -323,6 +338,7 @@ impl GateError {
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }
             | GateError::DeadlineUnreachable { retry_after, .. }
+            | GateError::Shed { retry_after }
             | GateError::ModelUnavailable { retry_after, .. } => Some(whole_seconds(retry_after)),
             GateError::UpstreamUnavailable { retry_after, .. }
             | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
@@ -342,6 +358,7 @@ impl GateError {
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }
             | GateError::DeadlineUnreachable { retry_after, .. }
+            | GateError::Shed { retry_after }
             | GateError::ModelUnavailable { retry_after, .. } => {
                 let ms = retry_after.as_nanos().div_ceil(1_000_000);
                 Some(u64::try_from(ms).unwrap_or(u64::MAX).max(1))

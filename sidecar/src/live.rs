@@ -8,7 +8,9 @@
 //! read about once a second by whoever watches.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -101,6 +103,8 @@ pub struct Request {
     admitted_after: AtomicU64,
     /// Its own deadline, milliseconds after arrival; 0: none.
     deadline_ms: AtomicU64,
+    /// Times it was shed before its first byte and queued again.
+    shed: AtomicU32,
 }
 
 impl Request {
@@ -139,6 +143,17 @@ impl Request {
         self.deadline_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Shed before its first byte (`n` times in all): waiting again.
+    pub fn set_shed(&self, n: u32) {
+        self.shed.store(n, Ordering::Relaxed);
+        self.set_phase(Phase::Queued);
+    }
+
+    /// Given its slots again after a shed: the same slots as before.
+    pub fn readmitted(&self) {
+        self.admitted(self.slots.load(Ordering::Relaxed));
+    }
+
     /// Given its slots (`slots` of them): in service from now.
     pub fn admitted(&self, slots: usize) {
         self.slots.store(slots, Ordering::Relaxed);
@@ -169,6 +184,7 @@ impl Request {
             slots: self.slots.load(Ordering::Relaxed),
             stream: self.stream.load(Ordering::Relaxed),
             deadline_ms: Some(self.deadline_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0),
+            shed: self.shed.load(Ordering::Relaxed),
         }
     }
 }
@@ -193,6 +209,8 @@ pub struct RequestView {
     pub stream: bool,
     /// Its own deadline, milliseconds after arrival (header or policy).
     pub deadline_ms: Option<u64>,
+    /// Times it was shed before its first byte and queued again.
+    pub shed: u32,
 }
 
 /// How one request ended, for the totals.
@@ -404,6 +422,7 @@ impl Live {
             stream: AtomicBool::new(false),
             admitted_after: AtomicU64::new(0),
             deadline_ms: AtomicU64::new(0),
+            shed: AtomicU32::new(0),
         });
         self.inner.requests.insert(key, request.clone());
         Tracked {

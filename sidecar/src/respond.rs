@@ -55,6 +55,33 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
     resp
 }
 
+/// The error event that ends a stream slotgate cuts short (a shed request's): the error in the
+/// dialect's shape, as llama-server sends its own mid-stream errors: Anthropic's `event: error`,
+/// else a `data:` line with `{"error": ...}` (what the OpenAI SDKs raise as `APIError`).
+pub fn error_event(e: &GateError, dialect: Option<DialectRef>) -> Bytes {
+    let mut body = match dialect {
+        Some(d) => d.error_body(e),
+        None => dialect::openai_error(e),
+    };
+    // The status line is gone: when to retry travels in the event (`error.retry_after_ms`).
+    if let Some(ms) = e.retry_after_ms() {
+        if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&body) {
+            if let Some(err) = v.get_mut("error").and_then(|e| e.as_object_mut()) {
+                err.insert("retry_after_ms".into(), ms.into());
+                body = v.to_string().into_bytes();
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(body.len() + 24);
+    if dialect.is_some_and(|d| d.name() == "messages") {
+        out.extend_from_slice(b"event: error\n");
+    }
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(&body);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
 pub fn json(status: u16, value: &serde_json::Value) -> Response<Body> {
     json_bytes(status, value.to_string().into_bytes())
 }

@@ -75,6 +75,7 @@ impl App {
             aging: config.priority_aging,
             tenant_limit: config.tenant_queue_limit(),
             reject_doomed: config.reject_doomed_waits,
+            shed_from: config.sheddable_priority,
         };
         let admission = Admission::with_fairness(slots, config.queue_depth, fairness);
         let bands = crate::admission::Bands::new(

@@ -33,6 +33,10 @@ pub struct Claim {
     pub deadline: Option<tokio::time::Instant>,
     /// Its overload band (see `admission::bands`), set by the queue when it arrives.
     pub band: Option<usize>,
+    /// Times it was shed before its first byte and went back to the queue (see `admission::shed`).
+    pub shed: u32,
+    /// When it was last shed (the guard time runs from then).
+    pub shed_at: Option<tokio::time::Instant>,
 }
 
 impl Claim {
@@ -62,6 +66,8 @@ impl Claim {
             tag: 0,
             deadline: None,
             band: None,
+            shed: 0,
+            shed_at: None,
         }
     }
 
@@ -107,6 +113,8 @@ impl Claim {
             tag: 0,
             deadline: None,
             band: None,
+            shed: 0,
+            shed_at: None,
         }
     }
 }

@@ -12,6 +12,7 @@ pub use bands::{Band, Bands};
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
 pub use queue::{
-    Admission, BandStats, Entry, Fairness, QueueStats, SlotGuard, TenantStats, Ticket, WaiterView,
+    Admission, BandStats, Entry, Fairness, QueueStats, Shed, SlotGuard, TenantStats, Ticket,
+    WaiterView, MAX_REQUEUES, SHED_GUARD,
 };
 pub use turns::Turns;

@@ -95,6 +95,8 @@ pub struct Config {
     /// In front of a router: whether its models take turns (see `admission::turns`).
     pub model_turns: ModelTurns,
     pub reject_doomed_waits: bool,
+    /// Requests of this priority or less urgent may be shed for more urgent ones; `None`: off.
+    pub sheddable_priority: Option<i64>,
     /// The status a policy's 429 denial is sent with (429 unless configured).
     pub policy_denial_status: u16,
     pub max_connections: usize,
@@ -245,6 +247,7 @@ impl Config {
             upstream_metrics: s.upstream_metrics.unwrap_or(true),
             model_turns: s.model_turns.unwrap_or_default(),
             reject_doomed_waits: s.reject_doomed_waits.unwrap_or(true),
+            sheddable_priority: s.sheddable_priority,
             policy_denial_status,
             max_connections,
             drain_timeout: s.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
@@ -317,6 +320,7 @@ impl Config {
             upstream_metrics: Some(self.upstream_metrics),
             model_turns: Some(self.model_turns),
             reject_doomed_waits: Some(self.reject_doomed_waits),
+            sheddable_priority: self.sheddable_priority,
             policy_denial_status: Some(self.policy_denial_status),
             max_connections: Some(self.max_connections),
             drain_timeout: Some(Dur(self.drain_timeout)),

@@ -115,6 +115,14 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_aging: Option<Dur>,
 
+    /// Requests of priority P or less urgent (P and above) are sheddable: when a more urgent request
+    /// waits and every slot it needs is busy, a sheddable request holding one yields it. Before its
+    /// first byte it goes back to its place in the queue, unanswered; after it, its stream ends
+    /// with an error event (`shed`) telling it when to retry. Off unless set (docs/scheduling.md).
+    #[arg(long, env = "SLOTGATE_SHEDDABLE_PRIORITY", value_name = "P", allow_negative_numbers = true)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sheddable_priority: Option<i64>,
+
     /// The largest fraction of the queue one tenant may hold (at least one place); its further
     /// requests get 429 `tenant_queue_full` while other tenants can still queue. `1.0` turns the
     /// limit off. [default: 0.5]

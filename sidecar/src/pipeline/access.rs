@@ -58,6 +58,8 @@ pub struct Exchange {
     deadline: Option<Duration>,
     /// The overload band its priority falls in.
     band: Option<Arc<str>>,
+    /// Times it was shed before its first byte and queued again.
+    shed: u32,
     upstream: Option<Duration>,
     status: Option<u16>,
     outcome: Option<Outcome>,
@@ -96,6 +98,7 @@ impl Exchange {
             queue_wait: None,
             deadline: None,
             band: None,
+            shed: 0,
             upstream: None,
             status: None,
             outcome: None,
@@ -146,6 +149,12 @@ impl Exchange {
     /// The overload band the request was scheduled in.
     pub fn set_band(&mut self, band: Arc<str>) {
         self.band = Some(band);
+    }
+
+    /// Shed before its first byte: queued again.
+    pub fn shed(&mut self) {
+        self.shed += 1;
+        self.live.set_shed(self.shed);
     }
 
     pub fn set_queue_wait(&mut self, wait: Duration) {
@@ -307,6 +316,10 @@ impl Drop for Exchange {
             ("queue_wait_ms", ms(self.queue_wait)),
             ("deadline_ms", ms(self.deadline)),
             ("band", self.band.as_deref().map(Field::Str)),
+            (
+                "shed",
+                (self.shed > 0).then_some(Field::Num(self.shed.into())),
+            ),
             ("reserved_tokens", self.reserved.map(Field::Num)),
             (
                 "prompt_tokens",

@@ -46,7 +46,29 @@ pub struct GuardedBody {
     /// The trace's span of the request to llama-server: the first token is an event on it, and it
     /// ends with the answer.
     trace: tracing::Span,
+    /// Its API, and whether the answer is a stream of events: how a shed answer is ended.
+    dialect: Option<DialectRef>,
+    sse: bool,
+    /// Shed mid-answer: how far its end has gone (see [`Ending`]).
+    ending: Ending,
 }
+
+/// What polling a body for its next frame gives.
+type Polled = Poll<Option<Result<Frame<Bytes>, BodyError>>>;
+
+/// The end of a shed answer: its error event, a pause for it to be written out (hyper flushes
+/// while the body is pending, and drops what is unwritten when the body fails), then the abort.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    No,
+    EventSent,
+    Flushed,
+}
+
+/// The error that aborts a shed answer after its error event.
+#[derive(Debug, thiserror::Error)]
+#[error("the answer of a sheddable request was ended for a more urgent request (shed)")]
+pub struct ShedAbort;
 
 /// `--upstream-idle-timeout`: armed at the last frame, checked only while waiting for the next one.
 /// The timer is moved on lazily, when it fires, rather than reset for every streamed token.
@@ -110,6 +132,9 @@ impl GuardedBody {
             forwarded_at,
             first_byte: false,
             usage: UsageScanner::new(content_type, dialect.unwrap_or(dialect::CHAT)),
+            dialect,
+            sse: content_type.is_some_and(|t| t.starts_with("text/event-stream")),
+            ending: Ending::No,
             watch: None,
             idle: None,
             on_upstream_timeout: None,
@@ -205,6 +230,7 @@ impl GuardedBody {
                 | Outcome::ClientStalled
                 | Outcome::UpstreamTimeout
                 | Outcome::DrainTimeout
+                | Outcome::Shed
         );
         if abandoned {
             // Charged only what it was served: the tokens streamed before it left, and the prompt
@@ -281,6 +307,18 @@ impl HttpBody for GuardedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
+        match this.ending {
+            Ending::No => {}
+            Ending::EventSent => {
+                this.ending = Ending::Flushed;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Ending::Flushed => return Poll::Ready(Some(Err(Box::new(ShedAbort)))),
+        }
+        if let Some(shed) = this.poll_shed(cx) {
+            return shed;
+        }
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -332,7 +370,7 @@ impl HttpBody for GuardedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ending == Ending::No && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -373,6 +411,40 @@ impl Drop for GuardedBody {
 }
 
 impl GuardedBody {
+    /// A sheddable request told to yield mid-answer: the upstream connection is closed (llama-server
+    /// stops generating), the slot is given back once llama-server has seen it, the request is
+    /// charged what streamed and counted `shed`, and the client gets the error event (on a stream)
+    /// and then the abort.
+    fn poll_shed(&mut self, cx: &mut Context<'_>) -> Option<Polled> {
+        let held = self.held.as_mut()?;
+        let slot = held.slot.as_mut()?;
+        let Poll::Ready(shed) = slot.poll_shed(cx) else {
+            return None;
+        };
+        slot.ended_by_shed();
+        let error = crate::error::GateError::Shed {
+            retry_after: shed.retry_after,
+        };
+        held.exchange.refused(&error);
+        tracing::info!(
+            retry_after_ms = error.retry_after_ms(),
+            generated = self.usage.generated(),
+            "a sheddable answer was ended for a more urgent request"
+        );
+        self.inner = respond::full(Bytes::new());
+        self.settle(Outcome::Shed);
+        match self.sse {
+            true => {
+                self.ending = Ending::EventSent;
+                Some(Poll::Ready(Some(Ok(Frame::data(respond::error_event(
+                    &error,
+                    self.dialect,
+                ))))))
+            }
+            false => Some(Poll::Ready(Some(Err(Box::new(ShedAbort))))),
+        }
+    }
+
     /// Everything this body still holds, moved into a body of its own, to be read without a client.
     fn take_rest(&mut self) -> GuardedBody {
         GuardedBody {
@@ -388,6 +460,9 @@ impl GuardedBody {
             resumable: false,
             client_left: true,
             trace: std::mem::replace(&mut self.trace, tracing::Span::none()),
+            dialect: self.dialect,
+            sse: self.sse,
+            ending: Ending::No,
         }
     }
 

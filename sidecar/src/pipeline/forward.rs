@@ -47,15 +47,14 @@ pub(super) async fn forward(
 ) -> Result<Sent, GateError> {
     let Admitted {
         slot,
-        queue_wait,
-        deadline,
+        mut queue_wait,
+        mut deadline,
         no_autoload,
     } = admitted;
     // Every chat stream reports its usage; the client still gets the stream it asked for.
     let strip_usage = intake.ask_for_stream_usage()?;
-    let held = CancelGrace(slot);
     let inflight = app.upstream.inflight_guard();
-    let forwarded_at = Instant::now();
+    let mut forwarded_at = Instant::now();
     // A generation request goes out on a connection of its own when it streams (llama-server closes
     // it after the stream), or when reuse is off; a whole answer may reuse an idle one.
     let own_connection =
@@ -68,8 +67,57 @@ pub(super) async fn forward(
         intake.summary.model.as_deref(),
         &mut intake.parts.headers,
     );
-    let sent = send(app, intake, deadline, own_connection, no_autoload).await;
-    let slot = held.disarm();
+    let mut slot = slot;
+    let sent = loop {
+        let mut held = CancelGrace(slot);
+        let step = tokio::select! {
+            biased;
+            sent = send(app, intake, deadline, own_connection, no_autoload) => Some(sent),
+            // Sheddable and told to yield before its answer began: the attempt is dropped, which
+            // closes its connection (llama-server stops once it notices).
+            _ = told_to_yield(held.0.as_mut()) => None,
+        };
+        slot = held.disarm();
+        match step {
+            Some(Ok(resp)) => {
+                let Some(s) = slot.as_mut() else {
+                    break Ok(resp);
+                };
+                // Told to yield as the answer came: nothing has gone to the client yet.
+                if s.try_shed().is_none() {
+                    s.answering();
+                    break Ok(resp);
+                }
+                drop(resp);
+            }
+            Some(Err(e)) => break Err(e),
+            None => {}
+        }
+        // Back to its place in the queue, unanswered; then forwarded again, whole.
+        let Some(shed) = slot.take() else {
+            unreachable!("only a request holding a slot is told to yield");
+        };
+        let mut ticket = match shed.requeue(ABANDON_GRACE) {
+            Ok(ticket) => ticket,
+            Err(kept) => {
+                slot = Some(*kept);
+                continue;
+            }
+        };
+        ex.shed();
+        let timeout = intake
+            .pool
+            .get()
+            .map_or(app.config.queue_timeout, |p| p.queue_timeout);
+        deadline = Instant::now() + timeout;
+        tracing::debug!(request_id = %ex.request_id(), "shed before its first byte: queued again");
+        let (again, waited) = ticket.wait(deadline).await?;
+        queue_wait += waited;
+        ex.set_queue_wait(queue_wait);
+        ex.live().readmitted();
+        slot = Some(again);
+        forwarded_at = Instant::now();
+    };
     match sent {
         Ok(response) => {
             ex.set_status(response.status().as_u16());
@@ -103,6 +151,16 @@ pub(super) async fn forward(
             }
             Err(e)
         }
+    }
+}
+
+/// Ready when a sheddable request is told to yield its slot; never without a slot.
+async fn told_to_yield(slot: Option<&mut SlotGuard>) {
+    match slot {
+        Some(s) => {
+            s.shed().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use slotgate_tests::client::{raw_post, raw_responses};
 use slotgate_tests::llama::{chat, chat_usage, serial, LlamaServer, PROMPT};
 use slotgate_tests::*;
 
@@ -164,6 +165,179 @@ async fn a_background_flood_within_its_band_leaves_room_for_interactive_work() {
     let s = gate.status().await;
     assert_eq!(s["bands"][0]["refused"], 7, "{s}");
     gate.wait_outcome("band_queue_full", 7).await;
+    gate.assert_idle().await;
+    llama.assert_idle().await;
+}
+
+/// One slot of the 16k-token tiny model: long enough for generations of several seconds.
+async fn one_long_slot() -> slotgate_tests::llama::RunningLlama {
+    let mut argv = slotgate_tests::llama::server_argv(1);
+    let at = argv.iter().position(|a| a == "-c").unwrap();
+    argv[at + 1] = LONG_CTX.to_string();
+    let at = argv.iter().position(|a| a == "-m").unwrap();
+    argv[at + 1] = slotgate_tests::llama::LlamaPaths::get()
+        .model_long
+        .display()
+        .to_string();
+    LlamaServer::start_argv(argv).await
+}
+
+const LONG_CTX: u64 = 16_384;
+
+/// A one-slot llama-server behind slotgate with `--sheddable-priority 10`, priorities from the body.
+async fn shedding_gate(llama: &slotgate_tests::llama::RunningLlama) -> RunningGate {
+    Gate::one_slot(4)
+        .queue_timeout("60s")
+        .trust_client_priority()
+        .opt("--sheddable-priority", 10)
+        .upstream_path(llama.socket())
+        .start()
+        .await
+}
+
+fn at_priority(mut body: serde_json::Value, priority: i64) -> serde_json::Value {
+    body["priority"] = priority.into();
+    body
+}
+
+/// One slot held by a long background stream (priority 10, sheddable); an interactive request
+/// arrives: it gets the slot within a token or so plus slotgate's overhead instead of after the
+/// whole generation, the background stream ends with the documented error event (code `shed`,
+/// when to retry) and then the abort, llama-server stops generating it, and it is counted `shed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_urgent_request_takes_the_slot_of_a_sheddable_stream() {
+    let _one = serial().await;
+    let llama = one_long_slot().await;
+    let long = llama
+        .tokens_for(Duration::from_secs(10), (200, LONG_CTX - 100))
+        .await;
+    let gate = shedding_gate(&llama).await;
+    let mut stream = gate
+        .client()
+        .stream(CHAT, &at_priority(chat(PROMPT, long, true), 10))
+        .await;
+    assert_eq!(stream.status, 200);
+    stream.first_event(Duration::from_secs(10)).await;
+    let s = gate.status().await;
+    assert_eq!(s["shedding"]["sheddable_in_service"], 1, "{s}");
+    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(60)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = std::time::Instant::now();
+    let urgent = gate
+        .client()
+        .post_json(CHAT, &at_priority(chat(PROMPT, 8, false), 0))
+        .await;
+    let took = t0.elapsed();
+    chat_usage(&urgent, 8);
+    let waited = queue_wait_ms(&urgent);
+    let shed = reader.await.unwrap();
+    eprintln!(
+        "urgent: waited {waited} ms for the slot, answered in {took:?}; the shed stream sent {} events",
+        shed.data.len()
+    );
+    // The whole generation is about 10 s; the slot came within a token's time and the grace.
+    assert!(
+        waited < 1_000,
+        "the urgent request waited {waited} ms for the slot"
+    );
+    let last = shed.data.last().expect("events before the error");
+    let event: serde_json::Value = serde_json::from_str(last).unwrap();
+    let tail = &shed.raw[shed.raw.len().saturating_sub(600)..];
+    assert_eq!(event["error"]["code"], "shed", "...{tail}");
+    assert_eq!(event["error"]["type"], "server_error", "{last}");
+    assert!(
+        event["error"]["retry_after_ms"].as_u64().unwrap() >= 1,
+        "{last}"
+    );
+    assert!(!shed.done, "no [DONE] after a shed: {}", shed.raw);
+    assert!(
+        shed.error.is_some(),
+        "the stream is aborted after its error event"
+    );
+    // llama-server stopped generating it (long before its 20 s were up).
+    llama.assert_idle().await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "llama-server went on for {:?}",
+        t0.elapsed()
+    );
+    gate.wait_outcome("shed", 1).await;
+    gate.wait_metric("slotgate_shed_total", &[("stage", "after_first_byte")], 1.0)
+        .await;
+    let s = gate.status().await;
+    assert_eq!(s["shedding"]["shed_after_first_byte"], 1, "{s}");
+    assert_eq!(s["shedding"]["sheddable_priority"], 10, "{s}");
+    gate.assert_idle().await;
+    let s = gate.status().await;
+    assert_eq!(
+        (
+            s["shedding"]["sheddable_in_service"].clone(),
+            s["shedding"]["yielding"].clone()
+        ),
+        (0.into(), 0.into()),
+        "{s}"
+    );
+}
+
+/// A sheddable request whose answer has not begun (not streamed: llama-server answers at the end)
+/// is shed for an urgent one, goes back to the queue, and is served once the urgent one is done:
+/// its client gets one whole answer, nothing twice, and the access log says it was shed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_shed_before_its_first_byte_is_served_later_once() {
+    let _one = serial().await;
+    let llama = one_long_slot().await;
+    let n = llama
+        .tokens_for(Duration::from_secs(3), (100, LONG_CTX - 100))
+        .await;
+    let gate = shedding_gate(&llama).await;
+    let body = at_priority(chat(PROMPT, n, false), 10).to_string();
+    let raw = raw_post(CHAT, &body, &["Connection: close"]);
+    let client = gate.client();
+    let background =
+        tokio::spawn(async move { client.raw_exchange(&raw, Duration::from_secs(60)).await });
+    gate.wait_busy(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let urgent = gate
+        .client()
+        .post_json(CHAT, &at_priority(chat(PROMPT, 8, false), 0))
+        .await;
+    chat_usage(&urgent, 8);
+    assert!(
+        queue_wait_ms(&urgent) < 2_000,
+        "urgent waited {} ms",
+        queue_wait_ms(&urgent)
+    );
+    let (bytes, _) = background.await.unwrap().expect("the connection closed");
+    let responses = raw_responses(&bytes);
+    assert_eq!(
+        responses.len(),
+        1,
+        "one answer: {}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let r = &responses[0];
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], n, "{answer}");
+    assert_eq!(answer["choices"].as_array().unwrap().len(), 1, "{answer}");
+    let s = gate.status().await;
+    assert_eq!(s["shedding"]["shed_before_first_byte"], 1, "{s}");
+    assert_eq!(s["shedding"]["shed_after_first_byte"], 0, "{s}");
+    gate.wait_metric(
+        "slotgate_shed_total",
+        &[("stage", "before_first_byte")],
+        1.0,
+    )
+    .await;
+    let line = eventually(Duration::from_secs(5), "the access line", || async {
+        gate.stderr_text()
+            .lines()
+            .find(|l| l.contains("slotgate::access") && l.contains("priority=10"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(line.contains(" shed=1"), "{line}");
+    assert!(line.contains("outcome=ok"), "{line}");
     gate.assert_idle().await;
     llama.assert_idle().await;
 }

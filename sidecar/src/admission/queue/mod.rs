@@ -68,6 +68,9 @@ pub struct Fairness {
     /// Refuse at arrival a request whose estimated wait already passes its deadline (429
     /// `estimated_wait_too_long`) rather than let it wait for a 504.
     pub reject_doomed: bool,
+    /// Requests of this priority or less urgent (greater) are sheddable: one holding a slot an
+    /// urgent arrival needs is ended for it (see `admission::shed`); `None`: nothing is shed.
+    pub shed_from: Option<i64>,
 }
 
 struct Shared {
@@ -85,6 +88,9 @@ struct Shared {
     turn: std::sync::OnceLock<Seat>,
     /// Its overload bands (see `admission::bands`); none until set.
     bands: std::sync::OnceLock<Bands>,
+    /// Requests shed since start: sent back to the queue before their first byte, and ended after.
+    shed_requeued: AtomicU64,
+    shed_ended: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -119,6 +125,11 @@ struct State {
     shown: (f64, f64, f64),
     /// Slots held by each band's requests in service (by band index; grown on use).
     band_busy: Vec<usize>,
+    /// Sheddable requests in service, by guard id (see [`shed`]).
+    sheddable: BTreeMap<u64, shed::Running>,
+    /// What requests told to yield hold until their guards drop, by guard id.
+    freeing: BTreeMap<u64, Hold>,
+    next_shed_id: u64,
 }
 
 struct Waiter {
@@ -128,10 +139,10 @@ struct Waiter {
 }
 
 /// What a waiter is told when it leaves the queue other than by timing out.
-#[derive(Debug)]
 enum Grant {
-    /// Its slots (and pool tokens) are taken for it: this many.
-    Slot(Hold),
+    /// Its slots (and pool tokens) are taken for it: this many; and, sheddable, its guard id and
+    /// how it hears it must yield.
+    Slot(Hold, Option<Enlisted>),
     Displaced {
         retry_after: Duration,
     },
@@ -150,6 +161,9 @@ enum Grant {
         retry_after: Duration,
     },
 }
+
+/// A sheddable request's registration (see [`Admission::enlist`]).
+type Enlisted = (u64, Box<shed::Yielding>);
 
 /// What one request in service holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +209,12 @@ pub struct QueueStats {
     pub tokens_in_service: f64,
     /// Waiters with a deadline of their own (see `Claim::deadline`).
     pub with_deadline: usize,
+    /// Sheddable requests in service (see [`shed`]), and those told to yield still giving back.
+    pub sheddable: usize,
+    pub yielding: usize,
+    /// Requests shed since start: queued again before their first byte, ended after it.
+    pub shed_requeued: u64,
+    pub shed_ended: u64,
 }
 
 impl QueueStats {
@@ -263,6 +283,8 @@ impl Admission {
                 model,
                 turn: std::sync::OnceLock::new(),
                 bands: std::sync::OnceLock::new(),
+                shed_requeued: AtomicU64::new(0),
+                shed_ended: AtomicU64::new(0),
                 state: Mutex::new(State {
                     busy: 0,
                     serving: 0,
@@ -278,6 +300,9 @@ impl Admission {
                     ready_at: None,
                     shown: (0.0, 0.0, 0.0),
                     band_busy: Vec::new(),
+                    sheddable: BTreeMap::new(),
+                    freeing: BTreeMap::new(),
+                    next_shed_id: 0,
                 }),
             }),
         }
@@ -311,8 +336,11 @@ impl Admission {
             let hold = self.hold_of(&claim);
             self.take(&mut st, hold, claim.cost);
             st.tenants.admit(&claim.tenant, claim.charge());
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let enlisted = self.enlist(&mut st, &claim, hold, seq, Instant::now());
             self.publish(&mut st);
-            return Ok(Entry::Admitted(self.guard(&claim, hold)));
+            return Ok(Entry::Admitted(self.guard(&claim, hold, enlisted)));
         }
         // A request's own deadline is always held to: it said how long its answer is worth.
         let own = claim.deadline.filter(|d| *d <= deadline);
@@ -417,6 +445,8 @@ impl Admission {
             },
         );
         if self.bands().is_empty() {
+            // Urgent, it may have sheddable work yield to it.
+            self.shed_for_next(&mut st);
             self.publish(&mut st);
         } else {
             // The waiters ahead may be held back only by their band's share of the slots: this one
@@ -547,22 +577,33 @@ impl Admission {
 
     /// Whether `claim` can be admitted beside what is in service.
     fn fits(&self, st: &State, claim: &Claim) -> bool {
+        self.fits_beside(st, claim, shed::Freed::default())
+    }
+
+    /// Whether `claim` could be admitted beside what is in service once `freed` has been given
+    /// back (see [`shed`]).
+    fn fits_beside(&self, st: &State, claim: &Claim, freed: shed::Freed) -> bool {
         if st.paused {
             return false;
         }
         if self.band_full(st, claim) {
             return false;
         }
+        let serving = st.serving.saturating_sub(freed.serving);
         if let Some(seat) = self.shared.turn.get() {
-            if !seat.may_start(st.serving, self.slots(), Self::oldest(st)) {
+            if !seat.may_start(serving, self.slots(), Self::oldest(st)) {
                 return false;
             }
         }
-        if st.serving == 0 {
+        if serving == 0 {
             return true;
         }
         let hold = self.hold_of(claim);
-        st.busy + hold.slots <= self.slots() && self.pool().is_none_or(|p| st.kv + hold.kv <= p)
+        let (busy, kv) = (
+            st.busy.saturating_sub(freed.slots),
+            st.kv.saturating_sub(freed.kv),
+        );
+        busy + hold.slots <= self.slots() && self.pool().is_none_or(|p| kv + hold.kv <= p)
     }
 
     /// Whether `claim`'s band already holds its share of the slots, with some of it in service (a
@@ -755,6 +796,10 @@ impl Admission {
                 .values()
                 .filter(|w| w.claim.deadline.is_some())
                 .count(),
+            sheddable: st.sheddable.len(),
+            yielding: st.freeing.len(),
+            shed_requeued: self.shared.shed_requeued.load(Ordering::Relaxed),
+            shed_ended: self.shared.shed_ended.load(Ordering::Relaxed),
         }
     }
 
@@ -778,8 +823,14 @@ impl Admission {
     }
 
     /// The guard of what `hold` took, already counted as in service and charged to `claim`'s tenant.
-    fn guard(&self, claim: &Claim, hold: Hold) -> SlotGuard {
+    fn guard(&self, claim: &Claim, hold: Hold, enlisted: Option<Enlisted>) -> SlotGuard {
+        let (shed_id, yielding) = match enlisted {
+            Some((id, y)) => (Some(id), Some(y)),
+            None => (None, None),
+        };
         SlotGuard {
+            shed_id,
+            yielding,
             admission: self.clone(),
             hold,
             started: Instant::now(),
@@ -813,13 +864,19 @@ impl Admission {
                 break;
             };
             let hold = self.hold_of(&w.claim);
-            if w.tx.send(Grant::Slot(hold)).is_ok() {
+            let enlisted = self.enlist(st, &w.claim, hold, seq, w.queued);
+            let id = enlisted.as_ref().map(|(id, _)| *id);
+            if w.tx.send(Grant::Slot(hold, enlisted)).is_ok() {
                 self.take(st, hold, w.claim.cost);
                 st.tenants.promote(&w.claim.tenant, w.claim.charge());
             } else {
+                if let Some(id) = id {
+                    self.discharge(st, id);
+                }
                 st.tenants.dequeue(&w.claim.tenant);
             }
         }
+        self.shed_for_next(st);
         self.publish(st);
     }
 
@@ -924,11 +981,11 @@ impl Ticket {
         match grant {
             // Granted in the same instant as the deadline passed: the promise was "never forwarded
             // after the timeout", so the slot goes straight on to the next waiter.
-            Grant::Slot(hold) if Instant::now() > deadline => {
-                self.guard(hold).settle(0);
+            Grant::Slot(hold, enlisted) if Instant::now() > deadline => {
+                self.guard(hold, enlisted).settle(0);
                 Err(self.timed_out(deadline))
             }
-            Grant::Slot(hold) => Ok((self.guard(hold), self.queued.elapsed())),
+            Grant::Slot(hold, enlisted) => Ok((self.guard(hold, enlisted), self.queued.elapsed())),
             Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
             Grant::OverShare {
                 waiting,
@@ -989,8 +1046,8 @@ impl Ticket {
     }
 
     /// What this ticket was granted (already in service and charged when the grant was sent).
-    fn guard(&self, hold: Hold) -> SlotGuard {
-        self.admission.guard(&self.claim, hold)
+    fn guard(&self, hold: Hold, enlisted: Option<Enlisted>) -> SlotGuard {
+        self.admission.guard(&self.claim, hold, enlisted)
     }
 }
 
@@ -999,14 +1056,15 @@ impl Drop for Ticket {
         if self.resolved {
             return;
         }
-        if let Some(Grant::Slot(hold)) = self.leave() {
+        if let Some(Grant::Slot(hold, enlisted)) = self.leave() {
             // Never used: nothing was served, and the slot goes on to the next waiter.
-            self.guard(hold).settle(0);
+            self.guard(hold, enlisted).settle(0);
         }
     }
 }
 
 mod drain;
+mod shed;
 mod slot;
 mod view;
 
@@ -1014,5 +1072,6 @@ use drain::Drain;
 #[cfg(test)]
 mod tests;
 
+pub use shed::{Shed, MAX_REQUEUES, SHED_GUARD};
 pub use slot::SlotGuard;
 pub use view::WaiterView;

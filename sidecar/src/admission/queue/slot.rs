@@ -12,6 +12,9 @@ use super::{Admission, Hold, EWMA_ALPHA};
 /// client has gone.
 pub struct SlotGuard {
     pub(super) admission: Admission,
+    /// Its id among the sheddable requests in service (see `shed`), when it is one.
+    pub(super) shed_id: Option<u64>,
+    pub(super) yielding: Option<Box<super::shed::Yielding>>,
     pub(super) hold: Hold,
     pub(super) started: Instant,
     pub(super) completed: bool,
@@ -81,6 +84,9 @@ impl Drop for SlotGuard {
         }
         st.tenants
             .finish(&self.tenant, self.unsettled.unwrap_or(0.0));
+        if let Some(id) = self.shed_id {
+            self.admission.discharge(&mut st, id);
+        }
         self.admission.dispatch(&mut st);
     }
 }

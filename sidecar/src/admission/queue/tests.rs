@@ -1063,3 +1063,139 @@ async fn a_band_at_its_share_of_the_slots_waits_without_holding_back_the_others(
     let s = adm.stats();
     assert_eq!((s.busy, s.depth, adm.band_stats()[0].slots_busy), (0, 0, 0));
 }
+
+fn shedding(slots: usize, capacity: usize) -> Admission {
+    let fairness = Fairness {
+        shed_from: Some(10),
+        ..Fairness::default()
+    };
+    Admission::with_fairness(slots, capacity, fairness)
+}
+
+/// An urgent arrival on a full server tells the sheddable request to yield; it goes back to its
+/// place in the queue (before later work of its level), and the urgent one gets the slot once the
+/// sheddable guard has gone.
+#[tokio::test(start_paused = true)]
+async fn an_urgent_arrival_sheds_background_work_which_queues_again_first() {
+    let adm = shedding(1, 4);
+    let (mut batch, _) = adm.acquire(c(10), far()).await.unwrap();
+    assert_eq!(adm.stats().sheddable, 1);
+    assert!(batch.try_shed().is_none());
+    // A later background request waits; it sheds nobody (never for another sheddable one).
+    let Entry::Queued(later) = adm.enter(c(10), far()).unwrap() else {
+        panic!("the slot is busy")
+    };
+    assert!(batch.try_shed().is_none(), "not shed for its own kind");
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("the slot is busy")
+    };
+    let told = batch.try_shed().expect("told to yield");
+    assert_eq!(
+        told.retry_after,
+        Duration::ZERO,
+        "not answered: it queues again"
+    );
+    assert_eq!((adm.stats().sheddable, adm.stats().yielding), (0, 1));
+    // A second urgent arrival sheds nothing more: the slot is being freed already.
+    let mut back = batch.requeue(Duration::from_millis(20)).ok().unwrap();
+    assert_eq!(adm.stats().depth, 3);
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    let (slot, _) = urgent.wait(far()).await.unwrap();
+    assert_eq!(adm.stats().yielding, 0);
+    drop(slot);
+    // Back in the queue before the later request of its level (its place by arrival).
+    let (again, _) = back.wait(far()).await.unwrap();
+    assert_eq!(adm.stats().depth, 1);
+    assert_eq!(adm.stats().shed_requeued, 1);
+    drop(again);
+    drop(later);
+    let s = adm.stats();
+    assert_eq!(
+        (s.busy, s.serving, s.depth, s.sheddable, s.yielding),
+        (0, 0, 0, 0, 0)
+    );
+}
+
+/// Shed again within the guard time: no. After it: yes. After the most requeues: never.
+#[tokio::test(start_paused = true)]
+async fn a_request_is_not_shed_twice_within_the_guard_time_nor_beyond_the_bound() {
+    let adm = shedding(1, 8);
+    let (mut batch, _) = adm.acquire(c(10), far()).await.unwrap();
+    let mut rounds = 0;
+    loop {
+        let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+            panic!("busy")
+        };
+        let Some(_) = batch.try_shed() else { break };
+        rounds += 1;
+        let mut back = batch.requeue(Duration::ZERO).ok().unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let (slot, _) = urgent.wait(far()).await.unwrap();
+        drop(slot);
+        (batch, _) = back.wait(far()).await.unwrap();
+        // Within the guard time, an urgent arrival waits.
+        let Entry::Queued(mut waits) = adm.enter(c(0), far()).unwrap() else {
+            panic!("busy")
+        };
+        assert!(batch.try_shed().is_none(), "shed again within the guard");
+        drop(batch);
+        let (slot, _) = waits.wait(far()).await.unwrap();
+        drop(slot);
+        // Next round: the same request again, past its guard time.
+        tokio::time::sleep(SHED_GUARD).await;
+        let mut c10 = c(10);
+        c10.shed = rounds;
+        c10.shed_at = Some(Instant::now() - SHED_GUARD);
+        (batch, _) = adm.acquire(c10, far()).await.unwrap();
+        drop(urgent);
+    }
+    assert_eq!(rounds, MAX_REQUEUES, "shed until the bound, then never");
+    drop(batch);
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth, s.sheddable, s.yielding), (0, 0, 0, 0));
+}
+
+/// A request that has begun its answer is told when to retry; the least harmful victim goes
+/// first (not answered before answered), and only as many as the urgent one needs.
+#[tokio::test(start_paused = true)]
+async fn the_shed_victim_is_the_least_harmed_and_only_as_many_as_needed() {
+    let adm = shedding(2, 8);
+    let (mut answering, _) = adm.acquire(c(10), far()).await.unwrap();
+    answering.answering();
+    let (mut fresh, _) = adm.acquire(c(20), far()).await.unwrap();
+    // Teach it a service time so the retry estimate is not the default.
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(
+        fresh.try_shed().is_some(),
+        "the one not answering yet goes first"
+    );
+    assert!(answering.try_shed().is_none(), "one slot is enough");
+    drop(fresh);
+    let (u1, _) = urgent.wait(far()).await.unwrap();
+    let Entry::Queued(mut urgent2) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    let told = answering.try_shed().expect("shed while answering");
+    assert!(told.retry_after > Duration::ZERO, "told when to retry");
+    answering.ended_by_shed();
+    drop(answering);
+    let (u2, _) = urgent2.wait(far()).await.unwrap();
+    assert_eq!(adm.stats().shed_ended, 1);
+    drop((u1, u2));
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth, s.sheddable, s.yielding), (0, 0, 0, 0));
+}
+
+/// Without `--sheddable-priority` nothing is sheddable.
+#[tokio::test(start_paused = true)]
+async fn nothing_is_shed_unless_configured() {
+    let adm = Admission::new(1, 8);
+    let (mut batch, _) = adm.acquire(c(100), far()).await.unwrap();
+    let Entry::Queued(_urgent) = adm.enter(c(-100), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(batch.try_shed().is_none());
+    assert_eq!(adm.stats().sheddable, 0);
+}

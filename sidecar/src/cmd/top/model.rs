@@ -85,6 +85,10 @@ pub struct Slots {
     pub in_service: u64,
     pub kv_pool_tokens: Option<u64>,
     pub kv_reserved_tokens: u64,
+    /// Sheddable requests in service, and requests shed since start (`--sheddable-priority`).
+    pub sheddable: u64,
+    pub shed_before_first_byte: u64,
+    pub shed_after_first_byte: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -128,6 +132,8 @@ pub struct Request {
     pub slots: u64,
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
+    /// Times it was shed before its first byte and queued again.
+    pub shed: u64,
 }
 
 impl Request {

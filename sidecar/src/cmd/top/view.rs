@@ -465,8 +465,16 @@ fn slots(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
         Ok(_) => "",
         Err(_) => " · llama-server's /slots unavailable",
     };
+    // Shedding on (or having happened): what holds slots that may yield, and what yielded.
+    let shed = match s.sheddable + s.shed_before_first_byte + s.shed_after_first_byte {
+        0 => String::new(),
+        _ => format!(
+            " · sheddable {} · shed {}+{}",
+            s.sheddable, s.shed_before_first_byte, s.shed_after_first_byte
+        ),
+    };
     let text = format!(
-        " Slots {}/{} busy{kv}{llama}{}{} ",
+        " Slots {}/{} busy{kv}{shed}{llama}{}{} ",
         s.busy,
         s.total,
         sorted(v, Focus::Slots, &SLOT_SORTS),

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Shedding on the real llama-server with one slot (issue 22): an interactive request's time to
+# first token while a long background stream holds the slot, through two slotgates in front of the
+# same llama-server (the 16k-token tiny model, `-np 1 -c 16384`): one with `--sheddable-priority
+# 10`, one without. scripts/bench/shedding.py prints the median TTFT of each and the ratio; asserts
+# nothing. Needs scripts/setup-llama.sh (run here) and a built slotgate (target/release, else
+# target/debug, else it is built).
+#
+#   bash scripts/bench/shedding.sh     # SHED_ROUNDS (5), SHED_BACKGROUND_S (6)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+eval "$(bash scripts/setup-llama.sh)"
+root="$(mktemp -d -t slotgate-shedding.XXXXXX)"
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$root"
+}
+trap cleanup EXIT
+export LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+slotgate=target/release/slotgate
+[ -x "$slotgate" ] || slotgate=target/debug/slotgate
+[ -x "$slotgate" ] || { cargo build -q -p slotgate; slotgate=target/debug/slotgate; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+"$LLAMA_SERVER" -m "$LLAMA_MODEL_LONG" -np 1 -c 16384 --host "$root/llama.sock" --no-webui \
+  >"$root/llama.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do [ -S "$root/llama.sock" ] && break; sleep 0.1; done
+start_gate() { # NAME PORT [FLAGS...]
+  local name="$1" port="$2"
+  shift 2
+  "$slotgate" --listen "tcp:127.0.0.1:$port" --upstream "unix:$root/llama.sock" \
+    --admin-listen "unix:$root/$name.sock" --slots 1 --queue-depth 8 --queue-timeout 60s \
+    --trust-client-priority "$@" >"$root/$name.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 300); do
+    curl -sf --unix-socket "$root/$name.sock" http://localhost/readyz >/dev/null && return
+    sleep 0.1
+  done
+  echo "slotgate $name did not become ready" >&2
+  exit 1
+}
+shed_port="$(free_port)"
+start_gate shed "$shed_port" --sheddable-priority 10
+plain_port="$(free_port)"
+start_gate plain "$plain_port"
+echo "shedding: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ), $("$slotgate" --version)"
+python3 scripts/bench/shedding.py "http://127.0.0.1:$shed_port" "http://127.0.0.1:$plain_port" \
+  --rounds "${SHED_ROUNDS:-5}" --background-s "${SHED_BACKGROUND_S:-6}"

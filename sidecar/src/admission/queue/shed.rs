@@ -1,0 +1,305 @@
+//! Sheddable work yields its slot. With `--sheddable-priority P`, a request of priority `P` or
+//! less urgent (greater) that holds slots is *sheddable*: when a request more urgent than `P`
+//! waits next and does not fit beside what is in service, sheddable requests are told to yield
+//! (the least urgent first, those that have not begun their answer first, then the most recently
+//! started), as many as it takes for the urgent one to fit, and no more.
+//!
+//! What a told request does is the request path's: before its first byte it closes its upstream
+//! connection and goes back to its place in the queue ([`SlotGuard::requeue`]); after it, its
+//! stream is ended with an error event. Its slots are given back when its guard drops, as for a
+//! client that left. Until then they count as being freed, so the same wait never sheds twice.
+//!
+//! Never shed: for another sheddable request; the same request again within [`SHED_GUARD`] of its
+//! last shed; a request already shed [`MAX_REQUEUES`] times (it keeps its slot from then on).
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{Admission, Claim, Hold, SlotGuard, State, Ticket, Waiter};
+use crate::metrics as m;
+
+/// The shortest time between two sheds of one request: no thrash.
+pub const SHED_GUARD: Duration = Duration::from_secs(2);
+/// Times a request may be shed before its first byte and go back to the queue; then it is no
+/// longer sheddable.
+pub const MAX_REQUEUES: u32 = 3;
+
+/// What a request told to yield hears.
+#[derive(Debug, Clone, Copy)]
+pub struct Shed {
+    /// When to come back, for a request ended after its first byte (its client is told).
+    pub retry_after: Duration,
+}
+
+/// A sheddable request in service.
+pub(super) struct Running {
+    priority: i64,
+    started: Instant,
+    /// Its answer has begun: shed, it ends with an error rather than going back to the queue.
+    answered: bool,
+    hold: Hold,
+    cost: u64,
+    /// Not shed before then (its last shed plus the guard time).
+    not_before: Instant,
+    tx: oneshot::Sender<Shed>,
+}
+
+/// Held by a sheddable request's guard: how it hears it must yield, and what it takes back to the
+/// queue.
+pub(super) struct Yielding {
+    pub(super) rx: Option<oneshot::Receiver<Shed>>,
+    claim: Claim,
+    /// Its place by arrival and when it first queued (aging goes on from there).
+    seq: u64,
+    queued: Instant,
+}
+
+/// Slots, pool tokens and requests being given back by requests told to yield.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Freed {
+    pub(super) slots: usize,
+    pub(super) kv: u64,
+    pub(super) serving: usize,
+}
+
+impl Freed {
+    fn add(&mut self, h: &Hold) {
+        self.slots += h.slots;
+        self.kv += h.kv;
+        self.serving += 1;
+    }
+}
+
+impl Admission {
+    /// Whether a request of `priority` may be shed.
+    pub(super) fn is_sheddable(&self, priority: i64) -> bool {
+        self.shared
+            .fairness
+            .shed_from
+            .is_some_and(|p| priority >= p)
+    }
+
+    /// Registers `claim`, just taken into service with `hold`, as sheddable when it is one: returns
+    /// its id (what its guard gives back) and how it hears it must yield.
+    pub(super) fn enlist(
+        &self,
+        st: &mut State,
+        claim: &Claim,
+        hold: Hold,
+        seq: u64,
+        queued: Instant,
+    ) -> Option<(u64, Box<Yielding>)> {
+        if !self.is_sheddable(claim.priority) || claim.shed >= MAX_REQUEUES {
+            return None;
+        }
+        let now = Instant::now();
+        let (tx, rx) = oneshot::channel();
+        let id = st.next_shed_id;
+        st.next_shed_id += 1;
+        st.sheddable.insert(
+            id,
+            Running {
+                priority: claim.priority,
+                started: now,
+                answered: false,
+                hold,
+                cost: claim.cost,
+                not_before: claim.shed_at.map_or(now, |at| at + SHED_GUARD),
+                tx,
+            },
+        );
+        Some((
+            id,
+            Box::new(Yielding {
+                rx: Some(rx),
+                claim: claim.clone(),
+                seq,
+                queued,
+            }),
+        ))
+    }
+
+    /// What requests told to yield are still giving back.
+    fn freeing(st: &State) -> Freed {
+        let mut f = Freed::default();
+        for h in st.freeing.values() {
+            f.add(h);
+        }
+        f
+    }
+
+    /// Tells sheddable requests to yield when the waiter served next is more urgent than
+    /// sheddable and does not fit beside what is in service (and what is being freed already),
+    /// but would once they have gone.
+    pub(super) fn shed_for_next(&self, st: &mut State) {
+        if st.sheddable.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let Some(seq) = self.next_waiter(st, now) else {
+            return;
+        };
+        let Some(claim) = st.waiters.get(&seq).map(|w| &w.claim) else {
+            return;
+        };
+        if self.is_sheddable(claim.priority) {
+            return;
+        }
+        let mut freed = Self::freeing(st);
+        if self.fits_beside(st, claim, freed) {
+            return;
+        }
+        let mut candidates: Vec<(&u64, &Running)> = st
+            .sheddable
+            .iter()
+            .filter(|(_, r)| r.not_before <= now && r.priority > claim.priority)
+            .collect();
+        // The least harm first: not yet answering, least urgent, most recently started.
+        candidates.sort_by(|(_, a), (_, b)| {
+            a.answered
+                .cmp(&b.answered)
+                .then(b.priority.cmp(&a.priority))
+                .then(b.started.cmp(&a.started))
+        });
+        let mut victims = Vec::new();
+        for (id, r) in candidates {
+            freed.add(&r.hold);
+            victims.push(*id);
+            if self.fits_beside(st, claim, freed) {
+                break;
+            }
+        }
+        if !self.fits_beside(st, claim, freed) {
+            return;
+        }
+        for id in victims {
+            let Some(r) = st.sheddable.remove(&id) else {
+                continue;
+            };
+            st.freeing.insert(id, r.hold);
+            let retry_after = match r.answered {
+                true => self.retry_after(st, r.cost),
+                false => Duration::ZERO,
+            };
+            tracing::info!(
+                priority = r.priority,
+                answered = r.answered,
+                slots = r.hold.slots,
+                "shedding a sheddable request for a more urgent one"
+            );
+            let _ = r.tx.send(Shed { retry_after });
+        }
+    }
+
+    /// Forgets guard `id`: in service no more (dropped), or given back.
+    pub(super) fn discharge(&self, st: &mut State, id: u64) {
+        if st.sheddable.remove(&id).is_none() {
+            st.freeing.remove(&id);
+        }
+    }
+}
+
+impl SlotGuard {
+    /// Its answer has begun (the response head goes to the client): shed from now on, it is ended
+    /// with an error rather than queued again.
+    pub fn answering(&mut self) {
+        let Some(id) = self.shed_id else { return };
+        if let Some(r) = self.admission.lock().sheddable.get_mut(&id) {
+            r.answered = true;
+        }
+    }
+
+    /// Ready once the request is told to yield its slot (never, for one that is not sheddable).
+    pub fn poll_shed(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Shed> {
+        use std::future::Future;
+        let Some(rx) = self.yielding.as_mut().and_then(|y| y.rx.as_mut()) else {
+            return std::task::Poll::Pending;
+        };
+        match std::pin::Pin::new(rx).poll(cx) {
+            std::task::Poll::Ready(Ok(shed)) => {
+                self.told();
+                std::task::Poll::Ready(shed)
+            }
+            std::task::Poll::Ready(Err(_)) => {
+                self.told();
+                std::task::Poll::Pending
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+
+    /// Waits until the request is told to yield (forever, for one that is not sheddable).
+    pub async fn shed(&mut self) -> Shed {
+        std::future::poll_fn(|cx| self.poll_shed(cx)).await
+    }
+
+    /// Whether the request has been told to yield already.
+    pub fn try_shed(&mut self) -> Option<Shed> {
+        let rx = self.yielding.as_mut()?.rx.as_mut()?;
+        let shed = rx.try_recv().ok()?;
+        self.told();
+        Some(shed)
+    }
+
+    fn told(&mut self) {
+        if let Some(y) = self.yielding.as_mut() {
+            y.rx = None;
+        }
+    }
+
+    /// Shed before its first byte: back to its place in the queue (by arrival and first queuing,
+    /// however full the queue), having been served nothing. Its slots go to the next waiter
+    /// `grace` from now, once llama-server has seen the closed connection. `Err` for a request
+    /// that is not sheddable (it keeps its slot: given back).
+    pub fn requeue(mut self, grace: Duration) -> Result<Ticket, Box<SlotGuard>> {
+        let Some(y) = self.yielding.take() else {
+            return Err(Box::new(self));
+        };
+        self.settle(0);
+        let mut claim = y.claim;
+        claim.shed += 1;
+        claim.shed_at = Some(Instant::now());
+        // It started in time once; it comes back as background work, by the queue timeout alone.
+        claim.deadline = None;
+        let admission = self.admission.clone();
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = admission.lock();
+            st.tenants.enqueue(&claim.tenant);
+            st.waiters.insert(
+                y.seq,
+                Waiter {
+                    claim: claim.clone(),
+                    queued: y.queued,
+                    tx,
+                },
+            );
+            admission.publish(&mut st);
+        }
+        metrics::counter!(m::SHED_TOTAL, "stage" => "before_first_byte").increment(1);
+        admission
+            .shared
+            .shed_requeued
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.release_after(grace);
+        Ok(Ticket {
+            admission,
+            seq: y.seq,
+            claim,
+            queued: Instant::now(),
+            rx,
+            resolved: false,
+        })
+    }
+
+    /// Shed after its first byte: its answer is being ended (counted).
+    pub fn ended_by_shed(&self) {
+        metrics::counter!(m::SHED_TOTAL, "stage" => "after_first_byte").increment(1);
+        self.admission
+            .shared
+            .shed_ended
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
