@@ -43,10 +43,12 @@ struct Llama {
 }
 
 impl Workload for Llama {
-    fn body(&self, _tag: &str, draw: f64) -> Value {
+    fn body(&self, tag: &str, draw: f64) -> Value {
         let draw = if self.equal { 0.5 } else { draw };
         let n = ((self.tokens as f64) * (0.5 + draw)).round().max(1.0) as u64;
-        llama::chat(PROMPT, n, false)
+        // Each client its own prompt, as real clients have: a client that comes back is known by
+        // its request.
+        llama::chat(&format!("{PROMPT} ({tag})"), n, false)
     }
 }
 
@@ -124,10 +126,26 @@ async fn run() {
         "real llama-server, equal 0.3 s answers: {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
-    // The same bursts one a second, each meeting the clients the one before sent back.
-    let (hits, tries) = retry_bursts(&g, &short_burst, rounds, Some(Duration::from_secs(1))).await;
+    // The same bursts one a second, each meeting the clients the one before sent back; clients
+    // that wait the whole-second Retry-After, then clients that wait retry-after-ms.
+    let every = Some(Duration::from_secs(1));
+    let (hits, tries) = retry_bursts(&g, &short_burst, rounds, every, BURST, Wait::Seconds).await;
     println!(
         "real llama-server, equal 0.3 s answers, a burst every second: {hits} of {tries} retries got in ({:.1}%)",
+        pct(hits, tries)
+    );
+    let (hits, tries) = retry_bursts(&g, &short_burst, rounds, every, BURST, Wait::Millis).await;
+    println!(
+        "real llama-server, equal 0.3 s answers, a burst every second, clients waiting retry-after-ms: {hits} of {tries} retries got in ({:.1}%)",
+        pct(hits, tries)
+    );
+    // Large bursts (twice as many) of mixed answers, one every two seconds.
+    let every = Some(Duration::from_secs(2));
+    let (hits, tries) =
+        retry_bursts(&g, &llama_work, rounds, every, 2 * BURST, Wait::Seconds).await;
+    println!(
+        "real llama-server, mixed answers, bursts of {} every 2 s: {hits} of {tries} retries got in ({:.1}%)",
+        2 * BURST,
         pct(hits, tries)
     );
     drop(g);
@@ -190,10 +208,18 @@ fn pct(a: usize, b: usize) -> f64 {
     100.0 * a as f64 / b.max(1) as f64
 }
 
+/// How a client turned away waits: the whole-second `Retry-After`, or `retry-after-ms` (what the
+/// OpenAI SDKs read first).
+#[derive(Clone, Copy)]
+enum Wait {
+    Seconds,
+    Millis,
+}
+
 /// Bursts of `BURST` at once; the ones turned away sleep their Retry-After and try once more. Each
 /// burst starts once the one before is over.
 async fn retry_rounds(gate: &RunningGate, work: &dyn Workload, rounds: usize) -> (usize, usize) {
-    retry_bursts(gate, work, rounds, None).await
+    retry_bursts(gate, work, rounds, None, BURST, Wait::Seconds).await
 }
 
 /// [`retry_rounds`], or with `every` a new burst that often, whether or not the one before is over
@@ -203,6 +229,8 @@ async fn retry_bursts(
     work: &dyn Workload,
     rounds: usize,
     every: Option<Duration>,
+    burst: usize,
+    wait: Wait,
 ) -> (usize, usize) {
     let client = gate.client();
     // Teach the drain estimate what a request costs.
@@ -215,7 +243,7 @@ async fn retry_bursts(
     let (mut hits, mut tries) = (0, 0);
     let mut pending = Vec::new();
     for round in 0..rounds {
-        let tasks: Vec<_> = (0..BURST)
+        let tasks: Vec<_> = (0..burst)
             .map(|i| {
                 let client = client.clone();
                 let body = work.body(&format!("b{round}-{i}"), fastrand::f64());
@@ -224,13 +252,17 @@ async fn retry_bursts(
                     if first.status == 200 {
                         return None;
                     }
-                    let wait = retry_after(&first);
+                    let secs = retry_after(&first);
                     let told_ms = first.header("retry-after-ms");
-                    tokio::time::sleep(Duration::from_secs(wait)).await;
+                    let pause = match (wait, told_ms.as_deref().and_then(|v| v.parse().ok())) {
+                        (Wait::Millis, Some(ms)) => Duration::from_millis(ms),
+                        _ => Duration::from_secs(secs),
+                    };
+                    tokio::time::sleep(pause).await;
                     let second = client.post_json(CHAT, &body).await;
                     if second.status != 200 && std::env::var("OVERLOAD_VERBOSE").is_ok() {
                         eprintln!(
-                            "miss: told {wait} s (retry-after-ms {told_ms:?}), then {} {:?} retry-after {:?}",
+                            "miss: told {secs} s (retry-after-ms {told_ms:?}), then {} {:?} retry-after {:?}",
                             second.status,
                             second.header("x-slotgate-reason"),
                             second.header("retry-after-ms"),

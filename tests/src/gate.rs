@@ -607,7 +607,7 @@ impl RunningGate {
         &self.dir
     }
 
-    async fn admin_get(&self, path: &str) -> crate::client::Response {
+    pub async fn admin_get(&self, path: &str) -> crate::client::Response {
         self.admin
             .try_send(get(path))
             .await

@@ -37,6 +37,9 @@ pub struct Claim {
     pub shed: u32,
     /// When it was last shed (the guard time runs from then).
     pub shed_at: Option<tokio::time::Instant>,
+    /// Its request's body: with its tenant, how a client told to come back is known when it does
+    /// (see `queue::returns`). Shared, not copied.
+    pub body: bytes::Bytes,
 }
 
 impl Claim {
@@ -68,12 +71,19 @@ impl Claim {
             band: None,
             shed: 0,
             shed_at: None,
+            body: bytes::Bytes::new(),
         }
     }
 
     /// Due by `deadline` (its own, shorter than the queue timeout).
     pub fn due(mut self, deadline: Option<tokio::time::Instant>) -> Claim {
         self.deadline = deadline;
+        self
+    }
+
+    /// Sent with `body`: known by it (and its tenant) when its client comes back.
+    pub fn with_body(mut self, body: bytes::Bytes) -> Claim {
+        self.body = body;
         self
     }
 
@@ -115,6 +125,7 @@ impl Claim {
             band: None,
             shed: 0,
             shed_at: None,
+            body: bytes::Bytes::new(),
         }
     }
 }

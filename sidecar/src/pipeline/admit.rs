@@ -123,7 +123,8 @@ pub(super) async fn admit(
     let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge)
         .holding(demand.slots, demand.kv)
         .tagged(ex.live().key)
-        .due(own);
+        .due(own)
+        .with_body(intake.body.clone());
     ex.set_tenant(claim.tenant.clone());
     if let Some(band) = admission.band_of(claim.priority) {
         ex.set_band(band);

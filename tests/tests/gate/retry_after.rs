@@ -192,3 +192,48 @@ async fn a_shutdown_answers_the_drain_timeout_in_both_headers() {
     let status = gate.wait_exit(Duration::from_secs(5)).await;
     assert!(status.success(), "exit status {status}");
 }
+
+/// Bursts that overlap (one every second, about 2.4x what the slot serves): every client sent back
+/// finds the place kept for it when it returns at its Retry-After, though the next burst's
+/// newcomers arrive just before it; the newcomers are the ones told to come back later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_sent_back_by_overlapping_bursts_find_their_places_kept() {
+    let _timing = slotgate_tests::wait::timing().await;
+    let (up, gate) = Gate::new()
+        .slots(1)
+        .queue_depth(2)
+        .start_with(FakeUpstream::instant())
+        .await;
+    let client = gate.client();
+    gate.learn_service_time(SERVICE).await;
+    let mut tasks = Vec::new();
+    for round in 0..6 {
+        for i in 0..BURST {
+            let client = client.clone();
+            let req = Req::chat(&format!("o{round}-{i}")).delay(SERVICE);
+            tasks.push(tokio::spawn(async move {
+                let first = client.post_json(CHAT, &req.json()).await;
+                if first.status == 200 {
+                    return None;
+                }
+                let (secs, _) = waits(&first);
+                tokio::time::sleep(secs).await;
+                let second = client.post_json(CHAT, &req.json()).await;
+                Some((second.status.as_u16(), secs))
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let retries: Vec<(u16, Duration)> = join_all(tasks).await.into_iter().flatten().collect();
+    let hits = retries.iter().filter(|(s, _)| *s == 200).count();
+    eprintln!(
+        "overlapping bursts: {hits} of {} retries got in",
+        retries.len()
+    );
+    assert!(
+        hits * 100 >= retries.len() * 95,
+        "{hits} of {} retries got in: {retries:?}",
+        retries.len()
+    );
+    gate.assert_settled(&up, 1).await;
+}

@@ -341,3 +341,75 @@ async fn a_request_shed_before_its_first_byte_is_served_later_once() {
     gate.assert_idle().await;
     llama.assert_idle().await;
 }
+
+/// What the real SDKs from PyPI make of a shed stream: the OpenAI SDK raises `APIError` with the
+/// `shed` error as its body, the Anthropic SDK an `APIStatusError` with an `overloaded_error`; both
+/// carry when to retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sdks_raise_the_documented_error_for_a_shed_stream() {
+    use slotgate_tests::python::{arg, driver, python};
+    python();
+    let _one = serial().await;
+    let llama = one_long_slot().await;
+    let port = slotgate_tests::gate::free_port();
+    let gate = Gate::one_slot(4)
+        .queue_timeout("60s")
+        .trust_client_priority()
+        .opt("--sheddable-priority", 10)
+        .listen(format!("tcp:127.0.0.1:{port}"))
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    for api in ["openai", "anthropic"] {
+        let args = vec![
+            arg("--base-url"),
+            arg(format!("http://127.0.0.1:{port}")),
+            arg("--api"),
+            arg(api),
+            arg("--max-tokens"),
+            arg(LONG_CTX - 200),
+        ];
+        let sdk =
+            tokio::spawn(async move { driver::<serde_json::Value>("shed_stream.py", &args).await });
+        // Its answer under way (not merely admitted): shed, it ends with the error event.
+        eventually(Duration::from_secs(30), "the stream answering", || async {
+            let live = gate.admin_get("/live").await.json();
+            live["requests"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["phase"] == "answering" && r["priority"] == 10)
+                .then_some(())
+        })
+        .await;
+        let urgent = gate
+            .client()
+            .post_json(CHAT, &at_priority(chat(PROMPT, 8, false), 0))
+            .await;
+        chat_usage(&urgent, 8);
+        let out = sdk.await.unwrap();
+        eprintln!("{api}: {out}");
+        match api {
+            "openai" => {
+                assert_eq!(out["ended"], "APIError", "{out}");
+                assert_eq!(out["body"]["code"], "shed", "{out}");
+                assert!(
+                    out["body"]["retry_after_ms"].as_u64().unwrap() >= 1,
+                    "{out}"
+                );
+            }
+            _ => {
+                assert_eq!(out["ended"], "APIStatusError", "{out}");
+                assert_eq!(out["body"]["error"]["type"], "overloaded_error", "{out}");
+                assert!(
+                    out["body"]["error"]["retry_after_ms"].as_u64().unwrap() >= 1,
+                    "{out}"
+                );
+            }
+        }
+        assert!(out["events"].as_u64().unwrap() >= 1, "{out}");
+        gate.assert_idle().await;
+        llama.assert_idle().await;
+    }
+    gate.wait_outcome("shed", 2).await;
+}

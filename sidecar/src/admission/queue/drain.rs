@@ -32,7 +32,7 @@ pub(super) struct Drain {
     /// llama-server it moves with the machine's load; Retry-After leaves that much room.
     pub(super) spread: f64,
     /// Clients told to come back, by the whole second (since `epoch`) they are due: no second gets
-    /// more of them than there are places (slots + queue), or the later ones would find it full.
+    /// more of them than there are queue places, or the later ones would find it full.
     pub(super) calendar: BTreeMap<u64, usize>,
     pub(super) epoch: Option<Instant>,
 }
@@ -251,7 +251,12 @@ impl Admission {
             return exact;
         }
         st.drain.returning += cost as f64;
-        let places = self.slots() + self.shared.capacity;
+        // Clients told the same second come back at the same instant, under overload to busy
+        // slots: only the queue's places are there for them then (see `returns`).
+        let places = match self.shared.capacity {
+            0 => self.slots(),
+            places => places,
+        };
         let booked = st.drain.book(now, secs, places, MAX_RETRY_AFTER_SECONDS);
         exact + Duration::from_secs(booked - secs)
     }

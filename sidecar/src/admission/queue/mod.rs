@@ -130,6 +130,9 @@ struct State {
     /// What requests told to yield hold until their guards drop, by guard id.
     freeing: BTreeMap<u64, Hold>,
     next_shed_id: u64,
+    /// Clients told to come back, each with a queue place held for it around its time (see
+    /// [`returns`]).
+    bookings: Vec<returns::Booking>,
 }
 
 struct Waiter {
@@ -303,6 +306,7 @@ impl Admission {
                     sheddable: BTreeMap::new(),
                     freeing: BTreeMap::new(),
                     next_shed_id: 0,
+                    bookings: Vec::new(),
                 }),
             }),
         }
@@ -332,6 +336,9 @@ impl Admission {
         if st.closed {
             return Err(GateError::ShuttingDown { retry_after: 1 });
         }
+        let arrived = Instant::now();
+        // A client back when it was told takes the place kept for it.
+        let returning = self.take_booking(&mut st, &claim, arrived);
         if st.waiters.is_empty() && self.fits(&st, &claim) {
             let hold = self.hold_of(&claim);
             self.take(&mut st, hold, claim.cost);
@@ -371,9 +378,11 @@ impl Admission {
             // Alone, a tenant may use the whole queue; beside others, only its share.
             let waiting = st.tenants.waiting(&claim.tenant);
             if waiting >= limit && st.tenants.others_active(&claim.tenant) {
+                let retry_after = self.retry_after(&mut st, claim.cost);
+                self.book_return(&mut st, &claim, retry_after);
                 return Err(GateError::TenantQueueFull {
                     waiting,
-                    retry_after: self.retry_after(&mut st, claim.cost),
+                    retry_after,
                 });
             }
         }
@@ -395,7 +404,12 @@ impl Admission {
                 }
             }
         }
-        if st.waiters.len() >= self.shared.capacity {
+        // The places kept for clients due back count as taken, except for those clients.
+        let held = match returning {
+            true => 0,
+            false => Self::held_places(&st, arrived),
+        };
+        if st.waiters.len() + held >= self.shared.capacity {
             let now = Instant::now();
             if let Some(seq) = self.over_share_victim(&st, &claim, now) {
                 // A tenant beyond its share gives up its newest place to one within its share.
@@ -403,6 +417,7 @@ impl Admission {
                     let waiting = st.tenants.waiting(&w.claim.tenant);
                     st.tenants.dequeue(&w.claim.tenant);
                     let retry_after = self.retry_after(&mut st, w.claim.cost);
+                    self.book_return(&mut st, &w.claim, retry_after);
                     let _ = w.tx.send(Grant::OverShare {
                         waiting,
                         retry_after,
@@ -420,14 +435,17 @@ impl Admission {
                         if let Some(w) = st.waiters.remove(&seq) {
                             st.tenants.dequeue(&w.claim.tenant);
                             let retry_after = self.retry_after(&mut st, w.claim.cost);
+                            self.book_return(&mut st, &w.claim, retry_after);
                             let _ = w.tx.send(Grant::Displaced { retry_after });
                         }
                     }
                     _ => {
+                        let retry_after = self.retry_after(&mut st, claim.cost);
+                        self.book_return(&mut st, &claim, retry_after);
                         return Err(GateError::QueueFull {
                             depth: st.waiters.len(),
-                            retry_after: self.retry_after(&mut st, claim.cost),
-                        })
+                            retry_after,
+                        });
                     }
                 }
             }
@@ -1064,6 +1082,7 @@ impl Drop for Ticket {
 }
 
 mod drain;
+mod returns;
 mod shed;
 mod slot;
 mod view;

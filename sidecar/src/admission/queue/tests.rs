@@ -180,14 +180,16 @@ async fn retry_after_follows_measured_service_time() {
 }
 
 /// Clients turned away are never told to come back in a second that already has as many clients
-/// due as there are places (slots + queue): the later ones would find it full again.
+/// due as there are queue places: coming back at the same instant to a busy slot, the later ones
+/// would find it full again.
 #[tokio::test(start_paused = true)]
 async fn no_second_gets_more_returning_clients_than_places() {
-    let adm = Admission::new(1, 1);
+    let adm = Admission::new(1, 2);
     // Cheap requests: 10 tokens in 10 ms, so the work ahead is far under a second.
     learn(&adm, 10, Duration::from_millis(10), 10).await;
     let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
     let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
+    let _waiting2 = adm.enter(claim("a", 0, 10), far()).unwrap();
     let told: Vec<u64> = (0..6)
         .map(|_| {
             adm.enter(claim("a", 0, 10), far())
@@ -317,13 +319,14 @@ async fn retry_after_ms_is_the_unrounded_estimate() {
     assert_eq!(told(&adm, 200), (5, 4_500));
     assert_eq!(told(&adm, 200), (6, 5_500));
 
-    // Cheap requests, far under a second: two places, so two clients per second.
-    let adm = Admission::new(1, 1);
+    // Cheap requests, far under a second: two queue places, so two clients per second.
+    let adm = Admission::new(1, 2);
     learn(&adm, 10, Duration::from_millis(10), 10).await;
     let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
     let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
+    let _waiting2 = adm.enter(claim("a", 0, 10), far()).unwrap();
     let all: Vec<(u64, u64)> = (0..4).map(|_| told(&adm, 10)).collect();
-    assert_eq!(all, [(1, 20), (1, 30), (2, 1_040), (2, 1_050)]);
+    assert_eq!(all, [(1, 30), (1, 40), (2, 1_050), (2, 1_060)]);
 }
 
 /// Serves ten requests of tenant `a`, each charged `charge`, taking `took` and using `used`: the
@@ -1198,4 +1201,45 @@ async fn nothing_is_shed_unless_configured() {
     };
     assert!(batch.try_shed().is_none());
     assert_eq!(adm.stats().sheddable, 0);
+}
+
+/// A client turned away for a full queue finds a place kept for it when it comes back as told:
+/// a newcomer arriving just before it is refused, though a place has freed meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_client_told_to_come_back_finds_its_place_kept() {
+    let adm = Admission::new(1, 2);
+    let body = |s: &str| c(0).with_body(bytes::Bytes::from(s.to_owned()));
+    let (slot, _) = adm.acquire(body("a"), far()).await.unwrap();
+    let Entry::Queued(mut b) = adm.enter(body("b"), far()).unwrap() else {
+        panic!("busy")
+    };
+    let Entry::Queued(_c) = adm.enter(body("c"), far()).unwrap() else {
+        panic!("busy")
+    };
+    let Err(GateError::QueueFull { retry_after, .. }) = adm.enter(body("d"), far()) else {
+        panic!("the queue is full")
+    };
+    // A place frees: `b` gets the slot.
+    drop(slot);
+    let (b_slot, _) = b.wait(far()).await.unwrap();
+    assert_eq!(adm.stats().depth, 1);
+    // Just before `d` is due, a newcomer finds the free place kept.
+    tokio::time::sleep(retry_after.saturating_sub(Duration::from_millis(200))).await;
+    assert!(
+        matches!(
+            adm.enter(body("e"), far()),
+            Err(GateError::QueueFull { .. })
+        ),
+        "a newcomer takes the place kept for d"
+    );
+    // `d` comes back with the same request: in.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let Ok(Entry::Queued(d)) = adm.enter(body("d"), far()) else {
+        panic!("d finds no place")
+    };
+    drop((d, b_slot));
+    // A booking not taken lapses: after it, newcomers get the places again.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth), (1, 0), "{s:?}");
 }
