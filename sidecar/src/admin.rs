@@ -103,6 +103,13 @@ async fn metrics_text(app: &App) -> String {
         metrics::gauge!(m::KV_CACHE_RESERVED_RATIO)
             .set((q.kv_reserved as f64 / capacity).clamp(0.0, 1.0));
     }
+    // Each band's share now, and its refusals (bounded: the bands are the configuration's).
+    for b in band_totals(app) {
+        let band = b.name.to_string();
+        metrics::gauge!(m::BAND_SLOTS_BUSY, "band" => band.clone()).set(b.slots_busy as f64);
+        metrics::gauge!(m::BAND_QUEUE_DEPTH, "band" => band.clone()).set(b.waiting as f64);
+        metrics::counter!(m::BAND_REFUSED_TOTAL, "band" => band).absolute(b.refused);
+    }
     let mut text = app.prometheus.render();
     if app.config.upstream_metrics && app.upstream.is_ready() {
         if let Some(theirs) = app.upstream.metrics_copy().await {
@@ -269,17 +276,8 @@ const LIVE_WAITERS: usize = 200;
 
 /// `/status` → `bands`: each overload band over every pool, what it holds and may hold.
 fn bands(app: &App) -> Vec<serde_json::Value> {
-    // The server's own pool first (every pool has the same bands), then each model's added.
-    let mut out: Vec<crate::admission::BandStats> = app.admission.band_stats();
-    for p in app.models.all() {
-        for (i, s) in p.admission.band_stats().into_iter().enumerate() {
-            if let Some(o) = out.get_mut(i) {
-                o.slots_busy += s.slots_busy;
-                o.waiting += s.waiting;
-            }
-        }
-    }
-    out.into_iter()
+    band_totals(app)
+        .into_iter()
         .map(|b| {
             json!({
                 "band": &*b.name,
@@ -292,6 +290,21 @@ fn bands(app: &App) -> Vec<serde_json::Value> {
             })
         })
         .collect()
+}
+
+/// Each overload band over every pool: the server's own first (every pool has the same bands),
+/// each model's added.
+fn band_totals(app: &App) -> Vec<crate::admission::BandStats> {
+    let mut out: Vec<crate::admission::BandStats> = app.admission.band_stats();
+    for p in app.models.all() {
+        for (i, s) in p.admission.band_stats().into_iter().enumerate() {
+            if let Some(o) = out.get_mut(i) {
+                o.slots_busy += s.slots_busy;
+                o.waiting += s.waiting;
+            }
+        }
+    }
+    out
 }
 
 /// `GET /live`: what is inside slotgate now, for `slotgate top` and scripts (docs/live.md). Field
@@ -318,6 +331,7 @@ pub fn live(app: &App) -> serde_json::Value {
                 "generated_tokens": r.generated_tokens,
                 "deadline_ms": r.deadline_ms,
                 "shed": r.shed,
+                "band": r.band,
             })
         })
         .collect();
@@ -344,6 +358,7 @@ pub fn live(app: &App) -> serde_json::Value {
                 "kv_tokens": w.kv,
                 "expected_start_seconds": w.expected_start_seconds,
                 "deadline_in_seconds": w.deadline_in_seconds,
+                "band": w.band.as_deref(),
             })
         })
         .collect();

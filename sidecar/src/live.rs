@@ -105,6 +105,8 @@ pub struct Request {
     deadline_ms: AtomicU64,
     /// Times it was shed before its first byte and queued again.
     shed: AtomicU32,
+    /// Its overload band, once scheduled in one.
+    band: OnceLock<Arc<str>>,
 }
 
 impl Request {
@@ -141,6 +143,10 @@ impl Request {
             .unwrap_or(u64::MAX)
             .max(1);
         self.deadline_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn set_band(&self, band: &Arc<str>) {
+        let _ = self.band.set(band.clone());
     }
 
     /// Shed before its first byte (`n` times in all): waiting again.
@@ -185,6 +191,7 @@ impl Request {
             stream: self.stream.load(Ordering::Relaxed),
             deadline_ms: Some(self.deadline_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0),
             shed: self.shed.load(Ordering::Relaxed),
+            band: self.band.get().map(|b| b.to_string()),
         }
     }
 }
@@ -211,6 +218,8 @@ pub struct RequestView {
     pub deadline_ms: Option<u64>,
     /// Times it was shed before its first byte and queued again.
     pub shed: u32,
+    /// Its overload band, when it is in one.
+    pub band: Option<String>,
 }
 
 /// How one request ended, for the totals.
@@ -423,6 +432,7 @@ impl Live {
             admitted_after: AtomicU64::new(0),
             deadline_ms: AtomicU64::new(0),
             shed: AtomicU32::new(0),
+            band: OnceLock::new(),
         });
         self.inner.requests.insert(key, request.clone());
         Tracked {

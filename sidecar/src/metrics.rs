@@ -50,6 +50,9 @@ pub const MODEL_UNLOADS_TOTAL: &str = "slotgate_model_unloads_total";
 pub const MODEL_LOAD_SECONDS: &str = "slotgate_model_load_seconds";
 pub const MODEL_REQUESTS_TOTAL: &str = "slotgate_model_requests_total";
 pub const SHED_TOTAL: &str = "slotgate_shed_total";
+pub const BAND_SLOTS_BUSY: &str = "slotgate_band_slots_busy";
+pub const BAND_QUEUE_DEPTH: &str = "slotgate_band_queue_depth";
+pub const BAND_REFUSED_TOTAL: &str = "slotgate_band_refused_total";
 pub const STATE_UP: &str = "slotgate_state_up";
 pub const STATE_SYNC_SECONDS: &str = "slotgate_state_sync_seconds";
 pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
@@ -205,6 +208,18 @@ pub fn hot() -> &'static Hot {
 
 fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, drain_timeout: cut by the shutdown's drain timeout, policy_denied, policy_error, deadline_exceeded, band_queue_full, shed: a sheddable stream ended for a more urgent request).");
+    describe_gauge!(
+        BAND_SLOTS_BUSY,
+        "Slots held by the requests of this overload band ([bands.NAME]), over every pool; set per scrape."
+    );
+    describe_gauge!(
+        BAND_QUEUE_DEPTH,
+        "Requests of this overload band waiting, over every pool; set per scrape."
+    );
+    describe_counter!(
+        BAND_REFUSED_TOTAL,
+        "Requests of this overload band refused at arrival (band_queue_full: its share of the queue was full)."
+    );
     describe_counter!(
         SHED_TOTAL,
         "Sheddable requests told to yield their slots to a more urgent one (--sheddable-priority), by stage: before_first_byte (sent back to their place in the queue, the client sent nothing) or after_first_byte (the stream ended with an error event; also counted as outcome shed)."

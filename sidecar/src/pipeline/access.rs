@@ -148,6 +148,7 @@ impl Exchange {
 
     /// The overload band the request was scheduled in.
     pub fn set_band(&mut self, band: Arc<str>) {
+        self.live.set_band(&band);
         self.band = Some(band);
     }
 

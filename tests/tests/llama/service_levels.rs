@@ -139,6 +139,16 @@ async fn a_background_flood_within_its_band_leaves_room_for_interactive_work() {
         )
         .await;
     assert_eq!(s["bands"][0]["queue_limit"], 4, "{s}");
+    // The live view names each waiter's band, and the metrics each band's share.
+    let live = gate.admin_get("/live").await.json();
+    let waiters = live["queue"]["waiters"].as_array().unwrap().clone();
+    assert_eq!(waiters.len(), 4, "{live}");
+    assert!(waiters.iter().all(|w| w["band"] == "background"), "{live}");
+    assert_eq!(
+        gate.metric("slotgate_band_queue_depth", &[("band", "background")])
+            .await,
+        Some(4.0)
+    );
     // Three interactive requests, one after another, while the flood is still queued.
     for _ in 0..3 {
         let resp = gate.client().post_json(CHAT, &chat(PROMPT, n, false)).await;
@@ -164,6 +174,11 @@ async fn a_background_flood_within_its_band_leaves_room_for_interactive_work() {
     assert_eq!((served, refused), (5, 7));
     let s = gate.status().await;
     assert_eq!(s["bands"][0]["refused"], 7, "{s}");
+    assert_eq!(
+        gate.metric("slotgate_band_refused_total", &[("band", "background")])
+            .await,
+        Some(7.0)
+    );
     gate.wait_outcome("band_queue_full", 7).await;
     gate.assert_idle().await;
     llama.assert_idle().await;

@@ -24,6 +24,8 @@ pub struct WaiterView {
     pub expected_start_seconds: f64,
     /// Seconds from now to its own deadline, when it set one.
     pub deadline_in_seconds: Option<f64>,
+    /// Its overload band, when it is in one.
+    pub band: Option<std::sync::Arc<str>>,
 }
 
 impl Admission {
@@ -79,6 +81,7 @@ impl Admission {
                     .claim
                     .deadline
                     .map(|d| d.saturating_duration_since(now).as_secs_f64()),
+                band: w.claim.band.map(|b| self.bands().get(b).name.clone()),
             });
             ahead += w.claim.cost as f64;
             if let Some(c) = counters.get_mut(&*w.claim.tenant) {
