@@ -166,7 +166,7 @@ impl Admission {
         let mut victims = Vec::new();
         for (id, r) in candidates {
             freed.add(&r.hold);
-            victims.push(*id);
+            victims.push((*id, r.hold));
             if self.fits_beside(st, claim, freed) {
                 break;
             }
@@ -174,7 +174,24 @@ impl Admission {
         if !self.fits_beside(st, claim, freed) {
             return;
         }
-        for id in victims {
+        // No more than it takes: one picked early whose share the later ones cover keeps its slot.
+        let mut i = 0;
+        while victims.len() > 1 && i < victims.len() {
+            let without = victims.iter().enumerate().filter(|(j, _)| *j != i).fold(
+                Self::freeing(st),
+                |mut f, (_, (_, h))| {
+                    f.add(h);
+                    f
+                },
+            );
+            match self.fits_beside(st, claim, without) {
+                true => {
+                    victims.remove(i);
+                }
+                false => i += 1,
+            }
+        }
+        for (id, _) in victims {
             let Some(r) = st.sheddable.remove(&id) else {
                 continue;
             };

@@ -1243,3 +1243,36 @@ async fn a_client_told_to_come_back_finds_its_place_kept() {
     let s = adm.stats();
     assert_eq!((s.busy, s.depth), (1, 0), "{s:?}");
 }
+
+/// In a shared KV pool, what an urgent request lacks may be pool tokens rather than slots: the
+/// sheddable request holding them yields, and only as many as it needs.
+#[tokio::test(start_paused = true)]
+async fn shedding_frees_pool_tokens_where_the_slots_are_not_what_is_short() {
+    let adm = shedding(4, 8);
+    adm.set_pool(Some(1_000));
+    let big = |p| c(p).holding(1, 600);
+    let small = |p| c(p).holding(1, 300);
+    let (mut batch, _) = adm.acquire(big(10), far()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (mut other, _) = adm.acquire(small(10), far()).await.unwrap();
+    // Two slots of four are free, but 600 + 300 of the pool's 1,000 tokens are held.
+    let Entry::Queued(mut urgent) = adm.enter(big(0), far()).unwrap() else {
+        panic!("the pool is short")
+    };
+    // The most recently started (the small one) is picked first but is not enough (600 + 600 >
+    // 1,000); the big one is, alone: only it yields.
+    assert!(
+        batch.try_shed().is_some(),
+        "the request holding the tokens yields"
+    );
+    assert!(other.try_shed().is_none(), "no more than it takes");
+    drop(batch);
+    let (u, _) = urgent.wait(far()).await.unwrap();
+    assert_eq!(adm.stats().kv_reserved, 900);
+    drop((u, other));
+    let s = adm.stats();
+    assert_eq!(
+        (s.busy, s.kv_reserved, s.sheddable, s.yielding),
+        (0, 0, 0, 0)
+    );
+}
