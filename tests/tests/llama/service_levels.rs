@@ -312,11 +312,17 @@ async fn a_request_shed_before_its_first_byte_is_served_later_once() {
         tokio::spawn(async move { client.raw_exchange(&raw, Duration::from_secs(60)).await });
     gate.wait_busy(1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = std::time::Instant::now();
     let urgent = gate
         .client()
         .post_json(CHAT, &at_priority(chat(PROMPT, 8, false), 0))
         .await;
     chat_usage(&urgent, 8);
+    eprintln!(
+        "urgent: waited {} ms for the slot of a whole answer not yet begun, answered in {:?}",
+        queue_wait_ms(&urgent),
+        t0.elapsed()
+    );
     assert!(
         queue_wait_ms(&urgent) < 2_000,
         "urgent waited {} ms",

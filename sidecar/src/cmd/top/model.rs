@@ -115,6 +115,8 @@ pub struct Waiter {
     pub expected_start_seconds: f64,
     /// Until its own deadline (`null` without one).
     pub deadline_in_seconds: Option<f64>,
+    /// Its overload band (`null`: none).
+    pub band: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

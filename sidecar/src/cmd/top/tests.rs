@@ -10,14 +10,15 @@ fn live() -> Live {
         "version": "9.9.9",
         "uptime_seconds": 3725.0,
         "upstream": {"target": "unix:/run/llama.sock", "ready": true, "total_slots": 2},
-        "slots": {"total": 2, "busy": 2, "in_service": 2, "kv_pool_tokens": 4096, "kv_reserved_tokens": 900},
+        "slots": {"total": 2, "busy": 2, "in_service": 2, "kv_pool_tokens": 4096, "kv_reserved_tokens": 900,
+                  "sheddable": 1, "shed_before_first_byte": 2, "shed_after_first_byte": 1},
         "queue": {"depth": 2, "capacity": 64, "estimated_wait_seconds": 3.5, "waiters": [
             {"request_id": "wait-b", "path": "/v1/completions", "tenant": "bob", "priority": 0,
              "effective_priority": 0, "age_seconds": 0.4, "reserved_tokens": 300, "slots": 1,
              "expected_start_seconds": 1.5},
             {"request_id": "wait-a", "path": "/v1/chat/completions", "tenant": "alice", "priority": 5,
              "effective_priority": 4, "age_seconds": 2.0, "reserved_tokens": 1200, "slots": 1,
-             "expected_start_seconds": 3.0, "deadline_in_seconds": 4.5}
+             "expected_start_seconds": 3.0, "deadline_in_seconds": 4.5, "band": "background"}
         ]},
         "requests": [
             {"request_id": "old-one", "method": "POST", "path": "/v1/chat/completions", "tenant": "alice",
@@ -76,7 +77,10 @@ fn the_snapshot_shows_slots_queue_tenants_and_rates() {
             .split_whitespace()
             .collect::<Vec<_>>()
     };
-    assert!(out.contains("Slots 2/2 busy · KV 900/4.1k"), "{out}");
+    assert!(
+        out.contains("Slots 2/2 busy · KV 900/4.1k · sheddable 1 · shed 2+1"),
+        "{out}"
+    );
     assert_eq!(
         row("old-one"),
         [
@@ -105,7 +109,10 @@ fn the_snapshot_shows_slots_queue_tenants_and_rates() {
             "0"
         ]
     );
-    assert!(out.contains("Queue 2/64 · est. wait 3.5s"), "{out}");
+    assert!(
+        out.contains("Queue 2/64 · background 1 · est. wait 3.5s"),
+        "{out}"
+    );
     assert_eq!(
         row("wait-a"),
         [

@@ -474,7 +474,7 @@ fn slots(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
         ),
     };
     let text = format!(
-        " Slots {}/{} busy{kv}{shed}{llama}{}{} ",
+        " Slots {}/{} busy{kv}{llama}{shed}{}{} ",
         s.busy,
         s.total,
         sorted(v, Focus::Slots, &SLOT_SORTS),
@@ -531,8 +531,19 @@ fn slots(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
 fn queue(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
     let q = &p.live.queue;
     let state = if q.draining { " · DRAINING" } else { "" };
+    // With overload bands: how many of the waiters shown each band holds (`background 4`).
+    let mut bands: Vec<(&str, usize)> = Vec::new();
+    for w in &q.waiters {
+        if let Some(b) = w.band.as_deref() {
+            match bands.iter_mut().find(|(n, _)| *n == b) {
+                Some((_, n)) => *n += 1,
+                None => bands.push((b, 1)),
+            }
+        }
+    }
+    let bands: String = bands.iter().map(|(b, n)| format!(" · {b} {n}")).collect();
     let text = format!(
-        " Queue {}/{} · est. wait {}{state}{}{} ",
+        " Queue {}/{}{bands} · est. wait {}{state}{}{} ",
         q.depth,
         q.capacity,
         dur(q.estimated_wait_seconds),
