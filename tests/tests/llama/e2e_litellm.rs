@@ -532,7 +532,7 @@ async fn a_burst_of_twice_the_slots_is_served(litellm: &LiteLlm, pairs: [&Pair; 
     let told_before = [retry_afters(pairs[0]).await, retry_afters(pairs[1]).await];
     let tokens = pairs[0]
         .llama
-        .tokens_for(Duration::from_millis(1000), (50, 4000))
+        .tokens_for(Duration::from_millis(1000), (50, 1800))
         .await;
     let one = |i: usize| async move {
         litellm

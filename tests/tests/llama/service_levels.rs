@@ -18,7 +18,7 @@ async fn short_deadlines_go_first_or_are_refused_and_none_waits_past_its_deadlin
     let _one = serial().await;
     let llama = LlamaServer::start(1).await;
     let n = llama
-        .tokens_for(Duration::from_millis(400), (20, 4000))
+        .tokens_for(Duration::from_millis(400), (20, 1800))
         .await;
     let gate = Gate::one_slot(16)
         .queue_timeout("60s")
@@ -103,7 +103,7 @@ async fn a_background_flood_within_its_band_leaves_room_for_interactive_work() {
     let _one = serial().await;
     let llama = LlamaServer::start(1).await;
     let n = llama
-        .tokens_for(Duration::from_millis(400), (20, 4000))
+        .tokens_for(Duration::from_millis(400), (20, 1800))
         .await;
     let config = unique_dir("bands").join("slotgate.toml");
     std::fs::write(

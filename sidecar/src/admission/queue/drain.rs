@@ -214,11 +214,12 @@ impl Admission {
             .values()
             .filter(|w| first(w))
             .fold((0, 0.0), |(n, t), w| (n + 1, t + w.claim.cost as f64));
-        let tokens = st.drain.in_service + ahead_tokens;
+        let (yielding, leaving) = self.yielding_to(st, claim);
+        let tokens = (st.drain.in_service - yielding).max(0.0) + ahead_tokens;
         let lanes = self.lanes(st);
         let drain = st.drain.seconds(tokens, lanes.slots).or_else(|| {
             st.service_ewma
-                .map(|s| (st.serving + ahead) as f64 * s / lanes.requests)
+                .map(|s| (st.serving.saturating_sub(leaving) + ahead) as f64 * s / lanes.requests)
         });
         // A model still to load: its load time alone is an estimate.
         let ready = self.until_ready(st, now);

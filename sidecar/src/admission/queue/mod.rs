@@ -127,8 +127,9 @@ struct State {
     band_busy: Vec<usize>,
     /// Sheddable requests in service, by guard id (see [`shed`]).
     sheddable: BTreeMap<u64, shed::Running>,
-    /// What requests told to yield hold until their guards drop, by guard id.
-    freeing: BTreeMap<u64, Hold>,
+    /// What requests told to yield hold until their guards drop (and the tokens they were charged),
+    /// by guard id.
+    freeing: BTreeMap<u64, (Hold, u64)>,
     next_shed_id: u64,
     /// Clients told to come back, each with a queue place held for it around its time (see
     /// [`returns`]).

@@ -124,7 +124,7 @@ impl Admission {
     /// What requests told to yield are still giving back.
     fn freeing(st: &State) -> Freed {
         let mut f = Freed::default();
-        for h in st.freeing.values() {
+        for (h, _) in st.freeing.values() {
             f.add(h);
         }
         f
@@ -195,7 +195,7 @@ impl Admission {
             let Some(r) = st.sheddable.remove(&id) else {
                 continue;
             };
-            st.freeing.insert(id, r.hold);
+            st.freeing.insert(id, (r.hold, r.cost));
             let retry_after = match r.answered {
                 true => self.retry_after(st, r.cost),
                 false => Duration::ZERO,
@@ -208,6 +208,27 @@ impl Admission {
             );
             let _ = r.tx.send(Shed { retry_after });
         }
+    }
+
+    /// Charged tokens in service that would not be ahead of `claim`: what is yielding already, and,
+    /// for a request more urgent than sheddable, the sheddable work less urgent than it (it would
+    /// yield to it). The wait estimates behind a refusal at arrival leave them out, or an urgent
+    /// request would be refused for the very work that gives way to it.
+    /// Returns their tokens and how many requests they are.
+    pub(super) fn yielding_to(&self, st: &State, claim: &Claim) -> (f64, usize) {
+        let mut tokens: u64 = st.freeing.values().map(|(_, cost)| cost).sum();
+        let mut n = st.freeing.len();
+        if !self.is_sheddable(claim.priority) {
+            for r in st
+                .sheddable
+                .values()
+                .filter(|r| r.priority > claim.priority)
+            {
+                tokens += r.cost;
+                n += 1;
+            }
+        }
+        (tokens as f64, n)
     }
 
     /// Forgets guard `id`: in service no more (dropped), or given back.

@@ -1276,3 +1276,43 @@ async fn shedding_frees_pool_tokens_where_the_slots_are_not_what_is_short() {
         (0, 0, 0, 0)
     );
 }
+
+/// An urgent request is not refused at arrival for the sheddable work that would yield to it: the
+/// wait estimate leaves that work out (a sheddable arrival's does not).
+#[tokio::test(start_paused = true)]
+async fn a_doomed_wait_leaves_out_the_work_that_would_yield() {
+    for shed in [false, true] {
+        let fairness = Fairness {
+            reject_doomed: true,
+            shed_from: shed.then_some(10),
+            ..Fairness::default()
+        };
+        let adm = Admission::with_fairness(1, 8, fairness);
+        // 100 tokens a second.
+        learn(&adm, 100, Duration::from_secs(1), 100).await;
+        // A background request charged 10,000 tokens: 100 s of work.
+        let (_batch, _) = adm.acquire(claim("bg", 10, 10_000), far()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let urgent = adm.enter(claim("ui", 0, 100), deadline);
+        match shed {
+            false => assert!(
+                matches!(urgent, Err(GateError::WaitTooLong { .. })),
+                "without shedding the 100 s ahead are a doomed wait"
+            ),
+            true => assert!(
+                matches!(urgent, Ok(Entry::Queued(_))),
+                "the background work yields to it"
+            ),
+        }
+        // Another background request: behind the 100 s, refused; with the first yielding (told
+        // to, for the urgent one), behind the urgent one only.
+        let other = adm.enter(claim("bg", 10, 100), deadline);
+        match shed {
+            false => assert!(matches!(other, Err(GateError::WaitTooLong { .. }))),
+            true => {
+                assert_eq!(adm.stats().yielding, 1);
+                assert!(matches!(other, Ok(Entry::Queued(_))));
+            }
+        }
+    }
+}
