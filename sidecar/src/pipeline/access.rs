@@ -158,6 +158,12 @@ impl Exchange {
         self.live.set_shed(self.shed);
     }
 
+    /// The whole wait of a request queued again after a shed: for its record, the histogram
+    /// having had its first wait already.
+    pub fn set_total_queue_wait(&mut self, wait: Duration) {
+        self.queue_wait = Some(wait);
+    }
+
     pub fn set_queue_wait(&mut self, wait: Duration) {
         m::hot().queue_wait.record(wait.as_secs_f64());
         self.queue_wait = Some(wait);

@@ -113,7 +113,7 @@ pub(super) async fn forward(
         tracing::debug!(request_id = %ex.request_id(), "shed before its first byte: queued again");
         let (again, waited) = ticket.wait(deadline).await?;
         queue_wait += waited;
-        ex.set_queue_wait(queue_wait);
+        ex.set_total_queue_wait(queue_wait);
         ex.live().readmitted();
         slot = Some(again);
         forwarded_at = Instant::now();
