@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use slotgate_tests::client::post_with_headers;
 use slotgate_tests::gate::free_port;
-use slotgate_tests::llama::{chat, LlamaServer, RunningLlama, PROMPT};
+use slotgate_tests::llama::{chat, server_argv, LlamaServer, RunningLlama, PROMPT};
 use slotgate_tests::*;
 use tokio::process::{Child, Command};
 
@@ -92,7 +92,12 @@ struct Pair {
 
 impl Pair {
     async fn start(name: &'static str, policy: &Path, opts: &[(&str, &str)]) -> Pair {
-        let llama = LlamaServer::start(1).await;
+        // One thread each: two llama-servers decoding at once with a thread per core each run many
+        // times slower on a two-core machine (docs/router.md), and the burst's answers would outlast
+        // the test's patience.
+        let mut argv = server_argv(1);
+        argv.extend(["-t".to_owned(), "1".to_owned()]);
+        let llama = LlamaServer::start_argv(argv).await;
         let port = free_port();
         let mut gate = Gate::one_slot(QUEUE_DEPTH)
             .upstream_path(llama.socket())
