@@ -420,10 +420,17 @@ impl RunningLlama {
         const PROBE: u64 = 100;
         let direct = Client::unix(self.socket());
         let mut per_token = Duration::MAX;
+        // Its key, for a server run with `--api-key`.
+        let auth: Vec<(&str, String)> = self
+            .api_key
+            .iter()
+            .map(|k| ("authorization", format!("Bearer {k}")))
+            .collect();
         for _ in 0..2 {
             let t0 = Instant::now();
+            let body = chat(PROMPT, PROBE, false);
             chat_usage(
-                &direct.post_json(CHAT, &chat(PROMPT, PROBE, false)).await,
+                &direct.post_json_with_headers(CHAT, &body, &auth).await,
                 PROBE,
             );
             per_token = per_token.min(t0.elapsed() / PROBE as u32);

@@ -1,4 +1,4 @@
-//! Service levels on a one-slot llama-server (docs/scheduling.md#deadlines), for real: requests that
+//! Service levels on the real llama-server (docs/scheduling.md#deadlines), mostly on one slot: requests that
 //! say how long their answer is worth waiting for (`X-Slotgate-Deadline-Ms`) on a busy slot.
 
 use std::time::Duration;
@@ -433,4 +433,136 @@ async fn the_sdks_raise_the_documented_error_for_a_shed_stream() {
         llama.assert_idle().await;
     }
     gate.wait_outcome("shed", 2).await;
+}
+
+/// llama-server as people run it, with its defaults (no `-np`: 4 slots over one shared KV pool)
+/// and `--api-key`, behind slotgate with `--sheddable-priority 10` and the key for its own calls;
+/// clients send the key. An urgent request sheds only what it needs, pool tokens or slots:
+///
+/// 1. Two long background streams reserve most of the pool; an urgent request needs more of it
+///    than is left (two slots are free): one stream is shed, the other goes on to `[DONE]`.
+/// 2. Four background streams hold every slot (the pool has room): an urgent request sheds one of
+///    them, and the other three finish whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_llama_servers_defaults_with_a_key_only_what_the_urgent_request_needs_is_shed() {
+    const POOL: u64 = 16_384;
+    const KEY: &str = "sk-llama-secret";
+    let _one = serial().await;
+    let llama = LlamaServer::start_default(POOL as usize, &["--api-key", KEY]).await;
+    let key_file = unique_dir("key").join("llama.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let gate = Gate::new()
+        .queue_depth(8)
+        .queue_timeout("60s")
+        .trust_client_priority()
+        .opt("--sheddable-priority", 10)
+        .opt("--upstream-api-key-file", key_file.display())
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    let s = gate
+        .wait_status(Duration::from_secs(10), "the shared pool learnt", |s| {
+            s["slots"]["total"] == 4 && s["kv_pool"]["shared"] == true
+        })
+        .await;
+    assert_eq!(s["kv_pool"]["tokens"], POOL, "{s}");
+    let bearer = format!("Bearer {KEY}");
+    let auth = [("authorization", bearer.as_str())];
+
+    // Streams of priority 10 (sheddable), each answering before the next phase goes on.
+    let background = |n: usize, max_tokens: u64| {
+        let (gate, auth) = (&gate, &auth);
+        async move {
+            let mut readers = Vec::new();
+            for _ in 0..n {
+                let body = at_priority(chat(PROMPT, max_tokens, true), 10);
+                let mut stream = gate.client().stream_with_headers(CHAT, &body, auth).await;
+                assert_eq!(stream.status, 200);
+                stream.first_event(Duration::from_secs(10)).await;
+                readers.push(tokio::spawn(stream.read_sse(Duration::from_secs(120))));
+            }
+            readers
+        }
+    };
+    // How the streams ended: those shed (their last event the `shed` error, no `[DONE]`) and the
+    // usage of those that finished.
+    let ended = |reads: Vec<slotgate_tests::client::SseRead>| {
+        let (mut shed, mut whole) = (0, Vec::new());
+        for r in reads {
+            if r.done {
+                let usage = r
+                    .data
+                    .iter()
+                    .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                    .find_map(|v| v["usage"]["completion_tokens"].as_u64());
+                whole.push(usage.unwrap_or_else(|| panic!("no usage in {}", r.raw)));
+                continue;
+            }
+            let last: serde_json::Value = serde_json::from_str(r.data.last().unwrap()).unwrap();
+            assert_eq!(last["error"]["code"], "shed", "{last}");
+            assert!(r.error.is_some(), "aborted after its error event");
+            shed += 1;
+        }
+        (shed, whole)
+    };
+
+    // 1. The pool: two streams of 7,000 tokens reserve about 14,100 of 16,384.
+    let long = 7_000;
+    let readers = background(2, long).await;
+    let s = gate.status().await;
+    let free = POOL - s["kv_pool"]["reserved_tokens"].as_u64().unwrap();
+    assert_eq!(s["slots"]["busy"], 2, "{s}");
+    assert!(free < 4_000, "{s}");
+    // Its reservation (prompt plus 500 more than is free) fits once one stream has gone.
+    let urgent = gate
+        .client()
+        .post_json_with_headers(
+            CHAT,
+            &at_priority(chat(PROMPT, free + 500, false), 0),
+            &auth,
+        )
+        .await;
+    chat_usage(&urgent, free + 500);
+    let waited = queue_wait_ms(&urgent);
+    let reads = join_all(readers).await;
+    let (shed, whole) = ended(reads);
+    eprintln!("pool: urgent waited {waited} ms; {shed} shed, finished {whole:?}");
+    assert_eq!(
+        (shed, whole),
+        (1, vec![long]),
+        "one stream shed for the pool"
+    );
+    assert!(waited < 2_000, "the urgent request waited {waited} ms");
+    gate.assert_idle().await;
+    llama.assert_idle().await;
+
+    // 2. The slots: four streams of a few seconds hold all four.
+    let short = llama.tokens_for(Duration::from_secs(4), (200, 3_000)).await;
+    let readers = background(4, short).await;
+    let s = gate.status().await;
+    assert_eq!(s["slots"]["busy"], 4, "{s}");
+    assert_eq!(s["shedding"]["sheddable_in_service"], 4, "{s}");
+    let urgent = gate
+        .client()
+        .post_json_with_headers(CHAT, &at_priority(chat(PROMPT, 8, false), 0), &auth)
+        .await;
+    chat_usage(&urgent, 8);
+    let waited = queue_wait_ms(&urgent);
+    let reads = join_all(readers).await;
+    let (shed, whole) = ended(reads);
+    eprintln!("slots: urgent waited {waited} ms; {shed} shed, finished {whole:?}");
+    assert_eq!(
+        (shed, whole),
+        (1, vec![short; 3]),
+        "one stream shed for a slot"
+    );
+    assert!(waited < 2_000, "the urgent request waited {waited} ms");
+
+    gate.wait_outcome("shed", 2).await;
+    let s = gate.status().await;
+    assert_eq!(s["shedding"]["shed_after_first_byte"], 2, "{s}");
+    assert_eq!(s["upstream"]["auth"]["refused"], false, "{s}");
+    gate.assert_idle().await;
+    assert_eq!(gate.status().await["kv_pool"]["reserved_tokens"], 0);
+    llama.assert_idle().await;
 }
