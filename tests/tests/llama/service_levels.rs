@@ -1,5 +1,6 @@
-//! Service levels on the real llama-server (docs/scheduling.md#deadlines), mostly on one slot: requests that
-//! say how long their answer is worth waiting for (`X-Slotgate-Deadline-Ms`) on a busy slot.
+//! Service levels on the real llama-server (docs/scheduling.md#deadlines): requests that say how
+//! long their answer is worth waiting for (`X-Slotgate-Deadline-Ms`) on a busy slot, overload bands,
+//! and sheddable work yielding its slot, on one slot and on llama-server's own defaults.
 
 use std::time::Duration;
 
