@@ -700,6 +700,9 @@ impl Models {
                     "kv_reserved_tokens": q.kv_reserved,
                     "n_ctx_slot": l.shape.and_then(|(_, c)| c).map(|c| c.n_ctx),
                     "estimated_wait_seconds": q.wait_seconds,
+                    "sheddable": q.sheddable,
+                    "shed_before_first_byte": q.shed_requeued,
+                    "shed_after_first_byte": q.shed_ended,
                 })
             })
             .collect()

@@ -1,8 +1,9 @@
 //! slotgate before llama-server's router mode (docs/router.md): the router is recognised (`/status`
 //! says `role: router` and lists its models with their states); each model gets a pool of its own
 //! (its slots, queue and overrides), loaded by slotgate and never evicted while busy; a model that
-//! cannot load is a 503 naming it, one the router does not serve a 404 at once; and a router run on
-//! llama-server's defaults with `--api-key` serves the OpenAI and Anthropic SDKs.
+//! cannot load is a 503 naming it, one the router does not serve a 404 at once; a router run on
+//! llama-server's defaults with `--api-key` serves the OpenAI and Anthropic SDKs; and sheddable work
+//! yields only to an urgent request for its own model.
 
 use std::time::{Duration, Instant};
 
@@ -766,4 +767,120 @@ async fn models_on_every_core_take_turns_and_each_runs_its_batch_whole() {
     );
     assert_eq!(peak, (2, 2), "each model's batch on both its slots");
     assert_pools_idle(&gate).await;
+}
+
+/// With `--sheddable-priority 10` before a router: sheddable work yields only to an urgent request
+/// for the same model, as each model's slots are its own. Two background streams hold alpha's two
+/// slots; an urgent request for beta is served beside them without shedding anything, one for
+/// alpha sheds one of them (the other finishes whole), and alpha's child stops generating it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_models_urgent_request_sheds_only_that_models_sheddable_work() {
+    let _one = serial().await;
+    // The long-context model, two slots of 8,192 tokens each per child: streams of seconds.
+    let llama =
+        LlamaServer::start_router_defaults(&["alpha", "beta"], 2, 16_384, &["-np", "2"]).await;
+    let gate = Gate::new()
+        .queue_timeout("120s")
+        .trust_client_priority()
+        .opt("--sheddable-priority", 10)
+        .upstream_path(llama.socket())
+        .start()
+        .await;
+    for m in ["alpha", "beta"] {
+        let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    let at = |mut body: serde_json::Value, priority: i64, stream: bool| {
+        body["priority"] = priority.into();
+        if stream {
+            body["stream"] = true.into();
+        }
+        body
+    };
+    // Two streams of 6,000 tokens: seconds of generation side by side on one thread.
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let body = at(chat_for("alpha", 6_000), 10, true);
+        let mut stream = gate.client().stream(CHAT, &body).await;
+        assert_eq!(stream.status, 200);
+        stream.first_event(Duration::from_secs(30)).await;
+        readers.push(tokio::spawn(stream.read_sse(Duration::from_secs(120))));
+    }
+    let s = gate.status().await;
+    let alpha = pool(&s, "alpha").unwrap();
+    assert_eq!(
+        (alpha["busy"].clone(), alpha["sheddable"].clone()),
+        (2.into(), 2.into()),
+        "{s}"
+    );
+
+    // beta's slots are free: nothing is shed for it.
+    let resp = gate
+        .client()
+        .post_json(CHAT, &at(chat_for("beta", 8), 0, false))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let s = gate.status().await;
+    assert_eq!(s["shedding"]["yielding"], 0, "{s}");
+    assert_eq!(pool(&s, "alpha").unwrap()["sheddable"], 2, "{s}");
+
+    // alpha's are not: one of its streams yields.
+    let urgent = gate
+        .client()
+        .post_json(CHAT, &at(chat_for("alpha", 8), 0, false))
+        .await;
+    assert_eq!(urgent.status, 200, "{}", urgent.body);
+    let waited = queue_wait_ms(&urgent);
+    // alpha's child stopped generating the shed stream: one slot processing while the streams,
+    // started together for the same length, are not both over.
+    let processing = || async {
+        let slots = llama.get("/slots?model=alpha").await.json();
+        let busy = slots
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["is_processing"] == true)
+            .count();
+        (busy == 1).then_some(())
+    };
+    eventually(
+        Duration::from_secs(5),
+        "alpha's child down to one slot",
+        processing,
+    )
+    .await;
+    assert!(
+        !readers.iter().all(|r| r.is_finished()),
+        "the surviving stream was still under way"
+    );
+    let mut ended = (0, 0);
+    for r in join_all(readers).await {
+        if r.done {
+            ended.1 += 1;
+            continue;
+        }
+        let last: serde_json::Value = serde_json::from_str(r.data.last().unwrap()).unwrap();
+        assert_eq!(last["error"]["code"], "shed", "{last}");
+        ended.0 += 1;
+    }
+    eprintln!("alpha's urgent request waited {waited} ms; (shed, finished) = {ended:?}");
+    assert_eq!(
+        ended,
+        (1, 1),
+        "one of alpha's streams shed, the other whole"
+    );
+    assert!(waited < 2_000, "alpha's urgent request waited {waited} ms");
+    let s = gate.status().await;
+    assert_eq!(
+        pool(&s, "alpha").unwrap()["shed_after_first_byte"],
+        1,
+        "{s}"
+    );
+    assert_eq!(pool(&s, "beta").unwrap()["shed_after_first_byte"], 0, "{s}");
+    assert_eq!(s["shedding"]["shed_after_first_byte"], 1, "{s}");
+    assert_pools_idle(&gate).await;
+    assert_eq!(
+        llama_gauge(&llama, "alpha", "llamacpp:requests_processing").await,
+        0.0
+    );
 }
