@@ -83,11 +83,16 @@ pub(super) async fn forward(
                 let Some(s) = slot.as_mut() else {
                     break Ok(resp);
                 };
-                // Told to yield as the answer came: nothing has gone to the client yet.
-                if s.try_shed().is_none() {
-                    s.answering();
+                let stream = resp
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|t| t.starts_with("text/event-stream"));
+                if s.answering(stream) {
                     break Ok(resp);
                 }
+                // Told to yield as the answer came: nothing has gone to the client yet.
+                s.try_shed();
                 drop(resp);
             }
             Some(Err(e)) => break Err(e),

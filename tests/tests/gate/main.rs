@@ -27,6 +27,7 @@ mod readiness;
 mod request_id;
 mod retry_after;
 mod routes;
+mod shedding;
 mod shutdown;
 mod slots_auto;
 mod status;

@@ -113,6 +113,8 @@ struct State {
     labels: BoundedLabels,
     next_seq: u64,
     closed: bool,
+    /// The Retry-After the waiters were told when the queue closed.
+    closed_retry_after: u64,
     service_ewma: Option<f64>,
     /// The token model of the drain: see [`Drain`].
     drain: Drain,
@@ -298,6 +300,7 @@ impl Admission {
                     labels: BoundedLabels::new(TENANT_LABELS, m::TENANT_TOKENS_TOTAL, "tenant"),
                     next_seq: 0,
                     closed: false,
+                    closed_retry_after: 1,
                     service_ewma: None,
                     drain: Drain::default(),
                     paused: false,
@@ -700,6 +703,7 @@ impl Admission {
     pub fn close(&self, retry_after: u64) {
         let mut st = self.lock();
         st.closed = true;
+        st.closed_retry_after = retry_after;
         for (_, w) in std::mem::take(&mut st.waiters) {
             st.tenants.dequeue(&w.claim.tenant);
             let _ = w.tx.send(Grant::ShuttingDown { retry_after });

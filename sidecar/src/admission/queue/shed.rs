@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Admission, Claim, Hold, SlotGuard, State, Ticket, Waiter};
+use super::{Admission, Claim, Grant, Hold, SlotGuard, State, Ticket, Waiter};
 use crate::metrics as m;
 
 /// The shortest time between two sheds of one request: no thrash.
@@ -240,13 +240,35 @@ impl Admission {
 }
 
 impl SlotGuard {
-    /// Its answer has begun (the response head goes to the client): shed from now on, it is ended
-    /// with an error rather than queued again.
-    pub fn answering(&mut self) {
-        let Some(id) = self.shed_id else { return };
-        if let Some(r) = self.admission.lock().sheddable.get_mut(&id) {
-            r.answered = true;
+    /// Its answer has begun: the response head is about to go to the client. A stream shed from
+    /// now on is ended with an error rather than queued again. A whole answer is sheddable no
+    /// more: llama-server has finished it, so ending it would free nothing and lose the answer.
+    ///
+    /// `false` when the request was told to yield before this, in the same instant the head came
+    /// (nothing has gone to the client: it is to be queued again, [`SlotGuard::try_shed`] has the
+    /// word). Decided under the lock that shedding takes, so the two cannot cross.
+    pub fn answering(&mut self, stream: bool) -> bool {
+        let Some(id) = self.shed_id else {
+            return true;
+        };
+        let mut st = self.admission.lock();
+        if st.freeing.contains_key(&id) {
+            return false;
         }
+        match stream {
+            true => {
+                if let Some(r) = st.sheddable.get_mut(&id) {
+                    r.answered = true;
+                }
+            }
+            false => {
+                st.sheddable.remove(&id);
+                drop(st);
+                self.shed_id = None;
+                self.yielding = None;
+            }
+        }
+        true
     }
 
     /// Ready once the request is told to yield its slot (never, for one that is not sheddable).
@@ -305,16 +327,23 @@ impl SlotGuard {
         let (tx, rx) = oneshot::channel();
         {
             let mut st = admission.lock();
-            st.tenants.enqueue(&claim.tenant);
-            st.waiters.insert(
-                y.seq,
-                Waiter {
-                    claim: claim.clone(),
-                    queued: y.queued,
-                    tx,
-                },
-            );
-            admission.publish(&mut st);
+            if st.closed {
+                // Shutting down: it is answered as the waiters were when the queue closed.
+                let _ = tx.send(Grant::ShuttingDown {
+                    retry_after: st.closed_retry_after,
+                });
+            } else {
+                st.tenants.enqueue(&claim.tenant);
+                st.waiters.insert(
+                    y.seq,
+                    Waiter {
+                        claim: claim.clone(),
+                        queued: y.queued,
+                        tx,
+                    },
+                );
+                admission.publish(&mut st);
+            }
         }
         metrics::counter!(m::SHED_TOTAL, "stage" => "before_first_byte").increment(1);
         admission

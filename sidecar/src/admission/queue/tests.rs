@@ -1164,7 +1164,7 @@ async fn a_request_is_not_shed_twice_within_the_guard_time_nor_beyond_the_bound(
 async fn the_shed_victim_is_the_least_harmed_and_only_as_many_as_needed() {
     let adm = shedding(2, 8);
     let (mut answering, _) = adm.acquire(c(10), far()).await.unwrap();
-    answering.answering();
+    assert!(answering.answering(true));
     let (mut fresh, _) = adm.acquire(c(20), far()).await.unwrap();
     // Teach it a service time so the retry estimate is not the default.
     let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
@@ -1187,6 +1187,67 @@ async fn the_shed_victim_is_the_least_harmed_and_only_as_many_as_needed() {
     let (u2, _) = urgent2.wait(far()).await.unwrap();
     assert_eq!(adm.stats().shed_ended, 1);
     drop((u1, u2));
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth, s.sheddable, s.yielding), (0, 0, 0, 0));
+}
+
+/// A whole answer whose head has come is finished at llama-server: it is sheddable no more. One
+/// told to yield in the same instant its head came learns it from `answering` and goes back to the
+/// queue instead of being answered.
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_is_not_shed_once_it_has_come_and_one_told_first_queues_again() {
+    let adm = shedding(1, 8);
+    let (mut whole, _) = adm.acquire(c(10), far()).await.unwrap();
+    assert!(whole.answering(false), "not told: it is answered");
+    assert_eq!(adm.stats().sheddable, 0, "finished work frees nothing");
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(whole.try_shed().is_none(), "its answer is not lost");
+    drop(whole);
+    let (u, _) = urgent.wait(far()).await.unwrap();
+    drop(u);
+
+    let (mut racing, _) = adm.acquire(c(10), far()).await.unwrap();
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    // Told before its head was seen: `answering` says so, for streams and whole answers alike.
+    assert!(!racing.answering(false));
+    assert!(!racing.answering(true));
+    assert!(racing.try_shed().is_some());
+    let mut back = racing.requeue(Duration::ZERO).ok().unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (u, _) = urgent.wait(far()).await.unwrap();
+    drop(u);
+    let (again, _) = back.wait(far()).await.unwrap();
+    drop(again);
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth, s.sheddable, s.yielding), (0, 0, 0, 0));
+}
+
+/// Shed before its first byte while the queue closes (shutting down): it is answered as the
+/// waiters were, not left waiting in a closed queue.
+#[tokio::test(start_paused = true)]
+async fn a_request_shed_as_the_queue_closes_is_told_shutting_down() {
+    let adm = shedding(1, 8);
+    let (mut batch, _) = adm.acquire(c(10), far()).await.unwrap();
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(batch.try_shed().is_some());
+    adm.close(30);
+    assert!(matches!(
+        urgent.wait(far()).await,
+        Err(GateError::ShuttingDown { retry_after: 30 })
+    ));
+    let mut back = batch.requeue(Duration::ZERO).ok().unwrap();
+    assert_eq!(adm.stats().depth, 0, "nothing waits in a closed queue");
+    assert!(matches!(
+        back.wait(far()).await,
+        Err(GateError::ShuttingDown { retry_after: 30 })
+    ));
+    tokio::time::sleep(Duration::from_millis(1)).await;
     let s = adm.stats();
     assert_eq!((s.busy, s.depth, s.sheddable, s.yielding), (0, 0, 0, 0));
 }
