@@ -37,6 +37,9 @@ pub struct Claim {
     pub shed: u32,
     /// When it was last shed (the guard time runs from then).
     pub shed_at: Option<tokio::time::Instant>,
+    /// Never shed, whatever its priority: its answer outlives its connection (a conversation), so
+    /// closing the connection would not stop llama-server.
+    pub keeps_slot: bool,
     /// Its request's body: with its tenant, how a client told to come back is known when it does
     /// (see `queue::returns`). Shared, not copied.
     pub body: bytes::Bytes,
@@ -71,8 +74,15 @@ impl Claim {
             band: None,
             shed: 0,
             shed_at: None,
+            keeps_slot: false,
             body: bytes::Bytes::new(),
         }
+    }
+
+    /// Never shed (see [`Claim::keeps_slot`]) when `keeps` holds.
+    pub fn keeping_slot(mut self, keeps: bool) -> Claim {
+        self.keeps_slot = keeps;
+        self
     }
 
     /// Due by `deadline` (its own, shorter than the queue timeout).
@@ -125,6 +135,7 @@ impl Claim {
             band: None,
             shed: 0,
             shed_at: None,
+            keeps_slot: false,
             body: bytes::Bytes::new(),
         }
     }

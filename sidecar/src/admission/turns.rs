@@ -126,16 +126,44 @@ impl Turns {
 
 impl Seat {
     /// Whether its pool may start a request now, with `serving` in service on its `slots`, and its
-    /// oldest waiter queued at `oldest` (an arrival with nobody waiting: now). Starting counts at
-    /// once, so two pools deciding in the same instant cannot both start.
-    pub(super) fn may_start(&self, serving: usize, slots: usize, oldest: Option<Instant>) -> bool {
+    /// oldest waiter queued at `oldest` (an arrival with nobody waiting: now). Only a look: what
+    /// if questions (would it fit once sheddable work has yielded?) ask it too. [`Seat::start`]
+    /// decides.
+    pub(super) fn allows(&self, serving: usize, slots: usize, oldest: Option<Instant>) -> bool {
+        if !self.turns.is_on() {
+            return true;
+        }
+        let seats = self.turns.lock();
+        self.allowed(&seats, serving, slots, oldest)
+    }
+
+    /// Starts a request of its pool if [`Seat::allows`] it, counting it in the same locked step,
+    /// so two pools deciding in the same instant cannot both start.
+    pub(super) fn start(&self, serving: usize, slots: usize, oldest: Option<Instant>) -> bool {
         if !self.turns.is_on() {
             return true;
         }
         let mut seats = self.turns.lock();
+        if !self.allowed(&seats, serving, slots, oldest) {
+            return false;
+        }
+        let started = seats[self.id].started;
+        let seat = &mut seats[self.id];
+        seat.serving = serving + 1;
+        seat.started = if serving == 0 { 1 } else { started + 1 };
+        true
+    }
+
+    fn allowed(
+        &self,
+        seats: &[SeatState],
+        serving: usize,
+        slots: usize,
+        oldest: Option<Instant>,
+    ) -> bool {
         let mine = oldest.unwrap_or_else(Instant::now);
         let started = seats[self.id].started;
-        let blocked = seats.iter().enumerate().any(|(i, other)| {
+        !seats.iter().enumerate().any(|(i, other)| {
             i != self.id
                 && (other.serving > 0
                     || match serving {
@@ -144,14 +172,7 @@ impl Seat {
                         // In its turn: a batch of its slots, then none while another waits.
                         _ => other.oldest.is_some() && started >= slots,
                     })
-        });
-        if blocked {
-            return false;
-        }
-        let seat = &mut seats[self.id];
-        seat.serving = serving + 1;
-        seat.started = if serving == 0 { 1 } else { started + 1 };
-        true
+        })
     }
 
     /// Its pool's state after a change: in service, its oldest waiter that only the turns hold

@@ -124,6 +124,7 @@ pub(super) async fn admit(
         .holding(demand.slots, demand.kv)
         .tagged(ex.live().key)
         .due(own)
+        .keeping_slot(intake.names_conversation())
         .with_body(intake.body.clone());
     ex.set_tenant(claim.tenant.clone());
     if let Some(band) = admission.band_of(claim.priority) {

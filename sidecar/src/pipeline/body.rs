@@ -51,6 +51,11 @@ pub struct GuardedBody {
     sse: bool,
     /// Shed mid-answer: how far its end has gone (see [`Ending`]).
     ending: Ending,
+    /// The last bytes passed on stopped inside an event: a shed waits for its end, so the error
+    /// event is never glued to half of another.
+    mid_event: bool,
+    /// Told to yield while `mid_event`: ended at the event's end.
+    shed_due: Option<crate::admission::Shed>,
 }
 
 /// What polling a body for its next frame gives.
@@ -135,6 +140,8 @@ impl GuardedBody {
             dialect,
             sse: content_type.is_some_and(|t| t.starts_with("text/event-stream")),
             ending: Ending::No,
+            mid_event: false,
+            shed_due: None,
             watch: None,
             idle: None,
             on_upstream_timeout: None,
@@ -337,6 +344,9 @@ impl HttpBody for GuardedBody {
                         crate::otel::first_token(&this.trace);
                     }
                     this.usage.feed(data);
+                    if !data.is_empty() {
+                        this.mid_event = !(data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n"));
+                    }
                     if let Some(held) = &this.held {
                         held.exchange.live().set_generated(this.usage.generated());
                     }
@@ -418,9 +428,21 @@ impl GuardedBody {
     fn poll_shed(&mut self, cx: &mut Context<'_>) -> Option<Polled> {
         let held = self.held.as_mut()?;
         let slot = held.slot.as_mut()?;
-        let Poll::Ready(shed) = slot.poll_shed(cx) else {
-            return None;
+        let shed = match self.shed_due.take() {
+            Some(shed) => shed,
+            None => match slot.poll_shed(cx) {
+                Poll::Ready(shed) => shed,
+                Poll::Pending => return None,
+            },
         };
+        // Its answer is over already, only its end still to read: it frees its slots as it ends.
+        if self.usage.done() {
+            return None;
+        }
+        if self.sse && self.mid_event {
+            self.shed_due = Some(shed);
+            return None;
+        }
         slot.ended_by_shed();
         let error = crate::error::GateError::Shed {
             retry_after: shed.retry_after,
@@ -463,6 +485,8 @@ impl GuardedBody {
             dialect: self.dialect,
             sse: self.sse,
             ending: Ending::No,
+            mid_event: false,
+            shed_due: None,
         }
     }
 

@@ -91,8 +91,13 @@ pub(super) async fn forward(
                 if s.answering(stream) {
                     break Ok(resp);
                 }
-                // Told to yield as the answer came: nothing has gone to the client yet.
+                // Told to yield as the answer came. A whole answer is finished: it is answered
+                // (its slots are free as soon as it is written) rather than generated again. A
+                // stream has sent nothing to the client yet: it goes back to the queue.
                 s.try_shed();
+                if !stream {
+                    break Ok(resp);
+                }
                 drop(resp);
             }
             Some(Err(e)) => break Err(e),

@@ -285,6 +285,12 @@ impl Intake {
         Ok(())
     }
 
+    /// The request names a conversation (`X-Conversation-Id`): llama-server finishes its answer
+    /// into a session the client can resume (`GET /v1/stream`), whatever its connection.
+    pub fn names_conversation(&self) -> bool {
+        self.parts.headers.contains_key("x-conversation-id")
+    }
+
     /// For a stream of an API that reports usage only when asked (chat), whose client did not ask
     /// for `stream_options.include_usage`: asks for it in the forwarded body, so the stream reports
     /// its usage. Returns whether it did (the client's stream must then lose the usage chunk again,

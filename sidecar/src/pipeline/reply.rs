@@ -192,7 +192,7 @@ impl<'a> Reply<'a> {
             intake.dialect,
         )
         .answered(upstream_parts.status)
-        .resumable(slot_route && intake.parts.headers.contains_key("x-conversation-id"))
+        .resumable(slot_route && intake.names_conversation())
         .guarded(self.watch, self.app.config.upstream_idle_timeout)
         .on_upstream_timeout(self.app.quarantine.clone())
         .traced(sent.span);

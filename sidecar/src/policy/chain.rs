@@ -94,7 +94,9 @@ pub fn fold<'a>(steps: impl IntoIterator<Item = Step<'a>>) -> ChainOutcome {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        combined.deadline_ms = match (combined.deadline_ms, decision.deadline_ms) {
+        // 0 is no deadline (ignored), not the smallest one.
+        let deadline_ms = decision.deadline_ms.filter(|ms| *ms > 0);
+        combined.deadline_ms = match (combined.deadline_ms, deadline_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -223,6 +225,8 @@ mod tests {
             step("a", Mode::Enforce, OnError::Deny, due(Some(30_000))),
             step("b", Mode::Enforce, OnError::Deny, due(None)),
             step("c", Mode::Enforce, OnError::Deny, due(Some(2_000))),
+            // 0 is no deadline: it does not wipe out the others'.
+            step("z", Mode::Enforce, OnError::Deny, due(Some(0))),
             step("m", Mode::Monitor, OnError::Deny, due(Some(5))),
         ]);
         let ChainOutcome::Allow(d) = out else {

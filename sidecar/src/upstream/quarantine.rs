@@ -29,7 +29,9 @@ impl Quarantine {
 
     /// The slot is handed on only once llama-server has dropped the request slotgate gave up on
     /// (see `Upstream::dropped_below`), at most `QUARANTINE_CAP` later.
-    pub fn hold(&self, slot: SlotGuard) {
+    pub fn hold(&self, mut slot: SlotGuard) {
+        // Told to yield, it could not: only llama-server's letting go frees it.
+        slot.no_longer_sheddable();
         let (upstream, admission) = (self.upstream.clone(), self.admission.clone());
         // The task owns the slot: it is released by its guard's Drop, also if the task never finishes.
         tokio::spawn(async move {

@@ -217,3 +217,31 @@ async fn nothing_is_shed_without_the_setting() {
     assert_eq!(s["shedding"]["shed_after_first_byte"], 0, "{s}");
     gate.assert_settled(&up, 1).await;
 }
+
+/// A request that names a conversation (`X-Conversation-Id`) is never shed, whatever its
+/// priority: llama-server finishes such an answer into the conversation whatever the connection,
+/// so closing it would free nothing. The urgent request waits for it to end, and it ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conversation_is_never_shed() {
+    let (up, gate) = shedding_gate().await;
+    let client = gate.client();
+    let mut stream = client
+        .stream_with_headers(
+            CHAT,
+            &Req::chat("talk").chunks(30, ms(20)).priority(10).json(),
+            &[("x-conversation-id", "conv-1")],
+        )
+        .await;
+    stream.first_event(Duration::from_secs(5)).await;
+    assert_eq!(gate.status().await["shedding"]["sheddable_in_service"], 0);
+    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
+    let urgent = client
+        .post_json(CHAT, &Req::chat("urgent").priority(0).json())
+        .await;
+    assert_eq!(urgent.status, 200, "{}", urgent.body);
+    let talk = reader.await.unwrap();
+    assert!(talk.complete(), "{}", talk.raw);
+    assert!(queue_wait_ms(&urgent) >= 300, "{:?}", urgent.headers);
+    assert_eq!(gate.status().await["shedding"]["shed_after_first_byte"], 0);
+    gate.assert_settled(&up, 1).await;
+}

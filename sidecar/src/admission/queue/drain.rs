@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Admission, Claim, State, Waiter, EWMA_ALPHA, INITIAL_SERVICE_SECONDS};
+use super::{Admission, Claim, State, EWMA_ALPHA, INITIAL_SERVICE_SECONDS};
 
 /// Upper bound of any Retry-After we hand out.
 const MAX_RETRY_AFTER_SECONDS: u64 = 3600;
@@ -196,19 +196,7 @@ impl Admission {
     /// its own tenant, or of a tenant served no more than its own). `None` until a service time or token rate has been measured: no estimate is no
     /// ground to refuse.
     pub(super) fn wait_before(&self, st: &State, claim: &Claim, now: Instant) -> Option<f64> {
-        let mine = st.tenants.counter(&claim.tenant);
-        let counter = |w: &Waiter| st.tenants.counter(&w.claim.tenant);
-        let any_due =
-            claim.deadline.is_some() || st.waiters.values().any(|w| w.claim.deadline.is_some());
-        let least = match any_due {
-            true => st.waiters.values().map(counter).fold(mine, f64::min),
-            false => f64::MAX,
-        };
-        let me = self.place(claim, claim.priority, mine, least, st.next_seq);
-        let first = |w: &Waiter| {
-            let p = self.place(&w.claim, self.effective(w, now), counter(w), least, 0);
-            p.cmp(&me).is_lt()
-        };
+        let first = self.ahead_of(st, claim, now);
         let (ahead, ahead_tokens) = st
             .waiters
             .values()

@@ -133,6 +133,8 @@ struct State {
     /// by guard id.
     freeing: BTreeMap<u64, (Hold, u64)>,
     next_shed_id: u64,
+    /// When a look at the waiters is due for a shed the guard time holds back (see [`shed`]).
+    shed_wake: Option<Instant>,
     /// Clients told to come back, each with a queue place held for it around its time (see
     /// [`returns`]).
     bookings: Vec<returns::Booking>,
@@ -310,6 +312,7 @@ impl Admission {
                     sheddable: BTreeMap::new(),
                     freeing: BTreeMap::new(),
                     next_shed_id: 0,
+                    shed_wake: None,
                     bookings: Vec::new(),
                 }),
             }),
@@ -341,9 +344,18 @@ impl Admission {
             return Err(GateError::ShuttingDown { retry_after: 1 });
         }
         let arrived = Instant::now();
+        // Its own deadline went by while it was read and judged: it is not started now.
+        if claim
+            .deadline
+            .is_some_and(|own| own <= arrived && own <= deadline)
+        {
+            return Err(GateError::DeadlineExceeded(Duration::ZERO));
+        }
         // A client back when it was told takes the place kept for it.
         let returning = self.take_booking(&mut st, &claim, arrived);
-        if st.waiters.is_empty() && self.fits(&st, &claim) {
+        // At once when it fits and nobody who could start would be served before it (waiters held
+        // back by their band's share of the slots do not count: they could not take the slot).
+        if !self.anyone_before(&st, &claim, arrived) && self.try_start(&st, &claim) {
             let hold = self.hold_of(&claim);
             self.take(&mut st, hold, claim.cost);
             st.tenants.admit(&claim.tenant, claim.charge());
@@ -466,15 +478,8 @@ impl Admission {
                 tx,
             },
         );
-        if self.bands().is_empty() {
-            // Urgent, it may have sheddable work yield to it.
-            self.shed_for_next(&mut st);
-            self.publish(&mut st);
-        } else {
-            // The waiters ahead may be held back only by their band's share of the slots: this one
-            // may start now (dispatch publishes).
-            self.dispatch(&mut st);
-        }
+        // Urgent, it may have sheddable work yield to it (dispatch sheds and publishes).
+        self.dispatch(&mut st);
         Ok(Entry::Queued(Ticket {
             admission: self.clone(),
             seq,
@@ -506,13 +511,16 @@ impl Admission {
 
     /// A waiter's priority after aging: one level more urgent for every `aging` waited.
     fn effective(&self, w: &Waiter, now: Instant) -> i64 {
+        self.aged(w.claim.priority, now.saturating_duration_since(w.queued))
+    }
+
+    /// `priority` after waiting `waited`.
+    fn aged(&self, priority: i64, waited: Duration) -> i64 {
         let Some(step) = self.shared.fairness.aging else {
-            return w.claim.priority;
+            return priority;
         };
-        let levels = now.saturating_duration_since(w.queued).as_nanos() / step.as_nanos();
-        w.claim
-            .priority
-            .saturating_sub(i64::try_from(levels).unwrap_or(i64::MAX))
+        let levels = waited.as_nanos() / step.as_nanos();
+        priority.saturating_sub(i64::try_from(levels).unwrap_or(i64::MAX))
     }
 
     /// The waiter served next: the smallest [`Place`].
@@ -528,6 +536,41 @@ impl Admission {
             })
             .min_by(Place::cmp)
             .map(|p| p.seq)
+    }
+
+    /// Whether a waiter that could start (its band within its share of the slots) would be served
+    /// before `claim`, were it queued now.
+    fn anyone_before(&self, st: &State, claim: &Claim, now: Instant) -> bool {
+        if st.waiters.is_empty() {
+            return false;
+        }
+        let ahead = self.ahead_of(st, claim, now);
+        st.waiters
+            .values()
+            .any(|w| !self.band_full(st, &w.claim) && ahead(w))
+    }
+
+    /// Whether a waiter would be served before `claim`, were `claim` queued now.
+    fn ahead_of<'a>(
+        &'a self,
+        st: &'a State,
+        claim: &Claim,
+        now: Instant,
+    ) -> impl Fn(&Waiter) -> bool + 'a {
+        let counter = |w: &Waiter| st.tenants.counter(&w.claim.tenant);
+        let mine = st.tenants.counter(&claim.tenant);
+        let any_due =
+            claim.deadline.is_some() || st.waiters.values().any(|w| w.claim.deadline.is_some());
+        let least = match any_due {
+            true => st.waiters.values().map(counter).fold(mine, f64::min),
+            false => f64::MAX,
+        };
+        let me = self.place(claim, claim.priority, mine, least, st.next_seq);
+        // Every waiter came before it (a smaller sequence).
+        move |w: &Waiter| {
+            let p = self.place(&w.claim, self.effective(w, now), counter(w), least, 0);
+            p.cmp(&me).is_lt()
+        }
     }
 
     /// Where a claim stands in the service order, its tenant's counter at `counter` and the least
@@ -597,9 +640,16 @@ impl Admission {
         }
     }
 
-    /// Whether `claim` can be admitted beside what is in service.
-    fn fits(&self, st: &State, claim: &Claim) -> bool {
-        self.fits_beside(st, claim, shed::Freed::default())
+    /// Whether `claim` can be admitted beside what is in service; when it can, its start is
+    /// counted in the models' turns (the caller admits it).
+    fn try_start(&self, st: &State, claim: &Claim) -> bool {
+        if !self.fits_beside(st, claim, shed::Freed::default()) {
+            return false;
+        }
+        match self.shared.turn.get() {
+            Some(seat) => seat.start(st.serving, self.slots(), Self::oldest(st)),
+            None => true,
+        }
     }
 
     /// Whether `claim` could be admitted beside what is in service once `freed` has been given
@@ -613,7 +663,7 @@ impl Admission {
         }
         let serving = st.serving.saturating_sub(freed.serving);
         if let Some(seat) = self.shared.turn.get() {
-            if !seat.may_start(serving, self.slots(), Self::oldest(st)) {
+            if !seat.allows(serving, self.slots(), Self::oldest(st)) {
                 return false;
             }
         }
@@ -879,7 +929,7 @@ impl Admission {
             if !st
                 .waiters
                 .get(&seq)
-                .is_some_and(|w| self.fits(st, &w.claim))
+                .is_some_and(|w| self.try_start(st, &w.claim))
             {
                 break;
             }
@@ -1061,7 +1111,8 @@ impl Ticket {
         if let Some(w) = st.waiters.remove(&self.seq) {
             st.tenants.dequeue(&w.claim.tenant);
             self.resolved = true;
-            self.admission.publish(&mut st);
+            // It may have been the waiter that held those behind it back (it did not fit yet).
+            self.admission.dispatch(&mut st);
             return None;
         }
         drop(st);

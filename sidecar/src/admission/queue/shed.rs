@@ -9,8 +9,12 @@
 //! stream is ended with an error event. Its slots are given back when its guard drops, as for a
 //! client that left. Until then they count as being freed, so the same wait never sheds twice.
 //!
-//! Never shed: for another sheddable request; the same request again within [`SHED_GUARD`] of its
-//! last shed; a request already shed [`MAX_REQUEUES`] times (it keeps its slot from then on).
+//! Never shed: for another sheddable request, or for one it would be served before once back in
+//! the queue (by priority after aging, which counts the time it waited, not its time in service);
+//! the same request again within [`SHED_GUARD`] of its last shed (the queue is looked at again when
+//! the guard time is over); a request already shed [`MAX_REQUEUES`] times (it keeps its slot from
+//! then on); a request whose answer outlives its connection (a conversation, `X-Conversation-Id`:
+//! closing the connection would not stop llama-server).
 
 use std::time::Duration;
 
@@ -36,6 +40,8 @@ pub struct Shed {
 /// A sheddable request in service.
 pub(super) struct Running {
     priority: i64,
+    /// Its priority after aging by the time it waited, what it would be back in the queue.
+    aged: i64,
     started: Instant,
     /// Its answer has begun: shed, it ends with an error rather than going back to the queue.
     answered: bool,
@@ -51,9 +57,10 @@ pub(super) struct Running {
 pub(super) struct Yielding {
     pub(super) rx: Option<oneshot::Receiver<Shed>>,
     claim: Claim,
-    /// Its place by arrival and when it first queued (aging goes on from there).
+    /// Its place by arrival, and how long it waited before it was given its slots (its aging
+    /// goes on from there, back in the queue).
     seq: u64,
-    queued: Instant,
+    waited: Duration,
 }
 
 /// Slots, pool tokens and requests being given back by requests told to yield.
@@ -91,10 +98,11 @@ impl Admission {
         seq: u64,
         queued: Instant,
     ) -> Option<(u64, Box<Yielding>)> {
-        if !self.is_sheddable(claim.priority) || claim.shed >= MAX_REQUEUES {
+        if !self.is_sheddable(claim.priority) || claim.shed >= MAX_REQUEUES || claim.keeps_slot {
             return None;
         }
         let now = Instant::now();
+        let waited = now.saturating_duration_since(queued);
         let (tx, rx) = oneshot::channel();
         let id = st.next_shed_id;
         st.next_shed_id += 1;
@@ -102,6 +110,7 @@ impl Admission {
             id,
             Running {
                 priority: claim.priority,
+                aged: self.aged(claim.priority, waited),
                 started: now,
                 answered: false,
                 hold,
@@ -116,7 +125,7 @@ impl Admission {
                 rx: Some(rx),
                 claim: claim.clone(),
                 seq,
-                queued,
+                waited,
             }),
         ))
     }
@@ -141,12 +150,15 @@ impl Admission {
         let Some(seq) = self.next_waiter(st, now) else {
             return;
         };
-        let Some(claim) = st.waiters.get(&seq).map(|w| &w.claim) else {
+        let Some(w) = st.waiters.get(&seq) else {
             return;
         };
+        let claim = &w.claim;
         if self.is_sheddable(claim.priority) {
             return;
         }
+        // A victim back in the queue must come after it, or it would take its slots back.
+        let urgent = self.effective(w, now);
         let mut freed = Self::freeing(st);
         if self.fits_beside(st, claim, freed) {
             return;
@@ -154,7 +166,7 @@ impl Admission {
         let mut candidates: Vec<(&u64, &Running)> = st
             .sheddable
             .iter()
-            .filter(|(_, r)| r.not_before <= now && r.priority > claim.priority)
+            .filter(|(_, r)| r.not_before <= now && r.aged > urgent)
             .collect();
         // The least harm first: not yet answering, least urgent, most recently started.
         candidates.sort_by(|(_, a), (_, b)| {
@@ -172,6 +184,16 @@ impl Admission {
             }
         }
         if !self.fits_beside(st, claim, freed) {
+            // Not enough yields now: look again when a victim held back by its guard time may.
+            let later = st
+                .sheddable
+                .values()
+                .filter(|r| r.not_before > now && r.aged > urgent)
+                .map(|r| r.not_before)
+                .min();
+            if let Some(at) = later {
+                self.wake_at(st, at);
+            }
             return;
         }
         // No more than it takes: one picked early whose share the later ones cover keeps its slot.
@@ -219,16 +241,33 @@ impl Admission {
         let mut tokens: u64 = st.freeing.values().map(|(_, cost)| cost).sum();
         let mut n = st.freeing.len();
         if !self.is_sheddable(claim.priority) {
-            for r in st
-                .sheddable
-                .values()
-                .filter(|r| r.priority > claim.priority)
-            {
+            for r in st.sheddable.values().filter(|r| r.aged > claim.priority) {
                 tokens += r.cost;
                 n += 1;
             }
         }
         (tokens as f64, n)
+    }
+
+    /// Looks at the waiters again at `at` (once per instant: an earlier look already due covers
+    /// it).
+    fn wake_at(&self, st: &mut State, at: Instant) {
+        if st.shed_wake.is_some_and(|due| due <= at) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        st.shed_wake = Some(at);
+        let admission = self.clone();
+        rt.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let mut st = admission.lock();
+            if st.shed_wake == Some(at) {
+                st.shed_wake = None;
+            }
+            admission.dispatch(&mut st);
+        });
     }
 
     /// Forgets guard `id`: in service no more (dropped), or given back.
@@ -269,6 +308,21 @@ impl SlotGuard {
             }
         }
         true
+    }
+
+    /// Keeps its slots whatever comes: its end is no longer this request's to hasten (a finished
+    /// answer, or one handed to the quarantine, which alone decides when its slots are free).
+    /// One told to yield already goes on giving them back.
+    pub fn no_longer_sheddable(&mut self) {
+        let Some(id) = self.shed_id else {
+            return;
+        };
+        let mut st = self.admission.lock();
+        if st.sheddable.remove(&id).is_some() {
+            drop(st);
+            self.shed_id = None;
+            self.yielding = None;
+        }
     }
 
     /// Ready once the request is told to yield its slot (never, for one that is not sheddable).
@@ -319,8 +373,9 @@ impl SlotGuard {
         };
         self.settle(0);
         let mut claim = y.claim;
+        let now = Instant::now();
         claim.shed += 1;
-        claim.shed_at = Some(Instant::now());
+        claim.shed_at = Some(now);
         // It started in time once; it comes back as background work, by the queue timeout alone.
         claim.deadline = None;
         let admission = self.admission.clone();
@@ -338,7 +393,8 @@ impl SlotGuard {
                     y.seq,
                     Waiter {
                         claim: claim.clone(),
-                        queued: y.queued,
+                        // Aged by the time it waited, not by its time in service.
+                        queued: now.checked_sub(y.waited).unwrap_or(now),
                         tx,
                     },
                 );

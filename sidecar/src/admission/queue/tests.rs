@@ -1377,3 +1377,215 @@ async fn a_doomed_wait_leaves_out_the_work_that_would_yield() {
         }
     }
 }
+
+/// A newcomer that would be served before the waiter at the head (which does not fit yet) and
+/// fits now starts now, instead of waiting for the next request to end.
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_served_before_a_head_that_does_not_fit_starts_at_once() {
+    let adm = Admission::new(2, 8);
+    let (_x, _) = adm.acquire(claim("a", 0, 1), far()).await.unwrap();
+    let Entry::Queued(_big) = adm
+        .enter(
+            Claim {
+                slots: 2,
+                ..claim("a", 5, 1)
+            },
+            far(),
+        )
+        .unwrap()
+    else {
+        panic!("two slots do not fit beside one")
+    };
+    let Entry::Admitted(_urgent) = adm.enter(claim("b", 0, 1), far()).unwrap() else {
+        panic!("more urgent, and one slot is free: at once")
+    };
+    let s = adm.stats();
+    assert_eq!((s.busy, s.depth), (2, 1));
+}
+
+/// The waiter at the head leaves (its client went, or its deadline): the one behind it, which
+/// fits, is let in at once.
+#[tokio::test(start_paused = true)]
+async fn the_head_leaving_lets_the_next_waiter_in() {
+    let adm = Admission::new(2, 8);
+    let (_x, _) = adm.acquire(claim("a", 0, 1), far()).await.unwrap();
+    let Entry::Queued(big) = adm
+        .enter(
+            Claim {
+                slots: 2,
+                ..claim("a", 0, 1)
+            },
+            far(),
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    let Entry::Queued(mut next) = adm.enter(claim("a", 0, 1), far()).unwrap() else {
+        panic!("behind the head")
+    };
+    drop(big);
+    let granted = tokio::time::timeout(Duration::from_secs(5), next.wait(far())).await;
+    assert!(granted.is_ok(), "stranded beside a free slot");
+}
+
+/// Waiters held back only by their band's share of the slots do not keep a newcomer of another
+/// band from a free slot: it starts at once, is not refused as doomed for their sake and takes no
+/// queue place.
+#[tokio::test(start_paused = true)]
+async fn waiters_held_back_by_their_band_do_not_keep_others_from_a_free_slot() {
+    let adm = banded(2, 1, Some(0.5), None);
+    learn(&adm, 100, Duration::from_secs(1), 100).await;
+    let (_b1, _) = adm.acquire(claim("bg", 10, 1000), far()).await.unwrap();
+    let Entry::Queued(_b2) = adm.enter(claim("bg", 10, 1000), far()).unwrap() else {
+        panic!("the band holds its one slot")
+    };
+    assert_eq!((adm.stats().busy, adm.stats().depth), (1, 1));
+    let due = Instant::now() + Duration::from_secs(2);
+    let Ok(Entry::Admitted(_i)) = adm.enter(claim("i", 0, 10).due(Some(due)), far()) else {
+        panic!("a slot is free and nobody who could take it waits")
+    };
+    assert_eq!((adm.stats().busy, adm.stats().depth), (2, 1));
+}
+
+/// A request whose own deadline went by while it was read and judged is not started, even with
+/// a slot free.
+#[tokio::test(start_paused = true)]
+async fn a_request_past_its_own_deadline_is_not_started() {
+    let adm = Admission::new(1, 8);
+    let due = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(matches!(
+        adm.enter(c(0).due(Some(due)), far()),
+        Err(GateError::DeadlineExceeded(_))
+    ));
+    assert_eq!((adm.stats().busy, adm.stats().depth), (0, 0));
+}
+
+/// Back in the queue, a shed request ages by the time it waited, not by its time in service: it
+/// does not take its slot back from the urgent request it yielded to. And a request that has
+/// waited long enough to be served before an urgent one is not shed for it.
+#[tokio::test(start_paused = true)]
+async fn a_shed_request_does_not_take_its_slot_back_by_aging_in_service() {
+    let fairness = Fairness {
+        shed_from: Some(10),
+        aging: Some(Duration::from_secs(10)),
+        ..Fairness::default()
+    };
+    let adm = Admission::with_fairness(1, 8, fairness);
+    let (mut batch, _) = adm.acquire(c(10), far()).await.unwrap();
+    // A minute in service: six levels, were they counted.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let Entry::Queued(mut urgent) = adm.enter(c(5), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(batch.try_shed().is_some(), "shed for the urgent one");
+    let mut back = batch.requeue(Duration::from_millis(20)).ok().unwrap();
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    let (u, _) = tokio::time::timeout(Duration::from_millis(5), urgent.wait(far()))
+        .await
+        .expect("the urgent request has the slot")
+        .unwrap();
+    drop(u);
+    let (b, _) = back.wait(far()).await.unwrap();
+    drop(b);
+
+    // One that waited 60 s before its slot ranks at 4 once back: not shed for a 5.
+    let (_hold, _) = adm.acquire(c(0), far()).await.unwrap();
+    let Entry::Queued(mut patient) = adm.enter(c(10), far()).unwrap() else {
+        panic!("busy")
+    };
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    drop(_hold);
+    let (mut patient, _) = patient.wait(far()).await.unwrap();
+    let Entry::Queued(_five) = adm.enter(c(5), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(patient.try_shed().is_none(), "it would be served first");
+    assert_eq!(adm.stats().sheddable, 1);
+}
+
+/// An urgent request that arrives while the only victim is within its guard time is looked at
+/// again once the guard time is over, and the victim yields then.
+#[tokio::test(start_paused = true)]
+async fn a_victim_within_its_guard_time_yields_once_it_is_over() {
+    let adm = shedding(1, 8);
+    let (mut batch, _) = adm.acquire(c(10), far()).await.unwrap();
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(batch.try_shed().is_some());
+    let mut back = batch.requeue(Duration::ZERO).ok().unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (u, _) = urgent.wait(far()).await.unwrap();
+    drop(u);
+    let (mut batch, _) = back.wait(far()).await.unwrap();
+    let Entry::Queued(mut urgent2) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(batch.try_shed().is_none(), "within the guard time");
+    tokio::time::sleep(SHED_GUARD).await;
+    assert!(
+        batch.try_shed().is_some(),
+        "told once the guard time was over"
+    );
+    let _back = batch.requeue(Duration::ZERO).ok().unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let granted = tokio::time::timeout(Duration::from_millis(5), urgent2.wait(far())).await;
+    assert!(granted.is_ok(), "the urgent request has the slot");
+}
+
+/// A request whose answer outlives its connection (a conversation) is never sheddable.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_keeps_its_slot_is_never_shed() {
+    let adm = shedding(1, 8);
+    let (mut talk, _) = adm.acquire(c(10).keeping_slot(true), far()).await.unwrap();
+    assert_eq!(adm.stats().sheddable, 0);
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(talk.try_shed().is_none());
+    drop(talk);
+    assert!(urgent.wait(far()).await.is_ok());
+}
+
+/// Asking whether an urgent request would fit once sheddable work yields does not count starts
+/// in the models' turns: the turn's batch is not used up by questions.
+#[tokio::test(start_paused = true)]
+async fn what_if_questions_do_not_use_up_a_models_turn() {
+    let turns = Turns::new();
+    let fair = Fairness {
+        shed_from: Some(10),
+        ..Fairness::default()
+    };
+    let a = Admission::for_model(3, 8, fair, "a");
+    a.resume();
+    a.join_turns(&turns);
+    a.set_pool(Some(1000));
+    let b = Admission::for_model(2, 8, Fairness::default(), "b");
+    b.resume();
+    b.join_turns(&turns);
+    turns.set(true);
+    let (mut s1, _) = a.acquire(c(10).holding(1, 900), far()).await.unwrap();
+    let (r1, _) = a.acquire(c(0).holding(1, 50), far()).await.unwrap();
+    // Needs 500 of the pool: s1 must yield.
+    let Entry::Queued(mut u) = a.enter(c(0).holding(1, 500), far()).unwrap() else {
+        panic!("the pool is short")
+    };
+    assert!(s1.try_shed().is_some());
+    // Model b waits meanwhile: a's turn is two of its three slots so far.
+    let bw = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire(c(0), far()).await.map(|(s, _)| s) })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let back = s1.requeue(Duration::ZERO).ok().unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let got = tokio::time::timeout(Duration::from_millis(5), u.wait(far())).await;
+    assert!(
+        got.is_ok(),
+        "the third start of a's turn was used up by questions"
+    );
+    drop((r1, back, got));
+    let _ = bw.await;
+}
