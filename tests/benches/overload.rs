@@ -4,7 +4,8 @@
 //! 1. Retry-After hit rate: bursts of 8 against one slot and two queue places; every client turned
 //!    away retries exactly at the Retry-After it was told. Answers are of mixed length, as in real
 //!    traffic, and (the short-burst shape) all about 0.3 s, with each burst after the one before or
-//!    one every second (overlapping). The figure: the share of retries that got in.
+//!    one every second (overlapping); large bursts; long answers (about 2 s). The figure: the share
+//!    of retries that got in.
 //! 2. Goodput under overload: open-loop (Poisson) arrivals at 1x and at 10x the rate the slot can
 //!    serve, for the same time each. Goodput is requests answered 200 (so within their queue timeout)
 //!    per second; the ratio 10x / 1x shows whether overload costs served work.
@@ -149,6 +150,35 @@ async fn run() {
         pct(hits, tries)
     );
     drop(g);
+    // Long answers (mixed, about 2 s each, on the 16k-token model): bursts of 8, clients waiting
+    // the whole-second Retry-After, then clients waiting retry-after-ms.
+    let long_llama = LlamaServer::start_long(1, 16_384).await;
+    let long = Llama {
+        tokens: long_llama
+            .tokens_for(Duration::from_secs(2), (16, 15_000))
+            .await,
+        equal: false,
+    };
+    let g = gate_for(
+        Gate::new()
+            .slots(1)
+            .queue_depth(2)
+            .queue_timeout("60s")
+            .upstream_path(long_llama.socket()),
+    )
+    .await;
+    for (wait, how) in [
+        (Wait::Seconds, "Retry-After"),
+        (Wait::Millis, "retry-after-ms"),
+    ] {
+        let (hits, tries) = retry_bursts(&g, &long, rounds, None, BURST, wait).await;
+        println!(
+            "real llama-server, long answers (about 2 s), clients waiting {how}: {hits} of {tries} retries got in ({:.1}%)",
+            pct(hits, tries)
+        );
+    }
+    drop(g);
+    drop(long_llama);
     if std::env::var("OVERLOAD_ONLY").as_deref() == Ok("retry-after") {
         return;
     }

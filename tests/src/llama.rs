@@ -123,6 +123,18 @@ impl LlamaServer {
         Self::start_argv(server_argv(np)).await
     }
 
+    /// Starts llama-server on the long model (the tiny model with a 16k-token context and FIM
+    /// tokens, for `/infill`) with `np` slots of `ctx_per_slot` tokens each: room for answers of
+    /// several seconds.
+    pub async fn start_long(np: usize, ctx_per_slot: usize) -> RunningLlama {
+        let mut argv = server_argv(np);
+        let at = argv.iter().position(|a| a == "-c").expect("-c");
+        argv[at + 1] = (ctx_per_slot * np).to_string();
+        let at = argv.iter().position(|a| a == "-m").expect("-m");
+        argv[at + 1] = LlamaPaths::get().model_long.display().to_string();
+        Self::start_argv(argv).await
+    }
+
     /// Starts llama-server as `argv` says (the binary first, no address: a fresh Unix socket is
     /// added) and waits until `/health` answers 200.
     pub async fn start_argv(argv: Vec<String>) -> RunningLlama {

@@ -187,15 +187,7 @@ async fn a_background_flood_within_its_band_leaves_room_for_interactive_work() {
 
 /// One slot of the 16k-token tiny model: long enough for generations of several seconds.
 async fn one_long_slot() -> slotgate_tests::llama::RunningLlama {
-    let mut argv = slotgate_tests::llama::server_argv(1);
-    let at = argv.iter().position(|a| a == "-c").unwrap();
-    argv[at + 1] = LONG_CTX.to_string();
-    let at = argv.iter().position(|a| a == "-m").unwrap();
-    argv[at + 1] = slotgate_tests::llama::LlamaPaths::get()
-        .model_long
-        .display()
-        .to_string();
-    LlamaServer::start_argv(argv).await
+    LlamaServer::start_long(1, LONG_CTX as usize).await
 }
 
 const LONG_CTX: u64 = 16_384;

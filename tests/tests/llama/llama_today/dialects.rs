@@ -8,30 +8,14 @@ use std::time::Duration;
 
 use http::Method;
 use serde_json::{json, Value};
-use slotgate_tests::llama::{chat, chat_usage, LlamaPaths, LlamaServer, RunningLlama, PROMPT};
+use slotgate_tests::llama::{chat, chat_usage, LlamaServer, RunningLlama, PROMPT};
 use slotgate_tests::*;
 
 use super::{assert_both_idle, gate_before, learned, serial};
 
 /// The long model (FIM tokens for /infill) on `np` slots of 4096 tokens each.
 async fn llama(np: usize) -> RunningLlama {
-    let paths = LlamaPaths::get();
-    LlamaServer::start_argv(
-        [
-            paths.server.display().to_string(),
-            "-m".into(),
-            paths.model_long.display().to_string(),
-            "-np".into(),
-            np.to_string(),
-            "-c".into(),
-            (4096 * np).to_string(),
-            "--metrics".into(),
-            "--slots".into(),
-            "--no-webui".into(),
-        ]
-        .to_vec(),
-    )
-    .await
+    LlamaServer::start_long(np, 4096).await
 }
 
 fn messages(stream: bool) -> Value {
