@@ -245,3 +245,35 @@ async fn a_conversation_is_never_shed() {
     assert_eq!(gate.status().await["shedding"]["shed_after_first_byte"], 0);
     gate.assert_settled(&up, 1).await;
 }
+
+/// A stream whose last event (`[DONE]`) has gone is over for its client; only its end is still to
+/// read. Told to yield then, it ends as it is: no error event after `[DONE]`, not counted shed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_whose_done_has_gone_ends_as_it_is() {
+    let (up, gate) = shedding_gate().await;
+    let client = gate.client();
+    let mut stream = client
+        .stream(
+            CHAT,
+            &Req::chat("bg")
+                .chunks(3, ms(10))
+                .set("fake_linger_ms", 1_500)
+                .priority(10)
+                .json(),
+        )
+        .await;
+    stream.first_event(Duration::from_secs(5)).await;
+    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
+    // Its [DONE] is out; the fake holds the stream open a while longer.
+    tokio::time::sleep(ms(300)).await;
+    let urgent = client
+        .post_json(CHAT, &Req::chat("urgent").priority(0).json())
+        .await;
+    assert_eq!(urgent.status, 200, "{}", urgent.body);
+    let bg = reader.await.unwrap();
+    assert!(bg.complete(), "{}", bg.raw);
+    assert!(!bg.raw.contains("\"shed\""), "{}", bg.raw);
+    let s = gate.status().await;
+    assert_eq!(s["shedding"]["shed_after_first_byte"], 0, "{s}");
+    gate.assert_settled(&up, 1).await;
+}

@@ -1589,3 +1589,21 @@ async fn what_if_questions_do_not_use_up_a_models_turn() {
     drop((r1, back, got));
     let _ = bw.await;
 }
+
+/// Handed to the quarantine (llama-server timed out), a request keeps its slots until llama-server
+/// lets go: it is sheddable no more.
+#[tokio::test(start_paused = true)]
+async fn a_request_no_longer_sheddable_is_not_told_to_yield() {
+    let adm = shedding(1, 8);
+    let (mut stuck, _) = adm.acquire(c(10), far()).await.unwrap();
+    assert_eq!(adm.stats().sheddable, 1);
+    stuck.no_longer_sheddable();
+    assert_eq!(adm.stats().sheddable, 0);
+    let Entry::Queued(mut urgent) = adm.enter(c(0), far()).unwrap() else {
+        panic!("busy")
+    };
+    assert!(stuck.try_shed().is_none());
+    assert_eq!(adm.stats().yielding, 0);
+    drop(stuck);
+    assert!(urgent.wait(far()).await.is_ok());
+}
