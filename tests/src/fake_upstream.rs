@@ -5,6 +5,8 @@
 //! - `fake_delay_ms`: service time of a non-stream answer (default: the builder's `.delay()`);
 //! - `fake_chunks` (count) and `fake_chunk_delay_ms`: shape of a `"stream": true` answer;
 //! - `fake_linger_ms`: how long a stream stays open after its `data: [DONE]`;
+//! - `fake_split_events: true`: each content event of a stream is sent in two halves, the chunk
+//!   delay between them rather than between events (a reader then mostly finds it mid-event);
 //! - `fake_prompt_tokens` / `fake_completion_tokens`: the `usage` reported (defaults 10 / chunk count or 5).
 //! - `fake_usage: "timings"`: report those counts only as llama-server's `timings` (`prompt_n`,
 //!   `cache_n`, `predicted_n`), with no `usage`, the way llama-server ends a stream whose client did not
@@ -929,6 +931,7 @@ fn stream_response(
         .unwrap_or(cfg.chunk_delay);
     let completion_tokens = num(&body, "fake_completion_tokens").unwrap_or(chunks.len() as u64);
     let linger_ms = num(&body, "fake_linger_ms");
+    let split = body.get("fake_split_events").and_then(Value::as_bool) == Some(true);
     let report = Report::of(&body);
     let chat = path.contains("chat");
     let crash_after = match cfg.mode {
@@ -961,7 +964,7 @@ fn stream_response(
                     .await;
                 return;
             }
-            if i > 0 && !pause(tx.clone()).await {
+            if i > 0 && !split && !pause(tx.clone()).await {
                 return cancelled();
             }
             let event = if chat {
@@ -973,7 +976,16 @@ fn stream_response(
                        "content": text, "stop": false,
                        "choices": [{"index": 0, "text": text, "finish_reason": null}], "fake_tag": tag})
             };
-            if tx.send(Ok(sse_event(&event))).await.is_err() {
+            let bytes = sse_event(&event);
+            if split {
+                let half = bytes.len() / 2;
+                if tx.send(Ok(bytes.slice(..half))).await.is_err() || !pause(tx.clone()).await {
+                    return cancelled();
+                }
+                if tx.send(Ok(bytes.slice(half..))).await.is_err() {
+                    return cancelled();
+                }
+            } else if tx.send(Ok(bytes)).await.is_err() {
                 return cancelled();
             }
         }

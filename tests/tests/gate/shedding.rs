@@ -277,3 +277,37 @@ async fn a_stream_whose_done_has_gone_ends_as_it_is() {
     assert_eq!(s["shedding"]["shed_after_first_byte"], 0, "{s}");
     gate.assert_settled(&up, 1).await;
 }
+
+/// llama-server's events may reach slotgate cut across frames. A shed that comes mid-event waits
+/// for the event's end: the error event is never glued to half of another, and every event the
+/// client gets parses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_error_event_never_lands_inside_another() {
+    let (up, gate) = shedding_gate().await;
+    let client = gate.client();
+    let mut stream = client
+        .stream(
+            CHAT,
+            &Req::chat("bg")
+                .chunks(500, ms(20))
+                .set("fake_split_events", true)
+                .priority(10)
+                .json(),
+        )
+        .await;
+    stream.first_event(Duration::from_secs(5)).await;
+    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
+    tokio::time::sleep(ms(200)).await;
+    let urgent = client
+        .post_json(CHAT, &Req::chat("urgent").priority(0).json())
+        .await;
+    assert_eq!(urgent.status, 200, "{}", urgent.body);
+    let shed = reader.await.unwrap();
+    for data in &shed.data {
+        serde_json::from_str::<serde_json::Value>(data)
+            .unwrap_or_else(|e| panic!("an event that does not parse ({e}): {data}"));
+    }
+    let last: serde_json::Value = serde_json::from_str(shed.data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "shed", "{last}");
+    gate.assert_settled(&up, 1).await;
+}
