@@ -32,6 +32,30 @@ async fn access_line(gate: &RunningGate, id: &str) -> serde_json::Value {
     .await
 }
 
+/// Streams `background` (with `headers`) until its first event, then sends an urgent chat of
+/// `priority` after `after`: the urgent answer (200) and how the background stream ended.
+async fn stream_then_urgent(
+    gate: &RunningGate,
+    background: Req,
+    headers: &[(&str, &str)],
+    after: Duration,
+    priority: i64,
+) -> (slotgate_tests::Response, SseRead) {
+    let client = gate.client();
+    let mut stream = client
+        .stream_with_headers(CHAT, &background.json(), headers)
+        .await;
+    assert_eq!(stream.status, 200);
+    stream.first_event(Duration::from_secs(5)).await;
+    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
+    tokio::time::sleep(after).await;
+    let urgent = client
+        .post_json(CHAT, &Req::chat("urgent").priority(priority).json())
+        .await;
+    assert_eq!(urgent.status, 200, "{}", urgent.body);
+    (urgent, reader.await.unwrap())
+}
+
 /// A background stream holds the slot; a request of its own kind (priority 20) queues behind it
 /// and sheds nothing; an urgent one (priority 0) takes the slot at once. The stream ends with the
 /// `shed` error event in the shape of its API (OpenAI chat, llama-server's own `/completion`), no
@@ -196,20 +220,8 @@ async fn nothing_is_shed_without_the_setting() {
         .trust_client_priority()
         .start_with(FakeUpstream::instant())
         .await;
-    let client = gate.client();
-    let mut stream = client
-        .stream(
-            CHAT,
-            &Req::chat("bg").chunks(30, ms(20)).priority(10).json(),
-        )
-        .await;
-    stream.first_event(Duration::from_secs(5)).await;
-    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
-    let urgent = client
-        .post_json(CHAT, &Req::chat("urgent").priority(-10).json())
-        .await;
-    assert_eq!(urgent.status, 200, "{}", urgent.body);
-    let shed = reader.await.unwrap();
+    let bg = Req::chat("bg").chunks(30, ms(20)).priority(10);
+    let (urgent, shed) = stream_then_urgent(&gate, bg, &[], Duration::ZERO, -10).await;
     assert!(shed.complete(), "{}", shed.raw);
     assert!(queue_wait_ms(&urgent) >= 300, "{:?}", urgent.headers);
     let s = gate.status().await;
@@ -224,22 +236,15 @@ async fn nothing_is_shed_without_the_setting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_conversation_is_never_shed() {
     let (up, gate) = shedding_gate().await;
-    let client = gate.client();
-    let mut stream = client
-        .stream_with_headers(
-            CHAT,
-            &Req::chat("talk").chunks(30, ms(20)).priority(10).json(),
-            &[("x-conversation-id", "conv-1")],
-        )
-        .await;
-    stream.first_event(Duration::from_secs(5)).await;
-    assert_eq!(gate.status().await["shedding"]["sheddable_in_service"], 0);
-    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
-    let urgent = client
-        .post_json(CHAT, &Req::chat("urgent").priority(0).json())
-        .await;
-    assert_eq!(urgent.status, 200, "{}", urgent.body);
-    let talk = reader.await.unwrap();
+    let talk = Req::chat("talk").chunks(30, ms(20)).priority(10);
+    let conversation = [("x-conversation-id", "conv-1")];
+    // Not even counted sheddable while it streams (looked at once it holds the slot).
+    let watch = async { gate.wait_busy(1).await["shedding"]["sheddable_in_service"].clone() };
+    let ((urgent, talk), sheddable) = tokio::join!(
+        stream_then_urgent(&gate, talk, &conversation, ms(100), 0),
+        watch
+    );
+    assert_eq!(sheddable, 0);
     assert!(talk.complete(), "{}", talk.raw);
     assert!(queue_wait_ms(&urgent) >= 300, "{:?}", urgent.headers);
     assert_eq!(gate.status().await["shedding"]["shed_after_first_byte"], 0);
@@ -251,26 +256,12 @@ async fn a_conversation_is_never_shed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_whose_done_has_gone_ends_as_it_is() {
     let (up, gate) = shedding_gate().await;
-    let client = gate.client();
-    let mut stream = client
-        .stream(
-            CHAT,
-            &Req::chat("bg")
-                .chunks(3, ms(10))
-                .set("fake_linger_ms", 1_500)
-                .priority(10)
-                .json(),
-        )
-        .await;
-    stream.first_event(Duration::from_secs(5)).await;
-    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
-    // Its [DONE] is out; the fake holds the stream open a while longer.
-    tokio::time::sleep(ms(300)).await;
-    let urgent = client
-        .post_json(CHAT, &Req::chat("urgent").priority(0).json())
-        .await;
-    assert_eq!(urgent.status, 200, "{}", urgent.body);
-    let bg = reader.await.unwrap();
+    let bg = Req::chat("bg")
+        .chunks(3, ms(10))
+        .set("fake_linger_ms", 1_500)
+        .priority(10);
+    // Its [DONE] is out 300 ms on; the fake holds the stream open a while longer.
+    let (_, bg) = stream_then_urgent(&gate, bg, &[], ms(300), 0).await;
     assert!(bg.complete(), "{}", bg.raw);
     assert!(!bg.raw.contains("\"shed\""), "{}", bg.raw);
     let s = gate.status().await;
@@ -284,25 +275,11 @@ async fn a_stream_whose_done_has_gone_ends_as_it_is() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_error_event_never_lands_inside_another() {
     let (up, gate) = shedding_gate().await;
-    let client = gate.client();
-    let mut stream = client
-        .stream(
-            CHAT,
-            &Req::chat("bg")
-                .chunks(500, ms(20))
-                .set("fake_split_events", true)
-                .priority(10)
-                .json(),
-        )
-        .await;
-    stream.first_event(Duration::from_secs(5)).await;
-    let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
-    tokio::time::sleep(ms(200)).await;
-    let urgent = client
-        .post_json(CHAT, &Req::chat("urgent").priority(0).json())
-        .await;
-    assert_eq!(urgent.status, 200, "{}", urgent.body);
-    let shed = reader.await.unwrap();
+    let bg = Req::chat("bg")
+        .chunks(500, ms(20))
+        .set("fake_split_events", true)
+        .priority(10);
+    let (_, shed) = stream_then_urgent(&gate, bg, &[], ms(200), 0).await;
     for data in &shed.data {
         serde_json::from_str::<serde_json::Value>(data)
             .unwrap_or_else(|e| panic!("an event that does not parse ({e}): {data}"));
