@@ -158,6 +158,11 @@ pub const NOTHING_GENERATED: Output = Output {
     none: true,
 };
 
+/// Whether an answer of `content_type` is a stream of server-sent events.
+pub fn is_event_stream(content_type: Option<&str>) -> bool {
+    content_type.is_some_and(|t| t.starts_with("text/event-stream"))
+}
+
 /// A usage object of `doc`: its own `usage`, else the `usage` of its `under` member (an Anthropic
 /// `message_start`'s `message`, a Responses `response.completed`'s `response`).
 pub fn usage_object<'a>(doc: &'a Value, under: &str) -> Option<&'a Value> {

@@ -76,7 +76,7 @@ impl UsageScanner {
     /// `content_type` of the response decides between one JSON document and an event stream;
     /// `dialect` how either reports usage.
     pub fn new(content_type: Option<&str>, dialect: DialectRef) -> Self {
-        let sse = content_type.is_some_and(|ct| ct.starts_with("text/event-stream"));
+        let sse = super::is_event_stream(content_type);
         UsageScanner {
             dialect,
             sse,

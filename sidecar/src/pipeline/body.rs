@@ -138,7 +138,7 @@ impl GuardedBody {
             first_byte: false,
             usage: UsageScanner::new(content_type, dialect.unwrap_or(dialect::CHAT)),
             dialect,
-            sse: content_type.is_some_and(|t| t.starts_with("text/event-stream")),
+            sse: dialect::is_event_stream(content_type),
             ending: Ending::No,
             mid_event: false,
             shed_due: None,

@@ -71,7 +71,8 @@ pub(super) async fn decide(
         ChainOutcome::Allow(mut decision) => {
             // A policy's priority replaces the client's hint (policies clamp hints themselves).
             decided.priority = decision.priority.unwrap_or(decided.priority);
-            if let Some(ms) = decision.deadline_ms.filter(|ms| *ms > 0) {
+            // 0 (no deadline) was left out by the chain.
+            if let Some(ms) = decision.deadline_ms {
                 let theirs = std::time::Duration::from_millis(ms);
                 decided.deadline = Some(decided.deadline.map_or(theirs, |d| d.min(theirs)));
             }

@@ -83,11 +83,11 @@ pub(super) async fn forward(
                 let Some(s) = slot.as_mut() else {
                     break Ok(resp);
                 };
-                let stream = resp
-                    .headers()
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|t| t.starts_with("text/event-stream"));
+                let stream = crate::dialect::is_event_stream(
+                    resp.headers()
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok()),
+                );
                 if s.answering(stream) {
                     break Ok(resp);
                 }

@@ -303,8 +303,7 @@ impl SlotGuard {
             false => {
                 st.sheddable.remove(&id);
                 drop(st);
-                self.shed_id = None;
-                self.yielding = None;
+                self.unlisted();
             }
         }
         true
@@ -317,12 +316,16 @@ impl SlotGuard {
         let Some(id) = self.shed_id else {
             return;
         };
-        let mut st = self.admission.lock();
-        if st.sheddable.remove(&id).is_some() {
-            drop(st);
-            self.shed_id = None;
-            self.yielding = None;
+        let removed = self.admission.lock().sheddable.remove(&id).is_some();
+        if removed {
+            self.unlisted();
         }
+    }
+
+    /// Sheddable no more: nothing left to hear or give back.
+    fn unlisted(&mut self) {
+        self.shed_id = None;
+        self.yielding = None;
     }
 
     /// Ready once the request is told to yield its slot (never, for one that is not sheddable).
