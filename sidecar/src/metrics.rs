@@ -34,6 +34,7 @@ pub const POLICY_DECISIONS_TOTAL: &str = "slotgate_policy_decisions_total";
 pub const POLICY_ERRORS_TOTAL: &str = "slotgate_policy_errors_total";
 pub const POLICY_FUEL_CONSUMED: &str = "slotgate_policy_fuel_consumed";
 pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
+pub const ADMIN_ACTIONS_TOTAL: &str = "slotgate_admin_actions_total";
 pub const UPSTREAM_SLOTS: &str = "slotgate_upstream_slots";
 pub const SLOTS_MISMATCH: &str = "slotgate_slots_mismatch";
 pub const CHILD_RESTARTS_TOTAL: &str = "slotgate_child_restarts_total";
@@ -392,6 +393,10 @@ fn describe() {
     describe_counter!(
         POLICY_RELOADS_TOTAL,
         "Policy and configuration reloads, by policy and result (ok, error)."
+    );
+    describe_counter!(
+        ADMIN_ACTIONS_TOTAL,
+        "Audited admin actions (slot_save, slot_restore, slot_erase, slot_other, lora_set, props_set, model_add, model_load, model_unload, model_delete, other, reload), by result (ok, upstream_4xx, upstream_5xx, upstream_error, bad_request, unauthenticated, forbidden; for a reload: swapped, unchanged, rejected)."
     );
     describe_counter!(
         UPSTREAM_CONNECTIONS_TOTAL,

@@ -42,6 +42,9 @@ pub struct App {
     pub fleet: Option<Arc<Fleet>>,
     /// What is inside now: every request, tenant totals and a minute of history (`GET /live`).
     pub live: Live,
+    /// The admin tokens in force: those of the configuration, replaced by a reload that read new
+    /// ones (`set_admin_tokens`).
+    admin_tokens: std::sync::RwLock<crate::config::AdminTokens>,
     /// The `total_slots` last warned about (a fixed `--slots` that differs from it).
     warned_slots: AtomicUsize,
 }
@@ -111,6 +114,7 @@ impl App {
             policies,
             fleet,
             warned_slots: AtomicUsize::new(0),
+            admin_tokens: std::sync::RwLock::new(config.admin.tokens),
             live: Live::new(),
             cost: Counter::new(config.tokenizer, upstream.clone()),
             capacity,
@@ -125,6 +129,23 @@ impl App {
             prometheus,
             config,
         }
+    }
+
+    /// The admin tokens in force now.
+    pub fn admin_tokens(&self) -> crate::config::AdminTokens {
+        *self
+            .admin_tokens
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Puts `tokens` in force; says whether they differ from those before.
+    pub fn set_admin_tokens(&self, tokens: crate::config::AdminTokens) -> bool {
+        let mut now = self
+            .admin_tokens
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::replace(&mut *now, tokens) != tokens
     }
 
     /// After llama-server's `/props` was read: admission follows its KV pool; `--slots auto` takes

@@ -30,6 +30,8 @@ pub enum Target {
 #[derive(Clone, Debug)]
 pub struct Client {
     target: Target,
+    /// `Authorization` put on every request that carries none (an admin token).
+    bearer: Option<String>,
 }
 
 /// A whole response: status, headers and the body read to the end as text.
@@ -184,13 +186,28 @@ impl Client {
     pub fn unix(path: impl AsRef<Path>) -> Self {
         Self {
             target: Target::Unix(path.as_ref().to_path_buf()),
+            bearer: None,
         }
     }
 
     pub fn tcp(addr: SocketAddr) -> Self {
         Self {
             target: Target::Tcp(addr),
+            bearer: None,
         }
+    }
+
+    /// The same client, sending `Authorization: Bearer <token>` on every request that has no
+    /// `Authorization` of its own.
+    pub fn with_bearer(mut self, token: &str) -> Self {
+        self.bearer = Some(format!("Bearer {token}"));
+        self
+    }
+
+    /// The same client without a bearer.
+    pub fn without_bearer(mut self) -> Self {
+        self.bearer = None;
+        self
     }
 
     pub fn target(&self) -> &Target {
@@ -216,7 +233,15 @@ impl Client {
     }
 
     /// Sends `req` on a fresh connection and reads the whole response.
-    pub async fn try_send(&self, req: Request<Full<Bytes>>) -> anyhow::Result<Response> {
+    pub async fn try_send(&self, mut req: Request<Full<Bytes>>) -> anyhow::Result<Response> {
+        if let Some(b) = &self.bearer {
+            if !req.headers().contains_key(http::header::AUTHORIZATION) {
+                req.headers_mut().insert(
+                    http::header::AUTHORIZATION,
+                    http::HeaderValue::try_from(b.as_str())?,
+                );
+            }
+        }
         let mut conn = self.connect().await?;
         conn.send(req).await
     }

@@ -133,6 +133,10 @@ struct State {
     passthrough: Mutex<Vec<String>>,
     /// Every request's path and `X-Request-Id`, in arrival order.
     request_ids: Mutex<Vec<(String, Option<String>)>>,
+    /// `Authorization` of each request, by path.
+    authorizations: Mutex<Vec<(String, Option<String>)>>,
+    /// `X-Api-Key` of each request, by path.
+    api_keys: Mutex<Vec<(String, Option<String>)>>,
     /// Every request's path and `traceparent`, in arrival order.
     traceparents: Mutex<Vec<(String, Option<String>)>>,
     /// slotgate's own calls (user agent `slotgate/...`): token counting, `/props`.
@@ -375,6 +379,8 @@ impl FakeUpstream {
             seen: Mutex::new(Vec::new()),
             passthrough: Mutex::new(Vec::new()),
             request_ids: Mutex::new(Vec::new()),
+            authorizations: Mutex::new(Vec::new()),
+            api_keys: Mutex::new(Vec::new()),
             traceparents: Mutex::new(Vec::new()),
             internal: Mutex::new(Vec::new()),
             rejected_loading: Mutex::new(Vec::new()),
@@ -507,6 +513,18 @@ impl RunningUpstream {
     }
 
     /// Every request's path and the `X-Request-Id` it carried, in arrival order.
+    /// `(path, Authorization, X-Api-Key)` of every request that reached the fake but `/health`, in
+    /// arrival order: which credentials llama-server would have seen.
+    pub fn credentials_seen(&self) -> Vec<(String, Option<String>, Option<String>)> {
+        let auth = self.state.authorizations.lock().unwrap().clone();
+        let keys = self.state.api_keys.lock().unwrap().clone();
+        auth.into_iter()
+            .zip(keys)
+            .filter(|((p, _), _)| p != "/health")
+            .map(|((p, a), (_, k))| (p, a, k))
+            .collect()
+    }
+
     pub fn request_ids_seen(&self) -> Vec<(String, Option<String>)> {
         self.state.request_ids.lock().unwrap().clone()
     }
@@ -666,6 +684,8 @@ async fn handle(
     };
     let seen = [
         (&state.request_ids, "x-request-id"),
+        (&state.authorizations, "authorization"),
+        (&state.api_keys, "x-api-key"),
         (&state.traceparents, "traceparent"),
     ];
     for (list, name) in seen {

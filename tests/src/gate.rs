@@ -135,6 +135,8 @@ pub struct Gate {
     fake: bool,
     /// Started by [`crate::systemd::PassedSockets`], which holds [`crate::systemd::SPAWN`] already.
     handing_over: bool,
+    /// `--admin-token-file` holding this token; the admin client sends it.
+    admin_token: Option<String>,
 }
 
 impl Default for Gate {
@@ -158,7 +160,15 @@ impl Gate {
             wrapped: Vec::new(),
             fake: false,
             handing_over: false,
+            admin_token: None,
         }
+    }
+
+    /// Runs with `--admin-token-file` (a file in the gate's directory holding `token` and a
+    /// newline); the gate's admin client sends it as `Authorization: Bearer`.
+    pub fn admin_token(mut self, token: &str) -> Self {
+        self.admin_token = Some(token.to_owned());
+        self
     }
 
     /// This start hands sockets over and holds [`crate::systemd::SPAWN`] for writing itself.
@@ -359,6 +369,11 @@ impl Gate {
             cmd.arg("--listen").arg(l);
         }
         cmd.arg("--admin-listen").arg(admin_listen);
+        if let Some(token) = &self.admin_token {
+            let file = dir.join("admin.token");
+            std::fs::write(&file, format!("{token}\n")).expect("write the admin token file");
+            cmd.arg("--admin-token-file").arg(file);
+        }
         if let Some(up) = &self.upstream {
             cmd.arg("--upstream").arg(up);
         }
@@ -420,6 +435,10 @@ impl Gate {
             Admin::TcpAt(addr) => (format!("tcp:{addr}"), Client::tcp(addr)),
         };
         let (mut cmd, listen) = self.build(&dir, &admin_listen);
+        let admin = match &self.admin_token {
+            Some(t) => admin.with_bearer(t),
+            None => admin,
+        };
         let stderr_path = dir.join("stderr.log");
         let stderr = std::fs::File::create(&stderr_path).expect("create stderr log");
         let stdout = std::fs::File::create(dir.join("stdout.log")).expect("create stdout log");
@@ -601,6 +620,11 @@ impl RunningGate {
 
     pub fn admin(&self) -> &Client {
         &self.admin
+    }
+
+    /// From now on the admin client sends this token (after the gate re-read its token file).
+    pub fn use_admin_token(&mut self, token: &str) {
+        self.admin = self.admin.clone().without_bearer().with_bearer(token);
     }
 
     pub fn dir(&self) -> &Path {

@@ -45,6 +45,8 @@ pub enum StartError {
     Policy(#[from] PolicyLoadError),
     #[error("invalid setting `state.redis-url`: {0}")]
     State(redis::RedisError),
+    #[error("audit-log: cannot open {0}: {1}")]
+    AuditLog(String, std::io::Error),
 }
 
 /// Runs until SIGTERM/SIGINT, then shuts down gracefully. SIGHUP (and a change to a watched file)
@@ -80,6 +82,8 @@ pub async fn run(
         }
         StateBackend::Memory => None,
     };
+    crate::admin::audit::open(&config.admin.audit_log)
+        .map_err(|e| StartError::AuditLog(config.admin.audit_log.to_string(), e))?;
     let app = Arc::new(App::new(config, prometheus, policies, fleet.clone()));
     let cfg = &app.config;
 
@@ -116,7 +120,7 @@ pub async fn run(
                 })?,
         ),
         (None, AdminAddr::Unix(p)) => Some(
-            Listener::bind(&ListenAddr::Unix(p.clone()), cfg.socket_mode)
+            Listener::bind(&ListenAddr::Unix(p.clone()), cfg.admin.socket_mode)
                 .await
                 .map_err(|error| StartError::Bind {
                     flag: "--admin-listen",
@@ -183,8 +187,9 @@ pub async fn run(
         .map_or_else(|| "off".to_owned(), Listener::describe);
     let admin_task = admin_listener.map(|listener| {
         tracing::info!(listen = %listener.describe(), "admin endpoints up");
+        warn_if_open(&app, &listener);
         let app = app.clone();
-        let handler = move |req, _peer| admin::handle(app.clone(), req);
+        let handler = move |req, peer| admin::handle(app.clone(), req, peer);
         let admin_opts = ServeOpts {
             conns: Arc::new(Semaphore::new(ADMIN_CONNECTIONS)),
             stop: admin_stop_rx,
@@ -266,6 +271,19 @@ pub async fn run(
         task.abort();
     }
     Ok(())
+}
+
+/// Says at start what an unauthenticated caller can do on a TCP admin listener without a token.
+fn warn_if_open(app: &App, listener: &Listener) {
+    if !matches!(listener, Listener::Tcp(_)) || app.admin_tokens().required() {
+        return;
+    }
+    let listen = listener.describe();
+    if app.upstream.has_key() {
+        tracing::warn!(listen, "the admin listener is on TCP without --admin-token-file: anyone who can connect reads /status, /live and /metrics (tenants, request ids, paths); llama-server's admin routes (slots, LoRA, props, models) reach it with the caller's own credentials only, never slotgate's key; set --admin-token-file (docs/security.md)");
+    } else {
+        tracing::warn!(listen, "the admin listener is on TCP without --admin-token-file: anyone who can connect reads /status, /live and /metrics (tenants, request ids, paths) and calls llama-server's admin routes (save, restore and erase slots, LoRA, props, load and unload models) as llama-server allows them without a key; set --admin-token-file (docs/security.md)");
+    }
 }
 
 async fn health_loop(app: Arc<App>) {

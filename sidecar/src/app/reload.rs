@@ -1,7 +1,8 @@
-//! Hot reload of the policy chain, on SIGHUP and when a watched file changes (the config file, a
-//! policy module, a settings file). The configuration is read again and the new chain built on a
-//! blocking thread, then swapped in atomically; a broken one is rejected, logged and counted, and the
-//! old chain keeps serving. Requests already evaluating finish on the version they started with.
+//! Hot reload of the policy chain and the admin tokens, on SIGHUP and when a watched file changes
+//! (the config file, a policy module, a settings file, a token file). The configuration is read
+//! again and the new chain built on a blocking thread, then swapped in atomically; a broken one is
+//! rejected, logged and counted, and the old chain (and tokens) keep serving. Requests already
+//! evaluating finish on the version they started with. Every reload is audited.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::signal::unix::Signal;
 
-use crate::config::{Config, PolicySpec};
+use crate::admin::audit::{self, Entry, Who};
+use crate::config::{AdminTokens, Config, PolicySpec};
 use crate::metrics as m;
 use crate::policy::{set::hex, Reload};
 use crate::state::App;
@@ -41,7 +43,7 @@ const CONFIG_LABEL: &str = "(config)";
 /// `config.policy_watch`. A file must look the same on two polls in a row before it is loaded, so a
 /// file caught half-written is not loaded.
 pub async fn run(app: Arc<App>, source: ConfigSource, mut hangup: Signal) {
-    let mut watched = watch_list(&source, &app.config.policies);
+    let mut watched = watch_list(&app.config, &source, &app.config.policies);
     let mut loaded = stamps(&watched);
     let mut last = loaded.clone();
     let period = app.config.policy_watch.unwrap_or(Duration::from_secs(3600));
@@ -63,7 +65,7 @@ pub async fn run(app: Arc<App>, source: ConfigSource, mut hangup: Signal) {
             }
         };
         if let Some(specs) = reload(&app, &source, trigger).await {
-            watched = watch_list(&source, &specs);
+            watched = watch_list(&app.config, &source, &specs);
         }
         loaded = stamps(&watched);
         last = loaded.clone();
@@ -84,7 +86,7 @@ pub async fn reload(
     let work = {
         let app = app.clone();
         let source = source.clone();
-        move || -> anyhow::Result<(Vec<PolicySpec>, Reload)> {
+        move || -> anyhow::Result<(Vec<PolicySpec>, Reload, AdminTokens)> {
             let config = (source.load)()?;
             let changed = changed_apart_from_policies(&app.config, &config);
             if !changed.is_empty() {
@@ -98,22 +100,64 @@ pub async fn reload(
             if !matches!(outcome, Reload::Unchanged) {
                 crate::app::memory::trim();
             }
-            Ok((config.policies, outcome))
+            Ok((config.policies, outcome, config.admin.tokens))
         }
     };
-    let (specs, outcome) = match tokio::task::spawn_blocking(work).await {
+    let audit = |result: &'static str, detail: String| {
+        audit::record(&Entry {
+            action: "reload",
+            who: Some(Who::Process(trigger)),
+            result,
+            credentials: "-",
+            detail: Some(detail),
+            ..Entry::default()
+        })
+    };
+    let (specs, outcome, tokens) = match tokio::task::spawn_blocking(work).await {
         Ok(Ok(done)) => done,
         Ok(Err(e)) => {
             metrics::counter!(m::POLICY_RELOADS_TOTAL, "policy" => CONFIG_LABEL, "result" => "error")
                 .increment(1);
-            tracing::error!(trigger, error = %format!("{e:#}"), "policy reload rejected: cannot read the configuration; the current policies keep serving");
+            let error = format!("{e:#}");
+            tracing::error!(trigger, error, "policy reload rejected: cannot read the configuration; the current policies and admin tokens keep serving");
+            audit("rejected", error);
             return None;
         }
         Err(e) => {
             tracing::error!(trigger, error = %e, "policy reload failed; the current policies keep serving");
+            audit("rejected", e.to_string());
             return None;
         }
     };
+    let tokens_changed = app.set_admin_tokens(tokens);
+    if tokens_changed {
+        tracing::info!(trigger, "admin tokens re-read: the new ones are in force");
+    }
+    audit(
+        match (&outcome, tokens_changed) {
+            (Reload::Swapped { .. }, _) | (Reload::Unchanged, true) => "swapped",
+            (Reload::Unchanged, false) => "unchanged",
+            (Reload::Rejected(_), _) => "rejected",
+        },
+        match &outcome {
+            Reload::Unchanged => "policies unchanged".to_owned(),
+            Reload::Swapped {
+                generation,
+                changed,
+                removed,
+            } => format!(
+                "policies generation {generation}; changed {changed:?}; removed {removed:?}"
+            ),
+            Reload::Rejected(errors) => {
+                let names: Vec<&str> = errors.iter().map(|e| e.name.as_str()).collect();
+                format!("policies rejected: {names:?}")
+            }
+        } + if tokens_changed {
+            "; admin tokens replaced"
+        } else {
+            ""
+        },
+    );
     match outcome {
         Reload::Unchanged => tracing::info!(trigger, "policy reload: nothing changed"),
         Reload::Swapped {
@@ -174,8 +218,10 @@ fn diff(prefix: &str, a: &toml::Table, b: &toml::Table, out: &mut Vec<String>) {
     }
 }
 
-fn watch_list(source: &ConfigSource, specs: &[PolicySpec]) -> Vec<PathBuf> {
+fn watch_list(config: &Config, source: &ConfigSource, specs: &[PolicySpec]) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = source.file.iter().cloned().collect();
+    files.extend(config.admin.token_file.clone());
+    files.extend(config.admin.read_token_file.clone());
     for spec in specs {
         files.push(spec.path.clone());
         files.extend(spec.settings_file.clone());

@@ -42,6 +42,7 @@ impl<'de> serde::Deserialize<'de> for StringOrInt {
     }
 }
 
+pub mod admin;
 pub mod launch;
 pub mod policy;
 pub mod settings;
@@ -54,6 +55,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use admin::*;
 pub use policy::*;
 pub use settings::*;
 pub use state::*;
@@ -72,6 +74,8 @@ pub struct Config {
     pub launch: Option<crate::config::launch::Launch>,
     pub forward_host_endpoints: bool,
     pub admin_listen: AdminAddr,
+    /// Who may use the admin listener, and where its audit lines go.
+    pub admin: AdminConfig,
     pub slots: Slots,
     pub kv_pool: KvPool,
     pub queue_depth: usize,
@@ -162,6 +166,7 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 impl Config {
     /// Applies defaults and checks every value.
     pub fn from_settings(s: Settings) -> Result<Config, ConfigError> {
+        let admin = AdminConfig::from_settings(&s)?;
         let listen = s.listen.unwrap_or_else(|| {
             vec![ListenAddr::Unix(PathBuf::from(
                 "/run/slotgate/slotgate.sock",
@@ -204,6 +209,7 @@ impl Config {
             None => Ok(default),
         };
         Ok(Config {
+            admin,
             listen,
             socket_mode: s.socket_mode.map_or(0o660, |m| m.0),
             upstream: s
@@ -303,6 +309,13 @@ impl Config {
             upstream_api_key_file: self.upstream_api_key_file.clone(),
             forward_host_endpoints: Some(self.forward_host_endpoints),
             admin_listen: Some(self.admin_listen.clone()),
+            admin_token_file: self.admin.token_file.clone(),
+            admin_read_token_file: self.admin.read_token_file.clone(),
+            admin_open_metrics: Some(self.admin.open_metrics),
+            admin_socket_mode: Some(SocketMode(self.admin.socket_mode)),
+            admin_allow_uids: (!self.admin.allow_uids.is_empty())
+                .then(|| Uids(self.admin.allow_uids.clone())),
+            audit_log: Some(self.admin.audit_log.clone()),
             slots: Some(self.slots),
             kv_pool: Some(self.kv_pool),
             queue_depth: Some(self.queue_depth),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use super::admin::{AuditLog, Uids};
 use super::policy::PolicySpec;
 use super::state::{OnUnavailable, StateBackend, StateTable};
 use super::values::*;
@@ -75,6 +76,49 @@ pub struct Settings {
     #[arg(long, env = "SLOTGATE_ADMIN_LISTEN", value_name = "ADDR")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_listen: Option<AdminAddr>,
+
+    /// A file holding the admin token. With it, every admin endpoint but /livez and /readyz wants
+    /// `Authorization: Bearer <token>` (else 401), and llama-server's admin routes reach it with
+    /// slotgate's upstream key for callers that bring the token. The token is the file's first line
+    /// that is not a `#` comment, white space around it dropped; at least 16 characters. Re-read on
+    /// SIGHUP and when the file changes. Without it, anyone who can connect reads /status, /live
+    /// and /metrics, and llama-server's admin routes carry only the caller's own credentials
+    /// (docs/security.md). [default: none]
+    #[arg(long, env = "SLOTGATE_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// A file holding a second, read-only token: it opens /metrics, /status, /live and llama-server's
+    /// GET admin routes (/slots, /lora-adapters), and nothing that changes the server. For Prometheus
+    /// and `slotgate top`. Needs --admin-token-file. [default: none]
+    #[arg(long, env = "SLOTGATE_ADMIN_READ_TOKEN_FILE", value_name = "PATH")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_read_token_file: Option<PathBuf>,
+
+    /// Serve /metrics without a token, for a Prometheus that scrapes with none; every other admin
+    /// endpoint keeps the token. [default: false]
+    #[arg(long, env = "SLOTGATE_ADMIN_OPEN_METRICS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_open_metrics: Option<bool>,
+
+    /// Octal file mode of a Unix admin socket (0600: slotgate's own user only). [default: 0600]
+    #[arg(long, env = "SLOTGATE_ADMIN_SOCKET_MODE", value_name = "MODE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_socket_mode: Option<SocketMode>,
+
+    /// On a Unix admin socket, the uids (comma-separated) allowed besides slotgate's own, as the
+    /// kernel reports the peer (SO_PEERCRED); any other gets 403. Unset, any uid the socket's mode
+    /// lets connect is served. [default: none]
+    #[arg(long, env = "SLOTGATE_ADMIN_ALLOW_UIDS", value_name = "UID,...")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_allow_uids: Option<Uids>,
+
+    /// Where the audit lines go (one for every admin call that changes something, and for each
+    /// reload): `stderr`, with the log under the target `slotgate::audit`, or a file they are
+    /// appended to, one JSON object a line. [default: stderr]
+    #[arg(long, env = "SLOTGATE_AUDIT_LOG", value_name = "stderr|PATH")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<AuditLog>,
 
     /// Requests forwarded at once: `auto` follows llama-server's `total_slots` (its `-np`, read from
     /// `/props` whenever it becomes ready; 1 until then), or a fixed number (a number that differs

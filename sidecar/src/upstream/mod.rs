@@ -113,7 +113,7 @@ struct Inner {
     starts_it: bool,
     inflight: AtomicUsize,
     /// `Bearer <key>`, built once: the key slotgate's own calls carry (`--upstream-api-key-file`, or
-    /// the wrapped command's), also given to admin requests that bring none.
+    /// the wrapped command's), and admin requests of callers who brought the admin token.
     bearer: Option<http::HeaderValue>,
     /// llama-server refused slotgate's own call for want of a (valid) key; logged once a change.
     unauthorized: AtomicBool,
@@ -218,6 +218,11 @@ impl Upstream {
         self.inner.ready.load(Ordering::Relaxed)
     }
 
+    /// Whether slotgate holds a key for llama-server.
+    pub fn has_key(&self) -> bool {
+        self.inner.bearer.is_some()
+    }
+
     /// For `/status`: whether slotgate's own calls carry a key, and whether llama-server refused it
     /// (or wanted one and had none).
     pub fn auth_status(&self) -> serde_json::Value {
@@ -232,15 +237,17 @@ impl Upstream {
         })
     }
 
-    /// Adds slotgate's upstream key to `headers` when they carry no key of their own.
-    pub fn authorize(&self, headers: &mut HeaderMap) {
+    /// Puts slotgate's own key on `headers`, in place of any the caller brought. Only for a caller
+    /// who authenticated to slotgate (the admin token): the key is never lent to anyone else, so a
+    /// caller without it meets llama-server exactly as if it called directly. Says whether slotgate
+    /// has a key to put.
+    pub fn attach_key(&self, headers: &mut HeaderMap) -> bool {
         let Some(bearer) = &self.inner.bearer else {
-            return;
+            return false;
         };
-        if headers.contains_key(header::AUTHORIZATION) || headers.contains_key("x-api-key") {
-            return;
-        }
+        headers.remove("x-api-key");
         headers.insert(header::AUTHORIZATION, bearer.clone());
+        true
     }
 
     /// Records how llama-server answered one of slotgate's own calls to `path`.

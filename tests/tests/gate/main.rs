@@ -5,6 +5,7 @@
 //! Needs only Rust: the built `slotgate` binary and the Rust example policies
 //! (`scripts/build-policies.sh`). Part of the fast tier (`scripts/test.sh fast`).
 
+mod admin_plane;
 mod admission;
 mod bad_input;
 mod burst;

@@ -10,6 +10,7 @@
 //!
 //! Needs everything `scripts/test.sh` sets up. Not in the fast tier.
 
+mod admin_plane;
 mod e2e_litellm;
 mod e2e_llama;
 mod e2e_llama_budget;

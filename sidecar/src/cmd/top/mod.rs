@@ -31,6 +31,10 @@ pub struct TopArgs {
         default_value = "tcp:127.0.0.1:9464"
     )]
     pub admin: AdminAddr,
+    /// A file holding the admin token (or the read-only one), when slotgate runs with
+    /// --admin-token-file: sent as `Authorization: Bearer`. The same file and variable as slotgate's.
+    #[arg(long, env = "SLOTGATE_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
     /// Time between refreshes (e.g. `1s`, `500ms`).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     pub interval: Duration,
@@ -50,16 +54,29 @@ pub struct TopArgs {
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub fn run(args: TopArgs) -> std::process::ExitCode {
-    let target = match &args.admin {
+    let at = match &args.admin {
         AdminAddr::Off => {
             eprintln!(
                 "slotgate top: --admin off: nothing to read (give the --admin-listen address)"
             );
             return std::process::ExitCode::from(2);
         }
-        AdminAddr::Tcp(a) => Target::Tcp(a.to_string()),
-        AdminAddr::Unix(p) => Target::Unix(p.clone()),
+        AdminAddr::Tcp(a) => At::Tcp(a.to_string()),
+        AdminAddr::Unix(p) => At::Unix(p.clone()),
     };
+    let bearer = match args
+        .admin_token_file
+        .as_deref()
+        .map(token_header)
+        .transpose()
+    {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("slotgate top: --admin-token-file: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let target = Target { at, bearer };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -217,25 +234,66 @@ fn interactive(
     }
 }
 
-/// Where the admin listener is.
-enum Target {
+/// Where the admin listener is, and the token to show it.
+struct Target {
+    at: At,
+    bearer: Option<http::HeaderValue>,
+}
+
+enum At {
     Tcp(String),
     Unix(PathBuf),
+}
+
+/// `Bearer <token>` from a token file, read as slotgate reads its own.
+fn token_header(path: &std::path::Path) -> Result<http::HeaderValue, String> {
+    let token = crate::config::token_from_file(path)?;
+    let mut value = http::HeaderValue::try_from(format!("Bearer {token}"))
+        .map_err(|_| format!("the token in {} cannot be sent", path.display()))?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// One refresh: `/live`, then llama-server's `/slots` (which may be missing).
 async fn picture(target: &Target) -> Result<Picture, String> {
     let (status, body) = get(target, "/live").await?;
-    if status != 200 {
-        return Err(format!(
-            "GET /live answered {status} (a slotgate older than `top`?)"
-        ));
+    match status {
+        200 => {}
+        401 if target.bearer.is_none() => {
+            return Err(
+                "GET /live answered 401: this slotgate wants its admin token; give top \
+                 --admin-token-file PATH (or SLOTGATE_ADMIN_TOKEN_FILE)"
+                    .into(),
+            )
+        }
+        401 => {
+            return Err("GET /live answered 401: slotgate refuses the token of \
+                 --admin-token-file; give top the file slotgate reads"
+                .into())
+        }
+        403 => {
+            let why = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            return Err(format!("GET /live answered 403: {why}"));
+        }
+        _ => {
+            return Err(format!(
+                "GET /live answered {status} (a slotgate older than `top`?)"
+            ))
+        }
     }
     let live: Live = serde_json::from_slice(&body)
         .map_err(|e| format!("GET /live is not what top reads: {e}"))?;
     let llama_slots = match get(target, "/slots").await {
         Ok((200, body)) => serde_json::from_slice::<Vec<LlamaSlot>>(&body)
             .map_err(|e| format!("llama-server's /slots: {e}")),
+        Ok((401, _)) if target.bearer.is_none() => Err(
+            "llama-server's /slots answered 401: it wants a key, which slotgate lends only to \
+             callers with its admin token (--admin-token-file)"
+                .into(),
+        ),
         Ok((status, _)) => Err(format!("llama-server's /slots answered {status}")),
         Err(e) => Err(e),
     };
@@ -244,18 +302,19 @@ async fn picture(target: &Target) -> Result<Picture, String> {
 
 async fn get(target: &Target, path: &str) -> Result<(u16, Bytes), String> {
     tokio::time::timeout(FETCH_TIMEOUT, async {
-        match target {
-            Target::Tcp(addr) => {
+        let bearer = target.bearer.as_ref();
+        match &target.at {
+            At::Tcp(addr) => {
                 let s = tokio::net::TcpStream::connect(addr)
                     .await
                     .map_err(|e| e.to_string())?;
-                exchange(s, path).await
+                exchange(s, path, bearer).await
             }
-            Target::Unix(p) => {
+            At::Unix(p) => {
                 let s = tokio::net::UnixStream::connect(p)
                     .await
                     .map_err(|e| format!("{}: {e}", p.display()))?;
-                exchange(s, path).await
+                exchange(s, path, bearer).await
             }
         }
     })
@@ -263,7 +322,11 @@ async fn get(target: &Target, path: &str) -> Result<(u16, Bytes), String> {
     .map_err(|_| format!("no answer to GET {path} within {FETCH_TIMEOUT:?}"))?
 }
 
-async fn exchange<S>(stream: S, path: &str) -> Result<(u16, Bytes), String>
+async fn exchange<S>(
+    stream: S,
+    path: &str,
+    bearer: Option<&http::HeaderValue>,
+) -> Result<(u16, Bytes), String>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -271,10 +334,14 @@ where
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = http::Request::get(path)
+    let mut req = http::Request::get(path)
         .header(http::header::HOST, "slotgate")
         .body(Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
+    if let Some(b) = bearer {
+        req.headers_mut()
+            .insert(http::header::AUTHORIZATION, b.clone());
+    }
     let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
     let body = resp

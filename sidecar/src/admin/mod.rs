@@ -1,0 +1,109 @@
+//! The admin listener: Prometheus scrape, liveness, readiness, the operator's JSON (`/status`,
+//! `/live`), and llama-server's own whole-server endpoints forwarded (`forward`). Every request is
+//! first checked (`auth`: the uid allow-list, then the admin token) and every call that changes
+//! something is audited (`audit`). docs/security.md is this room for operators.
+
+pub mod audit;
+pub mod auth;
+mod forward;
+mod live;
+mod scrape;
+mod status;
+
+use std::sync::Arc;
+
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use serde_json::json;
+use slotgate_sdk::Peer;
+
+use crate::pipeline::request_id::{self, REQUEST_ID};
+use crate::pipeline::routes;
+use crate::respond::{self, Body};
+use crate::server::conn::ClientAddr;
+use crate::state::App;
+use audit::{Entry, Who};
+use auth::{Caller, Need};
+pub use live::live;
+pub use status::status;
+
+pub async fn handle(
+    app: Arc<App>,
+    mut req: Request<Incoming>,
+    peer: Option<Peer>,
+) -> Response<Body> {
+    // What the answer shows (a request counted, say) is in the log before it.
+    crate::log::flush();
+    let caller = Caller::of(peer, req.extensions().get::<ClientAddr>().map(|a| a.0));
+    let id = request_id::assign(req.headers_mut());
+    let mut resp = serve(&app, &caller, req, id.to_str().unwrap_or("-")).await;
+    resp.headers_mut().insert(REQUEST_ID, id);
+    resp
+}
+
+async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> Response<Body> {
+    let path = req.uri().path();
+    let own = matches!(
+        path,
+        "/metrics" | "/livez" | "/readyz" | "/status" | "/live"
+    );
+    let forwarded = !own
+        && routes::lookup(req.method().as_str(), path)
+            .is_some_and(|r| matches!(r.handling, routes::Handling::Admin));
+    let admitted = match auth::check(app, caller, req.method(), path, req.headers()) {
+        Ok(a) => a,
+        Err(refusal) => {
+            if forwarded && auth::need(req.method(), path) == Need::Change {
+                let (slot, model, _) = audit::targets(path, req.uri().query(), b"");
+                audit::record(&Entry {
+                    action: audit::action(req.method(), path, req.uri().query()),
+                    who: Some(Who::Caller(caller)),
+                    method: Some(req.method().as_str()),
+                    path: Some(path),
+                    slot,
+                    model,
+                    status: refusal.response.status().as_u16(),
+                    result: refusal.result,
+                    request_id: Some(id),
+                    credentials: "-",
+                    ..Entry::default()
+                });
+            }
+            return *refusal.response;
+        }
+    };
+    if forwarded {
+        let (parts, body) = req.into_parts();
+        return forward::forward(app, caller, admitted, parts, body, id).await;
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return respond::json(
+            405,
+            &json!({"error": {"message": "admin endpoints are GET only", "type": "invalid_request_error", "code": "method_not_allowed"}}),
+        );
+    }
+    match path {
+        "/metrics" => {
+            let mut resp = Response::new(respond::full(scrape::metrics_text(app).await));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
+        }
+        "/livez" => respond::text(200, "ok\n"),
+        "/readyz" => {
+            if app.upstream.is_ready() && !app.admission.is_closed() {
+                respond::text(200, "ready\n")
+            } else {
+                respond::text(503, "not ready\n")
+            }
+        }
+        "/status" => respond::json(200, &status(app)),
+        "/live" => respond::json(200, &live(app)),
+        _ => respond::json(
+            404,
+            &json!({"error": {"message": format!("no admin endpoint {path}"), "type": "not_found_error", "code": "not_found"}}),
+        ),
+    }
+}

@@ -1,0 +1,184 @@
+//! `GET /status`: the operator's JSON picture of slotgate, and the sums over every pool (the
+//! server's, and each model's in front of a router) that `/live` and `/metrics` share.
+
+use serde_json::json;
+
+use crate::state::App;
+
+/// Tenants listed in /status, the next to be served first.
+const STATUS_TENANTS: usize = 100;
+
+/// Every queue: the server's, and in front of llama-server's router each model's (with its id).
+pub(super) fn queues(app: &App) -> Vec<(Option<String>, crate::admission::Admission)> {
+    let mut all = vec![(None, app.admission.clone())];
+    all.extend(
+        app.models
+            .all()
+            .into_iter()
+            .map(|p| (Some(p.id.clone()), p.admission.clone())),
+    );
+    all
+}
+
+/// The server's queue figures, with every model's pool added in front of a router: what is busy,
+/// in service and waiting anywhere.
+pub(super) fn totals(app: &App) -> crate::admission::QueueStats {
+    let mut q = app.admission.stats();
+    for p in app.models.all() {
+        let m = p.admission.stats();
+        q.busy += m.busy;
+        q.serving += m.serving;
+        q.depth += m.depth;
+        q.kv_reserved += m.kv_reserved;
+        q.tokens_in_service += m.tokens_in_service;
+        q.with_deadline += m.with_deadline;
+        q.sheddable += m.sheddable;
+        q.yielding += m.yielding;
+        q.shed_requeued += m.shed_requeued;
+        q.shed_ended += m.shed_ended;
+    }
+    q
+}
+
+/// The scheduler's tenants over every queue: waiting and in service summed, the highest counter.
+pub(super) fn tenant_stats(app: &App, limit: usize) -> Vec<crate::admission::TenantStats> {
+    let mut by: std::collections::BTreeMap<String, crate::admission::TenantStats> =
+        Default::default();
+    for (_, a) in queues(app) {
+        for t in a.tenants(usize::MAX) {
+            match by.get_mut(&t.tenant) {
+                Some(e) => {
+                    e.waiting += t.waiting;
+                    e.in_service += t.in_service;
+                    e.counter = e.counter.max(t.counter);
+                }
+                None => {
+                    by.insert(t.tenant.clone(), t);
+                }
+            }
+        }
+    }
+    let mut all: Vec<_> = by.into_values().collect();
+    crate::admission::TenantStats::next_served_first(&mut all, limit);
+    all
+}
+
+pub fn status(app: &App) -> serde_json::Value {
+    let q = totals(app);
+    let slots = app.slots_status();
+    let tenants: Vec<serde_json::Value> = tenant_stats(app, STATUS_TENANTS)
+        .into_iter()
+        .map(|t| {
+            json!({
+                "tenant": t.tenant,
+                "virtual_tokens": t.counter,
+                "waiting": t.waiting,
+                "in_service": t.in_service,
+            })
+        })
+        .collect();
+    let chain = app.policies.current();
+    let policies: Vec<serde_json::Value> = chain
+        .policies()
+        .map(|p| {
+            json!({
+                "name": p.name,
+                "sha256": crate::policy::set::hex(&p.sha256),
+                "mode": format!("{:?}", p.mode).to_lowercase(),
+                "on_error": format!("{:?}", p.on_error).to_lowercase(),
+                // Served from a snapshot taken after it parsed its settings (`keeps_settings`).
+                "preinitialised": p.preinitialised(),
+            })
+        })
+        .collect();
+    json!({
+        "slots": {
+            "total": q.slots,
+            "busy": q.busy,
+            "configured": app.config.slots.to_string(),
+            "source": slots["source"],
+            "upstream_total_slots": slots["upstream_total_slots"],
+            "mismatch": slots["mismatch"],
+        },
+        "kv_pool": app.capacity.status(q.kv_reserved),
+        "requests_in_service": q.serving,
+        "queue": {
+            "depth": q.depth,
+            "capacity": q.capacity,
+            "tenant_limit": q.tenant_limit,
+            "with_deadline": q.with_deadline,
+        },
+        "fairness": {
+            "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),
+            "tenants": tenants,
+        },
+        "inflight": app.upstream.inflight(),
+        "upstream": {
+            "ready": app.upstream.is_ready(),
+            "target": app.upstream.target().to_string(),
+            "reached": app.upstream.reached(),
+            "last_error": app.upstream.last_error(),
+            "auth": app.upstream.auth_status(),
+            "role": if app.capacity.router.is_on() { "router" } else { "server" },
+            "router": app.capacity.router.status(),
+        },
+        "models": app.models.status(),
+        "model_turns": app.models.turns_status(),
+        "bands": bands(app),
+        "shedding": {
+            "sheddable_priority": app.config.sheddable_priority,
+            "sheddable_in_service": q.sheddable,
+            "yielding": q.yielding,
+            "shed_before_first_byte": q.shed_requeued,
+            "shed_after_first_byte": q.shed_ended,
+            "guard_seconds": crate::admission::SHED_GUARD.as_secs_f64(),
+            "max_requeues": crate::admission::MAX_REQUEUES,
+        },
+        "service_time_seconds": q.service_seconds,
+        "estimated_wait_seconds": q.wait_seconds,
+        "draining": q.closed,
+        "policies": {
+            "generation": chain.generation(),
+            "chain": policies,
+            "evaluated": if chain.runs_inline() { "inline" } else { "blocking_pool" },
+            "compile_cache": app.policies.cache_status(),
+        },
+        "state": app.fleet.as_ref().map_or_else(
+            || json!({ "backend": "memory" }),
+            |f| f.status(),
+        ),
+    })
+}
+
+/// `/status` → `bands`: each overload band over every pool, what it holds and may hold.
+fn bands(app: &App) -> Vec<serde_json::Value> {
+    band_totals(app)
+        .into_iter()
+        .map(|b| {
+            json!({
+                "band": &*b.name,
+                "priorities": [b.priorities.0, b.priorities.1],
+                "slots_busy": b.slots_busy,
+                "slot_limit": b.slot_limit,
+                "waiting": b.waiting,
+                "queue_limit": b.queue_limit,
+                "refused": b.refused,
+            })
+        })
+        .collect()
+}
+
+/// Each overload band over every pool: the server's own first (every pool has the same bands),
+/// each model's added.
+pub(super) fn band_totals(app: &App) -> Vec<crate::admission::BandStats> {
+    let mut out: Vec<crate::admission::BandStats> = app.admission.band_stats();
+    for p in app.models.all() {
+        for (i, s) in p.admission.band_stats().into_iter().enumerate() {
+            if let Some(o) = out.get_mut(i) {
+                o.slots_busy += s.slots_busy;
+                o.waiting += s.waiting;
+            }
+        }
+    }
+    out
+}
