@@ -110,12 +110,20 @@ admin_port="${DEMO_ADMIN_PORT:-9464}"
 port_free "$admin_port" || admin_port="$(free_port)"
 admin="http://127.0.0.1:$admin_port"
 gate_sock="$work/slotgate.sock"
+# The admin listener wants a token (docs/security.md): every admin call below sends it.
+token_file="$work/admin-token"
+(umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' >"$token_file")
+acurl() { curl -s -H "Authorization: Bearer $(cat "$token_file")" "$@"; }
 say "4/7 slotgate --slots 1 --queue-depth $queue_depth (clients: $gate_sock, admin: $admin)"
 "$slotgate" --listen "unix:$gate_sock" --upstream "unix:$llama_sock" --admin-listen "tcp:127.0.0.1:$admin_port" \
+  --admin-token-file "$token_file" \
   --slots 1 --queue-depth "$queue_depth" --health-interval 200ms >"$work/slotgate.log" 2>&1 &
 gate_pid=$!
 wait_for 15 http_ok "$admin/readyz" || die "slotgate did not become ready"
 echo "ready (pid $gate_pid)"
+printf 'GET %s/status without the admin token: %s; with it: %s\n' "$admin" \
+  "$(curl -s -o /dev/null -w '%{http_code}' "$admin/status")" \
+  "$(acurl -o /dev/null -w '%{http_code}' "$admin/status")"
 
 say "5/7 a burst of $requests concurrent chat requests, 30 ms apart, max_tokens $max_tokens"
 body="$(printf '{"messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":%d,"ignore_eos":true}' \
@@ -146,7 +154,7 @@ while :; do
   elapsed_ms=$((($(date +%s%N) - start_ns) / 1000000))
   deferred="$(curl -s --unix-socket "$llama_sock" http://llama/metrics | sed -n 's/^llamacpp:requests_deferred //p')"
   printf '  %6d ms  %s  | llama-server deferred %s\n' "$elapsed_ms" \
-    "$(curl -s "$admin/status" | status_line)" "${deferred:-?}"
+    "$(acurl "$admin/status" | status_line)" "${deferred:-?}"
   sleep 0.25
 done
 for pid in "${pids[@]}"; do wait "$pid" || true; done
@@ -180,7 +188,7 @@ echo "$served served one at a time in arrival order, $rejected turned away at on
 
 say "6/7 metrics after the burst"
 echo "slotgate ($admin/metrics):"
-curl -s "$admin/metrics" | grep -E '^slotgate_(requests_total|tokens_total|queue_depth|slots_busy|inflight|upstream_ready)|^slotgate_(queue_wait|upstream)_seconds_(sum|count)' |
+acurl "$admin/metrics" | grep -E '^slotgate_(requests_total|tokens_total|queue_depth|slots_busy|inflight|upstream_ready)|^slotgate_(queue_wait|upstream)_seconds_(sum|count)' |
   sed 's/^/  /'
 echo "llama-server (deferred stays 0: it never had to queue anything itself):"
 curl -s --unix-socket "$llama_sock" http://llama/metrics |
@@ -227,11 +235,12 @@ four() {
 echo "four requests of about 3,300 tokens at once, straight to llama-server (each fits alone, not together):"
 four "$pool_sock" llama
 "$slotgate" --listen "unix:$gate_sock" --upstream "unix:$pool_sock" --admin-listen "tcp:127.0.0.1:$admin_port" \
-  --queue-timeout 300s --health-interval 200ms >"$work/slotgate-pool.log" 2>&1 &
+  --admin-token-file "$token_file" --queue-timeout 300s --health-interval 200ms >"$work/slotgate-pool.log" 2>&1 &
 gate_pid=$!
 wait_for 15 http_ok "$admin/readyz" || die "slotgate did not become ready"
-wait_for 10 sh -c "curl -s '$admin/status' | grep -q '\"tokens\":8192'" || die "slotgate did not learn the pool"
-curl -s "$admin/status" | python3 -c '
+learned_pool() { acurl "$admin/status" | grep -q '"tokens":8192'; }
+wait_for 10 learned_pool || die "slotgate did not learn the pool"
+acurl "$admin/status" | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
 p = s["kv_pool"]

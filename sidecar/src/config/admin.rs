@@ -326,6 +326,19 @@ mod tests {
     }
 
     #[test]
+    fn a_uid_list_needs_a_unix_admin_socket() {
+        let with = |toml_text: &str| {
+            let s: Settings = toml::from_str(toml_text).unwrap();
+            AdminConfig::from_settings(&s).map(|a| a.allow_uids)
+        };
+        let err = with("admin-allow-uids = [1000]").unwrap_err().to_string();
+        assert!(err.contains("(the default)"), "{err}");
+        assert!(with("admin-allow-uids = [1000]\nadmin-listen = \"tcp:127.0.0.1:1\"").is_err());
+        let ok = with("admin-allow-uids = [1000, 1001]\nadmin-listen = \"unix:/run/a.sock\"");
+        assert_eq!(ok.unwrap(), [1000, 1001]);
+    }
+
+    #[test]
     fn uid_lists_parse_and_print() {
         assert_eq!("1000, 1001".parse::<Uids>().unwrap().0, [1000, 1001]);
         assert!("bob".parse::<Uids>().is_err());

@@ -89,7 +89,7 @@ pub struct Settings {
     pub admin_token_file: Option<PathBuf>,
 
     /// A file holding a second, read-only token: it opens /metrics, /status, /live and llama-server's
-    /// GET admin routes (/slots, /lora-adapters), and nothing that changes the server. For Prometheus
+    /// GET admin routes (/slots, /lora-adapters, /models/sse), and nothing that changes the server. For Prometheus
     /// and `slotgate top`. Needs --admin-token-file. [default: none]
     #[arg(long, env = "SLOTGATE_ADMIN_READ_TOKEN_FILE", value_name = "PATH")]
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,7 +1,9 @@
 //! The Kubernetes examples (`examples/kubernetes/`, `fleet/` included) are deployable as written:
 //! schema-valid and strict for the Kubernetes releases they claim, custom resources valid against
 //! their CRDs, the ConfigMaps' slotgate.toml accepted by the real binary, the probes and ports
-//! pointing at what slotgate serves, and the PrometheusRule carrying exactly `alerts.yml`'s rules.
+//! pointing at what slotgate serves, the admin tokens coming from the Secret the README tells to
+//! create (and the PodMonitor sending the read-only one), and the PrometheusRule carrying exactly
+//! `alerts.yml`'s rules.
 //!
 //! Needs the offline validator: `eval "$(bash scripts/setup-kubernetes-tools.sh)"; export
 //! KUBE_VALIDATE`, and the example policies built (`scripts/build-policies.sh`).
@@ -18,6 +20,17 @@ use slotgate_tests::*;
 const VARIANTS: &[(&str, &str)] = &[
     ("deployment.yaml", "configmap.yaml"),
     ("fleet/deployment.yaml", "fleet/configmap.yaml"),
+];
+
+/// The Secret holding the admin tokens, which README.md tells the operator to create (no manifest
+/// carries a token).
+const ADMIN_SECRET: &str = "slotgate-admin";
+
+/// slotgate.toml's token settings and the Secret's key each reads (a Secret volume without `items`
+/// makes each key a file of its own name).
+const TOKEN_FILES: &[(&str, &str)] = &[
+    ("admin-token-file", "admin-token"),
+    ("admin-read-token-file", "read-token"),
 ];
 
 fn pod_spec(deployment: &Value) -> &Value {
@@ -64,11 +77,68 @@ fn mount_path<'a>(container: &'a Value, volume: &str) -> &'a str {
         .unwrap_or_else(|| panic!("volume {volume} is not mounted in {}", container["name"]))
 }
 
+/// The pod's volume that holds Secret `secret`.
+fn secret_volume<'a>(deployment: &'a Value, secret: &str) -> &'a Value {
+    pod_spec(deployment)["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["secret"]["secretName"] == secret))
+        .unwrap_or_else(|| panic!("no volume holds the Secret {secret}"))
+}
+
+/// A token as `openssl rand -hex 32` makes one.
+fn random_token() -> String {
+    (0..32)
+        .map(|_| format!("{:02x}", fastrand::u8(..)))
+        .collect()
+}
+
+/// [`local_config`]'s file and the tokens written in place of the Secret's.
+struct LocalConfig {
+    file: PathBuf,
+    admin_token: String,
+    read_token: String,
+}
+
+impl LocalConfig {
+    fn remove(&self) {
+        let _ = std::fs::remove_dir_all(self.file.parent().unwrap());
+    }
+}
+
 /// The ConfigMap's slotgate.toml with each `[[policy]]` path moved from the pod's policy mount to
-/// the policy as `scripts/build-policies.sh` built it, written to a temp file.
-fn local_config(deployment: &Value, config_map: &Value) -> PathBuf {
+/// the policy as `scripts/build-policies.sh` built it, and each admin token file moved from the
+/// slotgate container's mount of the `slotgate-admin` Secret to a file holding a token the test
+/// made (a different one each), written to a temp dir.
+fn local_config(deployment: &Value, config_map: &Value) -> LocalConfig {
     let mount = mount_path(slotgate_container(deployment), "slotgate-policies");
     let mut table = slotgate_toml(config_map);
+    let dir = unique_dir("kube");
+
+    let secret_volume = secret_volume(deployment, ADMIN_SECRET)["name"]
+        .as_str()
+        .expect("a volume name");
+    let secret_mount = Path::new(mount_path(slotgate_container(deployment), secret_volume));
+    let (admin_token, read_token) = (random_token(), random_token());
+    assert_ne!(admin_token, read_token);
+    for ((setting, key), token) in TOKEN_FILES.iter().zip([&admin_token, &read_token]) {
+        let path = PathBuf::from(str_of(&table, setting));
+        assert_eq!(
+            path.parent(),
+            Some(secret_mount),
+            "{setting} = {}: not in the mount {} of the Secret {ADMIN_SECRET}",
+            path.display(),
+            secret_mount.display()
+        );
+        assert_eq!(
+            path.file_name().and_then(|n| n.to_str()),
+            Some(*key),
+            "{setting} must read the Secret's key {key}"
+        );
+        let file = dir.join(key);
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        table.insert((*setting).into(), file.display().to_string().into());
+    }
+
     let policies = table
         .get_mut("policy")
         .and_then(|p| p.as_array_mut())
@@ -93,9 +163,13 @@ fn local_config(deployment: &Value, config_map: &Value) -> PathBuf {
         );
         policy.insert("path".into(), built.display().to_string().into());
     }
-    let file = unique_dir("kube").join("slotgate.toml");
+    let file = dir.join("slotgate.toml");
     std::fs::write(&file, toml::to_string(&table).expect("serialise TOML")).unwrap();
-    file
+    LocalConfig {
+        file,
+        admin_token,
+        read_token,
+    }
 }
 
 /// The slotgate container's environment as the kubelet would set it, Secrets resolved from the
@@ -219,7 +293,7 @@ fn the_configmaps_slotgate_toml_passes_slotgate_check() {
         let config_map = object(config_file, "ConfigMap");
         let config = local_config(&deployment, &config_map);
         let mut cmd = command();
-        cmd.arg("check").arg("--config").arg(&config);
+        cmd.arg("check").arg("--config").arg(&config.file);
         for (k, v) in container_env(deployment_file, slotgate_container(&deployment)) {
             cmd.env(k, v);
         }
@@ -230,7 +304,19 @@ fn the_configmaps_slotgate_toml_passes_slotgate_check() {
              environment): {}",
             kube::text(&out)
         );
-        let _ = std::fs::remove_dir_all(config.parent().unwrap());
+        // The token files were read and checked: their paths are printed, never the tokens.
+        let report = kube::text(&out);
+        for (setting, key) in TOKEN_FILES {
+            let file = config.file.with_file_name(key);
+            assert!(
+                report.contains(&file.display().to_string()),
+                "check does not name {setting}'s file: {report}"
+            );
+        }
+        for token in [&config.admin_token, &config.read_token] {
+            assert!(!report.contains(token.as_str()), "check printed a token");
+        }
+        config.remove();
     }
 }
 
@@ -395,6 +481,103 @@ fn ports_probes_and_shutdown_agree_with_slotgate_toml() {
 }
 
 #[test]
+fn the_admin_tokens_come_from_the_secret_and_the_podmonitor_sends_the_read_token() {
+    // No manifest carries a token: the operator creates the Secret (README.md).
+    for file in kube::manifests() {
+        for doc in kube::documents(&file) {
+            assert!(
+                !(doc["kind"] == "Secret" && doc["metadata"]["name"] == ADMIN_SECRET),
+                "{} holds the Secret {ADMIN_SECRET}: create it with kubectl instead",
+                file.display()
+            );
+        }
+    }
+    let readme = std::fs::read_to_string(kube::examples().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("kubectl create secret generic {ADMIN_SECRET}")),
+        "README.md tells how to create the Secret {ADMIN_SECRET}"
+    );
+    for (_, key) in TOKEN_FILES {
+        assert!(
+            readme.contains(&format!("--from-literal={key}=")),
+            "README.md's Secret lacks the key {key}"
+        );
+    }
+
+    for (deployment_file, config_file) in VARIANTS {
+        let deployment = object(deployment_file, "Deployment");
+        let config = slotgate_toml(&object(config_file, "ConfigMap"));
+        let at = |what: &str| format!("{deployment_file}: {what}");
+
+        // slotgate.toml names both files, and they differ (local_config checks where they are).
+        let files: Vec<&str> = TOKEN_FILES
+            .iter()
+            .map(|(s, _)| str_of(&config, s))
+            .collect();
+        assert_ne!(files[0], files[1], "{config_file}: two token files");
+
+        // The Secret, whole (no items: each key a file of its own name), read-only, mounted into
+        // slotgate only (llama-server runs as the same user), without subPath (the kubelet then
+        // updates the files on a change, and slotgate's watch follows).
+        let volume = secret_volume(&deployment, ADMIN_SECRET);
+        let name = volume["name"].as_str().unwrap();
+        assert!(volume["secret"]["items"].is_null(), "{}", at("no items"));
+        let gate = slotgate_container(&deployment);
+        let mount = gate["volumeMounts"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["name"] == name))
+            .unwrap_or_else(|| panic!("{}", at("slotgate mounts the Secret")));
+        assert_eq!(mount["readOnly"], true, "{}", at("read-only mount"));
+        assert!(mount["subPath"].is_null(), "{}", at("no subPath"));
+        let llama = llama_container(&deployment);
+        assert!(
+            !llama["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == name),
+            "{}",
+            at("llama-server does not mount the tokens")
+        );
+
+        // The kubelet writes a Secret's files owned by root, group fsGroup: slotgate (a non-root
+        // user in that group) reads them through the group bit, and nobody else may.
+        let mode = volume["secret"]["defaultMode"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}", at("the Secret volume sets defaultMode")));
+        assert_eq!(mode & 0o040, 0o040, "{}", at("group-readable tokens"));
+        assert_eq!(mode & 0o027, 0, "{}", at("no write, nothing for others"));
+        assert!(
+            pod_spec(&deployment)["securityContext"]["fsGroup"].is_u64(),
+            "{}",
+            at("fsGroup, which the token files get as their group")
+        );
+    }
+
+    // Prometheus scrapes with the read-only token, from the same Secret.
+    let monitor = object("podmonitor.yaml", "PodMonitor");
+    let read_key = TOKEN_FILES
+        .iter()
+        .find(|(s, _)| *s == "admin-read-token-file")
+        .map(|(_, k)| *k)
+        .unwrap();
+    for endpoint in monitor["spec"]["podMetricsEndpoints"].as_array().unwrap() {
+        let auth = &endpoint["authorization"];
+        assert!(
+            auth["type"]
+                .as_str()
+                .is_some_and(|t| t.eq_ignore_ascii_case("Bearer")),
+            "the PodMonitor sends a bearer token: {endpoint}"
+        );
+        assert_eq!(
+            auth["credentials"],
+            serde_json::json!({"name": ADMIN_SECRET, "key": read_key}),
+            "the PodMonitor sends the Secret's read-only token"
+        );
+    }
+}
+
+#[test]
 fn the_fleet_differs_from_the_single_pod_only_in_replicas_spread_and_the_store() {
     let single = object("deployment.yaml", "Deployment");
     let fleet = object("fleet/deployment.yaml", "Deployment");
@@ -528,19 +711,20 @@ async fn the_probe_paths_answer_as_the_deployment_expects_on_a_real_slotgate() {
         .unwrap()
         .to_owned();
 
-    // The ConfigMap's settings and policies, with slotgate's own TCP admin listener as in the pod
-    // (the harness picks a free port instead of 9464). As in the pod, slotgate starts first:
-    // llama-server's socket does not exist yet.
+    // The ConfigMap's settings, policies and tokens, with slotgate's own TCP admin listener as in
+    // the pod (the harness picks a free port instead of 9464). As in the pod, slotgate starts
+    // first: llama-server's socket does not exist yet.
     let sockets = unique_dir("kube-sockets");
     let socket = sockets.join("llama.sock");
-    let gate = Gate::new()
-        .opt("--config", config.display())
+    let mut gate = Gate::new()
+        .opt("--config", config.file.display())
         .upstream_path(&socket)
         .no_wait_ready()
         .start()
         .await;
     assert!(gate.admin_addr().starts_with("tcp:"));
-    let admin = gate.admin();
+    // The kubelet's probes carry no token.
+    let admin = gate.admin().clone().without_bearer();
 
     // Before llama-server is up: started and live (so the kubelet starts llama-server), not ready
     // (so the Service sends nothing yet).
@@ -567,8 +751,13 @@ async fn the_probe_paths_answer_as_the_deployment_expects_on_a_real_slotgate() {
     let r = admin.get(&path("livenessProbe")).await;
     assert_eq!(r.status, 200);
 
-    // The PodMonitor's path is slotgate's Prometheus text, policies from the ConfigMap loaded.
+    // The PodMonitor's path needs a token (the ConfigMap's token files are in force); with the
+    // read-only token, as the PodMonitor sends it, it is slotgate's Prometheus text, policies from
+    // the ConfigMap loaded.
     let r = admin.get(&metrics_path).await;
+    assert_eq!(r.status, 401, "{metrics_path} without a token: {}", r.body);
+    gate.use_admin_token(&config.read_token);
+    let r = gate.admin().get(&metrics_path).await;
     assert_eq!(r.status, 200, "{metrics_path}: {}", r.body);
     let ready = Metrics::parse(&r.body).value("slotgate_upstream_ready", &[]);
     assert_eq!(ready, Some(1.0), "{}", r.body);
@@ -577,6 +766,19 @@ async fn the_probe_paths_answer_as_the_deployment_expects_on_a_real_slotgate() {
         chain[0]["name"], "request-guard",
         "the ConfigMap's policy chain is loaded: {chain}"
     );
-    let _ = std::fs::remove_dir_all(config.parent().unwrap());
+    // What admin-read-token-file holds changes nothing (the two files are not swapped); what
+    // admin-token-file holds opens the admin routes too.
+    let r = gate
+        .admin()
+        .post_json("/slots/0?action=erase", &serde_json::json!({}))
+        .await;
+    assert_eq!(
+        r.status, 403,
+        "a change with the read-only token: {}",
+        r.body
+    );
+    gate.use_admin_token(&config.admin_token);
+    assert!(gate.status().await["slots"].is_object());
+    config.remove();
     let _ = std::fs::remove_dir_all(sockets);
 }

@@ -1,7 +1,8 @@
 //! systemd deployment: sockets inherited through socket activation are served as they are (never
 //! bound again, chmod'ed or unlinked), the one named `admin` serves the admin endpoints;
 //! `READY=1` comes once every listener answers, `WATCHDOG=1` every half `WATCHDOG_USEC`,
-//! `STOPPING=1` when the drain begins; and the example units pass `systemd-analyze verify`.
+//! `STOPPING=1` when the drain begins; and the example units pass `systemd-analyze verify` and load
+//! the admin token as a credential.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -332,6 +333,40 @@ fn example_units_keep_their_promises() {
     assert!(seconds("WatchdogSec") > 0);
     // The default --drain-timeout is 30 s: systemd must not kill the drain.
     assert!(seconds("TimeoutStopSec") > 30);
+
+    // The admin port is TCP on 127.0.0.1, open to every local user: the service loads the admin
+    // token as a credential and points slotgate at the copy in its credentials directory (%d).
+    let values = |key: &str| -> Vec<&str> {
+        service
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+            .collect()
+    };
+    let credentials: Vec<(&str, &str)> = values("LoadCredential")
+        .into_iter()
+        .map(|v| {
+            v.split_once(':')
+                .unwrap_or_else(|| panic!("LoadCredential={v}: write ID:PATH"))
+        })
+        .collect();
+    assert_eq!(
+        credentials,
+        [("admin-token", "/etc/slotgate/admin-token")],
+        "slotgate.service loads the admin token from /etc/slotgate/admin-token"
+    );
+    let token_file: Vec<&str> = values("Environment")
+        .into_iter()
+        .filter_map(|v| v.strip_prefix("SLOTGATE_ADMIN_TOKEN_FILE="))
+        .collect();
+    assert_eq!(
+        token_file,
+        ["%d/admin-token"],
+        "SLOTGATE_ADMIN_TOKEN_FILE points at the loaded credential"
+    );
+    assert!(
+        service.contains("(umask 077; openssl rand -hex 32 > /etc/slotgate/admin-token)"),
+        "slotgate.service says how to create the token file"
+    );
     assert!(has(
         &read("slotgate-admin.socket"),
         "FileDescriptorName=admin"

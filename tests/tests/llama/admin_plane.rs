@@ -105,7 +105,11 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
         .send_with(Method::POST, "/slots/0?action=save", &[], save)
         .await;
     assert_eq!(r.status, 401, "{}", r.body);
-    assert!(files_in(&slots_dir).is_empty(), "{:?}", files_in(&slots_dir));
+    assert!(
+        files_in(&slots_dir).is_empty(),
+        "{:?}",
+        files_in(&slots_dir)
+    );
     // A wrong key of the caller's: the same.
     let r = admin
         .send_with(
@@ -138,8 +142,12 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
     let lines = audit_lines(&gate, 3).await;
     assert_eq!(lines.len(), 3, "{lines:#?}");
     assert!(lines[0].contains("action=\"slot_save\"") && lines[0].contains("status=401"));
-    assert!(lines[0].contains("result=\"upstream_4xx\"") && lines[0].contains("credentials=\"none\""));
-    assert!(lines[1].contains("action=\"slot_erase\"") && lines[1].contains("credentials=\"caller\""));
+    assert!(
+        lines[0].contains("result=\"upstream_4xx\"") && lines[0].contains("credentials=\"none\"")
+    );
+    assert!(
+        lines[1].contains("action=\"slot_erase\"") && lines[1].contains("credentials=\"caller\"")
+    );
     assert!(lines[2].contains("result=\"ok\"") && lines[2].contains("filename=\"x.bin\""));
     assert!(lines.iter().all(|l| l.contains("peer_addr=127.0.0.1:")));
     assert_no_secret(&gate.stderr_text());
@@ -164,7 +172,11 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
     let bare = gate.admin().clone().without_bearer();
     let save = r#"{"filename": "op.bin"}"#;
     // Without the token, with a wrong one, with an empty one: slotgate's 401, nothing forwarded.
-    for auth in [None, Some("Bearer wrong-token-00000000000"), Some("Bearer ")] {
+    for auth in [
+        None,
+        Some("Bearer wrong-token-00000000000"),
+        Some("Bearer "),
+    ] {
         let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", *a)).collect();
         let r = bare
             .send_with(Method::POST, "/slots/0?action=save", &headers, save)
@@ -173,7 +185,12 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
         assert_eq!(r.json()["error"]["type"], "authentication_error");
         // llama-server's own key is no admin token either.
         let r = bare
-            .send_with(Method::GET, "/status", &[("authorization", &format!("Bearer {KEY}"))], "")
+            .send_with(
+                Method::GET,
+                "/status",
+                &[("authorization", &format!("Bearer {KEY}"))],
+                "",
+            )
             .await;
         assert_eq!(r.status, 401, "{}", r.body);
     }
@@ -217,7 +234,10 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
         assert!(saved.contains(part), "no {part} in {saved}");
     }
     let pid = std::process::id();
-    assert!(saved.contains(&format!("peer_pid={pid}")), "this test's pid: {saved}");
+    assert!(
+        saved.contains(&format!("peer_pid={pid}")),
+        "this test's pid: {saved}"
+    );
     assert_eq!(
         gate.metric(
             "slotgate_admin_actions_total",
@@ -226,7 +246,7 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
         .await,
         Some(1.0)
     );
-    assert_eq!(gate.status().await.to_string().contains(TOKEN), false);
+    assert!(!gate.status().await.to_string().contains(TOKEN));
 
     // `slotgate top` reads with the token, and says what is wrong without it.
     let admin_at = gate.admin_addr().to_owned();
@@ -243,7 +263,10 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
     ]);
     let text = succeeded(&once);
     assert!(text.contains("Slots 0/2"), "{text}");
-    assert!(!text.contains("answered 401"), "llama-server's slots read too: {text}");
+    assert!(
+        !text.contains("answered 401"),
+        "llama-server's slots read too: {text}"
+    );
     let without = run(&["top", "--once", "--admin", &admin_at]);
     assert_eq!(without.status.code(), Some(1));
     let err = String::from_utf8_lossy(&without.stderr);
@@ -290,11 +313,17 @@ async fn in_front_of_the_router_an_unload_without_credentials_unloads_nothing() 
         .post_json_with_headers(CHAT, &body, &[("authorization", &format!("Bearer {KEY}"))])
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(model_states(&llama).await, [("alpha".into(), "loaded".into())]);
+    assert_eq!(
+        model_states(&llama).await,
+        [("alpha".into(), "loaded".into())]
+    );
 
     let unload = r#"{"model": "alpha"}"#;
     let bare = gate.admin().clone().without_bearer();
-    for headers in [vec![], vec![("authorization", "Bearer guess-0000000000000000")]] {
+    for headers in [
+        vec![],
+        vec![("authorization", "Bearer guess-0000000000000000")],
+    ] {
         let r = bare
             .send_with(Method::POST, "/models/unload", &headers, unload)
             .await;
@@ -329,7 +358,10 @@ async fn in_front_of_the_router_an_unload_without_credentials_unloads_nothing() 
     })
     .await;
     let lines = audit_lines(&gate, 3).await;
-    assert!(lines.iter().all(|l| l.contains("action=\"model_unload\"")), "{lines:#?}");
+    assert!(
+        lines.iter().all(|l| l.contains("action=\"model_unload\"")),
+        "{lines:#?}"
+    );
     assert!(lines[2].contains("model=\"alpha\"") && lines[2].contains("result=\"ok\""));
     assert_no_secret(&gate.stderr_text());
     gate.assert_idle().await;
