@@ -124,6 +124,7 @@ pub fn status(app: &App) -> serde_json::Value {
         },
         "models": app.models.status(),
         "model_turns": app.models.turns_status(),
+        "admin": admin_plane(app),
         "bands": bands(app),
         "shedding": {
             "sheddable_priority": app.config.sheddable_priority,
@@ -147,6 +148,20 @@ pub fn status(app: &App) -> serde_json::Value {
             || json!({ "backend": "memory" }),
             |f| f.status(),
         ),
+    })
+}
+
+/// `/status` → `admin`: how the admin listener is protected (never a token: only whether one is set).
+fn admin_plane(app: &App) -> serde_json::Value {
+    let a = &app.config.admin;
+    let tokens = app.admin_tokens();
+    let set = |on: bool| if on { "set" } else { "none" };
+    json!({
+        "token": set(tokens.full.is_some()),
+        "read_token": set(tokens.read.is_some()),
+        "open_metrics": a.open_metrics,
+        "allow_uids": a.allow_uids,
+        "audit_log": a.audit_log.to_string(),
     })
 }
 

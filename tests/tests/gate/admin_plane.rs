@@ -259,6 +259,13 @@ async fn a_read_only_token_reads_and_changes_nothing() {
     for path in ["/status", "/live", "/metrics"] {
         assert_eq!(reader.get(path).await.status, 200, "{path}");
     }
+    let status = reader.get("/status").await;
+    assert_eq!(
+        status.json()["admin"],
+        serde_json::json!({"token": "set", "read_token": "set", "open_metrics": false,
+            "allow_uids": [], "audit_log": "stderr"})
+    );
+    assert!(!status.body.contains(TOKEN) && !status.body.contains(READ_TOKEN));
     reader.get("/slots").await;
     assert_eq!(
         seen_on(&up, "/slots"),
