@@ -9,7 +9,9 @@
 //!   a real slotgate after real traffic (429s, policies, a tenant, a stream), and every `llamacpp:*`
 //!   name by a real llama-server started with `--metrics`;
 //! - queue wait and time to first byte are Prometheus histograms with buckets from milliseconds to
-//!   minutes.
+//!   minutes;
+//! - `examples/prometheus/prometheus.yml` passes `promtool check config`, and Prometheus itself
+//!   scrapes a slotgate that wants a token with it (the read-only token), and not without.
 //!
 //! promtool comes from `scripts/setup-prometheus.sh`; a missing one fails the test, naming it.
 
@@ -635,4 +637,121 @@ async fn every_llamacpp_metric_the_kit_reads_is_exported_by_the_real_llama_serve
         "{}",
         g.text
     );
+}
+
+/// `examples/prometheus/prometheus.yml` as written, pointed at `admin` with `token_file`, scraping
+/// every second; and beside its job the same job without a token, to see that one refused.
+fn scrape_config(dir: &std::path::Path, admin: &str, token_file: &std::path::Path) -> PathBuf {
+    let text = read("examples/prometheus/prometheus.yml");
+    assert!(
+        text.contains("credentials_file: /etc/prometheus/slotgate-read-token")
+            && text.contains("type: Bearer"),
+        "the example scrapes with the read-only token: {text}"
+    );
+    let ours = text
+        .replace(
+            "/etc/prometheus/slotgate-read-token",
+            &token_file.display().to_string(),
+        )
+        .replace("127.0.0.1:9464", admin)
+        .replace("scrape_interval: 15s", "scrape_interval: 1s");
+    let without = format!(
+        "  - job_name: slotgate-without-token\n    metrics_path: /metrics\n    static_configs:\n      - targets: [\"{admin}\"]\n"
+    );
+    std::fs::copy(workspace().join(ALERTS), dir.join("alerts.yml")).unwrap();
+    let file = dir.join("prometheus.yml");
+    std::fs::write(&file, ours + &without).unwrap();
+    file
+}
+
+/// Prometheus itself (Debian's package, beside promtool) scrapes a slotgate that wants a token with
+/// the example's scrape job and the read-only token: the target is up and slotgate's series are in;
+/// the same job without the token is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prometheus_scrapes_a_slotgate_with_a_token_as_the_example_says() {
+    let _serial = slotgate_tests::llama::serial().await;
+    let prometheus = promtool().with_file_name("prometheus");
+    assert!(
+        prometheus.exists(),
+        "no prometheus beside promtool at {}: run `bash scripts/setup-prometheus.sh`",
+        prometheus.display()
+    );
+    let dir = unique_dir("prom");
+    let read_token = "prometheus-read-token-0123456789";
+    let read_file = dir.join("read-token");
+    std::fs::write(&read_file, format!("{read_token}\n")).unwrap();
+    let (_up, gate) = Gate::new()
+        .admin_token("the-admin-token-0123456789")
+        .opt("--admin-read-token-file", read_file.display())
+        .start_with(FakeUpstream::instant())
+        .await;
+    let admin = gate
+        .admin_addr()
+        .strip_prefix("tcp:")
+        .expect("a TCP admin listener")
+        .to_owned();
+    let config = scrape_config(&dir, &admin, &read_file);
+    let check = run_promtool(&["check", "config", config.to_str().unwrap()]);
+    assert!(check.contains("SUCCESS"), "{check}");
+
+    let port = slotgate_tests::gate::free_port();
+    let mut child = tokio::process::Command::new(&prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start prometheus");
+    let api = Client::tcp(([127, 0, 0, 1], port).into());
+    let up = |job: &'static str| {
+        let api = api.clone();
+        async move {
+            let q = format!("/api/v1/query?query=up%7Bjob%3D%22{job}%22%7D");
+            let r = api
+                .try_send(slotgate_tests::client::get_request(&q))
+                .await
+                .ok()?;
+            let v: Value = serde_json::from_str(&r.body).ok()?;
+            v["data"]["result"][0]["value"][1]
+                .as_str()
+                .map(str::to_owned)
+        }
+    };
+    let log = || std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (with, without) = loop {
+        if let (Some(a), Some(b)) = (up("slotgate").await, up("slotgate-without-token").await) {
+            break (a, b);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prometheus scraped nothing in 60 s:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        with, "1",
+        "the example's job with the read-only token is up"
+    );
+    assert_eq!(
+        without, "0",
+        "without the token slotgate refuses the scrape"
+    );
+    let series = api
+        .get("/api/v1/query?query=slotgate_slots_total%7Bjob%3D%22slotgate%22%7D")
+        .await;
+    assert!(
+        series.body.contains("\"slotgate_slots_total\""),
+        "{}",
+        series.body
+    );
+    let _ = child.kill().await;
+    assert!(!gate.stderr_text().contains(read_token));
+    gate.assert_idle().await;
 }
