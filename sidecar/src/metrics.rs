@@ -396,7 +396,7 @@ fn describe() {
     );
     describe_counter!(
         ADMIN_ACTIONS_TOTAL,
-        "Audited admin actions (slot_save, slot_restore, slot_erase, slot_other, lora_set, props_set, model_add, model_load, model_unload, model_delete, other, reload), by result (ok, upstream_4xx, upstream_5xx, upstream_error, bad_request, unauthenticated, forbidden; for a reload: swapped, unchanged, rejected)."
+        "Audited admin actions (slot_save, slot_restore, slot_erase, slot_other, lora_set, props_set, model_add, model_load, model_unload, model_delete, other, reload), by result (ok, upstream_4xx, upstream_5xx, upstream_error, client_gone, bad_request, unauthenticated, forbidden; for a reload: swapped, unchanged, rejected)."
     );
     describe_counter!(
         UPSTREAM_CONNECTIONS_TOTAL,

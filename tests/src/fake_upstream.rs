@@ -90,6 +90,9 @@ pub struct FakeUpstream {
     script: Vec<Scripted>,
     /// How long `POST /tokenize` and the count endpoint take to answer.
     tokenize_delay: Duration,
+    /// How long a client's request outside the slots (a passthrough, an admin route) waits before
+    /// its answer.
+    passthrough_delay: Duration,
     /// Answer the count endpoint 404, as llama-server builds before it did.
     no_count_endpoint: bool,
     /// `total_slots` in `/props` (llama-server's `-np`).
@@ -256,6 +259,7 @@ impl Default for FakeUpstream {
             refuse_over_ctx: false,
             script: Vec::new(),
             tokenize_delay: Duration::ZERO,
+            passthrough_delay: Duration::ZERO,
             no_count_endpoint: false,
             total_slots: 1,
         }
@@ -319,6 +323,12 @@ impl FakeUpstream {
     }
 
     /// Default service time of non-stream answers.
+    /// A client's requests outside the slots (passthroughs, admin routes) are answered after `d`.
+    pub fn passthrough_delay(mut self, d: Duration) -> Self {
+        self.passthrough_delay = d;
+        self
+    }
+
     pub fn delay(mut self, d: Duration) -> Self {
         self.delay = d;
         self
@@ -719,6 +729,9 @@ async fn handle(
         ));
     }
 
+    if !generation && !internal && path != "/health" && !cfg.passthrough_delay.is_zero() {
+        tokio::time::sleep(cfg.passthrough_delay).await;
+    }
     if generation && parts.method == Method::POST {
         let attempt = state.counters.attempts.fetch_add(1, Ordering::SeqCst);
         if let Some(scripted) = cfg.script.get(attempt) {

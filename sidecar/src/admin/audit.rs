@@ -142,6 +142,86 @@ pub fn record(e: &Entry<'_>) {
     crate::log::flush();
 }
 
+/// A change on its way to llama-server, written down however it ends: with its answer
+/// ([`Pending::finish`]), or `client_gone` when the caller leaves before it (the request future is
+/// dropped), since llama-server may have done it all the same.
+pub struct Pending {
+    action: &'static str,
+    caller: Caller,
+    method: String,
+    path: String,
+    slot: Option<String>,
+    model: Option<String>,
+    filename: Option<String>,
+    request_id: String,
+    credentials: &'static str,
+    written: bool,
+}
+
+impl Pending {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        action: &'static str,
+        caller: &Caller,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        body: &[u8],
+        request_id: &str,
+        credentials: &'static str,
+    ) -> Pending {
+        let (slot, model, filename) = targets(path, query, body);
+        Pending {
+            action,
+            caller: *caller,
+            method: method.as_str().to_owned(),
+            path: path.to_owned(),
+            slot: slot.map(str::to_owned),
+            model,
+            filename,
+            request_id: request_id.to_owned(),
+            credentials,
+            written: false,
+        }
+    }
+
+    /// Written with llama-server's answer (`reached`), or slotgate's own when it could not be.
+    pub fn finish(mut self, status: u16, reached: bool) {
+        let result = if reached {
+            result_of(status)
+        } else {
+            "upstream_error"
+        };
+        self.write(status, result);
+    }
+
+    fn write(&mut self, status: u16, result: &'static str) {
+        self.written = true;
+        record(&Entry {
+            action: self.action,
+            who: Some(Who::Caller(&self.caller)),
+            method: Some(&self.method),
+            path: Some(&self.path),
+            slot: self.slot.as_deref(),
+            model: self.model.take(),
+            filename: self.filename.take(),
+            status,
+            result,
+            request_id: Some(&self.request_id),
+            credentials: self.credentials,
+            detail: None,
+        });
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.written {
+            self.write(0, "client_gone");
+        }
+    }
+}
+
 /// The audited name of a call that changes the server (`slot_save`, `model_unload`, ...).
 pub fn action(method: &Method, path: &str, query: Option<&str>) -> &'static str {
     let post = method == Method::POST;

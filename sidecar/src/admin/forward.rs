@@ -79,6 +79,18 @@ pub async fn forward(
             }
         }
     };
+    let pending = changes.then(|| {
+        audit::Pending::new(
+            action,
+            caller,
+            &parts.method,
+            &path,
+            query.as_deref(),
+            &body,
+            request_id,
+            credentials,
+        )
+    });
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let sent = app
         .upstream
@@ -91,26 +103,8 @@ pub async fn forward(
             false,
         ),
     };
-    if changes {
-        let status = resp.status().as_u16();
-        let (slot, model, filename) = audit::targets(&path, query.as_deref(), &body);
-        audit::record(&Entry {
-            action,
-            who: Some(Who::Caller(caller)),
-            method: Some(parts.method.as_str()),
-            path: Some(&path),
-            slot,
-            model,
-            filename,
-            status,
-            result: match reached {
-                true => audit::result_of(status),
-                false => "upstream_error",
-            },
-            request_id: Some(request_id),
-            credentials,
-            detail: None,
-        });
+    if let Some(p) = pending {
+        p.finish(resp.status().as_u16(), reached);
     }
     resp
 }

@@ -559,3 +559,41 @@ async fn audit_lines_can_go_to_a_file_of_their_own() {
     assert!(!text.contains(TOKEN));
     gate.assert_settled(&up, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_whose_caller_leaves_before_the_answer_is_audited_all_the_same() {
+    let (up, gate) = Gate::new()
+        .start_with(FakeUpstream::instant().passthrough_delay(Duration::from_secs(2)))
+        .await;
+    let gone = tokio::time::timeout(
+        Duration::from_millis(300),
+        gate.admin().send_with(
+            Method::POST,
+            "/slots/0?action=erase",
+            &[("x-request-id", "gone-1")],
+            "",
+        ),
+    )
+    .await;
+    assert!(
+        gone.is_err(),
+        "the caller left before llama-server answered"
+    );
+    let log = log_with_audit_lines(&gate, 1).await;
+    let line = audit_lines(&log)[0];
+    for part in [
+        "action=\"slot_erase\"",
+        "result=\"client_gone\"",
+        "request_id=\"gone-1\"",
+        "status=0",
+    ] {
+        assert!(line.contains(part), "no {part} in {line}");
+    }
+    assert!(
+        up.credentials_seen()
+            .iter()
+            .any(|(p, _, _)| p == "/slots/0"),
+        "it did reach llama-server"
+    );
+    gate.assert_settled(&up, 1).await;
+}
