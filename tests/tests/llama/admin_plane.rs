@@ -58,6 +58,17 @@ async fn audit_lines(gate: &RunningGate, n: usize) -> Vec<String> {
     .await
 }
 
+/// Neither the key nor the token in an answer, its body or its headers.
+fn no_secret_in(r: &Response) {
+    let headers = format!("{:?}", r.headers);
+    for secret in [KEY, TOKEN] {
+        assert!(
+            !r.body.contains(secret) && !headers.contains(secret),
+            "a secret in an answer: {r:?}"
+        );
+    }
+}
+
 fn assert_no_secret(log: &str) {
     assert!(!log.contains(KEY), "the upstream key in a log: {log}");
     assert!(!log.contains(TOKEN), "the admin token in a log: {log}");
@@ -73,6 +84,7 @@ async fn warm_a_slot(gate: &RunningGate) {
             &[("authorization", &format!("Bearer {KEY}"))],
         )
         .await;
+    no_secret_in(&r);
     chat_usage(&r, 4);
 }
 
@@ -95,6 +107,7 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
 
     // As llama-server answers a caller without a key: its own 401, and no file.
     let r = admin.get("/slots").await;
+    no_secret_in(&r);
     assert_eq!(r.status, 401, "{}", r.body);
     assert_eq!(
         r.json(),
@@ -104,6 +117,7 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
     let r = admin
         .send_with(Method::POST, "/slots/0?action=save", &[], save)
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 401, "{}", r.body);
     assert!(
         files_in(&slots_dir).is_empty(),
@@ -119,6 +133,7 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
             "",
         )
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 401, "{}", r.body);
 
     // The caller's own valid key opens them, as it would llama-server itself.
@@ -126,6 +141,7 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
     let r = admin
         .send_with(Method::GET, "/slots", &[("authorization", &bearer)], "")
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json().as_array().map(Vec::len), Some(2));
     let r = admin
@@ -136,6 +152,7 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
             save,
         )
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(files_in(&slots_dir), ["x.bin"]);
 
@@ -181,6 +198,7 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
         let r = bare
             .send_with(Method::POST, "/slots/0?action=save", &headers, save)
             .await;
+        no_secret_in(&r);
         assert_eq!(r.status, 401, "{auth:?}: {}", r.body);
         assert_eq!(r.json()["error"]["type"], "authentication_error");
         // llama-server's own key is no admin token either.
@@ -192,6 +210,7 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
                 "",
             )
             .await;
+        no_secret_in(&r);
         assert_eq!(r.status, 401, "{}", r.body);
     }
     assert!(files_in(&slots_dir).is_empty());
@@ -206,6 +225,7 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
             save,
         )
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["filename"], "op.bin", "{}", r.body);
     assert_eq!(files_in(&slots_dir), ["op.bin"]);
@@ -312,6 +332,7 @@ async fn in_front_of_the_router_an_unload_without_credentials_unloads_nothing() 
         .client()
         .post_json_with_headers(CHAT, &body, &[("authorization", &format!("Bearer {KEY}"))])
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(
         model_states(&llama).await,
@@ -327,6 +348,7 @@ async fn in_front_of_the_router_an_unload_without_credentials_unloads_nothing() 
         let r = bare
             .send_with(Method::POST, "/models/unload", &headers, unload)
             .await;
+        no_secret_in(&r);
         assert_eq!(r.status, 401, "{}", r.body);
     }
     // A client on the client listener: refused there whatever it brings.
@@ -339,6 +361,7 @@ async fn in_front_of_the_router_an_unload_without_credentials_unloads_nothing() 
             unload,
         )
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 403, "{}", r.body);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -352,6 +375,7 @@ async fn in_front_of_the_router_an_unload_without_credentials_unloads_nothing() 
         .admin()
         .send_with(Method::POST, "/models/unload", &[], unload)
         .await;
+    no_secret_in(&r);
     assert_eq!(r.status, 200, "{}", r.body);
     eventually(Duration::from_secs(10), "alpha unloaded", || async {
         (model_states(&llama).await == [("alpha".to_owned(), "unloaded".to_owned())]).then_some(())
