@@ -159,22 +159,21 @@ pub struct Pending {
 }
 
 impl Pending {
-    #[allow(clippy::too_many_arguments)]
+    /// The change `parts` asks for, with its `body`, as `caller` sent it; llama-server reached with
+    /// `credentials`.
     pub fn new(
-        action: &'static str,
         caller: &Caller,
-        method: &Method,
-        path: &str,
-        query: Option<&str>,
+        parts: &http::request::Parts,
         body: &[u8],
         request_id: &str,
         credentials: &'static str,
     ) -> Pending {
+        let (path, query) = (parts.uri.path(), parts.uri.query());
         let (slot, model, filename) = targets(path, query, body);
         Pending {
-            action,
+            action: action(&parts.method, path, query),
             caller: *caller,
-            method: method.as_str().to_owned(),
+            method: parts.method.as_str().to_owned(),
             path: path.to_owned(),
             slot: slot.map(str::to_owned),
             model,

@@ -79,18 +79,8 @@ pub async fn forward(
             }
         }
     };
-    let pending = changes.then(|| {
-        audit::Pending::new(
-            action,
-            caller,
-            &parts.method,
-            &path,
-            query.as_deref(),
-            &body,
-            request_id,
-            credentials,
-        )
-    });
+    let pending =
+        changes.then(|| audit::Pending::new(caller, &parts, &body, request_id, credentials));
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let sent = app
         .upstream
