@@ -17,6 +17,7 @@ const ROOMS: &[&str] = &[
     "upstream",
     "policy",
     "fleet",
+    "store",
     "admission",
     "otel",
     "live",

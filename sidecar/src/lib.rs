@@ -23,10 +23,12 @@
 //!
 //!  cmd      the subcommands (run, check, policy, wrap) and the command line
 //!  app      run = bind → serve → drain; signals, reload, memory
-//!  admin    the admin listener: /metrics /livez /readyz /status, llama-server's admin routes
+//!  admin    the admin listener: who may ask (tokens, uids), the audit, /metrics /livez /readyz
+//!           /status /live, llama-server's admin routes
 //!  state    the `App` every request, the admin listener and the reloader share
 //!  upstream the client, capacity (/props, the command line), cors, tokenize, quarantine
 //!  fleet    budgets shared by every sidecar, on Redis/Valkey
+//!  store    one sidecar's budgets on disk (state.dir), in an embedded database
 //!  otel     OpenTelemetry traces: the exporter, the request's spans, traceparent in and out
 //!  live     what is inside now, for `/live` and `slotgate top`: requests, tenant totals, rates
 //!  config   flags, env and TOML → one validated `Config`; what llama-server was launched with
@@ -34,7 +36,7 @@
 //! ```
 //!
 //! Dependencies run one way, down that list: `cmd → app → admin → pipeline → server → state →
-//! upstream → policy → fleet → admission → otel → live → log → config → leaves`. `arrows.rs` fails on an
+//! upstream → policy → fleet → store → admission → otel → live → log → config → leaves`. `arrows.rs` fails on an
 //! arrow back up; docs/architecture.md has the map and the invariants.
 
 pub mod admin;
@@ -60,6 +62,7 @@ pub mod policy;
 pub mod respond;
 pub mod server;
 pub mod state;
+pub mod store;
 pub mod upstream;
 
 pub use config::Config;

@@ -35,6 +35,7 @@ pub const POLICY_ERRORS_TOTAL: &str = "slotgate_policy_errors_total";
 pub const POLICY_FUEL_CONSUMED: &str = "slotgate_policy_fuel_consumed";
 pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
 pub const ADMIN_ACTIONS_TOTAL: &str = "slotgate_admin_actions_total";
+pub const STATE_WRITES_TOTAL: &str = "slotgate_state_writes_total";
 pub const UPSTREAM_SLOTS: &str = "slotgate_upstream_slots";
 pub const SLOTS_MISMATCH: &str = "slotgate_slots_mismatch";
 pub const CHILD_RESTARTS_TOTAL: &str = "slotgate_child_restarts_total";
@@ -393,6 +394,10 @@ fn describe() {
     describe_counter!(
         POLICY_RELOADS_TOTAL,
         "Policy and configuration reloads, by policy and result (ok, error)."
+    );
+    describe_counter!(
+        STATE_WRITES_TOTAL,
+        "Batches of changed policy budgets written to state.dir, by result (ok, error: the disk refused; they stay in memory and are tried again)."
     );
     describe_counter!(
         ADMIN_ACTIONS_TOTAL,

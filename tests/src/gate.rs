@@ -369,6 +369,10 @@ impl Gate {
             cmd.arg("--listen").arg(l);
         }
         cmd.arg("--admin-listen").arg(admin_listen);
+        // Budgets kept on disk in the gate's own directory, unless the test names one.
+        if !self.opts.iter().any(|(n, _)| n == "--state-dir") {
+            cmd.arg("--state-dir").arg(dir.join("state"));
+        }
         if let Some(token) = &self.admin_token {
             let file = dir.join("admin.token");
             std::fs::write(&file, format!("{token}\n")).expect("write the admin token file");

@@ -145,7 +145,11 @@ pub fn status(app: &App) -> serde_json::Value {
             "compile_cache": app.policies.cache_status(),
         },
         "state": app.fleet.as_ref().map_or_else(
-            || json!({ "backend": "memory" }),
+            || json!({
+                "backend": "memory",
+                "file": app.policies.shared().store_file().map(|f| f.display().to_string()),
+                "flush_interval_seconds": app.config.state.flush_interval.as_secs_f64(),
+            }),
             |f| f.status(),
         ),
     })

@@ -2,6 +2,7 @@
 //! drain in-flight responses for at most the drain timeout, and return.
 
 pub mod memory;
+pub mod persist;
 pub mod reload;
 pub mod signal;
 pub mod workers;
@@ -47,6 +48,10 @@ pub enum StartError {
     State(redis::RedisError),
     #[error("audit-log: cannot open {0}: {1}")]
     AuditLog(String, std::io::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("cannot start the thread that writes policy budgets: {0}")]
+    Persister(std::io::Error),
 }
 
 /// Runs until SIGTERM/SIGINT, then shuts down gracefully. SIGHUP (and a change to a watched file)
@@ -81,6 +86,24 @@ pub async fn run(
             Some(fleet)
         }
         StateBackend::Memory => None,
+    };
+    // The memory backend's budgets, kept on disk and read back (`state.dir`).
+    let _persister = match (config.state.backend, config.state.dir.resolve()) {
+        (StateBackend::Memory, Some(dir)) => {
+            let store = crate::store::Store::open(&dir)?;
+            let file = store.file().display().to_string();
+            let (buckets, windows) = policies.shared().use_store(store)?;
+            tracing::info!(file, buckets, windows, flush_interval = ?config.state.flush_interval, "policy budgets kept on disk");
+            Some(
+                persist::Persister::start(policies.shared().clone(), config.state.flush_interval)
+                    .map_err(StartError::Persister)?,
+            )
+        }
+        (StateBackend::Memory, None) => {
+            tracing::warn!("state.dir is off: policy budgets live in memory only, and a restart or a crash gives every tenant a full budget again");
+            None
+        }
+        (StateBackend::Redis, _) => None,
     };
     crate::admin::audit::open(&config.admin.audit_log)
         .map_err(|e| StartError::AuditLog(config.admin.audit_log.to_string(), e))?;

@@ -291,6 +291,8 @@ impl Config {
                     lease_max_share: s.state_lease_max_share,
                     lease_idle: s.state_lease_idle,
                     lease_max_age: s.state_lease_max_age,
+                    dir: s.state_dir,
+                    flush_interval: s.state_flush_interval,
                 }
                 .over(s.state.unwrap_or_default()),
             )?,
@@ -357,6 +359,8 @@ impl Config {
             state_lease_max_share: None,
             state_lease_idle: None,
             state_lease_max_age: None,
+            state_dir: None,
+            state_flush_interval: None,
             state: Some(self.state.table()),
             policy_watch: Some(off_is_zero(self.policy_watch)),
             policy_cache_dir: self.policy_cache_dir.clone(),

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::admin::{AuditLog, Uids};
 use super::policy::PolicySpec;
-use super::state::{OnUnavailable, StateBackend, StateTable};
+use super::state::{OnUnavailable, StateBackend, StateDir, StateTable};
 use super::values::*;
 use super::ConfigError;
 
@@ -407,6 +407,25 @@ pub struct Settings {
     )]
     #[serde(skip)]
     pub state_lease_max_age: Option<Dur>,
+
+    /// Where the memory backend keeps policy budgets (buckets, windows) across restarts and crashes:
+    /// a directory, `auto` (systemd's `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/slotgate`, else
+    /// `~/.local/state/slotgate`) or `off` (memory only: a restart gives every tenant a full budget).
+    /// One slotgate per directory. TOML: `state.dir`. [default: auto]
+    #[arg(long = "state-dir", env = "SLOTGATE_STATE_DIR", value_name = "auto|off|DIR")]
+    #[serde(skip)]
+    pub state_dir: Option<StateDir>,
+
+    /// How often changed budgets are written to `state.dir`, without the request path ever waiting
+    /// for the disk: a SIGKILL or a power cut loses at most the charges of the last interval (and
+    /// the write under way). TOML: `state.flush-interval`. [default: 100ms]
+    #[arg(
+        long = "state-flush-interval",
+        env = "SLOTGATE_STATE_FLUSH_INTERVAL",
+        value_name = "DURATION"
+    )]
+    #[serde(skip)]
+    pub state_flush_interval: Option<Dur>,
 
     /// In front of llama-server's router: `[models."NAME"]` tables, one model's own slots, queue
     /// depth and queue timeout (NAME: an id or alias of the router's `/models`).

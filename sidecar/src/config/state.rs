@@ -1,7 +1,8 @@
-//! The `[state]` table and `--state-*` flags: where policy budgets live (this process, or a fleet
-//! store on Redis/Valkey), checked.
+//! The `[state]` table and `--state-*` flags: where policy budgets live (this process, kept on disk
+//! under `state.dir`, or a fleet store on Redis/Valkey), checked.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -44,6 +45,12 @@ pub struct StateTable {
     /// See `--state-lease-max-age`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_max_age: Option<Dur>,
+    /// See `--state-dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<StateDir>,
+    /// See `--state-flush-interval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_interval: Option<Dur>,
 }
 
 impl StateTable {
@@ -60,6 +67,8 @@ impl StateTable {
             lease_max_share: self.lease_max_share.or(lower.lease_max_share),
             lease_idle: self.lease_idle.or(lower.lease_idle),
             lease_max_age: self.lease_max_age.or(lower.lease_max_age),
+            dir: self.dir.or(lower.dir),
+            flush_interval: self.flush_interval.or(lower.flush_interval),
         }
     }
 }
@@ -77,6 +86,10 @@ pub struct StateConfig {
     pub fetch_timeout: Duration,
     /// How leases are sized and when they go back.
     pub lease: LeaseSettings,
+    /// Where the memory backend keeps its budgets across restarts.
+    pub dir: StateDir,
+    /// How often changed budgets are written to disk: what a crash can lose at most.
+    pub flush_interval: Duration,
 }
 
 /// How big a sidecar's lease of a fleet bucket grows and when it goes back.
@@ -155,7 +168,20 @@ impl StateConfig {
                 format!("`{max_share}` must be a fraction of the capacity in (0, 1]"),
             ));
         }
+        let flush_interval = positive(
+            "state.flush-interval",
+            t.flush_interval,
+            Duration::from_millis(100),
+        )?;
+        if flush_interval > Duration::from_secs(60) {
+            return Err(invalid(
+                "state.flush-interval",
+                "at most 60s: a crash loses the charges of up to one interval",
+            ));
+        }
         Ok(StateConfig {
+            dir: t.dir.unwrap_or(StateDir::Auto),
+            flush_interval,
             backend,
             redis_url,
             prefix: name("state.prefix", t.prefix, "slotgate")?,
@@ -183,9 +209,73 @@ impl StateConfig {
             lease_max_share: Some(self.lease.max_share),
             lease_idle: Some(Dur(self.lease.idle)),
             lease_max_age: Some(Dur(self.lease.max_age)),
+            dir: Some(self.dir.clone()),
+            flush_interval: Some(Dur(self.flush_interval)),
         }
     }
 }
+
+/// Where the memory backend's budgets are kept on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateDir {
+    /// systemd's `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/slotgate`, else
+    /// `~/.local/state/slotgate`, else `/var/lib/slotgate` (see [`StateDir::resolve`]).
+    Auto,
+    /// Nowhere: budgets live in memory and a restart forgets them.
+    Off,
+    Dir(PathBuf),
+}
+
+impl StateDir {
+    /// The directory, `None` when off.
+    pub fn resolve(&self) -> Option<PathBuf> {
+        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        match self {
+            StateDir::Off => None,
+            StateDir::Dir(p) => Some(p.clone()),
+            StateDir::Auto => Some(if let Some(dirs) = env("STATE_DIRECTORY") {
+                // systemd's StateDirectory=: the first, when it names several.
+                let first = dirs
+                    .to_string_lossy()
+                    .split(':')
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                PathBuf::from(first)
+            } else if let Some(x) = env("XDG_STATE_HOME") {
+                PathBuf::from(x).join("slotgate")
+            } else if let Some(home) = env("HOME") {
+                PathBuf::from(home).join(".local/state/slotgate")
+            } else {
+                PathBuf::from("/var/lib/slotgate")
+            }),
+        }
+    }
+}
+
+impl FromStr for StateDir {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "" => Err("give a directory, `auto` or `off`".into()),
+            "auto" => Ok(StateDir::Auto),
+            "off" => Ok(StateDir::Off),
+            p => Ok(StateDir::Dir(PathBuf::from(p))),
+        }
+    }
+}
+
+impl fmt::Display for StateDir {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateDir::Auto => f.write_str("auto"),
+            StateDir::Off => f.write_str("off"),
+            StateDir::Dir(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+string_serde!(StateDir);
 
 /// Where policy budgets live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,15 +1,32 @@
 //! Host-side policy state that outlives one evaluation: token buckets and sliding-window counters,
-//! keyed by strings the policy chooses (namespaced per policy), plus the per-store limits.
+//! keyed by strings the policy chooses (namespaced per policy), plus the per-store limits. With a
+//! `store` (`state.dir`), what changed is written behind, a batch each `persist`, and read back at
+//! start; the request path never waits for the disk.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 use slotgate_sdk::bucket;
 use wasmtime::StoreLimits;
 
 use crate::fleet::Fleet;
+use crate::store::{BucketRow, Store, StoreError, WindowRow};
+
+/// A bucket's or window's name: (policy, key).
+type Name = (Arc<str>, String);
+
+/// Window events persisted within this much of each other are kept as one, at the later time: a
+/// window then forgets them a little later, never sooner.
+const WINDOW_GRAIN_MS: u64 = 100;
+
+/// The disk behind the maps, and what changed since it was last written.
+struct Durable {
+    store: Store,
+    dirty_buckets: Mutex<HashSet<Name>>,
+    dirty_windows: Mutex<HashSet<Name>>,
+}
 
 /// State shared by all evaluations of all policies.
 #[derive(Default)]
@@ -19,6 +36,8 @@ pub struct SharedState {
     /// With `state.backend = redis`: the fleet buckets and windows, which then take the place of
     /// `buckets` and `windows`.
     fleet: OnceLock<Arc<Fleet>>,
+    /// With `state.dir`: where `buckets` and `windows` are kept across restarts.
+    durable: OnceLock<Durable>,
 }
 
 struct Bucket {
@@ -53,6 +72,8 @@ impl SharedState {
         let mut b = self.bucket(policy, key, capacity, refill);
         let (level, wait) = bucket::take(b.level, capacity, refill, amount);
         b.level = level;
+        drop(b);
+        self.changed_bucket(policy, key);
         wait
     }
 
@@ -70,7 +91,10 @@ impl SharedState {
         }
         let mut b = self.bucket(policy, key, capacity, refill);
         b.level = bucket::refund(b.level, capacity, amount);
-        b.level
+        let level = b.level;
+        drop(b);
+        self.changed_bucket(policy, key);
+        level
     }
 
     /// Adds `amount` now and returns the total of the last `window_ms` milliseconds.
@@ -94,11 +118,116 @@ impl SharedState {
             w.total -= n;
             w.events.pop_front();
         }
-        if amount != 0 {
+        let changed = amount != 0;
+        if changed {
             w.events.push_back((now, amount));
             w.total += amount;
         }
-        w.total
+        let total = w.total;
+        drop(w);
+        if changed {
+            if let Some(d) = self.durable.get() {
+                lock(&d.dirty_windows).insert((policy.clone(), key.to_owned()));
+            }
+        }
+        total
+    }
+
+    fn changed_bucket(&self, policy: &Arc<str>, key: &str) {
+        if let Some(d) = self.durable.get() {
+            lock(&d.dirty_buckets).insert((policy.clone(), key.to_owned()));
+        }
+    }
+
+    /// Keeps the buckets and windows in `store` from now on, starting from what it holds (once, at
+    /// start-up, before any evaluation). Returns how many buckets and windows it held.
+    pub fn use_store(&self, store: Store) -> Result<(usize, usize), StoreError> {
+        let (buckets, windows) = store.load()?;
+        let (now, wall) = clocks();
+        let counts = (buckets.len(), windows.len());
+        for b in buckets {
+            self.buckets.insert(
+                (Arc::from(b.policy), b.key),
+                Bucket {
+                    level: b.level,
+                    updated: instant_of(b.updated_ms, now, wall),
+                },
+            );
+        }
+        for w in windows {
+            let events: VecDeque<(Instant, i64)> = w
+                .events
+                .iter()
+                .map(|&(at, n)| (instant_of(at, now, wall), n))
+                .collect();
+            let total = events.iter().map(|e| e.1).sum();
+            self.windows
+                .insert((Arc::from(w.policy), w.key), Window { events, total });
+        }
+        let _ = self.durable.set(Durable {
+            store,
+            dirty_buckets: Mutex::default(),
+            dirty_windows: Mutex::default(),
+        });
+        Ok(counts)
+    }
+
+    /// The file budgets are kept in, if any.
+    pub fn store_file(&self) -> Option<std::path::PathBuf> {
+        self.durable.get().map(|d| d.store.file().to_owned())
+    }
+
+    /// Writes what changed since the last call, in one durable commit; returns how many buckets and
+    /// windows. On failure what was to be written stays to be written.
+    pub fn persist(&self) -> Result<usize, StoreError> {
+        let Some(d) = self.durable.get() else {
+            return Ok(0);
+        };
+        let buckets_due = std::mem::take(&mut *lock(&d.dirty_buckets));
+        let windows_due = std::mem::take(&mut *lock(&d.dirty_windows));
+        if buckets_due.is_empty() && windows_due.is_empty() {
+            return Ok(0);
+        }
+        let (now, wall) = clocks();
+        let buckets: Vec<BucketRow> = buckets_due
+            .iter()
+            .filter_map(|name| {
+                let b = self.buckets.get(name)?;
+                Some(BucketRow {
+                    policy: name.0.to_string(),
+                    key: name.1.clone(),
+                    level: b.level,
+                    updated_ms: wall_ms_of(b.updated, now, wall),
+                })
+            })
+            .collect();
+        let windows: Vec<WindowRow> = windows_due
+            .iter()
+            .filter_map(|name| {
+                let w = self.windows.get(name)?;
+                let mut events: Vec<(u64, i64)> = Vec::new();
+                for &(at, n) in &w.events {
+                    let ms = wall_ms_of(at, now, wall).div_ceil(WINDOW_GRAIN_MS) * WINDOW_GRAIN_MS;
+                    match events.last_mut() {
+                        Some(last) if last.0 == ms => last.1 += n,
+                        _ => events.push((ms, n)),
+                    }
+                }
+                Some(WindowRow {
+                    policy: name.0.to_string(),
+                    key: name.1.clone(),
+                    events,
+                })
+            })
+            .collect();
+        match d.store.write(&buckets, &windows) {
+            Ok(()) => Ok(buckets.len() + windows.len()),
+            Err(e) => {
+                lock(&d.dirty_buckets).extend(buckets_due);
+                lock(&d.dirty_windows).extend(windows_due);
+                Err(e)
+            }
+        }
     }
 
     /// The bucket, created full and refilled up to now.
@@ -122,6 +251,39 @@ impl SharedState {
         b.updated = now;
         b
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Now, on the monotonic clock and in Unix milliseconds.
+fn clocks() -> (Instant, u64) {
+    let wall = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    (Instant::now(), wall)
+}
+
+/// The Unix milliseconds of `at`.
+fn wall_ms_of(at: Instant, now: Instant, wall: u64) -> u64 {
+    wall.saturating_sub(now.saturating_duration_since(at).as_millis() as u64)
+}
+
+/// The instant of Unix milliseconds `ms`: one in the future (a clock set back) is now; one before
+/// this machine's monotonic clock began is as early as it can be told.
+fn instant_of(ms: u64, now: Instant, wall: u64) -> Instant {
+    let ago = Duration::from_millis(wall.saturating_sub(ms));
+    now.checked_sub(ago).unwrap_or_else(|| {
+        // As far back as the clock goes, halving until it can.
+        let mut back = ago;
+        loop {
+            back /= 2;
+            if let Some(t) = now.checked_sub(back) {
+                return t;
+            }
+        }
+    })
 }
 
 /// What one store carries: its limits, the shared state and who it is evaluating for.
@@ -153,6 +315,51 @@ mod tests {
         );
         assert!(s.bucket_refund(&p, "a", 100.0, 10.0, 50.0) >= 90.0);
         assert_eq!(s.bucket_take(&p, "a", 100.0, 0.0, 500.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn budgets_kept_in_a_store_are_there_after_a_restart() {
+        let dir = std::env::temp_dir().join(format!(
+            "slotgate-state-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let p: Arc<str> = Arc::from("budget");
+        let s = SharedState::default();
+        s.use_store(Store::open(&dir).unwrap()).unwrap();
+        // A fixed quota of 100, 70 taken; a window of 5.
+        assert_eq!(s.bucket_take(&p, "t", 100.0, 0.0, 70.0), 0.0);
+        assert_eq!(s.window_add(&p, "w", 60_000, 5), 5);
+        assert_eq!(s.persist().unwrap(), 2);
+        assert_eq!(s.persist().unwrap(), 0, "nothing changed since");
+        drop(s);
+
+        let s = SharedState::default();
+        assert_eq!(s.use_store(Store::open(&dir).unwrap()).unwrap(), (1, 1));
+        assert!(
+            s.bucket_take(&p, "t", 100.0, 0.0, 40.0).is_infinite(),
+            "30 left, never refilled"
+        );
+        assert_eq!(s.bucket_take(&p, "t", 100.0, 0.0, 30.0), 0.0);
+        assert_eq!(s.window_add(&p, "w", 60_000, 1), 6);
+    }
+
+    #[test]
+    fn wall_and_monotonic_times_convert_both_ways() {
+        let (now, wall) = clocks();
+        let ago = now - Duration::from_millis(1500);
+        assert_eq!(wall_ms_of(ago, now, wall), wall - 1500);
+        let back = instant_of(wall - 1500, now, wall);
+        assert_eq!(now.duration_since(back), Duration::from_millis(1500));
+        assert_eq!(
+            instant_of(wall + 10_000, now, wall),
+            now,
+            "the future is now"
+        );
+        assert!(
+            instant_of(0, now, wall) <= now,
+            "before boot: as early as it goes"
+        );
     }
 
     #[test]

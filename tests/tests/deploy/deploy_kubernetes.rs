@@ -624,9 +624,22 @@ fn the_fleet_differs_from_the_single_pod_only_in_replicas_spread_and_the_store()
         state.get("redis-url").is_none(),
         "the store's URL comes from the Secret, not the ConfigMap"
     );
-    assert!(single_toml
+    let single_state = single_toml
         .remove("state")
-        .is_none_or(|s| s["backend"].as_str() != Some("redis")));
+        .expect("the pod keeps budgets on disk");
+    assert!(single_state
+        .get("backend")
+        .is_none_or(|b| b.as_str() != Some("redis")));
+    // Budgets on disk, in the volume the pod mounts there for them.
+    let dir = single_state
+        .get("dir")
+        .and_then(|d| d.as_str())
+        .expect("[state] dir");
+    assert_eq!(
+        mount_path(slotgate_container(&single), "slotgate-state"),
+        dir,
+        "state.dir is the slotgate-state mount"
+    );
     let single_chain = single_toml.remove("policy").unwrap();
     let fleet_chain = fleet_toml.remove("policy").unwrap();
     let (single_chain, fleet_chain) = (

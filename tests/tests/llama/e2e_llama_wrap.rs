@@ -162,7 +162,13 @@ async fn a_command_that_chooses_its_own_address_is_refused_with_the_reason() {
     );
 
     let out = gate::command()
-        .args(["wrap", "--", "/nonexistent/llama-server"])
+        .args([
+            "wrap",
+            "--state-dir",
+            "off",
+            "--",
+            "/nonexistent/llama-server",
+        ])
         .output()
         .expect("run slotgate wrap");
     assert_ne!(out.status.code(), Some(0));

@@ -135,10 +135,18 @@ async fn top_shows_a_loaded_slotgate_before_llama_server_with_its_defaults() {
     assert!(lines[23].starts_with("q quit"), "{screen}");
 
     // Generated tokens move on from one refresh to the next.
-    let gen = |s: &str| -> u64 {
+    // top shows `455`, then `3.2k` past a thousand (a slow machine gets there before the first
+    // screen): both are read, so the sum moves on whichever the streams show.
+    let count = |v: &str| -> Option<f64> {
+        match v.strip_suffix('k') {
+            Some(k) => k.parse::<f64>().ok().map(|k| k * 1000.0),
+            None => v.parse::<f64>().ok(),
+        }
+    };
+    let gen = |s: &str| -> f64 {
         s.lines()
             .filter(|l| l.contains("run-"))
-            .filter_map(|l| l.split_whitespace().nth(5)?.parse::<u64>().ok())
+            .filter_map(|l| count(l.split_whitespace().nth(5)?))
             .sum()
     };
     let before = gen(&screen);

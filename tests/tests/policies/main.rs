@@ -5,6 +5,7 @@
 //! (`scripts/build-policies.sh`). The AssemblyScript ports are in `polyglot/`. Part of the fast tier.
 
 mod denial_line;
+mod durable_budgets;
 mod example_policies;
 mod policy_chain;
 mod policy_complete;

@@ -12,6 +12,8 @@ fn a_taken_admin_port_names_the_flag_and_the_error_once() {
     let dir = unique_dir("startup-bind");
     let child = command()
         .args(["--upstream", "unix:/nonexistent/llama.sock"])
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .arg("--listen")
         .arg(format!("unix:{}", dir.join("gate.sock").display()))
         .args(["--admin-listen", &format!("tcp:127.0.0.1:{port}")])
@@ -42,6 +44,8 @@ fn wrap_gives_up_on_a_child_that_never_starts() {
         .arg("--listen")
         .arg(format!("unix:{}", dir.join("gate.sock").display()))
         .args(["--admin-listen", "off", "--wrap-start-limit", "2"])
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .args([
             "--",
             "sh",

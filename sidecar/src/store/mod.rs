@@ -1,0 +1,285 @@
+//! Policy budgets on disk: the memory backend's token buckets and sliding windows, kept in an
+//! embedded database (redb: copy-on-write pages, checksums, a crash-safe commit) in `state.dir`, so
+//! a restart or a crash does not hand every tenant a full budget again. This room only reads and
+//! writes rows; `policy::state` decides what to write and when (behind the request path, a batch
+//! every `state.flush-interval`).
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableTable, TableDefinition};
+
+/// The database file in `state.dir`.
+pub const FILE: &str = "state.redb";
+/// The rows' format; a file of another is refused rather than misread.
+const FORMAT: u64 = 1;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// (policy, key) → (level, last refill as Unix milliseconds).
+const BUCKETS: TableDefinition<(&str, &str), (f64, u64)> = TableDefinition::new("buckets");
+/// (policy, key) → events, each 16 bytes: Unix milliseconds (u64 LE), amount (i64 LE).
+const WINDOWS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("windows");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state.dir {dir}: {reason}")]
+    Dir { dir: PathBuf, reason: String },
+    #[error("{0} is open in another slotgate: give each its own state.dir")]
+    InUse(PathBuf),
+    #[error(
+        "{file} cannot be read as slotgate's state ({reason}); nothing was changed: move it away to \
+         start with full budgets, or point state.dir elsewhere"
+    )]
+    Unreadable { file: PathBuf, reason: String },
+    #[error("writing {file}: {reason}")]
+    Write { file: PathBuf, reason: String },
+}
+
+/// One token bucket as kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketRow {
+    pub policy: String,
+    pub key: String,
+    pub level: f64,
+    /// When it was last refilled, in Unix milliseconds.
+    pub updated_ms: u64,
+}
+
+/// One sliding window as kept: its events, oldest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowRow {
+    pub policy: String,
+    pub key: String,
+    /// (Unix milliseconds, amount).
+    pub events: Vec<(u64, i64)>,
+}
+
+/// The open database. One process at a time: redb locks the file.
+pub struct Store {
+    db: Database,
+    file: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("file", &self.file).finish()
+    }
+}
+
+impl Store {
+    /// Opens (or creates, owner-only) the database in `dir`, checking it is slotgate's.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let dir_err = |reason: String| StoreError::Dir {
+            dir: dir.to_owned(),
+            reason,
+        };
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| dir_err(format!("cannot create it: {e}")))?;
+        }
+        let file = dir.join(FILE);
+        let unreadable = |reason: String| StoreError::Unreadable {
+            file: file.clone(),
+            reason,
+        };
+        let db = match Database::create(&file) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Err(StoreError::InUse(file)),
+            // redb says of a file that is not one of its databases: invalid data.
+            Err(redb::DatabaseError::Storage(redb::StorageError::Io(e)))
+                if e.kind() != std::io::ErrorKind::InvalidData =>
+            {
+                return Err(dir_err(format!("cannot open {FILE}: {e}")))
+            }
+            Err(e) => return Err(unreadable(e.to_string())),
+        };
+        let store = Store { db, file };
+        store.check_format()?;
+        Ok(store)
+    }
+
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// Stamps a new file with the format, and refuses one of another.
+    fn check_format(&self) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.write_err(e))?;
+        {
+            let mut meta = tx.open_table(META).map_err(|e| self.write_err(e))?;
+            let found = meta
+                .get("format")
+                .map_err(|e| self.write_err(e))?
+                .map(|v| v.value());
+            match found {
+                Some(FORMAT) => {}
+                Some(other) => {
+                    return Err(StoreError::Unreadable {
+                        file: self.file.clone(),
+                        reason: format!("format {other}, this slotgate reads {FORMAT}"),
+                    })
+                }
+                None => {
+                    meta.insert("format", FORMAT)
+                        .map_err(|e| self.write_err(e))?;
+                }
+            }
+            tx.open_table(BUCKETS).map_err(|e| self.write_err(e))?;
+            tx.open_table(WINDOWS).map_err(|e| self.write_err(e))?;
+        }
+        tx.commit().map_err(|e| self.write_err(e))
+    }
+
+    fn write_err(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Write {
+            file: self.file.clone(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// Every bucket and window kept.
+    pub fn load(&self) -> Result<(Vec<BucketRow>, Vec<WindowRow>), StoreError> {
+        let bad = |e: &dyn std::fmt::Display| StoreError::Unreadable {
+            file: self.file.clone(),
+            reason: e.to_string(),
+        };
+        let tx = self.db.begin_read().map_err(|e| bad(&e))?;
+        let mut buckets = Vec::new();
+        for row in tx
+            .open_table(BUCKETS)
+            .map_err(|e| bad(&e))?
+            .iter()
+            .map_err(|e| bad(&e))?
+        {
+            let (k, v) = row.map_err(|e| bad(&e))?;
+            let ((policy, key), (level, updated_ms)) = (k.value(), v.value());
+            buckets.push(BucketRow {
+                policy: policy.to_owned(),
+                key: key.to_owned(),
+                level,
+                updated_ms,
+            });
+        }
+        let mut windows = Vec::new();
+        for row in tx
+            .open_table(WINDOWS)
+            .map_err(|e| bad(&e))?
+            .iter()
+            .map_err(|e| bad(&e))?
+        {
+            let (k, v) = row.map_err(|e| bad(&e))?;
+            let (policy, key) = k.value();
+            windows.push(WindowRow {
+                policy: policy.to_owned(),
+                key: key.to_owned(),
+                events: decode_events(v.value()),
+            });
+        }
+        Ok((buckets, windows))
+    }
+
+    /// Writes `buckets` and `windows` (a window with no event is removed) in one durable commit.
+    pub fn write(&self, buckets: &[BucketRow], windows: &[WindowRow]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.write_err(e))?;
+        {
+            let mut t = tx.open_table(BUCKETS).map_err(|e| self.write_err(e))?;
+            for b in buckets {
+                t.insert((b.policy.as_str(), b.key.as_str()), (b.level, b.updated_ms))
+                    .map_err(|e| self.write_err(e))?;
+            }
+            let mut t = tx.open_table(WINDOWS).map_err(|e| self.write_err(e))?;
+            for w in windows {
+                let key = (w.policy.as_str(), w.key.as_str());
+                if w.events.is_empty() {
+                    t.remove(key).map_err(|e| self.write_err(e))?;
+                } else {
+                    t.insert(key, encode_events(&w.events).as_slice())
+                        .map_err(|e| self.write_err(e))?;
+                }
+            }
+        }
+        tx.commit().map_err(|e| self.write_err(e))
+    }
+}
+
+fn encode_events(events: &[(u64, i64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(events.len() * 16);
+    for (at, n) in events {
+        out.extend_from_slice(&at.to_le_bytes());
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+    out
+}
+
+fn decode_events(bytes: &[u8]) -> Vec<(u64, i64)> {
+    bytes
+        .chunks_exact(16)
+        .map(|c| {
+            let (at, n) = c.split_at(8);
+            (
+                u64::from_le_bytes(at.try_into().unwrap_or_default()),
+                i64::from_le_bytes(n.try_into().unwrap_or_default()),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "slotgate-store-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ))
+    }
+
+    #[test]
+    fn rows_written_are_read_back_after_reopening() {
+        let d = dir();
+        let s = Store::open(&d).unwrap();
+        let b = BucketRow {
+            policy: "budget".into(),
+            key: "sha256:ab".into(),
+            level: 12.5,
+            updated_ms: 1_700_000_000_000,
+        };
+        let w = WindowRow {
+            policy: "budget".into(),
+            key: "t".into(),
+            events: vec![(1, 2), (3, -4)],
+        };
+        s.write(std::slice::from_ref(&b), std::slice::from_ref(&w))
+            .unwrap();
+        drop(s);
+        let s = Store::open(&d).unwrap();
+        assert_eq!(s.load().unwrap(), (vec![b], vec![w.clone()]));
+        let emptied = WindowRow {
+            events: vec![],
+            ..w
+        };
+        s.write(&[], &[emptied]).unwrap();
+        assert!(s.load().unwrap().1.is_empty(), "an empty window is removed");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn a_second_opener_and_a_foreign_file_are_refused() {
+        let d = dir();
+        let _first = Store::open(&d).unwrap();
+        assert!(matches!(Store::open(&d), Err(StoreError::InUse(_))));
+        let other = dir();
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join(FILE), b"not a database at all, just some text").unwrap();
+        let err = Store::open(&other).unwrap_err();
+        assert!(matches!(err, StoreError::Unreadable { .. }), "{err}");
+        assert!(err.to_string().contains("move it away"), "{err}");
+    }
+}

@@ -1,0 +1,162 @@
+//! Budgets that outlive the process (`state.dir`, docs/policies.md#state): token-budget as a fixed
+//! quota keeps what a tenant spent across a SIGKILL, a clean stop and a reload; with `state.dir off`
+//! a restart forgets it, as slotgate says at start. A state directory that cannot serve (one it
+//! cannot create, a file that is no state database, one another slotgate holds) fails the start
+//! with the reason, never starting over with full budgets.
+
+use std::path::Path;
+use std::time::Duration;
+
+use slotgate_tests::errors::assert_error;
+use slotgate_tests::fake_upstream::FakeUpstream;
+use slotgate_tests::gate::{Gate, RunningGate};
+use slotgate_tests::request::{Req, CHAT};
+use slotgate_tests::wait::unique_dir;
+use slotgate_tests::{wat, RunningUpstream};
+
+/// A fixed quota: 400 tokens, never refilled.
+const QUOTA: Option<&str> = Some("{ capacity = 400, refill_per_second = 0 }");
+
+fn gate_on(state_dir: &str) -> Gate {
+    Gate::new()
+        .slots(1)
+        .opt("--state-dir", state_dir)
+        .policies(&[(&wat::built("token-budget"), QUOTA)])
+}
+
+/// One request of 100 tokens (charged up front as its estimate, settled to its usage).
+fn hundred(tag: &str) -> serde_json::Value {
+    Req::chat(tag)
+        .set("max_tokens", 90)
+        .prompt_tokens(10)
+        .completion_tokens(90)
+        .json()
+}
+
+/// Sends 100-token requests until the quota refuses one; returns how many were served.
+async fn spend_it_all(gate: &RunningGate) -> usize {
+    for served in 0..10 {
+        let resp = gate
+            .client()
+            .post_json(CHAT, &hundred(&format!("spend-{}", fastrand::u64(..))))
+            .await;
+        if resp.status == 429 {
+            assert_error(&resp, 429, "policy_denied");
+            return served;
+        }
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        // Settled before the next one is charged.
+        gate.wait_outcome("ok", served as u64 + 1).await;
+    }
+    panic!("a 400-token quota served ten 100-token requests")
+}
+
+async fn one_more(gate: &RunningGate) -> u16 {
+    gate.client()
+        .post_json(CHAT, &hundred(&format!("after-{}", fastrand::u64(..))))
+        .await
+        .status
+        .as_u16()
+}
+
+async fn settled(gate: &RunningGate, up: &RunningUpstream) {
+    gate.assert_settled(up, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spent_quota_stays_spent_across_a_sigkill_a_stop_and_a_reload() {
+    let dir = unique_dir("durable").join("state");
+    let dir = dir.to_str().unwrap();
+    let up = FakeUpstream::instant().start().await;
+    let mut gate = gate_on(dir).upstream(&up).start().await;
+    let served = spend_it_all(&gate).await;
+    assert!(
+        (3..=4).contains(&served),
+        "{served} served of a 400-token quota"
+    );
+    let s = gate.status().await;
+    assert_eq!(s["state"]["file"], format!("{dir}/state.redb"), "{s}");
+    // A reload keeps it.
+    gate.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(one_more(&gate).await, 429);
+    // Past a flush interval (100 ms), SIGKILL: nothing runs on the way out.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.signal("KILL");
+    gate.wait_exit(Duration::from_secs(5)).await;
+
+    let mut gate = gate_on(dir).upstream(&up).start().await;
+    assert_eq!(
+        one_more(&gate).await,
+        429,
+        "the quota was spent before the kill"
+    );
+    assert!(
+        gate.stderr_text().contains("policy budgets kept on disk"),
+        "{}",
+        gate.stderr_text()
+    );
+    // A clean stop writes what changed (nothing here), and the next start still refuses.
+    gate.sigterm();
+    gate.wait_exit(Duration::from_secs(10)).await;
+    let gate = gate_on(dir).upstream(&up).start().await;
+    assert_eq!(one_more(&gate).await, 429);
+    settled(&gate, &up).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_state_dir_off_a_restart_forgets_and_says_so() {
+    let up = FakeUpstream::instant().start().await;
+    let mut gate = gate_on("off").upstream(&up).start().await;
+    assert!(
+        gate.stderr_text()
+            .contains("state.dir is off: policy budgets live in memory only"),
+        "{}",
+        gate.stderr_text()
+    );
+    spend_it_all(&gate).await;
+    gate.signal("KILL");
+    gate.wait_exit(Duration::from_secs(5)).await;
+    let gate = gate_on("off").upstream(&up).start().await;
+    assert_eq!(one_more(&gate).await, 200, "a full budget again");
+    assert!(gate.status().await["state"]["file"].is_null());
+    settled(&gate, &up).await;
+}
+
+/// The start refused, with `says` in its error.
+async fn refused(state_dir: &Path, says: &str) {
+    let exited = gate_on(state_dir.to_str().unwrap())
+        .upstream_url("http://127.0.0.1:1")
+        .run_to_exit(Duration::from_secs(15))
+        .await;
+    assert!(!exited.status.success(), "{}", exited.stderr);
+    assert!(exited.stderr.contains(says), "{says}: {}", exited.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_state_dir_that_cannot_serve_fails_the_start_with_its_reason() {
+    let base = unique_dir("durable-bad");
+    // Under a file: it cannot be created.
+    let file = base.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    refused(&file.join("state"), "cannot create it").await;
+    // A file that is no state database: left alone, named.
+    let foreign = base.join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("state.redb"), vec![0x5a; 8192]).unwrap();
+    refused(&foreign, "cannot be read as slotgate's state").await;
+    assert_eq!(
+        std::fs::read(foreign.join("state.redb")).unwrap(),
+        vec![0x5a; 8192],
+        "nothing was changed"
+    );
+    // Held by another slotgate.
+    let shared = base.join("shared");
+    let up = FakeUpstream::instant().start().await;
+    let first = gate_on(shared.to_str().unwrap())
+        .upstream(&up)
+        .start()
+        .await;
+    refused(&shared, "open in another slotgate").await;
+    settled(&first, &up).await;
+}
