@@ -55,8 +55,12 @@ pub struct WindowRow {
 
 /// The open database. One process at a time: redb locks the file.
 pub struct Store {
-    db: Database,
+    /// `None` while it is being opened again: after a failed write (a full disk, say) redb refuses
+    /// every later operation until the file is opened anew.
+    db: std::sync::Mutex<Option<Database>>,
     file: PathBuf,
+    /// The last write failed: open the file again before the next.
+    stale: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -96,7 +100,11 @@ impl Store {
             }
             Err(e) => return Err(unreadable(e.to_string())),
         };
-        let store = Store { db, file };
+        let store = Store {
+            db: std::sync::Mutex::new(Some(db)),
+            file,
+            stale: std::sync::atomic::AtomicBool::new(false),
+        };
         store.check_format()?;
         Ok(store)
     }
@@ -107,7 +115,9 @@ impl Store {
 
     /// Stamps a new file with the format, and refuses one of another.
     fn check_format(&self) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.write_err(e))?;
+        let guard = self.db();
+        let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;
+        let tx = db.begin_write().map_err(|e| self.write_err(e))?;
         {
             let mut meta = tx.open_table(META).map_err(|e| self.write_err(e))?;
             let found = meta
@@ -146,7 +156,9 @@ impl Store {
             file: self.file.clone(),
             reason: e.to_string(),
         };
-        let tx = self.db.begin_read().map_err(|e| bad(&e))?;
+        let guard = self.db();
+        let db = guard.as_ref().ok_or_else(|| bad(&"not open"))?;
+        let tx = db.begin_read().map_err(|e| bad(&e))?;
         let mut buckets = Vec::new();
         for row in tx
             .open_table(BUCKETS)
@@ -183,26 +195,63 @@ impl Store {
 
     /// Writes `buckets` and `windows` (a window with no event is removed) in one durable commit.
     pub fn write(&self, buckets: &[BucketRow], windows: &[WindowRow]) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.write_err(e))?;
+        use std::sync::atomic::Ordering;
+        let mut guard = self.db();
+        if self.stale.load(Ordering::Relaxed) || guard.is_none() {
+            // Closed first: redb allows one open handle to a file.
+            drop(guard.take());
+            *guard = Some(Database::create(&self.file).map_err(|e| self.write_err(e))?);
+            self.stale.store(false, Ordering::Relaxed);
+        }
+        let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;
+        let written = Self::write_in(db, buckets, windows);
+        if written.is_err() {
+            self.stale.store(true, Ordering::Relaxed);
+        }
+        written.map_err(|e| self.write_err(e))
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, Option<Database>> {
+        self.db
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write_in(db: &Database, buckets: &[BucketRow], windows: &[WindowRow]) -> Result<(), String> {
+        Self::write_rows(db, buckets, windows).map_err(|e| e.to_string())
+    }
+
+    fn write_rows(
+        db: &Database,
+        buckets: &[BucketRow],
+        windows: &[WindowRow],
+    ) -> Result<(), Box<redb::Error>> {
+        let tx = db.begin_write().map_err(boxed)?;
         {
-            let mut t = tx.open_table(BUCKETS).map_err(|e| self.write_err(e))?;
+            let mut t = tx.open_table(BUCKETS).map_err(boxed)?;
             for b in buckets {
                 t.insert((b.policy.as_str(), b.key.as_str()), (b.level, b.updated_ms))
-                    .map_err(|e| self.write_err(e))?;
+                    .map_err(boxed)?;
             }
-            let mut t = tx.open_table(WINDOWS).map_err(|e| self.write_err(e))?;
+            let mut t = tx.open_table(WINDOWS).map_err(boxed)?;
             for w in windows {
                 let key = (w.policy.as_str(), w.key.as_str());
                 if w.events.is_empty() {
-                    t.remove(key).map_err(|e| self.write_err(e))?;
+                    t.remove(key).map_err(boxed)?;
                 } else {
                     t.insert(key, encode_events(&w.events).as_slice())
-                        .map_err(|e| self.write_err(e))?;
+                        .map_err(boxed)?;
                 }
             }
         }
-        tx.commit().map_err(|e| self.write_err(e))
+        tx.commit().map_err(boxed)?;
+        Ok(())
     }
+}
+
+/// A redb error of any of its kinds, boxed (they are large).
+fn boxed(e: impl Into<redb::Error>) -> Box<redb::Error> {
+    Box::new(e.into())
 }
 
 fn encode_events(events: &[(u64, i64)]) -> Vec<u8> {

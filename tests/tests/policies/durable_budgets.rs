@@ -18,8 +18,12 @@ use slotgate_tests::{wat, RunningUpstream};
 const QUOTA: Option<&str> = Some("{ capacity = 400, refill_per_second = 0 }");
 
 fn gate_on(state_dir: &str) -> Gate {
+    gate_with_slots(state_dir, 1)
+}
+
+fn gate_with_slots(state_dir: &str, slots: usize) -> Gate {
     Gate::new()
-        .slots(1)
+        .slots(slots)
         .opt("--state-dir", state_dir)
         .policies(&[(&wat::built("token-budget"), QUOTA)])
 }
@@ -35,6 +39,10 @@ fn hundred(tag: &str) -> serde_json::Value {
 
 /// Sends 100-token requests until the quota refuses one; returns how many were served.
 async fn spend_it_all(gate: &RunningGate) -> usize {
+    let before = gate
+        .metric("slotgate_requests_total", &[("outcome", "ok")])
+        .await
+        .unwrap_or(0.0) as u64;
     for served in 0..10 {
         let resp = gate
             .client()
@@ -46,7 +54,7 @@ async fn spend_it_all(gate: &RunningGate) -> usize {
         }
         assert_eq!(resp.status, 200, "{}", resp.body);
         // Settled before the next one is charged.
-        gate.wait_outcome("ok", served as u64 + 1).await;
+        gate.wait_outcome("ok", before + served as u64 + 1).await;
     }
     panic!("a 400-token quota served ten 100-token requests")
 }
@@ -159,4 +167,113 @@ async fn a_state_dir_that_cannot_serve_fails_the_start_with_its_reason() {
         .await;
     refused(&shared, "open in another slotgate").await;
     settled(&first, &up).await;
+}
+
+/// A small tmpfs at a fresh directory, unmounted when dropped (the test runs as root, as CI does).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let at = unique_dir("durable-tmpfs");
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mount a tmpfs at {} (needs root)", at.display());
+        Tmpfs(at)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Fills the file system of `dir` until it refuses another byte.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_disk_is_logged_and_counted_and_written_once_there_is_room_again() {
+    let disk = Tmpfs::mount("4m");
+    let dir = disk.0.join("state");
+    let dir = dir.to_str().unwrap();
+    let up = FakeUpstream::instant().start().await;
+    let mut gate = gate_with_slots(dir, 8).upstream(&up).start().await;
+    let filler = fill(&disk.0);
+    // Every API key is a tenant with a bucket of its own: the rows outgrow the pages free in the
+    // file, and the disk has no room for more.
+    let mut tenants = 0;
+    while gate
+        .metric("slotgate_state_writes_total", &[("result", "error")])
+        .await
+        .is_none()
+    {
+        assert!(tenants < 4000, "4000 new buckets, and no write failed");
+        let batch: Vec<_> = (tenants..tenants + 8)
+            .map(|i| {
+                let client = gate.client();
+                tokio::spawn(async move {
+                    let key = format!("Bearer tenant-{i}");
+                    let body = hundred(&format!("t-{i}"));
+                    let r = client
+                        .post_json_with_headers(CHAT, &body, &[("authorization", key.as_str())])
+                        .await;
+                    assert_eq!(r.status, 200, "{}", r.body);
+                })
+            })
+            .collect();
+        for b in batch {
+            b.await.unwrap();
+        }
+        tenants += 8;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Budgets are still enforced, from memory.
+    spend_it_all(&gate).await;
+    assert_eq!(one_more(&gate).await, 429);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = gate.stderr_text();
+    assert_eq!(
+        log.matches("policy budgets cannot be written to disk")
+            .count(),
+        1,
+        "logged once, not every interval: {log}"
+    );
+    // Room again: what waited is written, and survives a SIGKILL.
+    std::fs::remove_file(&filler).unwrap();
+    slotgate_tests::wait::eventually(Duration::from_secs(10), "a write again", || async {
+        gate.stderr_text()
+            .contains("policy budgets are written to disk again")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.signal("KILL");
+    gate.wait_exit(Duration::from_secs(5)).await;
+    let gate = gate_on(dir).upstream(&up).start().await;
+    assert_eq!(one_more(&gate).await, 429, "the spent quota was kept");
+    let r = gate
+        .client()
+        .post_json_with_headers(
+            CHAT,
+            &hundred("another"),
+            &[("authorization", "Bearer tenant-0")],
+        )
+        .await;
+    assert_eq!(r.status, 200, "tenant-0 had 300 tokens left: {}", r.body);
+    // The first gate ran eight at once on the same fake.
+    gate.assert_settled(&up, 8).await;
 }
