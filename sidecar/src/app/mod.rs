@@ -88,7 +88,15 @@ pub async fn run(
         StateBackend::Memory => None,
     };
     // The memory backend's budgets, kept on disk and read back (`state.dir`).
-    let _persister = match (config.state.backend, config.state.dir.resolve()) {
+    let first_listen = config
+        .listen
+        .first()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let _persister = match (
+        config.state.backend,
+        config.state.dir.resolve(&first_listen),
+    ) {
         (StateBackend::Memory, Some(dir)) => {
             let store = crate::store::Store::open(&dir)?;
             let file = store.file().display().to_string();

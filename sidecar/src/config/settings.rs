@@ -409,9 +409,10 @@ pub struct Settings {
     pub state_lease_max_age: Option<Dur>,
 
     /// Where the memory backend keeps policy budgets (buckets, windows) across restarts and crashes:
-    /// a directory, `auto` (systemd's `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/slotgate`, else
-    /// `~/.local/state/slotgate`) or `off` (memory only: a restart gives every tenant a full budget).
-    /// One slotgate per directory. TOML: `state.dir`. [default: auto]
+    /// a directory, `auto` (systemd's `$STATE_DIRECTORY`, else a directory named after the first
+    /// --listen address in `$XDG_STATE_HOME/slotgate` or `~/.local/state/slotgate`, so each
+    /// instance on a host has its own) or `off` (memory only: a restart gives every tenant a full
+    /// budget). One slotgate per directory. TOML: `state.dir`. [default: auto]
     #[arg(long = "state-dir", env = "SLOTGATE_STATE_DIR", value_name = "auto|off|DIR")]
     #[serde(skip)]
     pub state_dir: Option<StateDir>,

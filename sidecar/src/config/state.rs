@@ -218,8 +218,9 @@ impl StateConfig {
 /// Where the memory backend's budgets are kept on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateDir {
-    /// systemd's `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/slotgate`, else
-    /// `~/.local/state/slotgate`, else `/var/lib/slotgate` (see [`StateDir::resolve`]).
+    /// systemd's `$STATE_DIRECTORY` (a unit is one instance), else a directory of this instance's
+    /// own, named after its first listen address, in `$XDG_STATE_HOME/slotgate`,
+    /// `~/.local/state/slotgate` or `/var/lib/slotgate` (see [`StateDir::resolve`]).
     Auto,
     /// Nowhere: budgets live in memory and a restart forgets them.
     Off,
@@ -227,8 +228,9 @@ pub enum StateDir {
 }
 
 impl StateDir {
-    /// The directory, `None` when off.
-    pub fn resolve(&self) -> Option<PathBuf> {
+    /// The directory, `None` when off. `auto` gives every instance on a host a directory of its
+    /// own, the same across its restarts: two sidecars (one per model process) never share one.
+    pub fn resolve(&self, first_listen: &str) -> Option<PathBuf> {
         let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         match self {
             StateDir::Off => None,
@@ -242,14 +244,36 @@ impl StateDir {
                     .unwrap_or("")
                     .to_owned();
                 PathBuf::from(first)
-            } else if let Some(x) = env("XDG_STATE_HOME") {
-                PathBuf::from(x).join("slotgate")
-            } else if let Some(home) = env("HOME") {
-                PathBuf::from(home).join(".local/state/slotgate")
             } else {
-                PathBuf::from("/var/lib/slotgate")
+                let base = if let Some(x) = env("XDG_STATE_HOME") {
+                    PathBuf::from(x).join("slotgate")
+                } else if let Some(home) = env("HOME") {
+                    PathBuf::from(home).join(".local/state/slotgate")
+                } else {
+                    PathBuf::from("/var/lib/slotgate")
+                };
+                base.join(instance_name(first_listen))
             }),
         }
+    }
+}
+
+/// A directory name for the instance listening first at `listen`: `unix:/run/a.sock` is
+/// `unix-run-a.sock`, `tcp:127.0.0.1:8081` is `tcp-127.0.0.1-8081`.
+fn instance_name(listen: &str) -> String {
+    let mut name = String::new();
+    for c in listen.chars() {
+        let keep = c.is_ascii_alphanumeric() || c == '.' || c == '_';
+        let c = if keep { c } else { '-' };
+        if !(c == '-' && name.ends_with('-')) {
+            name.push(c);
+        }
+    }
+    let name: String = name.trim_matches('-').chars().take(120).collect();
+    if name.is_empty() {
+        "default".into()
+    } else {
+        name
     }
 }
 
@@ -276,6 +300,25 @@ impl fmt::Display for StateDir {
 }
 
 string_serde!(StateDir);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_instance_has_a_directory_named_after_its_listen_address() {
+        assert_eq!(
+            instance_name("unix:/run/slotgate/a.sock"),
+            "unix-run-slotgate-a.sock"
+        );
+        assert_eq!(instance_name("tcp:127.0.0.1:8081"), "tcp-127.0.0.1-8081");
+        assert_eq!(instance_name("tcp:[::1]:8081"), "tcp-1-8081");
+        assert_eq!(instance_name(":::"), "default");
+        assert_eq!(StateDir::Off.resolve("unix:/a"), None);
+        let d = StateDir::Dir("/x".into());
+        assert_eq!(d.resolve("unix:/a"), Some(PathBuf::from("/x")));
+    }
+}
 
 /// Where policy budgets live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
