@@ -149,10 +149,32 @@ pub fn status(app: &App) -> serde_json::Value {
                 "backend": "memory",
                 "file": app.policies.shared().store_file().map(|f| f.display().to_string()),
                 "flush_interval_seconds": app.config.state.flush_interval.as_secs_f64(),
+                "buckets": buckets(app),
             }),
             |f| f.status(),
         ),
     })
+}
+
+/// Buckets listed in /status, the emptiest first.
+const STATUS_BUCKETS: usize = 100;
+
+/// `/status` → `state.buckets`: this sidecar's token buckets, their levels now.
+fn buckets(app: &App) -> serde_json::Value {
+    let (levels, count) = app.policies.shared().bucket_levels(STATUS_BUCKETS);
+    let list: Vec<serde_json::Value> = levels
+        .into_iter()
+        .map(|b| {
+            json!({
+                "policy": b.policy,
+                "key": b.key,
+                "level": b.level,
+                "capacity": b.capacity,
+                "refill_per_second": b.refill_per_second,
+            })
+        })
+        .collect();
+    json!({ "count": count, "emptiest": list })
 }
 
 /// `/status` → `admin`: how the admin listener is protected (never a token: only whether one is set).

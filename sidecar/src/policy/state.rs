@@ -43,6 +43,19 @@ pub struct SharedState {
 struct Bucket {
     level: f64,
     updated: Instant,
+    /// As the policy's last call gave them (`None` after a restart until its next call: the store
+    /// keeps only the level and its time).
+    shape: Option<(f64, f64)>,
+}
+
+/// One bucket as `/status` shows it: its level now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketLevel {
+    pub policy: String,
+    pub key: String,
+    pub level: f64,
+    pub capacity: Option<f64>,
+    pub refill_per_second: Option<f64>,
 }
 
 struct Window {
@@ -151,6 +164,7 @@ impl SharedState {
                 Bucket {
                     level: b.level,
                     updated: instant_of(b.updated_ms, now, wall),
+                    shape: None,
                 },
             );
         }
@@ -245,11 +259,48 @@ impl SharedState {
             .or_insert_with(|| Bucket {
                 level: capacity,
                 updated: now,
+                shape: None,
             });
         let dt = now.duration_since(b.updated).as_secs_f64();
         b.level = bucket::refilled(b.level, dt, capacity, refill);
         b.updated = now;
+        b.shape = Some((capacity, refill));
         b
+    }
+
+    /// The buckets of this sidecar with their levels now (refilled as the policy's last call said,
+    /// nothing changed), the emptiest first, at most `limit`; and how many there are. With the redis
+    /// backend the fleet's buckets are in the store, not here.
+    pub fn bucket_levels(&self, limit: usize) -> (Vec<BucketLevel>, usize) {
+        let now = Instant::now();
+        let mut all: Vec<BucketLevel> = self
+            .buckets
+            .iter()
+            .map(|e| {
+                let (name, b) = (e.key(), e.value());
+                let level = match b.shape {
+                    Some((capacity, refill)) => bucket::refilled(
+                        b.level,
+                        now.duration_since(b.updated).as_secs_f64(),
+                        capacity,
+                        refill,
+                    ),
+                    None => b.level,
+                };
+                BucketLevel {
+                    policy: name.0.to_string(),
+                    key: name.1.clone(),
+                    level,
+                    capacity: b.shape.map(|s| s.0),
+                    refill_per_second: b.shape.map(|s| s.1),
+                }
+            })
+            .collect();
+        let count = all.len();
+        let fill = |b: &BucketLevel| b.capacity.map_or(f64::INFINITY, |c| b.level / c.max(1e-9));
+        all.sort_by(|a, b| fill(a).total_cmp(&fill(b)).then_with(|| a.key.cmp(&b.key)));
+        all.truncate(limit);
+        (all, count)
     }
 }
 
@@ -342,6 +393,27 @@ mod tests {
         );
         assert_eq!(s.bucket_take(&p, "t", 100.0, 0.0, 30.0), 0.0);
         assert_eq!(s.window_add(&p, "w", 60_000, 1), 6);
+    }
+
+    #[test]
+    fn levels_are_read_without_taking_and_the_emptiest_come_first() {
+        let s = SharedState::default();
+        let p: Arc<str> = Arc::from("budget");
+        s.bucket_take(&p, "full", 100.0, 0.0, 0.0);
+        s.bucket_take(&p, "low", 100.0, 0.0, 90.0);
+        s.bucket_take(&p, "half", 1000.0, 0.0, 500.0);
+        let (levels, count) = s.bucket_levels(2);
+        assert_eq!(count, 3);
+        assert_eq!(
+            levels
+                .iter()
+                .map(|l| (l.key.as_str(), l.level))
+                .collect::<Vec<_>>(),
+            [("low", 10.0), ("half", 500.0)]
+        );
+        assert_eq!(levels[0].capacity, Some(100.0));
+        assert_eq!(s.bucket_levels(9).0.len(), 3, "reading took nothing");
+        assert_eq!(s.bucket_take(&p, "low", 100.0, 0.0, 10.0), 0.0);
     }
 
     #[test]

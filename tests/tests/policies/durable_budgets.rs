@@ -67,6 +67,23 @@ async fn one_more(gate: &RunningGate) -> u16 {
         .as_u16()
 }
 
+/// The levels of token-budget's buckets, as `/status` → `state.buckets` shows them.
+async fn levels(gate: &RunningGate) -> Vec<(String, f64)> {
+    let s = gate.status().await;
+    s["state"]["buckets"]["emptiest"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no state.buckets in {s}"))
+        .iter()
+        .filter(|b| b["policy"] == "token-budget")
+        .map(|b| {
+            (
+                b["key"].as_str().unwrap().to_owned(),
+                b["level"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 async fn settled(gate: &RunningGate, up: &RunningUpstream) {
     gate.assert_settled(up, 1).await;
 }
@@ -88,12 +105,17 @@ async fn a_spent_quota_stays_spent_across_a_sigkill_a_stop_and_a_reload() {
     gate.signal("HUP");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(one_more(&gate).await, 429);
+    // What is left shows in /status, read without taking.
+    let before = levels(&gate).await;
+    assert_eq!(before.len(), 1, "one tenant: {before:?}");
+    assert!(before[0].1 < 100.0, "less than a request left: {before:?}");
     // Past a flush interval (100 ms), SIGKILL: nothing runs on the way out.
     tokio::time::sleep(Duration::from_millis(300)).await;
     gate.signal("KILL");
     gate.wait_exit(Duration::from_secs(5)).await;
 
     let mut gate = gate_on(dir).upstream(&up).start().await;
+    assert_eq!(levels(&gate).await, before, "the same level after the kill");
     assert_eq!(
         one_more(&gate).await,
         429,
