@@ -159,21 +159,22 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// The change `parts` asks for, with its `body`, as `caller` sent it; llama-server reached with
-    /// `credentials`.
+    /// The change `method` `uri` asks for, with its `body`, as `caller` sent it; llama-server reached
+    /// with `credentials` (`-` when it is not).
     pub fn new(
         caller: &Caller,
-        parts: &http::request::Parts,
+        method: &Method,
+        uri: &http::Uri,
         body: &[u8],
         request_id: &str,
         credentials: &'static str,
     ) -> Pending {
-        let (path, query) = (parts.uri.path(), parts.uri.query());
+        let (path, query) = (uri.path(), uri.query());
         let (slot, model, filename) = targets(path, query, body);
         Pending {
-            action: action(&parts.method, path, query),
+            action: action(method, path, query),
             caller: *caller,
-            method: parts.method.as_str().to_owned(),
+            method: method.as_str().to_owned(),
             path: path.to_owned(),
             slot: slot.map(str::to_owned),
             model,
@@ -185,12 +186,17 @@ impl Pending {
     }
 
     /// Written with llama-server's answer (`reached`), or slotgate's own when it could not be.
-    pub fn finish(mut self, status: u16, reached: bool) {
+    pub fn finish(self, status: u16, reached: bool) {
         let result = if reached {
             result_of(status)
         } else {
             "upstream_error"
         };
+        self.refused(status, result);
+    }
+
+    /// Written with slotgate's own answer, before anything was forwarded (401, 403, 400).
+    pub fn refused(mut self, status: u16, result: &'static str) {
         self.write(status, result);
     }
 
@@ -243,7 +249,7 @@ pub fn action(method: &Method, path: &str, query: Option<&str>) -> &'static str 
 
 /// What the call names: the slot of `/slots/N`, the model (the body's `model`, or `?model=`), the
 /// file of a slot save or restore. Client strings are cut to a bounded length.
-pub fn targets<'a>(
+fn targets<'a>(
     path: &'a str,
     query: Option<&str>,
     body: &[u8],

@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::json;
 
-use super::audit::{self, Entry, Who};
+use super::audit;
 use super::auth::{self, Admitted, Caller, Need};
 use crate::error::GateError;
 use crate::respond::{self, Body};
@@ -24,10 +24,7 @@ pub async fn forward(
     body: Incoming,
     request_id: &str,
 ) -> Response<Body> {
-    let path = parts.uri.path().to_owned();
-    let query = parts.uri.query().map(str::to_owned);
-    let changes = auth::need(&parts.method, &path) == Need::Change;
-    let action = audit::action(&parts.method, &path, query.as_deref());
+    let changes = auth::need(&parts.method, parts.uri.path()) == Need::Change;
     let limits = &app.limits;
     let body = match tokio::time::timeout(
         limits.body_timeout,
@@ -37,54 +34,44 @@ pub async fn forward(
     {
         Ok(Ok(c)) => c.to_bytes(),
         _ => {
-            let resp = respond::json(
+            if changes {
+                audit::Pending::new(caller, &parts.method, &parts.uri, b"", request_id, "-")
+                    .refused(400, "bad_request");
+            }
+            return respond::json(
                 400,
                 &json!({"error": {"code": 400, "message": "the request body could not be read within the limits", "type": "invalid_request_error"}}),
             );
-            if changes {
-                audit::record(&Entry {
-                    action,
-                    who: Some(Who::Caller(caller)),
-                    method: Some(parts.method.as_str()),
-                    path: Some(&path),
-                    status: 400,
-                    result: "bad_request",
-                    request_id: Some(request_id),
-                    credentials: "-",
-                    ..Entry::default()
-                });
-            }
-            return resp;
         }
     };
-    let credentials = match admitted {
-        Admitted::Token => {
-            // The admin token is slotgate's, never llama-server's.
-            parts.headers.remove(header::AUTHORIZATION);
-            if app.upstream.attach_key(&mut parts.headers) {
-                "slotgate_key"
-            } else if parts.headers.contains_key("x-api-key") {
-                "caller"
-            } else {
-                "none"
-            }
-        }
-        Admitted::Anonymous => {
-            if parts.headers.contains_key(header::AUTHORIZATION)
-                || parts.headers.contains_key("x-api-key")
-            {
-                "caller"
-            } else {
-                "none"
-            }
-        }
+    // The admin token is slotgate's, never llama-server's: with it, slotgate's key goes instead.
+    let lent = admitted == Admitted::Token && {
+        parts.headers.remove(header::AUTHORIZATION);
+        app.upstream.attach_key(&mut parts.headers)
     };
-    let pending =
-        changes.then(|| audit::Pending::new(caller, &parts, &body, request_id, credentials));
+    let credentials = if lent {
+        "slotgate_key"
+    } else if parts.headers.contains_key(header::AUTHORIZATION)
+        || parts.headers.contains_key("x-api-key")
+    {
+        "caller"
+    } else {
+        "none"
+    };
+    let pending = changes.then(|| {
+        audit::Pending::new(
+            caller,
+            &parts.method,
+            &parts.uri,
+            &body,
+            request_id,
+            credentials,
+        )
+    });
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let sent = app
         .upstream
-        .send(&parts.method, pq, &parts.headers, body.clone(), true)
+        .send(&parts.method, pq, &parts.headers, body, true)
         .await;
     let (resp, reached) = match sent {
         Ok(resp) => (resp, true),

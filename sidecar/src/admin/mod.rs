@@ -22,7 +22,6 @@ use crate::pipeline::routes;
 use crate::respond::{self, Body};
 use crate::server::conn::ClientAddr;
 use crate::state::App;
-use audit::{Entry, Who};
 use auth::{Caller, Need};
 pub use live::live;
 pub use status::status;
@@ -54,20 +53,8 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
         Ok(a) => a,
         Err(refusal) => {
             if forwarded && auth::need(req.method(), path) == Need::Change {
-                let (slot, model, _) = audit::targets(path, req.uri().query(), b"");
-                audit::record(&Entry {
-                    action: audit::action(req.method(), path, req.uri().query()),
-                    who: Some(Who::Caller(caller)),
-                    method: Some(req.method().as_str()),
-                    path: Some(path),
-                    slot,
-                    model,
-                    status: refusal.response.status().as_u16(),
-                    result: refusal.result,
-                    request_id: Some(id),
-                    credentials: "-",
-                    ..Entry::default()
-                });
+                audit::Pending::new(caller, req.method(), req.uri(), b"", id, "-")
+                    .refused(refusal.response.status().as_u16(), refusal.result);
             }
             return *refusal.response;
         }
