@@ -1,5 +1,5 @@
-//! Host functions (ABI v1 imports, module `slotgate`): log, a monotonic clock, token buckets and
-//! sliding-window counters. State lives in the host, so it outlives the per-call instance; keys are
+//! Host functions (ABI v1 imports, module `slotgate`): log, a monotonic and a wall clock, token
+//! buckets, sliding-window counters, calendar quotas and named events. State lives in the host, so it outlives the per-call instance; keys are
 //! the policy's own (the host namespaces them per policy).
 //!
 //! On wasm32 these call the imports. Natively they run an in-process emulation with the same
@@ -67,6 +67,76 @@ pub fn window_add(key: &str, window_ms: i64, amount: i64) -> i64 {
     imp::window_add(key, window_ms, amount)
 }
 
+/// The level of the token bucket `key` now, refilled as `capacity` and `refill_per_sec` say,
+/// without taking anything or creating it (a bucket never used reads `capacity`). On the fleet
+/// backend: the fleet's level as last synced plus what this sidecar's lease holds.
+pub fn bucket_level(key: &str, capacity: f64, refill_per_sec: f64) -> f64 {
+    check_key(key);
+    imp::bucket_level(key, capacity, refill_per_sec)
+}
+
+/// Wall-clock time: milliseconds since the Unix epoch, as the host's clock says (which may jump;
+/// use [`now_ms`] to measure durations).
+pub fn wall_ms() -> i64 {
+    imp::wall_ms()
+}
+
+/// Takes `amount` from the calendar quota `key` of `limit` per `period` (`hour`, `day`, `week` or
+/// `month`, optionally `@` an IANA time zone: `day@Europe/Paris`; see
+/// [`calendar`](crate::calendar)). Returns `0.0` when taken; otherwise takes nothing and returns
+/// the seconds until the window ends and the quota is whole again, `f64::INFINITY` when `amount`
+/// is over `limit` (never). An operator's limit for this key (the quota admin API) replaces
+/// `limit`. A period that does not parse or names an unknown zone traps.
+pub fn quota_take(key: &str, period: &str, limit: f64, amount: f64) -> f64 {
+    check_key(key);
+    check_key(period);
+    imp::quota_take(key, period, limit, amount)
+}
+
+/// Gives `amount` back to the quota `key` in the window that holds `at_unix_ms` (the time it was
+/// taken: [`Completion::evaluated_unix_ms`](crate::Completion::evaluated_unix_ms); 0: now), never
+/// above the limit; a negative amount charges more (the usage beyond the reservation). Once that
+/// window is over nothing changes. Returns what is left in that window.
+pub fn quota_refund(key: &str, period: &str, limit: f64, amount: f64, at_unix_ms: i64) -> f64 {
+    check_key(key);
+    check_key(period);
+    imp::quota_refund(key, period, limit, amount, at_unix_ms)
+}
+
+/// What is left of the quota `key` in the current window, without taking anything.
+pub fn quota_level(key: &str, period: &str, limit: f64) -> f64 {
+    check_key(key);
+    check_key(period);
+    imp::quota_level(key, period, limit)
+}
+
+/// Unix milliseconds when the current window of `period` ends (when quotas over it are whole
+/// again): for `reset` times and `Retry-After`.
+pub fn quota_reset_ms(period: &str) -> i64 {
+    check_key(period);
+    imp::quota_reset_ms(period)
+}
+
+/// Counts the event `name` (`[a-z0-9_]`, at most 64 bytes; others trap) in the metric
+/// `slotgate_policy_events_total{policy, event}`: what a policy wants an operator to see, such as
+/// a tenant past the soft limit of its quota. Log a line beside it for the detail.
+pub fn event(name: &str) {
+    assert!(
+        is_event_name(name),
+        "event name `{name}`: use [a-z0-9_], at most 64 bytes"
+    );
+    imp::event(name);
+}
+
+/// Whether `name` is a valid [`event`] name.
+pub fn is_event_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
 /// The host traps on an oversized key; fail the same way natively, with a message.
 fn check_key(key: &str) {
     assert!(
@@ -102,6 +172,139 @@ mod imp {
         ) -> f64;
         #[link_name = "window_add"]
         fn host_window_add(key_ptr: *const u8, key_len: usize, window_ms: i64, amount: i64) -> i64;
+        #[link_name = "bucket_level"]
+        fn host_bucket_level(
+            key_ptr: *const u8,
+            key_len: usize,
+            capacity: f64,
+            refill_per_sec: f64,
+        ) -> f64;
+        #[link_name = "wall_ms"]
+        fn host_wall_ms() -> i64;
+        #[link_name = "quota_take"]
+        fn host_quota_take(
+            key_ptr: *const u8,
+            key_len: usize,
+            period_ptr: *const u8,
+            period_len: usize,
+            limit: f64,
+            amount: f64,
+        ) -> f64;
+        #[link_name = "quota_refund"]
+        fn host_quota_refund(
+            key_ptr: *const u8,
+            key_len: usize,
+            period_ptr: *const u8,
+            period_len: usize,
+            limit: f64,
+            amount: f64,
+            at_unix_ms: i64,
+        ) -> f64;
+        #[link_name = "quota_level"]
+        fn host_quota_level(
+            key_ptr: *const u8,
+            key_len: usize,
+            period_ptr: *const u8,
+            period_len: usize,
+            limit: f64,
+        ) -> f64;
+        #[link_name = "quota_reset_ms"]
+        fn host_quota_reset_ms(period_ptr: *const u8, period_len: usize) -> i64;
+        #[link_name = "event"]
+        fn host_event(name_ptr: *const u8, name_len: usize);
+    }
+
+    // SAFETY (every call below): the host only reads the given strings' bytes, borrowed for the
+    // call, and returns numbers.
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn bucket_level(key: &str, capacity: f64, refill: f64) -> f64 {
+        // SAFETY: see above.
+        unsafe { host_bucket_level(key.as_ptr(), key.len(), capacity, refill) }
+    }
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn wall_ms() -> i64 {
+        // SAFETY: see above.
+        unsafe { host_wall_ms() }
+    }
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn quota_take(key: &str, period: &str, limit: f64, amount: f64) -> f64 {
+        // SAFETY: see above.
+        unsafe {
+            host_quota_take(
+                key.as_ptr(),
+                key.len(),
+                period.as_ptr(),
+                period.len(),
+                limit,
+                amount,
+            )
+        }
+    }
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn quota_refund(key: &str, period: &str, limit: f64, amount: f64, at: i64) -> f64 {
+        // SAFETY: see above.
+        unsafe {
+            host_quota_refund(
+                key.as_ptr(),
+                key.len(),
+                period.as_ptr(),
+                period.len(),
+                limit,
+                amount,
+                at,
+            )
+        }
+    }
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn quota_level(key: &str, period: &str, limit: f64) -> f64 {
+        // SAFETY: see above.
+        unsafe {
+            host_quota_level(
+                key.as_ptr(),
+                key.len(),
+                period.as_ptr(),
+                period.len(),
+                limit,
+            )
+        }
+    }
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn quota_reset_ms(period: &str) -> i64 {
+        // SAFETY: see above.
+        unsafe { host_quota_reset_ms(period.as_ptr(), period.len()) }
+    }
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn event(name: &str) {
+        // SAFETY: see above.
+        unsafe { host_event(name.as_ptr(), name.len()) }
     }
 
     #[allow(
@@ -193,6 +396,59 @@ mod tests {
             "the first event is 1000 ms old"
         );
         assert_eq!(window_add("k", 0, 0), 0, "a zero window forgets everything");
+    }
+
+    #[test]
+    fn quotas_are_whole_again_when_their_window_ends() {
+        testing::reset();
+        // 30 minutes before a UTC midnight.
+        testing::set_wall_ms(1_800_000_000_000 - 1_800_000_000_000 % 86_400_000 + 84_600_000);
+        let midnight = quota_reset_ms("day");
+        assert_eq!(midnight - wall_ms(), 1_800_000);
+        assert_eq!(quota_take("t", "day", 100.0, 70.0), 0.0);
+        assert_eq!(quota_level("t", "day", 100.0), 30.0);
+        assert_eq!(
+            quota_take("t", "day", 100.0, 40.0),
+            1_800.0,
+            "until midnight"
+        );
+        assert_eq!(quota_take("t", "day", 100.0, 101.0), f64::INFINITY);
+        assert_eq!(
+            quota_take("u", "day", 100.0, 40.0),
+            0.0,
+            "keys are separate"
+        );
+        let taken_at = wall_ms();
+        assert_eq!(quota_refund("t", "day", 100.0, 20.0, taken_at), 50.0);
+        assert_eq!(
+            quota_refund("t", "day", 100.0, -60.0, 0),
+            -10.0,
+            "usage beyond"
+        );
+        testing::advance_ms(1_800_000);
+        assert_eq!(wall_ms(), midnight);
+        assert_eq!(quota_level("t", "day", 100.0), 100.0, "a new day");
+        assert_eq!(
+            quota_refund("t", "day", 100.0, 50.0, taken_at),
+            -10.0,
+            "yesterday's window is closed"
+        );
+        assert_eq!(quota_level("t", "day", 100.0), 100.0);
+        assert_eq!(bucket_level("never", 5.0, 1.0), 5.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "expected hour, day, week or month")]
+    fn a_bad_period_fails_like_the_host() {
+        quota_take("t", "fortnight", 1.0, 1.0);
+    }
+
+    #[test]
+    fn events_are_counted_and_checked() {
+        testing::reset();
+        event("soft_limit");
+        assert_eq!(testing::take_events(), ["soft_limit"]);
+        assert!(!is_event_name("Soft Limit"));
     }
 
     #[test]

@@ -90,6 +90,7 @@
 #![cfg_attr(not(test), warn(missing_docs))]
 
 pub mod bucket;
+pub mod calendar;
 mod dispatch;
 mod export;
 pub mod host;
@@ -112,6 +113,6 @@ pub mod __guest;
 pub use identity::{is_hashed_key, Identity};
 pub use policy::Policy;
 pub use types::{
-    Completion, Decision, EvaluateInput, Mutations, Peer, QueueSnapshot, RequestSummary,
-    SettingsValidation, Verdict, ABI_VERSION,
+    Completion, Decision, EvaluateInput, Mutations, Peer, QueueSnapshot, RateLimit, RateLimits,
+    RequestSummary, SettingsValidation, Verdict, ABI_VERSION,
 };

@@ -76,9 +76,22 @@ pub fn reset() {
     emulated::reset();
 }
 
-/// Moves the emulated monotonic clock forward, refilling buckets and ageing windows.
+/// Moves the emulated clocks (monotonic and wall) forward, refilling buckets, ageing windows and
+/// reaching the next quota windows.
 pub fn advance_ms(ms: i64) {
     emulated::advance_ms(ms);
+}
+
+/// Sets the emulated wall clock ([`host::wall_ms`](crate::host::wall_ms), the quota windows) to
+/// `unix_ms`; [`advance_ms`] moves it on from there. [`reset`] puts it back at the default input's
+/// `now_unix_ms`.
+pub fn set_wall_ms(unix_ms: i64) {
+    emulated::set_wall_ms(unix_ms);
+}
+
+/// The events ([`host::event`](crate::host::event)) counted on this thread since the last call.
+pub fn take_events() -> Vec<String> {
+    emulated::take_events()
 }
 
 /// The messages logged on this thread since the last call (or [`reset`]).

@@ -158,6 +158,50 @@ pub struct Decision {
     /// Request changes.
     #[serde(default)]
     pub mutations: Mutations,
+    /// The error code of a denial, for the client to switch on (OpenAI's `error.code`; the
+    /// `error.type` stays the API's own): lowercase letters, digits and `_`, at most 64. Absent:
+    /// `policy_denied`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Whether the client should retry a denial: sent as `x-should-retry`, which the OpenAI and
+    /// Anthropic SDKs obey before anything else (`false`: they raise at once instead of retrying
+    /// a 429 on their own). Absent: no header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub should_retry: Option<bool>,
+    /// The caller's allowance, sent on the answer (allowed or denied) as rate-limit headers in the
+    /// names of the API it speaks (`x-ratelimit-*`, `anthropic-ratelimit-*`). In a chain, the
+    /// allowance with the least left wins, for requests and for tokens each.
+    #[serde(default, skip_serializing_if = "RateLimits::is_empty")]
+    pub rate_limits: RateLimits,
+}
+
+/// A caller's allowance of requests and of tokens, as a policy reports it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateLimits {
+    /// Requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<RateLimit>,
+    /// Tokens (input and output together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<RateLimit>,
+}
+
+impl RateLimits {
+    /// Neither is reported.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_none() && self.tokens.is_none()
+    }
+}
+
+/// One allowance: how much, how much is left, and when it is whole again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RateLimit {
+    /// The most the window or bucket allows.
+    pub limit: u64,
+    /// What is left now (after this request's charge).
+    pub remaining: u64,
+    /// Unix milliseconds when it is whole again (a calendar window's end; a bucket full again).
+    pub reset_unix_ms: u64,
 }
 
 /// What `slotgate_evaluate` receives.
@@ -222,6 +266,10 @@ pub struct Completion {
     pub queue_wait_ms: u64,
     /// Time from forwarding to the end of the response.
     pub upstream_ms: u64,
+    /// The evaluation's `now_unix_ms`: the time the charge was made, so that settling it goes to
+    /// the calendar window it was taken from ([`host::quota_refund`](crate::host::quota_refund)).
+    #[serde(default)]
+    pub evaluated_unix_ms: u64,
 }
 
 impl Decision {
@@ -250,6 +298,16 @@ impl Decision {
         Decision {
             retry_after_seconds,
             ..Self::deny(429, message)
+        }
+    }
+
+    /// A 429 for a spent quota (`quota_exceeded`), not to be retried by the client's SDK before
+    /// `retry_after_seconds` (the window's end): retrying at once could only be refused again.
+    pub fn quota_exceeded(message: impl Into<String>, retry_after_seconds: u64) -> Self {
+        Decision {
+            reason: Some("quota_exceeded".into()),
+            should_retry: Some(false),
+            ..Self::too_many_requests(message, Some(retry_after_seconds))
         }
     }
 

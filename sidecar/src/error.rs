@@ -107,11 +107,22 @@ pub enum GateError {
         status: u16,
         message: String,
         retry_after: Option<u64>,
+        /// The policy's error code and the headers its denial carries.
+        detail: Box<DenialDetail>,
     },
     #[error(
         "admission policy `{policy}` failed ({kind}); the request was refused (on-error = deny)"
     )]
     PolicyFailed { policy: String, kind: &'static str },
+}
+
+/// What a policy's denial says beyond its status and message.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct DenialDetail {
+    /// The error code the client reads (`quota_exceeded`), instead of `policy_denied`.
+    pub reason: Option<String>,
+    /// Response headers: the policy's, its `x-should-retry`, the rate-limit headers.
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// The `outcome` label of `slotgate_requests_total` and of the access log.
@@ -257,6 +268,16 @@ impl GateError {
             | GateError::PolicyFailed { .. } => "server_error",
             GateError::PolicyDenied { status: 429, .. } => "rate_limit_error",
             GateError::PolicyDenied { .. } => "permission_error",
+        }
+    }
+
+    /// The `error.code` the client reads: [`GateError::code`], or a denying policy's own reason.
+    pub fn client_code(&self) -> &str {
+        match self {
+            GateError::PolicyDenied { detail, .. } => {
+                detail.reason.as_deref().unwrap_or(self.code())
+            }
+            _ => self.code(),
         }
     }
 

@@ -379,6 +379,7 @@ pub fn policy_output(data: &[u8]) {
                 message: decision.message.clone().unwrap_or_default(),
                 retry_after: decision.retry_after_seconds,
                 policy,
+                detail: Box::default(),
             };
             let resp = crate::respond::error(&e, None);
             assert_eq!(resp.status().as_u16(), status);

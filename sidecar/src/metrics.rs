@@ -34,6 +34,7 @@ pub const POLICY_DECISIONS_TOTAL: &str = "slotgate_policy_decisions_total";
 pub const POLICY_ERRORS_TOTAL: &str = "slotgate_policy_errors_total";
 pub const POLICY_FUEL_CONSUMED: &str = "slotgate_policy_fuel_consumed";
 pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
+pub const POLICY_EVENTS_TOTAL: &str = "slotgate_policy_events_total";
 pub const ADMIN_ACTIONS_TOTAL: &str = "slotgate_admin_actions_total";
 pub const STATE_WRITES_TOTAL: &str = "slotgate_state_writes_total";
 pub const UPSTREAM_SLOTS: &str = "slotgate_upstream_slots";
@@ -386,6 +387,11 @@ fn describe() {
     describe_counter!(
         POLICY_DECISIONS_TOTAL,
         "Policy evaluations, by policy and decision (allow, deny, error)."
+    );
+    describe_counter!(
+        POLICY_EVENTS_TOTAL,
+        "Events a policy counted (host function `event`), by policy and event: a tenant past its \
+         quota's soft limit, say. At most 256 pairs; later ones count as event=\"other\"."
     );
     describe_counter!(
         POLICY_ERRORS_TOTAL,

@@ -52,6 +52,16 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
         resp.headers_mut()
             .insert(RETRY_AFTER_MS, HeaderValue::from(ms));
     }
+    if let GateError::PolicyDenied { detail, .. } = e {
+        for (name, value) in &detail.headers {
+            if let (Ok(n), Ok(v)) = (
+                header::HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                resp.headers_mut().insert(n, v);
+            }
+        }
+    }
     resp
 }
 
@@ -158,6 +168,7 @@ mod tests {
             status: 429,
             message: "later".into(),
             retry_after: Some(0),
+            detail: Box::default(),
         };
         assert_eq!(headers(&e), (Some("1".into()), Some("1000".into())));
         let e = GateError::InvalidJson("x".into());

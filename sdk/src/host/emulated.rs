@@ -1,10 +1,16 @@
-//! The native stand-in for the host's state (`sidecar/src/policy/state.rs`): the same bucket and
-//! window arithmetic, on a manual clock, one instance per thread so parallel tests do not interfere.
+//! The native stand-in for the host's state (`sidecar/src/policy/state.rs`): the same bucket,
+//! window and quota arithmetic, on a manual clock, one instance per thread so parallel tests do not
+//! interfere. The wall clock starts at [`WALL_START_MS`] (the default input's `now_unix_ms`) and
+//! moves with the monotonic one.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
 use super::Level;
+use crate::calendar::{self, Period};
+
+/// The emulated wall clock at `now_ms` 0: the default input's `now_unix_ms`.
+pub(crate) const WALL_START_MS: i64 = 1_800_000_000_000;
 
 #[derive(Default)]
 struct Emulator {
@@ -12,6 +18,9 @@ struct Emulator {
     buckets: HashMap<String, Bucket>,
     windows: HashMap<String, Window>,
     logs: Vec<(Level, String)>,
+    events: Vec<String>,
+    /// Where the wall clock is ahead of `WALL_START_MS + now_ms` (set by a test).
+    wall_offset_ms: i64,
 }
 
 struct Bucket {
@@ -43,6 +52,67 @@ pub(crate) fn advance_ms(ms: i64) {
 
 pub(crate) fn take_logs() -> Vec<(Level, String)> {
     with(|h| std::mem::take(&mut h.logs))
+}
+
+pub(crate) fn take_events() -> Vec<String> {
+    with(|h| std::mem::take(&mut h.events))
+}
+
+pub(crate) fn set_wall_ms(ms: i64) {
+    with(|h| h.wall_offset_ms = ms - WALL_START_MS - h.now_ms);
+}
+
+pub(super) fn wall_ms() -> i64 {
+    with(|h| WALL_START_MS + h.now_ms + h.wall_offset_ms)
+}
+
+pub(super) fn event(name: &str) {
+    with(|h| h.events.push(name.to_owned()));
+}
+
+pub(super) fn bucket_level(key: &str, capacity: f64, refill: f64) -> f64 {
+    with(|h| {
+        let now = h.now_ms;
+        h.buckets.get(key).map_or(capacity, |b| {
+            let dt = (now - b.updated_ms) as f64 / 1000.0;
+            crate::bucket::refilled(b.level, dt, capacity, refill)
+        })
+    })
+}
+
+/// The bucket of the window of `period` holding `at` (now when 0), and that window; panics (the
+/// host traps) on a bad period.
+fn quota_window(key: &str, period: &str, at: i64) -> (String, (i64, i64)) {
+    let period = Period::parse(period).unwrap_or_else(|e| panic!("{e}"));
+    let at = if at == 0 { wall_ms() } else { at };
+    let window = calendar::window(&period, at).unwrap_or_else(|e| panic!("{e}"));
+    (calendar::quota_bucket(key, &period, window.0), window)
+}
+
+pub(super) fn quota_take(key: &str, period: &str, limit: f64, amount: f64) -> f64 {
+    let (bucket, (_, end)) = quota_window(key, period, 0);
+    match bucket_take(&bucket, limit, 0.0, amount) {
+        0.0 => 0.0,
+        _ if amount > limit => f64::INFINITY,
+        _ => ((end - wall_ms()) as f64 / 1000.0).max(0.001),
+    }
+}
+
+pub(super) fn quota_refund(key: &str, period: &str, limit: f64, amount: f64, at: i64) -> f64 {
+    let (bucket, (_, end)) = quota_window(key, period, at);
+    if end <= wall_ms() {
+        return bucket_level(&bucket, limit, 0.0);
+    }
+    bucket_refund(&bucket, limit, 0.0, amount)
+}
+
+pub(super) fn quota_level(key: &str, period: &str, limit: f64) -> f64 {
+    let (bucket, _) = quota_window(key, period, 0);
+    bucket_level(&bucket, limit, 0.0)
+}
+
+pub(super) fn quota_reset_ms(period: &str) -> i64 {
+    quota_window("", period, 0).1 .1
 }
 
 pub(super) fn log(level: i32, msg: &str) {

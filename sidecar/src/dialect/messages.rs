@@ -23,6 +23,15 @@ impl Dialect for Messages {
         "messages"
     }
 
+    fn rate_limit_headers(
+        &self,
+        limits: &slotgate_sdk::RateLimits,
+        _now_ms: i64,
+        out: &mut std::collections::BTreeMap<String, String>,
+    ) {
+        super::ratelimit::anthropic(limits, out);
+    }
+
     /// The converter copies only `max_tokens`, `stream` and a few sampling fields: `n` and
     /// `n_predict` never reach llama-server's schema, so one completion, bounded by `max_tokens`.
     fn ask(&self, body: &Value) -> Ask {

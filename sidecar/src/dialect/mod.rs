@@ -14,6 +14,7 @@ mod embeddings;
 mod infill;
 mod messages;
 mod opaque;
+pub mod ratelimit;
 mod rerank;
 mod responses;
 pub mod usage;
@@ -52,6 +53,16 @@ pub trait Dialect: Send + Sync + 'static {
     /// The usage one JSON document of an answer reports: the whole body, or one streamed event.
     fn usage(&self, doc: &Value) -> Option<Reported> {
         openai_usage(doc)
+    }
+
+    /// The caller's allowance as response headers, in this API's names (OpenAI's by default).
+    fn rate_limit_headers(
+        &self,
+        limits: &slotgate_sdk::RateLimits,
+        now_ms: i64,
+        out: &mut std::collections::BTreeMap<String, String>,
+    ) {
+        ratelimit::openai(limits, now_ms, out);
     }
 
     /// Whether a streamed event's `data:` line carries generated text (about one token each).
@@ -337,7 +348,7 @@ pub fn openai_error(e: &GateError) -> Vec<u8> {
     let message = e.to_string();
     let mut out = Vec::with_capacity(message.len() + 64);
     out.extend_from_slice(b"{\"error\":{\"code\":");
-    json_string(&mut out, e.code());
+    json_string(&mut out, e.client_code());
     out.extend_from_slice(b",\"message\":");
     json_string(&mut out, &message);
     out.extend_from_slice(b",\"type\":");

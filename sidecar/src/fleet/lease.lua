@@ -10,6 +10,8 @@
 -- ARGV[4]  settle (tokens, either sign)
 -- ARGV[5]  the sidecar's id
 -- ARGV[6]  the sidecar's sequence number of this sync, for this bucket
+-- ARGV[7]  with no refill: when the bucket may go, in Unix milliseconds (a calendar quota's window,
+--          after its end); 0: it stays
 -- Returns  {granted, level}, as strings: Lua numbers are doubles, and Redis would truncate them.
 --
 -- A sync is applied once: a sidecar that lost the answer (a timeout) sends the same sync again with
@@ -51,6 +53,8 @@ redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now),
 if refill > 0 then
   local full_in_ms = math.ceil((capacity - level) / refill * 1000)
   redis.call('PEXPIRE', KEYS[1], full_in_ms + 60000)
+elseif tonumber(ARGV[7] or '0') > 0 then
+  redis.call('PEXPIREAT', KEYS[1], ARGV[7])
 else
   redis.call('PERSIST', KEYS[1])
 end

@@ -304,6 +304,44 @@ impl Fleet {
         e.lease.held()
     }
 
+    /// The fleet bucket's level now, read without taking: the level of the last sync, refilled
+    /// since, plus what this sidecar's lease holds and what it has still to settle (other
+    /// sidecars' leases are theirs). A bucket
+    /// this sidecar has not synced is read from the store once (within `state.fetch-timeout`),
+    /// without a lease; while the store is away it reads `capacity`, as a bucket never used.
+    pub fn bucket_level(&self, policy: &Arc<str>, key: &str, capacity: f64, refill: f64) -> f64 {
+        let id = (policy.clone(), key.to_owned());
+        if let Some(e) = self.leases.get(&id) {
+            if let (Some(level), Some(at)) = (e.level, e.synced) {
+                let since = at.elapsed().as_secs_f64();
+                // Refunds not settled yet are the fleet's already; debts not charged are not.
+                return bucket::refilled(level, since, capacity, refill)
+                    + e.lease.held()
+                    + e.lease.owed();
+            }
+        }
+        if !self.up.load(Ordering::Relaxed) {
+            return capacity;
+        }
+        // A read: nothing wanted, nothing settled, under a name of its own so that it can never
+        // be taken for a retry of this sidecar's lease syncs.
+        static READS: AtomicU64 = AtomicU64::new(0);
+        let reader = format!("{}:read", self.id);
+        let call = LeaseCall {
+            bucket: &store::bucket_key(&self.namespace, policy, key),
+            capacity,
+            refill,
+            want: 0.0,
+            settle: 0.0,
+            sidecar: &reader,
+            seq: READS.fetch_add(1, Ordering::Relaxed),
+        };
+        match self.fetch(&call) {
+            Some(Ok((_, level))) => level,
+            _ => capacity,
+        }
+    }
+
     /// The store is away: the failure mode decides. What is admitted is charged to the fleet
     /// bucket once the store is back, so the fleet's accounting stays whole.
     fn unavailable(

@@ -30,7 +30,8 @@ impl LeaseCall<'_> {
             .arg(self.want)
             .arg(self.settle)
             .arg(self.sidecar)
-            .arg(self.seq);
+            .arg(self.seq)
+            .arg(quota_expiry_ms(self.bucket));
         call
     }
 }
@@ -154,6 +155,18 @@ pub fn bucket_key(namespace: &str, policy: &str, key: &str) -> String {
 /// The key of one fleet window: `<namespace>:window:<policy>:<key>:<window_ms>`.
 pub fn window_key(namespace: &str, policy: &str, key: &str, window_ms: i64) -> String {
     format!("{namespace}:window:{policy}:{key}:{window_ms}")
+}
+
+/// When the fleet bucket of a calendar quota's window may go (a day after the window ends: a late
+/// sync of another sidecar must not find it gone and start it whole); 0 for any other bucket.
+fn quota_expiry_ms(bucket: &str) -> i64 {
+    const GRACE_MS: i64 = 86_400_000;
+    let Some(at) = bucket.find("\u{1}quota\u{1}") else {
+        return 0;
+    };
+    slotgate_sdk::calendar::parse_quota_bucket(&bucket[at..])
+        .and_then(|(_, period, start)| slotgate_sdk::calendar::window(&period, start).ok())
+        .map_or(0, |(_, end)| end + GRACE_MS)
 }
 
 fn lease_script() -> Script {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use slotgate_sdk::{Decision, QueueSnapshot};
 
-use crate::error::{GateError, Outcome};
+use crate::error::{DenialDetail, GateError, Outcome};
 use crate::policy::chain::ChainOutcome;
 use crate::policy::complete::CompletionHook;
 use crate::policy::{Chain, EvalError};
@@ -51,7 +51,8 @@ pub(super) async fn decide(
     if chain.is_empty() || ctx.preflight {
         return Ok(decided);
     }
-    let (outcome, own) = evaluate(app, intake, chain.clone()).await;
+    let now = crate::policy::state::wall_ms().max(0) as u64;
+    let (outcome, own) = evaluate(app, intake, chain.clone(), now).await;
     // Every policy that allowed hears how the request ended, even when a later one refused it:
     // what it took from a budget can be given back.
     if chain.wants_completion(&own) {
@@ -61,6 +62,7 @@ pub(super) async fn decide(
             policies: app.policies.clone(),
             request: intake.summary.clone(),
             decision: outcome.decision(),
+            evaluated_unix_ms: now,
         });
     }
     // A fast evaluation may have been over before this task was suspended, so it could not
@@ -78,16 +80,32 @@ pub(super) async fn decide(
             }
             intake.apply(&decision.mutations)?;
             decided.response_headers = std::mem::take(&mut decision.mutations.response_headers);
+            rate_limit_headers(intake, &decision, now, &mut decided.response_headers);
             decided.decision = Some(decision);
             Ok(decided)
         }
-        ChainOutcome::Deny { policy, decision } => {
+        ChainOutcome::Deny {
+            policy,
+            mut decision,
+        } => {
             // A policy's 429 is one tenant's budget, not this server's load: a router that cools
             // a deployment down on any 429 is given another status (`--policy-denial-status`).
             let status = match decision.status.unwrap_or(403) {
                 429 => app.config.policy_denial_status,
                 other => other,
             };
+            let mut headers = std::mem::take(&mut decision.mutations.response_headers);
+            rate_limit_headers(intake, &decision, now, &mut headers);
+            if let Some(retry) = decision.should_retry {
+                headers.insert("x-should-retry".into(), retry.to_string());
+            }
+            let reason = decision.reason.take().filter(|r| {
+                let ok = slotgate_sdk::host::is_event_name(r);
+                if !ok {
+                    tracing::warn!(policy = %policy, reason = %r, "a policy's denial reason is not [a-z0-9_], at most 64 bytes; policy_denied is sent");
+                }
+                ok
+            });
             Err(GateError::PolicyDenied {
                 status,
                 message: decision
@@ -95,12 +113,30 @@ pub(super) async fn decide(
                     .unwrap_or_else(|| format!("denied by policy `{policy}`")),
                 retry_after: decision.retry_after_seconds,
                 policy,
+                detail: Box::new(DenialDetail { reason, headers }),
             })
         }
         ChainOutcome::Failed { policy, error } => Err(GateError::PolicyFailed {
             policy,
             kind: error.kind(),
         }),
+    }
+}
+
+/// The allowance the chain reported, as headers in the names of the request's API.
+fn rate_limit_headers(
+    intake: &Intake,
+    decision: &Decision,
+    now: u64,
+    out: &mut BTreeMap<String, String>,
+) {
+    if decision.rate_limits.is_empty() {
+        return;
+    }
+    let now = now as i64;
+    match intake.dialect {
+        Some(d) => d.rate_limit_headers(&decision.rate_limits, now, out),
+        None => crate::dialect::ratelimit::openai(&decision.rate_limits, now, out),
     }
 }
 
@@ -116,6 +152,7 @@ async fn evaluate(
     app: &App,
     intake: &Intake,
     chain: Arc<Chain>,
+    now: u64,
 ) -> (ChainOutcome, Vec<Option<Decision>>) {
     let mut summary = intake.summary.clone();
     let pool = super::admit::model_pool(app, intake);
@@ -138,7 +175,7 @@ async fn evaluate(
     let summary = Arc::new(summary);
     tokio::spawn(async move {
         let evaluated = if chain.runs_inline() {
-            let evaluated = AssertUnwindSafe(chain.evaluate_each_async(&summary))
+            let evaluated = AssertUnwindSafe(chain.evaluate_each_async_at(&summary, now))
                 .catch_unwind()
                 .await
                 .map_err(|_| ());
@@ -148,7 +185,7 @@ async fn evaluate(
             let (chain, summary) = (chain.clone(), summary.clone());
             let evaluate = move || {
                 let _turn = turn;
-                chain.evaluate_each(&summary)
+                chain.evaluate_each_at(&summary, now)
             };
             tokio::task::spawn_blocking(evaluate).await.map_err(|_| ())
         };
@@ -160,6 +197,7 @@ async fn evaluate(
                     policies,
                     request: Arc::unwrap_or_clone(summary),
                     decision: outcome.decision(),
+                    evaluated_unix_ms: now,
                 };
                 hook.fire(0, Outcome::ClientGone, Default::default(), 0, 0);
             }

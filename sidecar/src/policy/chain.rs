@@ -11,7 +11,7 @@
 //! - mutations: the smallest `cap_max_tokens`; `disable_prompt_cache` and `strip_id_slot` if any
 //!   policy asks; response headers merged, a later policy winning a name both set.
 
-use slotgate_sdk::{Decision, Verdict};
+use slotgate_sdk::{Decision, RateLimit, RateLimits, Verdict};
 
 use super::error::EvalError;
 
@@ -83,11 +83,14 @@ pub fn fold<'a>(steps: impl IntoIterator<Item = Step<'a>>) -> ChainOutcome {
             },
         };
         if decision.verdict == Verdict::Deny {
+            let mut decision = decision;
+            decision.rate_limits = tighter(&combined.rate_limits, decision.rate_limits);
             return ChainOutcome::Deny {
                 policy: step.policy.to_owned(),
                 decision,
             };
         }
+        combined.rate_limits = tighter(&combined.rate_limits, decision.rate_limits);
         combined.cost = max_opt(combined.cost, decision.cost);
         combined.priority = max_opt(combined.priority, decision.priority);
         combined.weight = match (combined.weight, decision.weight) {
@@ -114,6 +117,19 @@ pub fn fold<'a>(steps: impl IntoIterator<Item = Step<'a>>) -> ChainOutcome {
         m.response_headers.extend(add.response_headers);
     }
     ChainOutcome::Allow(combined)
+}
+
+/// Of two policies' allowances, for requests and for tokens each, the one with less left: the
+/// one that binds.
+fn tighter(a: &RateLimits, b: RateLimits) -> RateLimits {
+    let pick = |a: Option<RateLimit>, b: Option<RateLimit>| match (a, b) {
+        (Some(a), Some(b)) if b.remaining < a.remaining => Some(b),
+        (a, b) => a.or(b),
+    };
+    RateLimits {
+        requests: pick(a.requests, b.requests),
+        tokens: pick(a.tokens, b.tokens),
+    }
 }
 
 fn max_opt<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {

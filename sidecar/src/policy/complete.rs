@@ -19,6 +19,8 @@ pub struct CompletionHook {
     pub policies: PolicySet,
     pub request: RequestSummary,
     pub decision: Decision,
+    /// The evaluation's `now_unix_ms`.
+    pub evaluated_unix_ms: u64,
 }
 
 impl CompletionHook {
@@ -45,6 +47,7 @@ impl CompletionHook {
             completion_tokens: usage.completion_tokens,
             queue_wait_ms,
             upstream_ms,
+            evaluated_unix_ms: self.evaluated_unix_ms,
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;

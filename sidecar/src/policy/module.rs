@@ -726,7 +726,109 @@ fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadError> {
         },
     )
     .map_err(wrap)?;
+    link_v1_additions(&mut l).map_err(wrap)?;
     Ok(l)
+}
+
+/// A host function's own error (a bad period, say) as the trap it becomes: the call fails as a
+/// policy error naming it.
+fn host_error(e: String) -> wasmtime::Error {
+    wasmtime::Error::new(EvalError::Abi(e))
+}
+
+/// The imports added to ABI v1 after its first release (issue 33): optional, so modules built
+/// before them load unchanged. Each is a host call (fuel) like the others.
+fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    l.func_wrap(
+        IMPORT_MODULE,
+        "bucket_level",
+        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, capacity: f64, refill: f64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let s = c.data();
+            Ok(s.shared.bucket_level(&s.policy, &key, capacity, refill))
+        },
+    )?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "wall_ms",
+        |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
+            host_str(&mut c, 0, 0)?;
+            Ok(super::state::wall_ms())
+        },
+    )?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "quota_take",
+        |mut c: Caller<'_, HostState>,
+         kp: i32,
+         kl: i32,
+         pp: i32,
+         pl: i32,
+         limit: f64,
+         amount: f64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let period = host_str(&mut c, pp, pl)?;
+            let s = c.data();
+            s.shared
+                .quota_take(&s.policy, &key, &period, limit, amount)
+                .map_err(host_error)
+        },
+    )?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "quota_refund",
+        |mut c: Caller<'_, HostState>,
+         kp: i32,
+         kl: i32,
+         pp: i32,
+         pl: i32,
+         limit: f64,
+         amount: f64,
+         at: i64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let period = host_str(&mut c, pp, pl)?;
+            let s = c.data();
+            s.shared
+                .quota_refund(&s.policy, &key, &period, limit, amount, at)
+                .map_err(host_error)
+        },
+    )?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "quota_level",
+        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, pp: i32, pl: i32, limit: f64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let period = host_str(&mut c, pp, pl)?;
+            let s = c.data();
+            s.shared
+                .quota_level(&s.policy, &key, &period, limit)
+                .map_err(host_error)
+        },
+    )?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "quota_reset_ms",
+        |mut c: Caller<'_, HostState>, pp: i32, pl: i32| {
+            let period = host_str(&mut c, pp, pl)?;
+            c.data().shared.quota_reset_ms(&period).map_err(host_error)
+        },
+    )?;
+    l.func_wrap(
+        IMPORT_MODULE,
+        "event",
+        |mut c: Caller<'_, HostState>, np: i32, nl: i32| {
+            let name = host_str(&mut c, np, nl)?;
+            if !slotgate_sdk::host::is_event_name(&name) {
+                return Err(host_error(format!(
+                    "event name `{name}`: use [a-z0-9_], at most 64 bytes"
+                )));
+            }
+            let s = c.data();
+            s.shared.event(&s.policy, &name);
+            Ok(())
+        },
+    )?;
+    Ok(())
 }
 
 fn monotonic_ms() -> i64 {

@@ -566,7 +566,17 @@ impl Chain {
     /// [`Chain::evaluate`], and also each policy's own decision (`None` where it failed), in chain
     /// order, for [`Chain::complete`].
     pub fn evaluate_each(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
-        let mut run = Run::new(self, request);
+        self.evaluate_each_at(request, unix_ms())
+    }
+
+    /// [`Chain::evaluate_each`] with `now_unix_ms` given: the time the request's `on_complete`
+    /// will say it was evaluated at (`evaluated_unix_ms`).
+    pub fn evaluate_each_at(
+        &self,
+        request: &RequestSummary,
+        now_unix_ms: u64,
+    ) -> (ChainOutcome, Vec<Option<Decision>>) {
+        let mut run = Run::new(self, request, now_unix_ms);
         for p in &self.policies {
             let result = run.input(p).and_then(|input| p.policy.evaluate_json(input));
             run.record(p, result);
@@ -582,7 +592,16 @@ impl Chain {
         &self,
         request: &RequestSummary,
     ) -> (ChainOutcome, Vec<Option<Decision>>) {
-        let mut run = Run::new(self, request);
+        self.evaluate_each_async_at(request, unix_ms()).await
+    }
+
+    /// [`Chain::evaluate_each_async`] with `now_unix_ms` given (see [`Chain::evaluate_each_at`]).
+    pub async fn evaluate_each_async_at(
+        &self,
+        request: &RequestSummary,
+        now_unix_ms: u64,
+    ) -> (ChainOutcome, Vec<Option<Decision>>) {
+        let mut run = Run::new(self, request, now_unix_ms);
         for p in &self.policies {
             let result = match run.input(p) {
                 Ok(input) => p.policy.evaluate_json_async(input).await,
@@ -664,7 +683,7 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(chain: &'a Chain, request: &RequestSummary) -> Run<'a> {
+    fn new(chain: &'a Chain, request: &RequestSummary, now: u64) -> Run<'a> {
         let input = if chain.policies.is_empty() {
             Err(EvalError::Abi("no policy".into()))
         } else {
@@ -673,7 +692,7 @@ impl<'a> Run<'a> {
         Run {
             chain,
             input,
-            now: unix_ms(),
+            now,
             steps: Vec::with_capacity(chain.policies.len()),
             own: Vec::with_capacity(chain.policies.len()),
             cpu: Duration::ZERO,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 use slotgate_sdk::bucket;
+use slotgate_sdk::calendar::{self, Period};
 use wasmtime::StoreLimits;
 
 use crate::fleet::Fleet;
@@ -38,7 +39,16 @@ pub struct SharedState {
     fleet: OnceLock<Arc<Fleet>>,
     /// With `state.dir`: where `buckets` and `windows` are kept across restarts.
     durable: OnceLock<Durable>,
+    /// The current window of each quota period in use (parsed period, (start, end)).
+    windows_of: DashMap<String, (Period, (i64, i64))>,
+    /// Limits an operator set, by policy, key and period: they replace the policy's.
+    quota_limits: DashMap<(Arc<str>, String, String), f64>,
+    /// The counter of each (policy, event) counted.
+    events: DashMap<(Arc<str>, String), metrics::Counter>,
 }
+
+/// Distinct (policy, event) series of `slotgate_policy_events_total`.
+const EVENT_SERIES: usize = 256;
 
 struct Bucket {
     level: f64,
@@ -146,6 +156,163 @@ impl SharedState {
         total
     }
 
+    /// The bucket's level now, refilled, without taking anything or creating it.
+    pub fn bucket_level(&self, policy: &Arc<str>, key: &str, capacity: f64, refill: f64) -> f64 {
+        if let Some(fleet) = self.fleet.get() {
+            return fleet.bucket_level(policy, key, capacity, refill);
+        }
+        let name = (policy.clone(), key.to_owned());
+        self.buckets.get(&name).map_or(capacity, |b| {
+            let since = Instant::now().saturating_duration_since(b.updated);
+            bucket::refilled(b.level, since.as_secs_f64(), capacity, refill)
+        })
+    }
+
+    /// `quota_take`: takes `amount` from the window of `period` that holds now. `Ok(0.0)` when
+    /// taken, else the seconds until the window ends (infinity if `amount` is over the limit).
+    pub fn quota_take(
+        &self,
+        policy: &Arc<str>,
+        key: &str,
+        period: &str,
+        limit: f64,
+        amount: f64,
+    ) -> Result<f64, String> {
+        let now = wall_ms();
+        let (bucket, (start, end)) = self.quota_window(key, period, now)?;
+        let limit = self.quota_limit(policy, key, period, limit);
+        let new_window = !self.buckets.contains_key(&(policy.clone(), bucket.clone()));
+        let wait = self.bucket_take(policy, &bucket, limit, 0.0, amount);
+        if new_window && self.fleet.get().is_none() {
+            self.forget_window_before(policy, key, period, start);
+        }
+        Ok(match wait {
+            0.0 => 0.0,
+            _ if amount > limit => f64::INFINITY,
+            _ => ((end - now) as f64 / 1000.0).max(0.001),
+        })
+    }
+
+    /// `quota_refund`: gives `amount` back to the window that held `at_ms` (0: now), if it has not
+    /// ended; returns what is left in it.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the host function's arguments, one for one"
+    )]
+    pub fn quota_refund(
+        &self,
+        policy: &Arc<str>,
+        key: &str,
+        period: &str,
+        limit: f64,
+        amount: f64,
+        at_ms: i64,
+    ) -> Result<f64, String> {
+        let now = wall_ms();
+        let at = if at_ms == 0 { now } else { at_ms };
+        let (bucket, (_, end)) = self.quota_window(key, period, at)?;
+        let limit = self.quota_limit(policy, key, period, limit);
+        if end <= now {
+            return Ok(self.bucket_level(policy, &bucket, limit, 0.0));
+        }
+        Ok(self.bucket_refund(policy, &bucket, limit, 0.0, amount))
+    }
+
+    /// `quota_level`: what is left in the current window of `period`.
+    pub fn quota_level(
+        &self,
+        policy: &Arc<str>,
+        key: &str,
+        period: &str,
+        limit: f64,
+    ) -> Result<f64, String> {
+        let (bucket, _) = self.quota_window(key, period, wall_ms())?;
+        let limit = self.quota_limit(policy, key, period, limit);
+        Ok(self.bucket_level(policy, &bucket, limit, 0.0))
+    }
+
+    /// `quota_reset_ms`: when the current window of `period` ends.
+    pub fn quota_reset_ms(&self, period: &str) -> Result<i64, String> {
+        Ok(self.quota_window("", period, wall_ms())?.1 .1)
+    }
+
+    /// The limit of a quota: the operator's, where one is set, else the policy's.
+    fn quota_limit(&self, policy: &Arc<str>, key: &str, period: &str, limit: f64) -> f64 {
+        if self.quota_limits.is_empty() {
+            return limit;
+        }
+        let id = (policy.clone(), key.to_owned(), period.to_owned());
+        self.quota_limits.get(&id).map_or(limit, |l| *l)
+    }
+
+    /// The bucket a quota's window is kept in, and the window (start, end), for the window of
+    /// `period` holding `at_ms`. Windows are computed once per period and window.
+    fn quota_window(
+        &self,
+        key: &str,
+        period: &str,
+        at_ms: i64,
+    ) -> Result<(String, (i64, i64)), String> {
+        if let Some(e) = self.windows_of.get(period) {
+            let (p, w) = &*e;
+            if w.0 <= at_ms && at_ms < w.1 {
+                return Ok((calendar::quota_bucket(key, p, w.0), *w));
+            }
+        }
+        let p = Period::parse(period)?;
+        let w = calendar::window(&p, at_ms)?;
+        // The current window is kept (a refund's older one is computed each time), for a bounded
+        // number of periods (a policy may pass any string).
+        if at_ms + 1000 >= wall_ms() && self.windows_of.len() < 1024 {
+            self.windows_of.insert(period.to_owned(), (p.clone(), w));
+        }
+        Ok((calendar::quota_bucket(key, &p, w.0), w))
+    }
+
+    /// Forgets the quota's previous window (its bucket and its row on disk) once a new one has
+    /// begun: nothing can be taken from an ended window nor given back to it.
+    fn forget_window_before(&self, policy: &Arc<str>, key: &str, period: &str, start: i64) {
+        let Ok((old, _)) = self.quota_window(key, period, start - 1) else {
+            return;
+        };
+        if self
+            .buckets
+            .remove(&(policy.clone(), old.clone()))
+            .is_some()
+        {
+            self.changed_bucket(policy, &old);
+        }
+    }
+
+    /// `event`: counts it in `slotgate_policy_events_total{policy, event}`, for at most
+    /// [`EVENT_SERIES`] pairs (a policy may name any number of events): later ones count as
+    /// `other`.
+    pub fn event(&self, policy: &Arc<str>, name: &str) {
+        let id = (policy.clone(), name.to_owned());
+        if let Some(c) = self.events.get(&id) {
+            c.increment(1);
+            return;
+        }
+        let name = if self.events.len() < EVENT_SERIES {
+            name
+        } else {
+            "other"
+        };
+        let c = metrics::counter!(crate::metrics::POLICY_EVENTS_TOTAL,
+            "policy" => policy.to_string(), "event" => name.to_owned());
+        c.increment(1);
+        self.events.insert(id, c);
+    }
+
+    /// Sets an operator's limit for a quota (`None`: the policy's again).
+    pub fn set_quota_limit(&self, policy: &str, key: &str, period: &str, limit: Option<f64>) {
+        let id = (Arc::from(policy), key.to_owned(), period.to_owned());
+        match limit {
+            Some(l) => self.quota_limits.insert(id, l),
+            None => self.quota_limits.remove(&id).map(|e| e.1),
+        };
+    }
+
     fn changed_bucket(&self, policy: &Arc<str>, key: &str) {
         if let Some(d) = self.durable.get() {
             lock(&d.dirty_buckets).insert((policy.clone(), key.to_owned()));
@@ -203,10 +370,14 @@ impl SharedState {
             return Ok(0);
         }
         let (now, wall) = clocks();
+        let mut gone = Vec::new();
         let buckets: Vec<BucketRow> = buckets_due
             .iter()
             .filter_map(|name| {
-                let b = self.buckets.get(name)?;
+                let Some(b) = self.buckets.get(name) else {
+                    gone.push((name.0.to_string(), name.1.clone()));
+                    return None;
+                };
                 Some(BucketRow {
                     policy: name.0.to_string(),
                     key: name.1.clone(),
@@ -234,8 +405,8 @@ impl SharedState {
                 })
             })
             .collect();
-        match d.store.write(&buckets, &windows) {
-            Ok(()) => Ok(buckets.len() + windows.len()),
+        match d.store.write(&buckets, &windows, &gone) {
+            Ok(()) => Ok(buckets.len() + windows.len() + gone.len()),
             Err(e) => {
                 lock(&d.dirty_buckets).extend(buckets_due);
                 lock(&d.dirty_windows).extend(windows_due);
@@ -306,6 +477,13 @@ impl SharedState {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Wall-clock time in Unix milliseconds: `wall_ms`, the quota windows, `now_unix_ms`.
+pub fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Now, on the monotonic clock and in Unix milliseconds.

@@ -194,7 +194,12 @@ impl Store {
     }
 
     /// Writes `buckets` and `windows` (a window with no event is removed) in one durable commit.
-    pub fn write(&self, buckets: &[BucketRow], windows: &[WindowRow]) -> Result<(), StoreError> {
+    pub fn write(
+        &self,
+        buckets: &[BucketRow],
+        windows: &[WindowRow],
+        gone: &[(String, String)],
+    ) -> Result<(), StoreError> {
         use std::sync::atomic::Ordering;
         let mut guard = self.db();
         if self.stale.load(Ordering::Relaxed) || guard.is_none() {
@@ -204,7 +209,7 @@ impl Store {
             self.stale.store(false, Ordering::Relaxed);
         }
         let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;
-        let written = Self::write_in(db, buckets, windows);
+        let written = Self::write_in(db, buckets, windows, gone);
         if written.is_err() {
             self.stale.store(true, Ordering::Relaxed);
         }
@@ -217,14 +222,20 @@ impl Store {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn write_in(db: &Database, buckets: &[BucketRow], windows: &[WindowRow]) -> Result<(), String> {
-        Self::write_rows(db, buckets, windows).map_err(|e| e.to_string())
+    fn write_in(
+        db: &Database,
+        buckets: &[BucketRow],
+        windows: &[WindowRow],
+        gone: &[(String, String)],
+    ) -> Result<(), String> {
+        Self::write_rows(db, buckets, windows, gone).map_err(|e| e.to_string())
     }
 
     fn write_rows(
         db: &Database,
         buckets: &[BucketRow],
         windows: &[WindowRow],
+        gone: &[(String, String)],
     ) -> Result<(), Box<redb::Error>> {
         let tx = db.begin_write().map_err(boxed)?;
         {
@@ -232,6 +243,9 @@ impl Store {
             for b in buckets {
                 t.insert((b.policy.as_str(), b.key.as_str()), (b.level, b.updated_ms))
                     .map_err(boxed)?;
+            }
+            for (policy, key) in gone {
+                t.remove((policy.as_str(), key.as_str())).map_err(boxed)?;
             }
             let mut t = tx.open_table(WINDOWS).map_err(boxed)?;
             for w in windows {
@@ -303,7 +317,7 @@ mod tests {
             key: "t".into(),
             events: vec![(1, 2), (3, -4)],
         };
-        s.write(std::slice::from_ref(&b), std::slice::from_ref(&w))
+        s.write(std::slice::from_ref(&b), std::slice::from_ref(&w), &[])
             .unwrap();
         drop(s);
         let s = Store::open(&d).unwrap();
@@ -312,7 +326,7 @@ mod tests {
             events: vec![],
             ..w
         };
-        s.write(&[], &[emptied]).unwrap();
+        s.write(&[], &[emptied], &[]).unwrap();
         assert!(s.load().unwrap().1.is_empty(), "an empty window is removed");
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;

@@ -1,0 +1,497 @@
+//! Quota: calendar quotas of tokens and of requests per tenant (and per tenant and model), over an
+//! hour, a day, a week or a month in a time zone, whole again at the window's end. Each request is
+//! charged its estimate up front and settled against its real usage once it has ended. A spent
+//! quota answers 429 `quota_exceeded` with `Retry-After` at the window's end and `x-should-retry:
+//! false`; a share of a quota spent (`soft_limit`) is counted and logged once per window. Every
+//! answer carries the tenant's allowance as rate-limit headers.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use slotgate_sdk::calendar::{Period, Span};
+use slotgate_sdk::host::{self, Level};
+use slotgate_sdk::{
+    is_hashed_key, Completion, Decision, EvaluateInput, Policy, RateLimit, RateLimits,
+    RequestSummary, Verdict,
+};
+
+pub struct Quota;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// `hour`, `day`, `week` or `month`, optionally `@` an IANA time zone (`day@Europe/Paris`);
+    /// UTC without one.
+    pub period: String,
+    /// Tokens (prompt and output) each tenant may use per period. Absent: no token quota.
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    /// Requests each tenant may make per period. Absent: no request quota.
+    #[serde(default)]
+    pub requests: Option<u64>,
+    /// The share of a quota at which the tenant is warned about (logged, and counted as the event
+    /// `soft_limit`), once per window. 0 or absent: 0.8; 1 turns it off.
+    #[serde(default = "default_soft_limit")]
+    pub soft_limit: f64,
+    /// `max_tokens` assumed for a request that sets none.
+    #[serde(default = "default_max_tokens")]
+    pub default_max_tokens: u64,
+    /// Quotas of particular tenants (`sha256:<hex>`, `uid:<n>`, `anonymous`, `header:<value>`),
+    /// in place of `tokens` and `requests`.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, Limits>,
+    /// Quotas of each tenant on particular models (the request's `model`), on top of its own.
+    #[serde(default)]
+    pub models: BTreeMap<String, Limits>,
+    /// Key the quota by this request header when a request carries it (`header:<value>`), for a
+    /// router in front that calls with one key for all its callers: `x-tenant`,
+    /// `openai-organization` or `openai-project`.
+    #[serde(default)]
+    pub tenant_header: Option<String>,
+}
+
+/// A quota of tokens and one of requests, each optional.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    #[serde(default)]
+    pub requests: Option<u64>,
+}
+
+fn default_soft_limit() -> f64 {
+    0.8
+}
+
+fn default_max_tokens() -> u64 {
+    1024
+}
+
+/// The headers `tenant_header` may name: those slotgate shows policies that identify a caller.
+const TENANT_HEADERS: &[&str] = &["x-tenant", "openai-organization", "openai-project"];
+
+/// One quota a request is charged to.
+struct Charge {
+    /// The host's key: the tenant, and the model for a model's quota.
+    key: String,
+    kind: Kind,
+    limit: u64,
+    /// What this request takes from it.
+    amount: u64,
+    /// Said in messages: `tenant uid:1000`, `tenant uid:1000 on model m`.
+    whose: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tokens,
+    Requests,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Tokens => "token",
+            Kind::Requests => "request",
+        }
+    }
+}
+
+fn tenant(request: &RequestSummary, s: &Settings) -> String {
+    if let Some(value) = s
+        .tenant_header
+        .as_ref()
+        .and_then(|h| request.headers.get(h))
+        .filter(|v| !v.is_empty())
+    {
+        return format!("header:{value}");
+    }
+    request.identity().to_string()
+}
+
+/// What a request is charged up front: its prompt (exact when slotgate counted it, else estimated)
+/// plus the most it may generate.
+fn estimate(request: &RequestSummary, s: &Settings) -> u64 {
+    let output = request.max_tokens.unwrap_or(s.default_max_tokens);
+    request.prompt_tokens_best().saturating_add(output)
+}
+
+/// What a request really used; nothing if it never reached llama-server.
+fn usage(c: &Completion) -> Option<u64> {
+    let reached = c.prompt_tokens > 0 || c.completion_tokens > 0 || c.upstream_ms > 0;
+    if !reached {
+        return None;
+    }
+    let prompt = match c.prompt_tokens {
+        0 => c.request.prompt_tokens_best(),
+        n => n,
+    };
+    Some(prompt.saturating_add(c.completion_tokens))
+}
+
+/// The quotas `request` is charged to, tenant's first.
+fn charges(request: &RequestSummary, s: &Settings) -> Vec<Charge> {
+    let tenant = tenant(request, s);
+    let own = s.tenants.get(&tenant).copied().unwrap_or(Limits {
+        tokens: s.tokens,
+        requests: s.requests,
+    });
+    let cost = estimate(request, s);
+    let mut out = Vec::with_capacity(4);
+    let mut add = |key: &str, limits: Limits, whose: String| {
+        if let Some(limit) = limits.tokens {
+            out.push(Charge {
+                key: format!("tokens:{key}"),
+                kind: Kind::Tokens,
+                limit,
+                amount: cost,
+                whose: whose.clone(),
+            });
+        }
+        if let Some(limit) = limits.requests {
+            out.push(Charge {
+                key: format!("requests:{key}"),
+                kind: Kind::Requests,
+                limit,
+                amount: 1,
+                whose,
+            });
+        }
+    };
+    add(&tenant, own, format!("tenant {tenant}"));
+    if let Some((model, limits)) = request
+        .model
+        .as_ref()
+        .and_then(|m| s.models.get_key_value(m))
+    {
+        add(
+            &format!("{tenant}\u{1f}{model}"),
+            *limits,
+            format!("tenant {tenant} on model {model}"),
+        );
+    }
+    out
+}
+
+/// "daily" for `day`, ...
+fn adjective(period: &str) -> &'static str {
+    match Period::parse(period).map(|p| p.span) {
+        Ok(Span::Hour) => "hourly",
+        Ok(Span::Day) => "daily",
+        Ok(Span::Week) => "weekly",
+        _ => "monthly",
+    }
+}
+
+/// The allowance left after this request, for the rate-limit headers: of each kind, the quota
+/// with the least left.
+fn allowance(charges: &[Charge], period: &str, reset_ms: i64) -> RateLimits {
+    let mut limits = RateLimits::default();
+    for c in charges {
+        let left = host::quota_level(&c.key, period, c.limit as f64).max(0.0) as u64;
+        let this = RateLimit {
+            limit: c.limit,
+            remaining: left,
+            reset_unix_ms: reset_ms.max(0) as u64,
+        };
+        let slot = match c.kind {
+            Kind::Tokens => &mut limits.tokens,
+            Kind::Requests => &mut limits.requests,
+        };
+        if slot.is_none_or(|s| left < s.remaining) {
+            *slot = Some(this);
+        }
+    }
+    limits
+}
+
+/// A Unix time as `YYYY-MM-DDTHH:MM:SSZ` (days to civil dates: Howard Hinnant's algorithm).
+fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+impl Policy for Quota {
+    type Settings = Settings;
+
+    fn validate(s: &Settings) -> Result<(), String> {
+        Period::parse(&s.period)?;
+        if !(0.0..=1.0).contains(&s.soft_limit) {
+            return Err("soft_limit must be a share between 0 and 1".into());
+        }
+        if let Some(h) = &s.tenant_header {
+            if !TENANT_HEADERS.contains(&h.as_str()) {
+                return Err(format!(
+                    "tenant_header `{h}` is not a header policies see; use one of {}",
+                    TENANT_HEADERS.join(", ")
+                ));
+            }
+        }
+        for tenant in s.tenants.keys() {
+            let known = is_hashed_key(tenant)
+                || (s.tenant_header.is_some() && tenant.len() > "header:".len())
+                    && tenant.starts_with("header:")
+                || tenant == "anonymous"
+                || tenant
+                    .strip_prefix("uid:")
+                    .is_some_and(|n| n.parse::<u32>().is_ok());
+            if !known {
+                return Err(format!(
+                    "tenant `{tenant}` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), \
+                     `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
+                ));
+            }
+        }
+        let any = s.tokens.is_some()
+            || s.requests.is_some()
+            || s.tenants
+                .values()
+                .chain(s.models.values())
+                .any(|l| l.tokens.is_some() || l.requests.is_some());
+        if !any {
+            return Err(
+                "no quota: set tokens or requests (for everyone, a tenant or a model)".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn evaluate(input: &EvaluateInput, s: &Settings) -> Decision {
+        let charges = charges(&input.request, s);
+        let period = s.period.as_str();
+        let reset = host::quota_reset_ms(period);
+        for c in &charges {
+            if c.amount > c.limit {
+                return Decision::forbidden(format!(
+                    "this request may use {} tokens, more than the {} {} quota of {} of {}: \
+                     lower max_tokens",
+                    c.amount,
+                    adjective(period),
+                    c.kind.name(),
+                    c.limit,
+                    c.whose
+                ));
+            }
+        }
+        for (i, c) in charges.iter().enumerate() {
+            let before = host::quota_level(&c.key, period, c.limit as f64);
+            let wait = host::quota_take(&c.key, period, c.limit as f64, c.amount as f64);
+            if wait > 0.0 {
+                // Nothing is taken unless everything is: what the earlier quotas gave goes back.
+                for taken in &charges[..i] {
+                    host::quota_refund(
+                        &taken.key,
+                        period,
+                        taken.limit as f64,
+                        taken.amount as f64,
+                        0,
+                    );
+                }
+                let mut d = Decision::quota_exceeded(
+                    format!(
+                        "the {} {} quota of {} of {} is spent; it is whole again at {}",
+                        adjective(period),
+                        c.kind.name(),
+                        c.limit,
+                        c.whose,
+                        utc(reset)
+                    ),
+                    wait.ceil().max(1.0) as u64,
+                );
+                d.rate_limits = allowance(&charges, period, reset);
+                return d;
+            }
+            let soft = s.soft_limit * c.limit as f64;
+            let used_before = c.limit as f64 - before;
+            if s.soft_limit < 1.0 && used_before < soft && used_before + c.amount as f64 >= soft {
+                host::event("soft_limit");
+                host::log(
+                    Level::Warn,
+                    &format!(
+                        "{} has used {:.0}% of its {} {} quota of {}",
+                        c.whose,
+                        s.soft_limit * 100.0,
+                        adjective(period),
+                        c.kind.name(),
+                        c.limit
+                    ),
+                );
+            }
+        }
+        Decision {
+            cost: Some(estimate(&input.request, s)),
+            tenant: Some(tenant(&input.request, s)),
+            rate_limits: allowance(&charges, period, reset),
+            ..Decision::allow()
+        }
+    }
+
+    fn on_complete(c: &Completion, s: &Settings) {
+        if c.decision.verdict == Verdict::Deny {
+            return;
+        }
+        let at = c.evaluated_unix_ms as i64;
+        let used = usage(c);
+        for q in charges(&c.request, s) {
+            // The estimate less the usage (negative: more was used, and is charged); a request that
+            // never reached llama-server gives back everything, its place among the requests too.
+            let back = match (q.kind, used) {
+                (Kind::Tokens, Some(n)) => q.amount as f64 - n as f64,
+                (Kind::Requests, Some(_)) => 0.0,
+                (_, None) => q.amount as f64,
+            };
+            if back != 0.0 {
+                host::quota_refund(&q.key, &s.period, q.limit as f64, back, at);
+            }
+        }
+    }
+}
+
+slotgate_sdk::export_policy!(Quota, on_complete);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slotgate_sdk::testing::{self, run};
+
+    /// 2027-01-15T08:00:00Z, a Friday: the default input's time.
+    const NOW: i64 = 1_800_000_000_000;
+    const ALICE: &str = r#""peer": {"uid": 1000, "gid": 1000}"#;
+    const BOB: &str = r#""peer": {"uid": 1001, "gid": 1001}"#;
+
+    fn req(who: &str, prompt: u64, max_tokens: u64, settings: &str) -> String {
+        format!(
+            r#"{{"request": {{{who}, "model": "m", "prompt_tokens_estimate": {prompt}, "max_tokens": {max_tokens}}},
+                "settings": {settings}}}"#
+        )
+    }
+
+    fn done(who: &str, prompt: u64, max_tokens: u64, used: u64, settings: &str) -> String {
+        format!(
+            r#"{{"request": {{{who}, "model": "m", "prompt_tokens_estimate": {prompt}, "max_tokens": {max_tokens}}},
+                "settings": {settings}, "prompt_tokens": {used}, "completion_tokens": 0,
+                "upstream_ms": 10, "evaluated_unix_ms": {}}}"#,
+            host::wall_ms()
+        )
+    }
+
+    const DAY: &str = r#"{"period": "day", "tokens": 1000, "requests": 3}"#;
+
+    #[test]
+    fn a_spent_quota_is_refused_until_the_day_ends_and_not_retried() {
+        testing::reset();
+        let d = run::<Quota>(&req(ALICE, 100, 500, DAY));
+        assert!(d.is_allowed());
+        let tokens = d.rate_limits.tokens.unwrap();
+        assert_eq!((tokens.limit, tokens.remaining), (1000, 400));
+        assert_eq!(d.rate_limits.requests.unwrap().remaining, 2);
+        // Midnight UTC after 2027-01-15T08:00:00Z.
+        let midnight = (NOW / 86_400_000 + 1) * 86_400_000;
+        assert_eq!(tokens.reset_unix_ms, midnight as u64);
+        let d = run::<Quota>(&req(ALICE, 100, 500, DAY));
+        assert_eq!(d.status, Some(429));
+        assert_eq!(d.reason.as_deref(), Some("quota_exceeded"));
+        assert_eq!(d.should_retry, Some(false));
+        assert_eq!(d.retry_after_seconds, Some(16 * 3600));
+        assert!(
+            d.message
+                .as_deref()
+                .unwrap()
+                .contains("2027-01-16T00:00:00Z"),
+            "{:?}",
+            d.message
+        );
+        assert_eq!(d.rate_limits.tokens.unwrap().remaining, 400);
+        assert_eq!(
+            d.rate_limits.requests.unwrap().remaining,
+            2,
+            "a refused request takes nothing"
+        );
+        assert!(
+            run::<Quota>(&req(BOB, 100, 500, DAY)).is_allowed(),
+            "quotas are per tenant"
+        );
+        testing::set_wall_ms(midnight);
+        assert!(run::<Quota>(&req(ALICE, 100, 500, DAY)).is_allowed());
+    }
+
+    #[test]
+    fn usage_settles_the_estimate_in_the_window_it_was_taken_from() {
+        testing::reset();
+        assert!(run::<Quota>(&req(ALICE, 100, 800, DAY)).is_allowed());
+        testing::complete::<Quota>(&done(ALICE, 100, 800, 150, DAY));
+        let d = run::<Quota>(&req(ALICE, 100, 700, DAY));
+        assert!(d.is_allowed(), "750 came back");
+        assert_eq!(d.rate_limits.tokens.unwrap().remaining, 50);
+    }
+
+    #[test]
+    fn requests_and_model_quotas_bind_too() {
+        testing::reset();
+        let s = r#"{"period": "hour", "requests": 2, "models": {"m": {"tokens": 300}}}"#;
+        assert!(run::<Quota>(&req(ALICE, 50, 150, s)).is_allowed());
+        let d = run::<Quota>(&req(ALICE, 50, 150, s));
+        assert_eq!(d.status, Some(429), "the model's 300 tokens are spent");
+        assert!(d.message.unwrap().contains("on model m"));
+        let d = run::<Quota>(&req(ALICE, 10, 10, s));
+        assert!(d.is_allowed());
+        assert_eq!(d.rate_limits.requests.unwrap().remaining, 0);
+        let d = run::<Quota>(&req(ALICE, 1, 1, s));
+        assert!(d.message.unwrap().contains("hourly request quota of 2"));
+    }
+
+    #[test]
+    fn the_soft_limit_warns_once_per_window() {
+        testing::reset();
+        testing::take_events();
+        let s = r#"{"period": "day", "tokens": 1000, "soft_limit": 0.5}"#;
+        assert!(run::<Quota>(&req(ALICE, 0, 400, s)).is_allowed());
+        assert!(testing::take_events().is_empty());
+        assert!(run::<Quota>(&req(ALICE, 0, 200, s)).is_allowed());
+        assert_eq!(testing::take_events(), ["soft_limit"]);
+        assert!(testing::take_logs()
+            .iter()
+            .any(|(l, m)| *l == Level::Warn && m.contains("50%")));
+        assert!(run::<Quota>(&req(ALICE, 0, 200, s)).is_allowed());
+        assert!(testing::take_events().is_empty(), "once");
+    }
+
+    #[test]
+    fn a_request_over_the_whole_quota_is_forbidden_and_bad_settings_are_refused() {
+        testing::reset();
+        let d = run::<Quota>(&req(ALICE, 100, 5000, DAY));
+        assert_eq!(d.status, Some(403));
+        assert!(testing::validate::<Quota>(DAY).valid);
+        for bad in [
+            r#"{"period": "fortnight", "tokens": 1}"#,
+            r#"{"period": "day"}"#,
+            r#"{"period": "day", "tokens": 1, "soft_limit": 2}"#,
+            r#"{"period": "day", "tokens": 1, "tenants": {"bob": {}}}"#,
+        ] {
+            assert!(!testing::validate::<Quota>(bad).valid, "{bad}");
+        }
+    }
+
+    #[test]
+    fn utc_times_print_like_rfc_3339() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(NOW), "2027-01-15T08:00:00Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+}
