@@ -150,6 +150,7 @@ pub fn status(app: &App) -> serde_json::Value {
                 "file": app.policies.shared().store_file().map(|f| f.display().to_string()),
                 "flush_interval_seconds": app.config.state.flush_interval.as_secs_f64(),
                 "buckets": buckets(app),
+                "quotas": quotas(app),
             }),
             |f| f.status(),
         ),
@@ -175,6 +176,31 @@ fn buckets(app: &App) -> serde_json::Value {
         })
         .collect();
     json!({ "count": count, "emptiest": list })
+}
+
+/// `/status` → `state.quotas`: this sidecar's calendar quotas in their current windows.
+fn quotas(app: &App) -> serde_json::Value {
+    let (levels, count) = app.policies.shared().quota_levels(STATUS_BUCKETS);
+    let list: Vec<serde_json::Value> = levels
+        .into_iter()
+        .map(|q| {
+            json!({
+                "policy": q.policy,
+                "key": q.key,
+                "period": q.period,
+                "window_start": rfc3339(q.window_start_ms),
+                "window_end": rfc3339(q.window_end_ms),
+                "limit": q.limit,
+                "left": q.left,
+            })
+        })
+        .collect();
+    json!({ "count": count, "emptiest": list })
+}
+
+/// Unix milliseconds as an RFC 3339 UTC time.
+fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms).map_or_else(|_| ms.to_string(), |t| t.to_string())
 }
 
 /// `/status` → `admin`: how the admin listener is protected (never a token: only whether one is set).

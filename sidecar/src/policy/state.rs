@@ -68,6 +68,20 @@ pub struct BucketLevel {
     pub refill_per_second: Option<f64>,
 }
 
+/// One calendar quota as `/status` shows it: what is left in its current window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaLevel {
+    pub policy: String,
+    pub key: String,
+    pub period: String,
+    pub window_start_ms: i64,
+    pub window_end_ms: i64,
+    /// The operator's limit, else the policy's as its last call gave it (`None` after a restart
+    /// until its next call).
+    pub limit: Option<f64>,
+    pub left: f64,
+}
+
 struct Window {
     events: VecDeque<(Instant, i64)>,
     total: i64,
@@ -443,10 +457,50 @@ impl SharedState {
     /// nothing changed), the emptiest first, at most `limit`; and how many there are. With the redis
     /// backend the fleet's buckets are in the store, not here.
     pub fn bucket_levels(&self, limit: usize) -> (Vec<BucketLevel>, usize) {
+        self.levels(limit, false)
+    }
+
+    /// The calendar quotas of this sidecar in their current windows, with what is left, the
+    /// emptiest first, at most `limit`; and how many there are.
+    pub fn quota_levels(&self, limit: usize) -> (Vec<QuotaLevel>, usize) {
+        let now = wall_ms();
+        let (levels, _) = self.levels(usize::MAX, true);
+        let mut all: Vec<QuotaLevel> = levels
+            .into_iter()
+            .filter_map(|b| {
+                let (key, period, start) = calendar::parse_quota_bucket(&b.key)?;
+                let (_, end) = calendar::window(&period, start).ok()?;
+                (end > now).then(|| QuotaLevel {
+                    limit: self
+                        .quota_limits
+                        .get(&(
+                            Arc::from(b.policy.as_str()),
+                            key.to_owned(),
+                            period.to_string(),
+                        ))
+                        .map(|l| *l)
+                        .or(b.capacity),
+                    policy: b.policy.clone(),
+                    key: key.to_owned(),
+                    period: period.to_string(),
+                    window_start_ms: start,
+                    window_end_ms: end,
+                    left: b.level,
+                })
+            })
+            .collect();
+        let count = all.len();
+        all.truncate(limit);
+        (all, count)
+    }
+
+    /// Buckets (`quotas` false) or the buckets of quota windows (true), the emptiest first.
+    fn levels(&self, limit: usize, quotas: bool) -> (Vec<BucketLevel>, usize) {
         let now = Instant::now();
         let mut all: Vec<BucketLevel> = self
             .buckets
             .iter()
+            .filter(|e| calendar::parse_quota_bucket(&e.key().1).is_some() == quotas)
             .map(|e| {
                 let (name, b) = (e.key(), e.value());
                 let level = match b.shape {

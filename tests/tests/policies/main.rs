@@ -11,4 +11,5 @@ mod policy_chain;
 mod policy_complete;
 mod policy_hostile;
 mod policy_reload;
+mod quotas;
 mod usage_accounting;
