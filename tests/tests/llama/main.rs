@@ -24,6 +24,7 @@ mod examples_enterprise;
 mod fault_upstream;
 mod llama_today;
 mod observability_kit;
+mod quotas;
 mod readme;
 mod router;
 mod routes_source;
