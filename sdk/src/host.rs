@@ -110,6 +110,13 @@ pub fn quota_level(key: &str, period: &str, limit: f64) -> f64 {
     imp::quota_level(key, period, limit)
 }
 
+/// The limit in force for the quota `key`: an operator's (the quota admin API), else `limit`.
+pub fn quota_limit(key: &str, period: &str, limit: f64) -> f64 {
+    check_key(key);
+    check_key(period);
+    imp::quota_limit(key, period, limit)
+}
+
 /// Unix milliseconds when the current window of `period` ends (when quotas over it are whole
 /// again): for `reset` times and `Retry-After`.
 pub fn quota_reset_ms(period: &str) -> i64 {
@@ -208,6 +215,14 @@ mod imp {
             period_len: usize,
             limit: f64,
         ) -> f64;
+        #[link_name = "quota_limit"]
+        fn host_quota_limit(
+            key_ptr: *const u8,
+            key_len: usize,
+            period_ptr: *const u8,
+            period_len: usize,
+            limit: f64,
+        ) -> f64;
         #[link_name = "quota_reset_ms"]
         fn host_quota_reset_ms(period_ptr: *const u8, period_len: usize) -> i64;
         #[link_name = "event"]
@@ -280,6 +295,23 @@ mod imp {
         // SAFETY: see above.
         unsafe {
             host_quota_level(
+                key.as_ptr(),
+                key.len(),
+                period.as_ptr(),
+                period.len(),
+                limit,
+            )
+        }
+    }
+
+    #[allow(
+        unsafe_code,
+        reason = "calls the host functions the policy ABI imports"
+    )]
+    pub fn quota_limit(key: &str, period: &str, limit: f64) -> f64 {
+        // SAFETY: see above.
+        unsafe {
+            host_quota_limit(
                 key.as_ptr(),
                 key.len(),
                 period.as_ptr(),

@@ -89,6 +89,12 @@ pub fn set_wall_ms(unix_ms: i64) {
     emulated::set_wall_ms(unix_ms);
 }
 
+/// Sets (or, `None`, removes) an operator's limit for a quota, as the quota admin API does: the
+/// quota host functions use it in place of the policy's.
+pub fn set_quota_limit(key: &str, period: &str, limit: Option<f64>) {
+    emulated::set_quota_limit(key, period, limit);
+}
+
 /// The events ([`host::event`](crate::host::event)) counted on this thread since the last call.
 pub fn take_events() -> Vec<String> {
     emulated::take_events()

@@ -41,6 +41,8 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::Top(args)) => return slotgate::cmd::top::run(args),
+        Some(Command::Quota(cmd)) => return slotgate::cmd::quota::quota(cmd),
+        Some(Command::Usage(args)) => return slotgate::cmd::quota::usage(args),
         None => (false, cli.run),
     };
     slotgate::cmd::run::run(args, wrapped, check)

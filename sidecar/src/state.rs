@@ -42,6 +42,8 @@ pub struct App {
     pub fleet: Option<Arc<Fleet>>,
     /// What is inside now: every request, tenant totals and a minute of history (`GET /live`).
     pub live: Live,
+    /// Requests and tokens per tenant, model and day (`GET /usage`).
+    pub ledger: Arc<crate::store::ledger::Ledger>,
     /// The admin tokens in force: those of the configuration, replaced by a reload that read new
     /// ones (`set_admin_tokens`).
     admin_tokens: std::sync::RwLock<crate::config::AdminTokens>,
@@ -55,6 +57,7 @@ impl App {
         prometheus: PrometheusHandle,
         policies: PolicySet,
         fleet: Option<Arc<Fleet>>,
+        ledger: Arc<crate::store::ledger::Ledger>,
     ) -> Self {
         let slots = config.slots.initial();
         // Idle upstream connections kept: two per slot, for as many slots as `auto` may find.
@@ -116,6 +119,7 @@ impl App {
             warned_slots: AtomicUsize::new(0),
             admin_tokens: std::sync::RwLock::new(config.admin.tokens),
             live: Live::new(),
+            ledger,
             cost: Counter::new(config.tokenizer, upstream.clone()),
             capacity,
             cors: Cors::default(),

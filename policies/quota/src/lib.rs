@@ -139,21 +139,25 @@ fn charges(request: &RequestSummary, s: &Settings) -> Vec<Charge> {
     });
     let cost = estimate(request, s);
     let mut out = Vec::with_capacity(4);
+    // An operator's limit (the quota admin API) replaces the configured one.
+    let in_force = |key: &str, limit: u64| host::quota_limit(key, &s.period, limit as f64) as u64;
     let mut add = |key: &str, limits: Limits, whose: String| {
         if let Some(limit) = limits.tokens {
+            let key = format!("tokens:{key}");
             out.push(Charge {
-                key: format!("tokens:{key}"),
+                limit: in_force(&key, limit),
+                key,
                 kind: Kind::Tokens,
-                limit,
                 amount: cost,
                 whose: whose.clone(),
             });
         }
         if let Some(limit) = limits.requests {
+            let key = format!("requests:{key}");
             out.push(Charge {
-                key: format!("requests:{key}"),
+                limit: in_force(&key, limit),
+                key,
                 kind: Kind::Requests,
-                limit,
                 amount: 1,
                 whose,
             });
@@ -454,6 +458,19 @@ mod tests {
         assert_eq!(d.rate_limits.requests.unwrap().remaining, 0);
         let d = run::<Quota>(&req(ALICE, 1, 1, s));
         assert!(d.message.unwrap().contains("hourly request quota of 2"));
+    }
+
+    #[test]
+    fn an_operators_limit_replaces_the_configured_one() {
+        testing::reset();
+        let s = r#"{"period": "day", "requests": 1}"#;
+        assert!(run::<Quota>(&req(ALICE, 1, 1, s)).is_allowed());
+        assert!(!run::<Quota>(&req(ALICE, 1, 1, s)).is_allowed());
+        testing::set_quota_limit("requests:uid:1000", "day", Some(3.0));
+        let d = run::<Quota>(&req(ALICE, 1, 1, s));
+        assert!(d.is_allowed());
+        let r = d.rate_limits.requests.unwrap();
+        assert_eq!((r.limit, r.remaining), (3, 1), "one used before, one now");
     }
 
     #[test]

@@ -21,11 +21,15 @@ struct Emulator {
     events: Vec<String>,
     /// Where the wall clock is ahead of `WALL_START_MS + now_ms` (set by a test).
     wall_offset_ms: i64,
+    /// Operators' quota limits, by key and period.
+    quota_limits: HashMap<(String, String), f64>,
 }
 
 struct Bucket {
     level: f64,
     updated_ms: i64,
+    /// As the last call gave it.
+    capacity: f64,
 }
 
 #[derive(Default)]
@@ -90,6 +94,7 @@ fn quota_window(key: &str, period: &str, at: i64) -> (String, (i64, i64)) {
 }
 
 pub(super) fn quota_take(key: &str, period: &str, limit: f64, amount: f64) -> f64 {
+    let limit = quota_limit(key, period, limit);
     let (bucket, (_, end)) = quota_window(key, period, 0);
     match bucket_take(&bucket, limit, 0.0, amount) {
         0.0 => 0.0,
@@ -99,6 +104,7 @@ pub(super) fn quota_take(key: &str, period: &str, limit: f64, amount: f64) -> f6
 }
 
 pub(super) fn quota_refund(key: &str, period: &str, limit: f64, amount: f64, at: i64) -> f64 {
+    let limit = quota_limit(key, period, limit);
     let (bucket, (_, end)) = quota_window(key, period, at);
     if end <= wall_ms() {
         return bucket_level(&bucket, limit, 0.0);
@@ -107,8 +113,37 @@ pub(super) fn quota_refund(key: &str, period: &str, limit: f64, amount: f64, at:
 }
 
 pub(super) fn quota_level(key: &str, period: &str, limit: f64) -> f64 {
+    let limit = quota_limit(key, period, limit);
     let (bucket, _) = quota_window(key, period, 0);
     bucket_level(&bucket, limit, 0.0)
+}
+
+pub(super) fn quota_limit(key: &str, period: &str, limit: f64) -> f64 {
+    with(|h| {
+        h.quota_limits
+            .get(&(key.to_owned(), period.to_owned()))
+            .copied()
+            .unwrap_or(limit)
+    })
+}
+
+/// The limit an operator set, as the quota admin API would: the current window, if in use, keeps
+/// what it used, so what is left moves by the difference.
+pub(crate) fn set_quota_limit(key: &str, period: &str, limit: Option<f64>) {
+    let (bucket, _) = quota_window(key, period, 0);
+    with(|h| {
+        let id = (key.to_owned(), period.to_owned());
+        match limit {
+            Some(l) => {
+                if let Some(b) = h.buckets.get_mut(&bucket) {
+                    b.level += l - b.capacity;
+                    b.capacity = l;
+                }
+                h.quota_limits.insert(id, l)
+            }
+            None => h.quota_limits.remove(&id),
+        };
+    });
 }
 
 pub(super) fn quota_reset_ms(period: &str) -> i64 {
@@ -174,7 +209,9 @@ impl Emulator {
         let b = self.buckets.entry(key.to_owned()).or_insert(Bucket {
             level: capacity,
             updated_ms: now,
+            capacity,
         });
+        b.capacity = capacity;
         let dt = (now - b.updated_ms) as f64 / 1000.0;
         b.level = crate::bucket::refilled(b.level, dt, capacity, refill);
         b.updated_ms = now;

@@ -155,6 +155,8 @@ pub struct Pending {
     filename: Option<String>,
     request_id: String,
     credentials: &'static str,
+    /// A quota change's target and amount.
+    detail: Option<String>,
     written: bool,
 }
 
@@ -181,6 +183,7 @@ impl Pending {
             filename,
             request_id: request_id.to_owned(),
             credentials,
+            detail: quota_detail(path, body),
             written: false,
         }
     }
@@ -214,9 +217,25 @@ impl Pending {
             result,
             request_id: Some(&self.request_id),
             credentials: self.credentials,
-            detail: None,
+            detail: self.detail.take(),
         });
     }
+}
+
+/// What a quota change names (`policy=… key=… period=… limit=…`), cut to a bounded length.
+fn quota_detail(path: &str, body: &[u8]) -> Option<String> {
+    if !path.starts_with("/quotas/") {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let mut out = String::new();
+    for field in ["policy", "key", "period", "limit", "amount"] {
+        if let Some(x) = v.get(field) {
+            let text = x.as_str().map_or_else(|| x.to_string(), str::to_owned);
+            out.push_str(&format!("{field}={} ", bounded(&text)));
+        }
+    }
+    Some(out.trim_end().to_owned())
 }
 
 impl Drop for Pending {
@@ -243,6 +262,9 @@ pub fn action(method: &Method, path: &str, query: Option<&str>) -> &'static str 
         "/models/load" if post => "model_load",
         "/models/unload" if post => "model_unload",
         "/models" if method == Method::DELETE => "model_delete",
+        "/quotas/set" if post => "quota_set",
+        "/quotas/top-up" if post => "quota_top_up",
+        "/quotas/reset" if post => "quota_reset",
         _ => "other",
     }
 }

@@ -7,8 +7,10 @@ pub mod audit;
 pub mod auth;
 mod forward;
 mod live;
+mod quotas;
 mod scrape;
 mod status;
+mod usage;
 
 use std::sync::Arc;
 
@@ -44,15 +46,16 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
     let path = req.uri().path();
     let own = matches!(
         path,
-        "/metrics" | "/livez" | "/readyz" | "/status" | "/live"
-    );
+        "/metrics" | "/livez" | "/readyz" | "/status" | "/live" | "/usage" | "/quotas"
+    ) || path.starts_with("/quotas/");
     let forwarded = !own
         && routes::lookup(req.method().as_str(), path)
             .is_some_and(|r| matches!(r.handling, routes::Handling::Admin));
     let admitted = match auth::check(app, caller, req.method(), path, req.headers()) {
         Ok(a) => a,
         Err(refusal) => {
-            if forwarded && auth::need(req.method(), path) == Need::Change {
+            let changes = forwarded || path.starts_with("/quotas/");
+            if changes && auth::need(req.method(), path) == Need::Change {
                 audit::Pending::new(caller, req.method(), req.uri(), b"", id, "-")
                     .refused(refusal.response.status().as_u16(), refusal.result);
             }
@@ -62,6 +65,9 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
     if forwarded {
         let (parts, body) = req.into_parts();
         return forward::forward(app, caller, admitted, parts, body, id).await;
+    }
+    if path.starts_with("/quotas/") {
+        return quota_change(app, caller, req, id).await;
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return respond::json(
@@ -88,9 +94,45 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
         }
         "/status" => respond::json(200, &status(app)),
         "/live" => respond::json(200, &live(app)),
+        "/usage" => usage::usage(app, req.uri().query(), req.headers()),
+        "/quotas" => quotas::list(app, req.uri().query()),
         _ => respond::json(
             404,
             &json!({"error": {"message": format!("no admin endpoint {path}"), "type": "not_found_error", "code": "not_found"}}),
         ),
     }
+}
+
+/// A quota change: its body read within the limits, the change made, and one audit line.
+async fn quota_change(
+    app: &App,
+    caller: &Caller,
+    req: Request<Incoming>,
+    id: &str,
+) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let (parts, body) = req.into_parts();
+    let limits = &app.limits;
+    let read = tokio::time::timeout(
+        limits.body_timeout,
+        http_body_util::Limited::new(body, 64 << 10).collect(),
+    )
+    .await;
+    let Ok(Ok(body)) = read.map(|r| r.map(|c| c.to_bytes())) else {
+        audit::Pending::new(caller, &parts.method, &parts.uri, b"", id, "-")
+            .refused(400, "bad_request");
+        return respond::json(
+            400,
+            &json!({"error": {"code": "invalid_request", "message": "the request body could not be read within the limits", "type": "invalid_request_error"}}),
+        );
+    };
+    let pending = audit::Pending::new(caller, &parts.method, &parts.uri, &body, id, "-");
+    let resp = quotas::change(app, &parts.method, parts.uri.path(), &body);
+    let status = resp.status().as_u16();
+    match status {
+        200 => pending.refused(200, "ok"),
+        400..=499 => pending.refused(status, "bad_request"),
+        _ => pending.refused(status, "error"),
+    }
+    resp
 }

@@ -199,7 +199,7 @@ fn quotas(app: &App) -> serde_json::Value {
 }
 
 /// Unix milliseconds as an RFC 3339 UTC time.
-fn rfc3339(ms: i64) -> String {
+pub(super) fn rfc3339(ms: i64) -> String {
     jiff::Timestamp::from_millisecond(ms).map_or_else(|_| ms.to_string(), |t| t.to_string())
 }
 

@@ -87,6 +87,9 @@ pub async fn run(
         }
         StateBackend::Memory => None,
     };
+    let ledger = Arc::new(crate::store::ledger::Ledger::new(
+        config.state.usage_retention_days,
+    ));
     // The memory backend's budgets, kept on disk and read back (`state.dir`).
     let first_listen = config
         .listen
@@ -98,13 +101,18 @@ pub async fn run(
         config.state.dir.resolve(&first_listen),
     ) {
         (StateBackend::Memory, Some(dir)) => {
-            let store = crate::store::Store::open(&dir)?;
+            let store = Arc::new(crate::store::Store::open(&dir)?);
             let file = store.file().display().to_string();
-            let (buckets, windows) = policies.shared().use_store(store)?;
-            tracing::info!(file, buckets, windows, flush_interval = ?config.state.flush_interval, "policy budgets kept on disk");
+            let (buckets, windows) = policies.shared().use_store(store.clone())?;
+            ledger.use_store(store);
+            tracing::info!(file, buckets, windows, flush_interval = ?config.state.flush_interval, "policy budgets and the usage ledger kept on disk");
             Some(
-                persist::Persister::start(policies.shared().clone(), config.state.flush_interval)
-                    .map_err(StartError::Persister)?,
+                persist::Persister::start(
+                    policies.shared().clone(),
+                    ledger.clone(),
+                    config.state.flush_interval,
+                )
+                .map_err(StartError::Persister)?,
             )
         }
         (StateBackend::Memory, None) => {
@@ -115,7 +123,13 @@ pub async fn run(
     };
     crate::admin::audit::open(&config.admin.audit_log)
         .map_err(|e| StartError::AuditLog(config.admin.audit_log.to_string(), e))?;
-    let app = Arc::new(App::new(config, prometheus, policies, fleet.clone()));
+    let app = Arc::new(App::new(
+        config,
+        prometheus,
+        policies,
+        fleet.clone(),
+        ledger,
+    ));
     let cfg = &app.config;
 
     // Bind everything first, so a bad address fails the start before anything is served. Sockets

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::metrics as m;
 use crate::policy::state::SharedState;
+use crate::store::ledger::Ledger;
 
 /// How often a failing disk is logged again.
 const ERROR_EVERY: Duration = Duration::from_secs(60);
@@ -20,7 +21,11 @@ pub struct Persister {
 }
 
 impl Persister {
-    pub fn start(shared: Arc<SharedState>, every: Duration) -> std::io::Result<Persister> {
+    pub fn start(
+        shared: Arc<SharedState>,
+        ledger: Arc<Ledger>,
+        every: Duration,
+    ) -> std::io::Result<Persister> {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("slotgate-state".into())
@@ -32,7 +37,10 @@ impl Persister {
                         stopped.recv_timeout(every),
                         Err(mpsc::RecvTimeoutError::Timeout)
                     );
-                    match shared.persist() {
+                    let written = shared.persist().and_then(|n| {
+                        Ok(n + ledger.persist(crate::policy::state::wall_ms())?)
+                    });
+                    match written {
                         Ok(n) => {
                             if n > 0 {
                                 metrics::counter!(m::STATE_WRITES_TOTAL, "result" => "ok")

@@ -61,6 +61,13 @@ pub enum Command {
     /// (`GET /live`, docs/live.md). Keys: tab focus, s sort, r reverse, / filter, p pause, q quit.
     /// `--once` prints the picture as text.
     Top(crate::cmd::top::TopArgs),
+    /// The calendar quotas of a running slotgate, from its admin listener: `list` them with what
+    /// is left, `set` a tenant's limit, `top-up` or `reset` its current window (docs/quotas.md).
+    #[command(subcommand)]
+    Quota(crate::cmd::quota::QuotaCommand),
+    /// The usage ledger of a running slotgate: requests and tokens per UTC day, tenant and model
+    /// (`GET /usage`), as a table, JSON or CSV.
+    Usage(crate::cmd::quota::UsageArgs),
 }
 
 #[derive(Debug, Clone, Args)]

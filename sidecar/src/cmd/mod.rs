@@ -1,8 +1,11 @@
-//! The subcommands: `run` (the default), `check`, `policy`, `wrap`, `top`, and the command line
+//! The subcommands: `run` (the default), `check`, `policy`, `wrap`, `top`, `quota`, `usage`, and the
+//! command line
 //! itself.
 
+pub mod admin_client;
 pub mod cli;
 pub mod policy;
+pub mod quota;
 pub mod run;
 pub mod top;
 pub mod wrap;

@@ -293,6 +293,7 @@ impl Config {
                     lease_max_age: s.state_lease_max_age,
                     dir: s.state_dir,
                     flush_interval: s.state_flush_interval,
+                    usage_retention_days: s.state_usage_retention_days,
                 }
                 .over(s.state.unwrap_or_default()),
             )?,
@@ -361,6 +362,7 @@ impl Config {
             state_lease_max_age: None,
             state_dir: None,
             state_flush_interval: None,
+            state_usage_retention_days: None,
             state: Some(self.state.table()),
             policy_watch: Some(off_is_zero(self.policy_watch)),
             policy_cache_dir: self.policy_cache_dir.clone(),

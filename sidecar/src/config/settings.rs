@@ -428,6 +428,16 @@ pub struct Settings {
     #[serde(skip)]
     pub state_flush_interval: Option<Dur>,
 
+    /// Days of the usage ledger kept (requests and tokens per tenant, model and UTC day; `GET
+    /// /usage`): older days are dropped. TOML: `state.usage-retention-days`. [default: 400]
+    #[arg(
+        long = "state-usage-retention-days",
+        env = "SLOTGATE_STATE_USAGE_RETENTION_DAYS",
+        value_name = "DAYS"
+    )]
+    #[serde(skip)]
+    pub state_usage_retention_days: Option<u32>,
+
     /// In front of llama-server's router: `[models."NAME"]` tables, one model's own slots, queue
     /// depth and queue timeout (NAME: an id or alias of the router's `/models`).
     #[arg(skip)]

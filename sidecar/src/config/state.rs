@@ -51,6 +51,9 @@ pub struct StateTable {
     /// See `--state-flush-interval`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush_interval: Option<Dur>,
+    /// See `--state-usage-retention-days`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_retention_days: Option<u32>,
 }
 
 impl StateTable {
@@ -69,6 +72,7 @@ impl StateTable {
             lease_max_age: self.lease_max_age.or(lower.lease_max_age),
             dir: self.dir.or(lower.dir),
             flush_interval: self.flush_interval.or(lower.flush_interval),
+            usage_retention_days: self.usage_retention_days.or(lower.usage_retention_days),
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct StateConfig {
     pub dir: StateDir,
     /// How often changed budgets are written to disk: what a crash can lose at most.
     pub flush_interval: Duration,
+    /// Days of the usage ledger kept.
+    pub usage_retention_days: u32,
 }
 
 /// How big a sidecar's lease of a fleet bucket grows and when it goes back.
@@ -179,9 +185,17 @@ impl StateConfig {
                 "at most 60s: a crash loses the charges of up to one interval",
             ));
         }
+        let usage_retention_days = t.usage_retention_days.unwrap_or(400);
+        if usage_retention_days == 0 {
+            return Err(invalid(
+                "state.usage-retention-days",
+                "at least 1: the ledger keeps today's usage at least",
+            ));
+        }
         Ok(StateConfig {
             dir: t.dir.unwrap_or(StateDir::Auto),
             flush_interval,
+            usage_retention_days,
             backend,
             redis_url,
             prefix: name("state.prefix", t.prefix, "slotgate")?,
@@ -211,6 +225,7 @@ impl StateConfig {
             lease_max_age: Some(Dur(self.lease.max_age)),
             dir: Some(self.dir.clone()),
             flush_interval: Some(Dur(self.flush_interval)),
+            usage_retention_days: Some(self.usage_retention_days),
         }
     }
 }

@@ -342,6 +342,13 @@ impl Fleet {
         }
     }
 
+    /// The capacity a bucket this sidecar holds a lease of was last used with (`None`: no lease).
+    pub fn bucket_shape(&self, policy: &Arc<str>, key: &str) -> Option<Option<f64>> {
+        self.leases
+            .get(&(policy.clone(), key.to_owned()))
+            .map(|e| Some(e.capacity))
+    }
+
     /// The store is away: the failure mode decides. What is admitted is charged to the fleet
     /// bucket once the store is back, so the fleet's accounting stays whole.
     fn unavailable(

@@ -14,6 +14,7 @@ use crate::live::{Ended, Live, Tracked};
 use crate::log::{self, Field};
 use crate::metrics as m;
 use crate::policy::complete::CompletionHook;
+use crate::store::ledger::{Ledger, Usage as LedgerUsage};
 
 /// The shutdown is closing the connections still open (its drain timeout ran out, or a second
 /// signal came): a request ended now was cut by slotgate, not left by its client.
@@ -53,6 +54,10 @@ pub struct Exchange {
     tenant: Option<Arc<str>>,
     /// In front of llama-server's router: the model's id (one the router lists).
     model: Option<Arc<str>>,
+    /// The body's `model`, for the usage ledger where there is no router.
+    asked_model: Option<Arc<str>>,
+    /// Where a request that reached llama-server is counted.
+    ledger: Arc<Ledger>,
     queue_wait: Option<Duration>,
     /// Its own deadline from arrival (header or policy), when it set one.
     deadline: Option<Duration>,
@@ -72,8 +77,13 @@ pub struct Exchange {
 }
 
 impl Exchange {
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "what every request starts with, one for one"
+    )]
     pub fn new(
         live: &Live,
+        ledger: &Arc<Ledger>,
         method: &http::Method,
         path: &str,
         peer: Option<Peer>,
@@ -95,6 +105,8 @@ impl Exchange {
             priority: 0,
             tenant: None,
             model: None,
+            asked_model: None,
+            ledger: ledger.clone(),
             queue_wait: None,
             deadline: None,
             band: None,
@@ -133,6 +145,11 @@ impl Exchange {
     pub fn set_tenant(&mut self, tenant: Arc<str>) {
         self.live.set_tenant(&tenant);
         self.tenant = Some(tenant);
+    }
+
+    /// The model the request's body names (the ledger's, when no router's model is set).
+    pub fn set_asked_model(&mut self, model: &str) {
+        self.asked_model = Some(model.into());
     }
 
     /// The router's model the request was queued for (its id: bounded by the router's list).
@@ -285,6 +302,23 @@ impl Drop for Exchange {
             );
         }
         m::hot().requests(outcome).increment(1);
+        // What reached llama-server goes in the usage ledger, with what it reported.
+        if self.upstream.is_some() || self.usage.is_some() {
+            let u = self.usage.unwrap_or_default();
+            self.ledger.record(
+                crate::policy::state::wall_ms(),
+                self.tenant.as_deref().unwrap_or("anonymous"),
+                self.model
+                    .as_deref()
+                    .or(self.asked_model.as_deref())
+                    .unwrap_or("-"),
+                &LedgerUsage {
+                    requests: 1,
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                },
+            );
+        }
         if let Some(model) = &self.model {
             metrics::counter!(m::MODEL_REQUESTS_TOTAL, "model" => model.to_string(), "outcome" => outcome.label())
                 .increment(1);

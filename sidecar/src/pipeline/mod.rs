@@ -84,6 +84,7 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
         let span = crate::otel::request(req.method(), req.uri().path(), req.headers());
         let mut ex = Exchange::new(
             &app.live,
+            &app.ledger,
             req.method(),
             req.uri().path(),
             peer,
@@ -136,6 +137,9 @@ async fn phases(
         .map_err(Refusal::reading)?;
     drop(phase);
     traced_ask(ex.span(), &intake);
+    if let Some(model) = &intake.summary.model {
+        ex.set_asked_model(model);
+    }
     tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");
     ex.live().set_stream(intake.ask.stream);
     ex.live().set_phase(Phase::Deciding);

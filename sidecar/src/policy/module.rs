@@ -807,6 +807,17 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
     )?;
     l.func_wrap(
         IMPORT_MODULE,
+        "quota_limit",
+        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, pp: i32, pl: i32, limit: f64| {
+            let key = host_str(&mut c, kp, kl)?;
+            let period = host_str(&mut c, pp, pl)?;
+            let s = c.data();
+            Ok(s.shared
+                .quota_limit_in_force(&s.policy, &key, &period, limit))
+        },
+    )?;
+    l.func_wrap(
+        IMPORT_MODULE,
         "quota_reset_ms",
         |mut c: Caller<'_, HostState>, pp: i32, pl: i32| {
             let period = host_str(&mut c, pp, pl)?;

@@ -24,7 +24,7 @@ const WINDOW_GRAIN_MS: u64 = 100;
 
 /// The disk behind the maps, and what changed since it was last written.
 struct Durable {
-    store: Store,
+    store: Arc<Store>,
     dirty_buckets: Mutex<HashSet<Name>>,
     dirty_windows: Mutex<HashSet<Name>>,
 }
@@ -245,6 +245,17 @@ impl SharedState {
         Ok(self.bucket_level(policy, &bucket, limit, 0.0))
     }
 
+    /// `quota_limit`: the limit in force (the operator's, else `limit`).
+    pub fn quota_limit_in_force(
+        &self,
+        policy: &Arc<str>,
+        key: &str,
+        period: &str,
+        limit: f64,
+    ) -> f64 {
+        self.quota_limit(policy, key, period, limit)
+    }
+
     /// `quota_reset_ms`: when the current window of `period` ends.
     pub fn quota_reset_ms(&self, period: &str) -> Result<i64, String> {
         Ok(self.quota_window("", period, wall_ms())?.1 .1)
@@ -318,13 +329,120 @@ impl SharedState {
         self.events.insert(id, c);
     }
 
-    /// Sets an operator's limit for a quota (`None`: the policy's again).
-    pub fn set_quota_limit(&self, policy: &str, key: &str, period: &str, limit: Option<f64>) {
-        let id = (Arc::from(policy), key.to_owned(), period.to_owned());
+    /// Sets an operator's limit for a quota (`None`: the policy's again, `policy_limit`), written
+    /// to the store at once. The current window moves with it: what was used stays used, so what
+    /// is left grows or shrinks by the difference. Returns what is left after.
+    pub fn set_quota_limit(
+        &self,
+        policy: &str,
+        key: &str,
+        period: &str,
+        limit: Option<f64>,
+    ) -> Result<f64, String> {
+        let policy: Arc<str> = Arc::from(policy);
+        let (bucket, _) = self.quota_window(key, period, wall_ms())?;
+        let old = self.window_limit(&policy, key, period, &bucket);
+        if let Some(d) = self.durable.get() {
+            d.store
+                .put_limit(&policy, key, period, limit)
+                .map_err(|e| e.to_string())?;
+        }
+        let id = (policy.clone(), key.to_owned(), period.to_owned());
         match limit {
-            Some(l) => self.quota_limits.insert(id, l),
-            None => self.quota_limits.remove(&id).map(|e| e.1),
+            Some(l) => {
+                self.quota_limits.insert(id, l);
+            }
+            None => {
+                self.quota_limits.remove(&id);
+            }
+        }
+        let Some(old) = old else {
+            // Not used in this window yet: it starts whole at whichever limit applies.
+            return Ok(limit.unwrap_or(f64::NAN));
         };
+        let new = limit.unwrap_or(old);
+        Ok(self.adjust_window(&policy, &bucket, old, new, new - old))
+    }
+
+    /// Whether an operator set this quota's limit.
+    pub fn has_quota_limit(&self, policy: &str, key: &str, period: &str) -> bool {
+        self.quota_limits
+            .contains_key(&(Arc::from(policy), key.to_owned(), period.to_owned()))
+    }
+
+    /// The quota's limit as its current window knows it (the operator's, else the policy's last),
+    /// `None` when unknown.
+    pub fn quota_limit_of(&self, policy: &str, key: &str, period: &str) -> Option<f64> {
+        let policy: Arc<str> = Arc::from(policy);
+        let (bucket, _) = self.quota_window(key, period, wall_ms()).ok()?;
+        self.window_limit(&policy, key, period, &bucket)
+            .or_else(|| {
+                self.quota_limits
+                    .get(&(policy, key.to_owned(), period.to_owned()))
+                    .map(|l| *l)
+            })
+    }
+
+    /// Gives back up to `amount` of what a quota's current window used (never above its limit);
+    /// `None` for the whole of it (a reset). Returns what is left after, `None` when the window is
+    /// not in use (it is whole).
+    pub fn quota_give_back(
+        &self,
+        policy: &str,
+        key: &str,
+        period: &str,
+        amount: Option<f64>,
+    ) -> Result<Option<f64>, String> {
+        let policy: Arc<str> = Arc::from(policy);
+        let (bucket, _) = self.quota_window(key, period, wall_ms())?;
+        let Some(limit) = self.window_limit(&policy, key, period, &bucket) else {
+            return Ok(None);
+        };
+        let left = self.bucket_level(&policy, &bucket, limit, 0.0);
+        let amount = amount.unwrap_or(limit - left).max(0.0);
+        Ok(Some(
+            self.adjust_window(&policy, &bucket, limit, limit, amount),
+        ))
+    }
+
+    /// The limit a window in use was last taken from at: the operator's, else the policy's as its
+    /// last call gave it. `None` when this sidecar holds no such window.
+    fn window_limit(
+        &self,
+        policy: &Arc<str>,
+        key: &str,
+        period: &str,
+        bucket: &str,
+    ) -> Option<f64> {
+        let name = (policy.clone(), bucket.to_owned());
+        let seen = match self.fleet.get() {
+            Some(fleet) => fleet.bucket_shape(policy, bucket),
+            None => self.buckets.get(&name).map(|b| b.shape.map(|s| s.0)),
+        }?;
+        let id = (policy.clone(), key.to_owned(), period.to_owned());
+        self.quota_limits.get(&id).map(|l| *l).or(seen)
+    }
+
+    /// Moves a window from limit `old` to `new`, adding `amount` to what is left; returns it.
+    fn adjust_window(
+        &self,
+        policy: &Arc<str>,
+        bucket: &str,
+        old: f64,
+        new: f64,
+        amount: f64,
+    ) -> f64 {
+        if self.fleet.get().is_none() {
+            // The capacity first, so that a raised limit has room for what it adds.
+            if let Some(mut b) = self.buckets.get_mut(&(policy.clone(), bucket.to_owned())) {
+                b.shape = Some((new.max(old), 0.0));
+            }
+        }
+        let left = self.bucket_refund(policy, bucket, new.max(old), 0.0, amount);
+        if new < old {
+            return self.bucket_refund(policy, bucket, new, 0.0, 0.0).min(left);
+        }
+        left
     }
 
     fn changed_bucket(&self, policy: &Arc<str>, key: &str) {
@@ -335,8 +453,12 @@ impl SharedState {
 
     /// Keeps the buckets and windows in `store` from now on, starting from what it holds (once, at
     /// start-up, before any evaluation). Returns how many buckets and windows it held.
-    pub fn use_store(&self, store: Store) -> Result<(usize, usize), StoreError> {
+    pub fn use_store(&self, store: Arc<Store>) -> Result<(usize, usize), StoreError> {
         let (buckets, windows) = store.load()?;
+        for ((policy, key, period), limit) in store.load_limits()? {
+            self.quota_limits
+                .insert((Arc::from(policy), key, period), limit);
+        }
         let (now, wall) = clocks();
         let counts = (buckets.len(), windows.len());
         for b in buckets {
@@ -609,7 +731,7 @@ mod tests {
         ));
         let p: Arc<str> = Arc::from("budget");
         let s = SharedState::default();
-        s.use_store(Store::open(&dir).unwrap()).unwrap();
+        s.use_store(Arc::new(Store::open(&dir).unwrap())).unwrap();
         // A fixed quota of 100, 70 taken; a window of 5.
         assert_eq!(s.bucket_take(&p, "t", 100.0, 0.0, 70.0), 0.0);
         assert_eq!(s.window_add(&p, "w", 60_000, 5), 5);
@@ -618,7 +740,10 @@ mod tests {
         drop(s);
 
         let s = SharedState::default();
-        assert_eq!(s.use_store(Store::open(&dir).unwrap()).unwrap(), (1, 1));
+        assert_eq!(
+            s.use_store(Arc::new(Store::open(&dir).unwrap())).unwrap(),
+            (1, 1)
+        );
         assert!(
             s.bucket_take(&p, "t", 100.0, 0.0, 40.0).is_infinite(),
             "30 left, never refilled"

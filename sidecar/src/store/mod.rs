@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod ledger;
+
 use redb::{Database, ReadableTable, TableDefinition};
 
 /// The database file in `state.dir`.
@@ -18,6 +20,10 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<(&str, &str), (f64, u64)> = TableDefinition::new("buckets");
 /// (policy, key) → events, each 16 bytes: Unix milliseconds (u64 LE), amount (i64 LE).
 const WINDOWS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("windows");
+/// A quota an operator set a limit of: (policy, key, period).
+pub type LimitId = (String, String, String);
+/// Quota limits an operator set: (policy, key, period) → limit.
+const LIMITS: TableDefinition<(&str, &str, &str), f64> = TableDefinition::new("quota_limits");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -139,6 +145,9 @@ impl Store {
             }
             tx.open_table(BUCKETS).map_err(|e| self.write_err(e))?;
             tx.open_table(WINDOWS).map_err(|e| self.write_err(e))?;
+            tx.open_table(LIMITS).map_err(|e| self.write_err(e))?;
+            tx.open_table(ledger::USAGE)
+                .map_err(|e| self.write_err(e))?;
         }
         tx.commit().map_err(|e| self.write_err(e))
     }
@@ -214,6 +223,93 @@ impl Store {
             self.stale.store(true, Ordering::Relaxed);
         }
         written.map_err(|e| self.write_err(e))
+    }
+
+    /// Runs `f` in one durable write transaction, opening the file again first after a failed
+    /// write.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, in a closure run once per batch, off the request path"
+    )]
+    fn with_write<T>(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, redb::Error>,
+    ) -> Result<T, StoreError> {
+        use std::sync::atomic::Ordering;
+        let mut guard = self.db();
+        if self.stale.load(Ordering::Relaxed) || guard.is_none() {
+            drop(guard.take());
+            *guard = Some(Database::create(&self.file).map_err(|e| self.write_err(e))?);
+            self.stale.store(false, Ordering::Relaxed);
+        }
+        let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;
+        let done = (|| {
+            let tx = db.begin_write()?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok::<T, redb::Error>(out)
+        })();
+        if done.is_err() {
+            self.stale.store(true, Ordering::Relaxed);
+        }
+        done.map_err(|e| self.write_err(e))
+    }
+
+    /// Runs `f` in a read transaction.
+    fn with_read<T>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error>,
+    ) -> Result<T, StoreError> {
+        let bad = |e: &dyn std::fmt::Display| StoreError::Unreadable {
+            file: self.file.clone(),
+            reason: e.to_string(),
+        };
+        let guard = self.db();
+        let db = guard.as_ref().ok_or_else(|| bad(&"not open"))?;
+        let tx = db.begin_read().map_err(|e| bad(&e))?;
+        f(&tx).map_err(|e| bad(&e))
+    }
+
+    /// The quota limits an operator set: (policy, key, period) → limit.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, in a closure run once per batch, off the request path"
+    )]
+    pub fn load_limits(&self) -> Result<Vec<(LimitId, f64)>, StoreError> {
+        self.with_read(|tx| {
+            let mut out = Vec::new();
+            for row in tx.open_table(LIMITS)?.iter()? {
+                let (k, v) = row?;
+                let (policy, key, period) = k.value();
+                out.push((
+                    (policy.to_owned(), key.to_owned(), period.to_owned()),
+                    v.value(),
+                ));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Sets (or, `None`, removes) an operator's quota limit, durably, now.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, in a closure run once per batch, off the request path"
+    )]
+    pub fn put_limit(
+        &self,
+        policy: &str,
+        key: &str,
+        period: &str,
+        limit: Option<f64>,
+    ) -> Result<(), StoreError> {
+        self.with_write(|tx| {
+            let mut t = tx.open_table(LIMITS)?;
+            match limit {
+                Some(l) => t.insert((policy, key, period), l).map(drop)?,
+                None => t.remove((policy, key, period)).map(drop)?,
+            }
+            Ok(())
+        })
     }
 
     fn db(&self) -> std::sync::MutexGuard<'_, Option<Database>> {

@@ -210,3 +210,209 @@ async fn a_spent_quota_stays_spent_across_a_sigkill() {
     assert_error(&resp, 429, "quota_exceeded");
     gate.assert_settled(&up, 1).await;
 }
+
+const TOKEN: &str = "quota-admin-token-0123456789";
+const READ_TOKEN: &str = "quota-read-token-0123456789ab";
+
+/// `slotgate ARGS` against `gate`'s admin listener with the token in `token_file`.
+fn cli(gate: &RunningGate, token_file: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(slotgate_tests::gate::binary_path())
+        .args(args)
+        .arg("--admin")
+        .arg(gate.admin_addr())
+        .arg("--admin-token-file")
+        .arg(token_file)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cli() {
+    let dir = unique_dir("quota-admin");
+    let (token, read_token, audit) = (
+        dir.join("admin.token"),
+        dir.join("read.token"),
+        dir.join("audit.jsonl"),
+    );
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    std::fs::write(&read_token, format!("{READ_TOKEN}\n")).unwrap();
+    let state = dir.join("state");
+    let gate_on = || {
+        gate(state.to_str().unwrap())
+            .admin_token(TOKEN)
+            .opt("--admin-read-token-file", read_token.display())
+            .opt("--audit-log", audit.display())
+    };
+    let up = FakeUpstream::instant().start().await;
+    let mut first = gate_on().upstream(&up).start().await;
+    let client = first.client();
+    for tag in ["a1", "a2"] {
+        let resp = client
+            .post_json(CHAT, &Req::chat(tag).completion_tokens(7).json())
+            .await;
+        assert_eq!(resp.status, 200);
+    }
+    assert_error(
+        &client.post_json(CHAT, &Req::chat("a3").json()).await,
+        429,
+        "quota_exceeded",
+    );
+
+    // The read-only token lists: two requests of two used.
+    let (ok, out, err) = cli(&first, &read_token, &["quota", "list", "--json"]);
+    assert!(ok, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let q = list["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["key"].as_str().unwrap().starts_with("requests:"))
+        .unwrap_or_else(|| panic!("{list}"))
+        .clone();
+    let key = q["key"].as_str().unwrap().to_owned();
+    assert_eq!(
+        (q["limit"].as_f64(), q["used"].as_f64(), q["left"].as_f64()),
+        (Some(2.0), Some(2.0), Some(0.0))
+    );
+    assert_eq!(q["limit_set_by"], "policy");
+    let (ok, table, _) = cli(&first, &read_token, &["quota", "list", "--policy", "quota"]);
+    assert!(
+        ok && table.contains(&key) && table.contains("2 quotas"),
+        "{table}"
+    );
+    // ... but may not change anything: 403, and the refusal is audited.
+    let target = ["--policy", "quota", "--key", &key, "--period", "day"];
+    let (ok, _, err) = cli(
+        &first,
+        &read_token,
+        &[&["quota", "set"][..], &target, &["5"]].concat(),
+    );
+    assert!(!ok && err.contains("403"), "{err}");
+
+    // The admin token: a limit of 5 leaves 3 (2 used), and the tenant is served again.
+    let (ok, out, err) = cli(
+        &first,
+        &token,
+        &[&["quota", "set"][..], &target, &["5"]].concat(),
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(": 3 left of 5"), "{out}");
+    let resp = client
+        .post_json(CHAT, &Req::chat("a4").completion_tokens(7).json())
+        .await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(
+        resp.header("x-ratelimit-limit-requests").as_deref(),
+        Some("5")
+    );
+    assert_eq!(
+        resp.header("x-ratelimit-remaining-requests").as_deref(),
+        Some("2")
+    );
+    // Top up one back, then reset to whole.
+    let (ok, out, _) = cli(
+        &first,
+        &token,
+        &[&["quota", "top-up"][..], &target, &["1"]].concat(),
+    );
+    assert!(ok && out.contains(": 3 left of 5"), "{out}");
+    let (ok, out, _) = cli(&first, &token, &[&["quota", "reset"][..], &target].concat());
+    assert!(ok && out.contains(": 5 left of 5"), "{out}");
+    // A bad period is refused with its reason.
+    let (ok, _, err) = cli(
+        &first,
+        &token,
+        &[
+            "quota",
+            "reset",
+            "--policy",
+            "quota",
+            "--key",
+            &key,
+            "--period",
+            "fortnight",
+        ],
+    );
+    assert!(
+        !ok && err.contains("expected hour, day, week or month"),
+        "{err}"
+    );
+
+    // The ledger: three requests reached the fake (the refused one did not), 7 tokens out each.
+    first.assert_settled(&up, 1).await;
+    let usage = first.admin_get("/usage").await;
+    assert_eq!(usage.status, 200, "{}", usage.body);
+    let v: serde_json::Value = serde_json::from_str(&usage.body).unwrap();
+    assert_eq!(v["total"]["requests"], 3, "{v}");
+    assert_eq!(v["total"]["completion_tokens"], 21, "{v}");
+    let (ok, csv, err) = cli(&first, &read_token, &["usage", "--csv"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "day,tenant,model,requests,prompt_tokens,completion_tokens"
+    );
+    assert_eq!(lines.len(), 2, "{csv}");
+    let fields: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!((fields[3], fields[5]), ("3", "21"), "{csv}");
+    let bad = first.admin_get("/usage?from=yesterday").await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+
+    // Every change in the audit file, the refused one too, naming the quota.
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let actions: Vec<(String, String)> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().to_owned(),
+                e["result"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("quota_set".to_owned(), "forbidden".to_owned()),
+            ("quota_set".into(), "ok".into()),
+            ("quota_top_up".into(), "ok".into()),
+            ("quota_reset".into(), "ok".into()),
+            ("quota_reset".into(), "bad_request".into()),
+        ],
+        "{text}"
+    );
+    assert!(text.contains(&format!("key={key}")), "{text}");
+
+    // A SIGKILL past a flush keeps the operator's limit and the ledger.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.signal("KILL");
+    first.wait_exit(Duration::from_secs(5)).await;
+    let gate = gate_on().upstream(&up).start().await;
+    let list = gate.admin_get("/quotas").await;
+    let v: serde_json::Value = serde_json::from_str(&list.body).unwrap();
+    let q = v["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["key"] == key.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            q["limit"].as_f64(),
+            q["left"].as_f64(),
+            q["limit_set_by"].as_str()
+        ),
+        (Some(5.0), Some(5.0), Some("operator")),
+        "{v}"
+    );
+    let usage: serde_json::Value =
+        serde_json::from_str(&gate.admin_get("/usage").await.body).unwrap();
+    assert_eq!(usage["total"]["requests"], 3, "{usage}");
+    gate.assert_settled(&up, 1).await;
+}

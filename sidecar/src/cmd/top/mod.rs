@@ -6,35 +6,21 @@ mod model;
 mod view;
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::crossterm::{execute, terminal};
 
-use crate::config::AdminAddr;
+use super::admin_client::{AdminArgs, Target};
 use model::{Live, LlamaSlot, Picture};
 use view::ViewState;
 
 #[derive(Debug, Clone, Args)]
 pub struct TopArgs {
-    /// The admin listener to read: `HOST:PORT`, `tcp:HOST:PORT` or `unix:PATH` (slotgate's
-    /// `--admin-listen`).
-    #[arg(
-        long,
-        env = "SLOTGATE_ADMIN_LISTEN",
-        value_name = "ADDR",
-        default_value = "tcp:127.0.0.1:9464"
-    )]
-    pub admin: AdminAddr,
-    /// A file holding the admin token (or the read-only one), when slotgate runs with
-    /// --admin-token-file: sent as `Authorization: Bearer`. The same file and variable as slotgate's.
-    #[arg(long, env = "SLOTGATE_ADMIN_TOKEN_FILE", value_name = "PATH")]
-    pub admin_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// Time between refreshes (e.g. `1s`, `500ms`).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
     pub interval: Duration,
@@ -54,29 +40,13 @@ pub struct TopArgs {
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub fn run(args: TopArgs) -> std::process::ExitCode {
-    let at = match &args.admin {
-        AdminAddr::Off => {
-            eprintln!(
-                "slotgate top: --admin off: nothing to read (give the --admin-listen address)"
-            );
-            return std::process::ExitCode::from(2);
-        }
-        AdminAddr::Tcp(a) => At::Tcp(a.to_string()),
-        AdminAddr::Unix(p) => At::Unix(p.clone()),
-    };
-    let bearer = match args
-        .admin_token_file
-        .as_deref()
-        .map(token_header)
-        .transpose()
-    {
-        Ok(b) => b,
+    let target = match Target::new(&args.admin) {
+        Ok(t) => t,
         Err(e) => {
-            eprintln!("slotgate top: --admin-token-file: {e}");
+            eprintln!("slotgate top: {e}");
             return std::process::ExitCode::from(2);
         }
     };
-    let target = Target { at, bearer };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -87,7 +57,7 @@ pub fn run(args: TopArgs) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let mut state = ViewState::new(args.admin.to_string());
+    let mut state = ViewState::new(args.admin.admin.to_string());
     state.filter = args.filter.clone().unwrap_or_default();
     if args.once {
         return match runtime.block_on(picture(&target)) {
@@ -100,7 +70,7 @@ pub fn run(args: TopArgs) -> std::process::ExitCode {
                 std::process::ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("slotgate top: cannot read {}: {e}", args.admin);
+                eprintln!("slotgate top: cannot read {}: {e}", args.admin.admin);
                 std::process::ExitCode::FAILURE
             }
         };
@@ -182,7 +152,7 @@ fn interactive(
                         current = Some(p);
                         state.error = None;
                     }
-                    Err(e) => state.error = Some(format!("{}: {e}", args.admin)),
+                    Err(e) => state.error = Some(format!("{}: {e}", args.admin.admin)),
                 }
             }
         }
@@ -235,25 +205,6 @@ fn interactive(
 }
 
 /// Where the admin listener is, and the token to show it.
-struct Target {
-    at: At,
-    bearer: Option<http::HeaderValue>,
-}
-
-enum At {
-    Tcp(String),
-    Unix(PathBuf),
-}
-
-/// `Bearer <token>` from a token file, read as slotgate reads its own.
-fn token_header(path: &std::path::Path) -> Result<http::HeaderValue, String> {
-    let token = crate::config::token_from_file(path)?;
-    let mut value = http::HeaderValue::try_from(format!("Bearer {token}"))
-        .map_err(|_| format!("the token in {} cannot be sent", path.display()))?;
-    value.set_sensitive(true);
-    Ok(value)
-}
-
 /// One refresh: `/live`, then llama-server's `/slots` (which may be missing).
 async fn picture(target: &Target) -> Result<Picture, String> {
     let (status, body) = get(target, "/live").await?;
@@ -301,56 +252,9 @@ async fn picture(target: &Target) -> Result<Picture, String> {
 }
 
 async fn get(target: &Target, path: &str) -> Result<(u16, Bytes), String> {
-    tokio::time::timeout(FETCH_TIMEOUT, async {
-        let bearer = target.bearer.as_ref();
-        match &target.at {
-            At::Tcp(addr) => {
-                let s = tokio::net::TcpStream::connect(addr)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                exchange(s, path, bearer).await
-            }
-            At::Unix(p) => {
-                let s = tokio::net::UnixStream::connect(p)
-                    .await
-                    .map_err(|e| format!("{}: {e}", p.display()))?;
-                exchange(s, path, bearer).await
-            }
-        }
-    })
-    .await
-    .map_err(|_| format!("no answer to GET {path} within {FETCH_TIMEOUT:?}"))?
-}
-
-async fn exchange<S>(
-    stream: S,
-    path: &str,
-    bearer: Option<&http::HeaderValue>,
-) -> Result<(u16, Bytes), String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    target
+        .call(http::Method::GET, path, None, FETCH_TIMEOUT)
         .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let mut req = http::Request::get(path)
-        .header(http::header::HOST, "slotgate")
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    if let Some(b) = bearer {
-        req.headers_mut()
-            .insert(http::header::AUTHORIZATION, b.clone());
-    }
-    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, body))
 }
 
 #[cfg(test)]
