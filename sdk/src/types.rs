@@ -155,6 +155,17 @@ pub struct Decision {
     /// weight 1 while both wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<f64>,
+    /// The most requests of this request's tenant in service at once while this one waits for its
+    /// slot (at least 1): it starts only while fewer of its tenant's requests hold slots. The
+    /// smallest any policy and the operator's settings give wins (docs/scheduling.md, "Per-tenant
+    /// concurrency cap").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_service: Option<u32>,
+    /// The most requests of this request's tenant waiting in the queue when it arrives: beyond it,
+    /// it is refused at once (429 `tenant_busy`). The smallest any policy and the settings give
+    /// wins; 0: it may not wait at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_waiting: Option<u32>,
     /// Request changes.
     #[serde(default)]
     pub mutations: Mutations,

@@ -43,6 +43,15 @@ pub enum GateError {
         retry_after: Duration,
     },
     #[error(
+        "this tenant is at its concurrency cap ({in_service} in service, {waiting} waiting); retry after {}s",
+        whole_seconds(.retry_after)
+    )]
+    TenantBusy {
+        in_service: usize,
+        waiting: usize,
+        retry_after: Duration,
+    },
+    #[error(
         "requests of band `{band}` already hold its share of the queue ({waiting} waiting); the other places are kept for other work; retry after {}s",
         whole_seconds(.retry_after)
     )]
@@ -153,10 +162,12 @@ pub enum Outcome {
     BandQueueFull,
     /// A sheddable request's answer, ended after its first byte for a more urgent request.
     Shed,
+    /// Refused at arrival: its tenant at its concurrency cap.
+    TenantBusy,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 20] = [
+    pub const ALL: [Outcome; 21] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -177,6 +188,7 @@ impl Outcome {
         Outcome::DeadlineExceeded,
         Outcome::BandQueueFull,
         Outcome::Shed,
+        Outcome::TenantBusy,
     ];
 
     pub fn label(self) -> &'static str {
@@ -201,6 +213,7 @@ impl Outcome {
             Outcome::DeadlineExceeded => "deadline_exceeded",
             Outcome::BandQueueFull => "band_queue_full",
             Outcome::Shed => "shed",
+            Outcome::TenantBusy => "tenant_busy",
         }
     }
 }
@@ -220,6 +233,7 @@ impl GateError {
             | GateError::TooManyCompletions { .. } => 400,
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
+            | GateError::TenantBusy { .. }
             | GateError::BandQueueFull { .. }
             | GateError::Displaced { .. }
             | GateError::WaitTooLong { .. }
@@ -253,6 +267,7 @@ impl GateError {
             GateError::ContextTooLong { .. } => "exceed_context_size_error",
             GateError::QueueFull { .. }
             | GateError::TenantQueueFull { .. }
+            | GateError::TenantBusy { .. }
             | GateError::BandQueueFull { .. }
             | GateError::Displaced { .. }
             | GateError::WaitTooLong { .. }
@@ -298,6 +313,7 @@ impl GateError {
             GateError::TooManyCompletions { .. } => "too_many_completions",
             GateError::QueueFull { .. } => "queue_full",
             GateError::TenantQueueFull { .. } => "tenant_queue_full",
+            GateError::TenantBusy { .. } => "tenant_busy",
             GateError::BandQueueFull { .. } => "band_queue_full",
             GateError::Displaced { .. } => "displaced",
             GateError::WaitTooLong { .. } => "estimated_wait_too_long",
@@ -331,6 +347,7 @@ impl GateError {
             | GateError::ContextTooLong { .. } => Outcome::BadRequest,
             GateError::QueueFull { .. } => Outcome::QueueFull,
             GateError::TenantQueueFull { .. } => Outcome::TenantQueueFull,
+            GateError::TenantBusy { .. } => Outcome::TenantBusy,
             GateError::BandQueueFull { .. } => Outcome::BandQueueFull,
             GateError::Displaced { .. } => Outcome::Displaced,
             GateError::WaitTooLong { .. } | GateError::DeadlineUnreachable { .. } => {
@@ -355,6 +372,7 @@ impl GateError {
         match self {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
+            | GateError::TenantBusy { retry_after, .. }
             | GateError::BandQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }
@@ -375,6 +393,7 @@ impl GateError {
         match self {
             GateError::QueueFull { retry_after, .. }
             | GateError::TenantQueueFull { retry_after, .. }
+            | GateError::TenantBusy { retry_after, .. }
             | GateError::BandQueueFull { retry_after, .. }
             | GateError::Displaced { retry_after }
             | GateError::WaitTooLong { retry_after, .. }

@@ -43,6 +43,7 @@ pub const CHILD_RESTARTS_TOTAL: &str = "slotgate_child_restarts_total";
 pub const KV_CACHE_RESERVED_RATIO: &str = "slotgate_kv_cache_reserved_ratio";
 pub const KV_POOL_TOKENS: &str = "slotgate_kv_pool_tokens";
 pub const KV_RESERVED_TOKENS: &str = "slotgate_kv_reserved_tokens";
+pub const TENANTS_AT_CAP: &str = "slotgate_tenants_at_cap";
 pub const MODEL_QUEUE_DEPTH: &str = "slotgate_model_queue_depth";
 pub const MODEL_QUEUE_CAPACITY: &str = "slotgate_model_queue_capacity";
 pub const MODEL_SLOTS_BUSY: &str = "slotgate_model_slots_busy";
@@ -137,6 +138,8 @@ pub struct Hot {
     pub queue_depth: Gauge,
     pub slots_busy: Gauge,
     pub kv_reserved: Gauge,
+    /// `slotgate_tenants_at_cap`: tenants with as many requests in service as their cap allows.
+    pub tenants_at_cap: Gauge,
     pub inflight: Gauge,
     pub upstream_connections: Counter,
     pub cost_error: Histogram,
@@ -164,6 +167,7 @@ impl Hot {
             queue_depth: metrics::gauge!(QUEUE_DEPTH),
             slots_busy: metrics::gauge!(SLOTS_BUSY),
             kv_reserved: metrics::gauge!(KV_RESERVED_TOKENS),
+            tenants_at_cap: metrics::gauge!(TENANTS_AT_CAP),
             inflight: metrics::gauge!(INFLIGHT),
             upstream_connections: metrics::counter!(UPSTREAM_CONNECTIONS_TOTAL),
             cost_error: metrics::histogram!(COST_ESTIMATE_ERROR_RATIO),
@@ -210,7 +214,11 @@ pub fn hot() -> &'static Hot {
 }
 
 fn describe() {
-    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, drain_timeout: cut by the shutdown's drain timeout, policy_denied, policy_error, deadline_exceeded, band_queue_full, shed: a sheddable stream ended for a more urgent request).");
+    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, drain_timeout: cut by the shutdown's drain timeout, policy_denied, policy_error, deadline_exceeded, band_queue_full, shed: a sheddable stream ended for a more urgent request, tenant_busy: its tenant at its concurrency cap).");
+    describe_gauge!(
+        TENANTS_AT_CAP,
+        "Tenants with as many requests in service as their concurrency cap allows (--tenant-max-in-service, [tenants.NAME], a policy's max_in_service), over every pool."
+    );
     describe_gauge!(
         BAND_SLOTS_BUSY,
         "Slots held by the requests of this overload band ([bands.NAME]), over every pool; set per scrape."
@@ -344,7 +352,7 @@ fn describe() {
     describe_histogram!(
         RETRY_AFTER_SECONDS,
         Unit::Seconds,
-        "Retry-After handed out, by error code (queue_full, tenant_queue_full, displaced, ...)."
+        "Retry-After handed out, by error code (queue_full, tenant_queue_full, tenant_busy, displaced, ...)."
     );
     describe_counter!(
         PROMPT_COUNTS_TOTAL,
@@ -434,6 +442,7 @@ fn describe() {
     metrics::gauge!(UPSTREAM_READY).set(0.0);
     metrics::gauge!(KV_POOL_TOKENS).set(0.0);
     metrics::gauge!(KV_RESERVED_TOKENS).set(0.0);
+    metrics::gauge!(TENANTS_AT_CAP).set(0.0);
 }
 
 /// Caps the distinct values of a label so a flood of names cannot grow the exporter without bound:

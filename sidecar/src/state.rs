@@ -82,6 +82,7 @@ impl App {
             tenant_limit: config.tenant_queue_limit(),
             reject_doomed: config.reject_doomed_waits,
             shed_from: config.sheddable_priority,
+            refuse_at_cap: config.tenant_caps.over_cap == crate::config::OverCap::Refuse,
         };
         let admission = Admission::with_fairness(slots, config.queue_depth, fairness);
         let bands = crate::admission::Bands::new(

@@ -69,11 +69,15 @@ pub fn status(app: &App) -> serde_json::Value {
     let tenants: Vec<serde_json::Value> = tenant_stats(app, STATUS_TENANTS)
         .into_iter()
         .map(|t| {
+            // The operator's caps on it (a policy may cut them for a request).
+            let cap = app.config.tenant_caps.of(&t.tenant);
             json!({
                 "tenant": t.tenant,
                 "virtual_tokens": t.counter,
                 "waiting": t.waiting,
                 "in_service": t.in_service,
+                "max_in_service": cap.max_in_service,
+                "max_waiting": cap.max_waiting,
             })
         })
         .collect();
@@ -111,6 +115,12 @@ pub fn status(app: &App) -> serde_json::Value {
         "fairness": {
             "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),
             "tenants": tenants,
+            "tenant_caps": {
+                "max_in_service": app.config.tenant_caps.default.max_in_service,
+                "max_waiting": app.config.tenant_caps.default.max_waiting,
+                "over_cap": app.config.tenant_caps.over_cap.to_string(),
+                "configured_tenants": app.config.tenant_caps.tenants.len(),
+            },
         },
         "inflight": app.upstream.inflight(),
         "upstream": {

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use slotgate_sdk::{Decision, RequestSummary};
 
+use super::cap::TenantCap;
+
 /// Completion tokens assumed for a request that sets no bound (llama-server's own default is larger,
 /// but most answers are short; the charge is corrected to the real count when the response ends).
 pub const DEFAULT_MAX_TOKENS: u64 = 256;
@@ -40,6 +42,9 @@ pub struct Claim {
     /// Never shed, whatever its priority: its answer outlives its connection (a conversation), so
     /// closing the connection would not stop llama-server.
     pub keeps_slot: bool,
+    /// Its cap on its tenant's requests in service and waiting: its policies' and the operator's,
+    /// the stricter (see `admission::cap`).
+    pub cap: TenantCap,
     /// Its request's body: with its tenant, how a client told to come back is known when it does
     /// (see `queue::returns`). Shared, not copied.
     pub body: bytes::Bytes,
@@ -75,8 +80,24 @@ impl Claim {
             shed: 0,
             shed_at: None,
             keeps_slot: false,
+            cap: Claim::cap_of(decision),
             body: bytes::Bytes::new(),
         }
+    }
+
+    /// The tenant cap its policies' decision sets.
+    fn cap_of(decision: Option<&Decision>) -> TenantCap {
+        let as_usize = |n: Option<u32>| n.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        TenantCap {
+            in_service: as_usize(decision.and_then(|d| d.max_in_service)),
+            waiting: as_usize(decision.and_then(|d| d.max_waiting)),
+        }
+    }
+
+    /// Capped by `cap` too (the operator's setting for its tenant): the stricter of each limit.
+    pub fn capped(mut self, cap: TenantCap) -> Claim {
+        self.cap = self.cap.tightened(cap);
+        self
     }
 
     /// Never shed (see [`Claim::keeps_slot`]) when `keeps` holds.
@@ -136,6 +157,7 @@ impl Claim {
             shed: 0,
             shed_at: None,
             keeps_slot: false,
+            cap: TenantCap::default(),
             body: bytes::Bytes::new(),
         }
     }
@@ -187,5 +209,16 @@ mod tests {
         };
         let c = Claim::new(&r, Some(&d), 0, estimated_cost(&r));
         assert_eq!((&*c.tenant, c.cost, c.weight), ("team-a", 9, 2.5));
+        let d = Decision {
+            max_in_service: Some(3),
+            max_waiting: Some(1),
+            ..Decision::allow()
+        };
+        let setting = TenantCap {
+            in_service: Some(2),
+            waiting: None,
+        };
+        let c = Claim::new(&r, Some(&d), 0, 1).capped(setting);
+        assert_eq!((c.cap.in_service, c.cap.waiting), (Some(2), Some(1)));
     }
 }

@@ -59,6 +59,11 @@ impl Tenants {
         self.map.get(tenant).map_or(0, |t| t.waiting)
     }
 
+    /// Requests of `tenant` in service.
+    pub fn in_service(&self, tenant: &str) -> usize {
+        self.map.get(tenant).map_or(0, |t| t.in_service)
+    }
+
     /// Whether a tenant other than `tenant` has requests waiting or in service.
     pub fn others_active(&self, tenant: &str) -> bool {
         self.map

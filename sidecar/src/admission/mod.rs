@@ -2,6 +2,7 @@
 //! turned away.
 
 mod bands;
+mod cap;
 mod claim;
 mod demand;
 mod fair;
@@ -9,6 +10,7 @@ mod queue;
 mod turns;
 
 pub use bands::{Band, Bands};
+pub use cap::TenantCap;
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
 pub use queue::{

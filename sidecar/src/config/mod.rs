@@ -47,6 +47,7 @@ pub mod launch;
 pub mod policy;
 pub mod settings;
 pub mod state;
+pub mod tenants;
 #[cfg(test)]
 mod tests;
 pub mod values;
@@ -59,6 +60,7 @@ pub use admin::*;
 pub use policy::*;
 pub use settings::*;
 pub use state::*;
+pub use tenants::*;
 pub use values::*;
 
 /// The validated, effective configuration. Built once; never mutated.
@@ -85,6 +87,8 @@ pub struct Config {
     pub priority_aging: Option<Duration>,
     /// Fraction of the queue one tenant may hold, in `(0, 1]`; 1 is no limit.
     pub tenant_queue_share: f64,
+    /// Per-tenant concurrency caps, and what a request at its tenant's cap gets.
+    pub tenant_caps: TenantCaps,
     pub max_body: usize,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
@@ -240,6 +244,14 @@ impl Config {
             trust_client_priority: s.trust_client_priority.unwrap_or(false),
             priority_aging: zero_is_off(s.priority_aging, Duration::from_secs(10)),
             tenant_queue_share,
+            tenant_caps: TenantCaps::new(
+                TenantTable {
+                    max_in_service: s.tenant_max_in_service,
+                    max_waiting: s.tenant_max_waiting,
+                },
+                s.tenants.unwrap_or_default(),
+                s.tenant_over_cap.unwrap_or_default(),
+            )?,
             max_body,
             header_timeout: positive("header-timeout", s.header_timeout, Duration::from_secs(10))?,
             body_timeout: positive("body-timeout", s.body_timeout, Duration::from_secs(30))?,
@@ -326,6 +338,11 @@ impl Config {
             trust_client_priority: Some(self.trust_client_priority),
             priority_aging: Some(off_is_zero(self.priority_aging)),
             tenant_queue_share: Some(self.tenant_queue_share),
+            tenant_max_in_service: self.tenant_caps.default.max_in_service,
+            tenant_max_waiting: self.tenant_caps.default.max_waiting,
+            tenant_over_cap: Some(self.tenant_caps.over_cap),
+            tenants: (!self.tenant_caps.tenants.is_empty())
+                .then(|| self.tenant_caps.tenants.clone()),
             max_body: Some(ByteSize(self.max_body)),
             header_timeout: Some(Dur(self.header_timeout)),
             body_timeout: Some(Dur(self.body_timeout)),

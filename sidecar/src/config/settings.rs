@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::admin::{AuditLog, Uids};
 use super::policy::PolicySpec;
 use super::state::{OnUnavailable, StateBackend, StateDir, StateTable};
+use super::tenants::{OverCap, TenantTable};
 use super::values::*;
 use super::ConfigError;
 
@@ -173,6 +174,27 @@ pub struct Settings {
     #[arg(long, env = "SLOTGATE_TENANT_QUEUE_SHARE", value_name = "FRACTION")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_queue_share: Option<f64>,
+
+    /// The most requests of one tenant in service at once (at least 1); `[tenants."NAME"]` sets a
+    /// tenant's own, and a policy's `max_in_service` may lower it for a request. What a request
+    /// beyond it gets: --tenant-over-cap (docs/scheduling.md). [default: none]
+    #[arg(long, env = "SLOTGATE_TENANT_MAX_IN_SERVICE", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_max_in_service: Option<u32>,
+
+    /// The most requests of one tenant waiting in the queue; beyond it, its requests get 429
+    /// `tenant_busy` at once. `[tenants."NAME"]` sets a tenant's own, a policy's `max_waiting` may
+    /// lower it. [default: none]
+    #[arg(long, env = "SLOTGATE_TENANT_MAX_WAITING", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_max_waiting: Option<u32>,
+
+    /// A request of a tenant at its in-service cap: `wait` (it queues, passed over by other
+    /// tenants' requests until one of its tenant's ends) or `refuse` (429 `tenant_busy` at once,
+    /// when its tenant's requests in service and waiting reach the cap). [default: wait]
+    #[arg(long, env = "SLOTGATE_TENANT_OVER_CAP", value_name = "wait|refuse")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_over_cap: Option<OverCap>,
 
     /// Largest request body; larger ones get 413. Accepts `8MiB`, `512KiB`, `1048576`. [default: 8MiB]
     #[arg(long, env = "SLOTGATE_MAX_BODY", value_name = "SIZE")]
@@ -449,6 +471,12 @@ pub struct Settings {
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bands: Option<std::collections::BTreeMap<String, BandTable>>,
+
+    /// Per-tenant caps: `[tenants."NAME"]` tables, each a tenant's own `max-in-service` and
+    /// `max-waiting` (docs/scheduling.md#per-tenant-concurrency-cap).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<std::collections::BTreeMap<String, TenantTable>>,
 
     /// The `[state]` table of the config file.
     #[arg(skip)]

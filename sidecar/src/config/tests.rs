@@ -105,6 +105,62 @@ fn fairness_keys_parse_validate_and_derive_the_tenant_limit() {
 }
 
 #[test]
+fn tenant_caps_default_override_and_are_checked() {
+    let cfg = Config::from_settings(Settings::default()).unwrap();
+    assert!(!cfg.tenant_caps.any());
+    assert_eq!(cfg.tenant_caps.over_cap, OverCap::Wait);
+    let text = r#"
+tenant-max-in-service = 2
+tenant-over-cap = "refuse"
+
+[tenants."team-a"]
+max-in-service = 4
+
+[tenants."uid:1000"]
+max-waiting = 0
+"#;
+    let cfg = Config::from_settings(toml::from_str(text).unwrap()).unwrap();
+    let caps = &cfg.tenant_caps;
+    assert_eq!(caps.over_cap, OverCap::Refuse);
+    let of = |t: &str| {
+        let c = caps.of(t);
+        (c.max_in_service, c.max_waiting)
+    };
+    assert_eq!(
+        of("team-a"),
+        (Some(4), None),
+        "its own cap over the default"
+    );
+    assert_eq!(
+        of("uid:1000"),
+        (Some(2), Some(0)),
+        "the default where it sets none"
+    );
+    assert_eq!(of("anyone"), (Some(2), None));
+    // The effective settings read back the same.
+    let again = Config::from_settings(cfg.effective()).unwrap();
+    assert_eq!(again.tenant_caps, cfg.tenant_caps);
+    for (bad, key) in [
+        ("tenant-max-in-service = 0", "tenant-max-in-service"),
+        ("[tenants.a]\nmax-in-service = 0", "tenants.max-in-service"),
+        ("[tenants.a]\n", "limits nothing"),
+        ("[tenants.\"\"]\nmax-waiting = 1", "may not be empty"),
+    ] {
+        let err = Config::from_settings(toml::from_str(bad).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{bad}: {err}");
+    }
+    for bad in [
+        "tenant-over-cap = \"drop\"",
+        "[tenants.a]\nmax-in-flight = 1",
+        "[tenants.a]\nmax-waiting = -1",
+    ] {
+        assert!(toml::from_str::<Settings>(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
 fn rejects_zero_slots() {
     let s = Settings {
         slots: Some(Slots::Fixed(0)),

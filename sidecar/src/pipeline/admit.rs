@@ -8,7 +8,7 @@ use std::time::Duration;
 use slotgate_sdk::{Decision, RequestSummary};
 use tokio::time::Instant;
 
-use crate::admission::{Claim, Demand, Entry, SlotGuard, Ticket};
+use crate::admission::{Claim, Demand, Entry, SlotGuard, TenantCap, Ticket};
 use crate::error::GateError;
 use crate::live::Phase;
 use crate::state::App;
@@ -120,7 +120,10 @@ pub(super) async fn admit(
     // Again, after any policy capped max_tokens: what the scheduler charges up front and holds
     // (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
     let demand = demand_of(app, intake)?;
-    let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge)
+    let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge);
+    let cap = tenant_cap(app, &claim.tenant);
+    let claim = claim
+        .capped(cap)
         .holding(demand.slots, demand.kv)
         .tagged(ex.live().key)
         .due(own)
@@ -163,6 +166,17 @@ pub(super) async fn admit(
         deadline,
         no_autoload: pool.is_some(),
     })
+}
+
+/// The operator's caps on `tenant` (its `[tenants."NAME"]` table, else the defaults); the claim
+/// keeps the stricter of these and its policies'.
+fn tenant_cap(app: &App, tenant: &str) -> TenantCap {
+    let t = app.config.tenant_caps.of(tenant);
+    let as_usize = |n: Option<u32>| n.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    TenantCap {
+        in_service: as_usize(t.max_in_service),
+        waiting: as_usize(t.max_waiting),
+    }
 }
 
 /// A slot for the queued request. (Free, with nobody waiting, it had one at once, charged on the

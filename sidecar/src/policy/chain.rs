@@ -8,6 +8,8 @@
 //! - `tenant`: the first policy that names one (put the identity policy first);
 //! - `weight`: the smallest any policy set, so no policy can give a tenant more than another allows;
 //! - `deadline_ms`: the smallest any policy set (the client's own header may cut it further);
+//! - `max_in_service`, `max_waiting`: the smallest any policy set (the operator's per-tenant caps
+//!   may cut them further), so no policy can give a tenant more room than another allows;
 //! - mutations: the smallest `cap_max_tokens`; `disable_prompt_cache` and `strip_id_slot` if any
 //!   policy asks; response headers merged, a later policy winning a name both set.
 
@@ -103,6 +105,8 @@ pub fn fold<'a>(steps: impl IntoIterator<Item = Step<'a>>) -> ChainOutcome {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        combined.max_in_service = min_opt(combined.max_in_service, decision.max_in_service);
+        combined.max_waiting = min_opt(combined.max_waiting, decision.max_waiting);
         if !tenant_set && decision.tenant.is_some() {
             combined.tenant = decision.tenant;
             tenant_set = true;
@@ -135,6 +139,13 @@ fn tighter(a: &RateLimits, b: RateLimits) -> RateLimits {
 fn max_opt<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn min_opt<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
 }
@@ -227,6 +238,27 @@ mod tests {
             panic!("{out:?}")
         };
         assert_eq!(d.weight, Some(2.0));
+    }
+
+    #[test]
+    fn the_smallest_tenant_caps_win() {
+        let capped = |in_service: Option<u32>, waiting: Option<u32>| {
+            Ok(Decision {
+                max_in_service: in_service,
+                max_waiting: waiting,
+                ..Decision::allow()
+            })
+        };
+        let out = fold([
+            step("a", Mode::Enforce, OnError::Deny, capped(Some(4), None)),
+            step("b", Mode::Enforce, OnError::Deny, capped(None, Some(3))),
+            step("c", Mode::Enforce, OnError::Deny, capped(Some(2), Some(5))),
+            step("m", Mode::Monitor, OnError::Deny, capped(Some(1), Some(0))),
+        ]);
+        let ChainOutcome::Allow(d) = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!((d.max_in_service, d.max_waiting), (Some(2), Some(3)));
     }
 
     #[test]

@@ -428,6 +428,12 @@ pub fn parse_decision(out: &[u8]) -> Result<Decision, EvalError> {
             )));
         }
     }
+    if decision.max_in_service == Some(0) {
+        // A cap of 0 would hold the request until its queue timeout: a refusal is a deny.
+        return Err(EvalError::InvalidOutput(
+            "max_in_service must be at least 1 (to refuse the request, deny it)".into(),
+        ));
+    }
     Ok(decision)
 }
 
@@ -921,6 +927,15 @@ mod tests {
                 Err(e) => assert!(!valid && e.kind() == "invalid_output", "{decision}: {e}"),
             }
         }
+    }
+
+    #[test]
+    fn a_tenant_cap_must_let_one_request_in() {
+        let ok = parse_decision(br#"{"verdict":"allow","max_in_service":2,"max_waiting":0}"#);
+        let d = ok.unwrap();
+        assert_eq!((d.max_in_service, d.max_waiting), (Some(2), Some(0)));
+        let err = parse_decision(br#"{"verdict":"allow","max_in_service":0}"#).unwrap_err();
+        assert_eq!(err.kind(), "invalid_output", "{err}");
     }
 
     #[test]

@@ -34,4 +34,5 @@ mod slots_auto;
 mod status;
 mod stream_holds_slot;
 mod tcp_listener;
+mod tenant_cap;
 mod traces;

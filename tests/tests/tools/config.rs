@@ -440,3 +440,47 @@ fn overload_bands_are_checked_and_printed() {
         assert!(why.contains(says), "{bad}: {why}");
     }
 }
+
+#[test]
+fn tenant_caps_come_from_flag_env_and_file_and_are_checked() {
+    let t = settings(&check(&[], &[]));
+    assert_eq!(get(&t, "tenant-over-cap").as_str(), Some("wait"), "default");
+    assert!(
+        t.get("tenant-max-in-service").is_none(),
+        "no cap by default"
+    );
+
+    let file = config_file(
+        "tenant-max-in-service = 2\n\n[tenants.\"team-a\"]\nmax-in-service = 4\nmax-waiting = 1\n",
+    );
+    let out = check(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--tenant-over-cap",
+            "refuse",
+        ],
+        &[("SLOTGATE_TENANT_MAX_WAITING", "3")],
+    );
+    let t = settings(&out);
+    assert_eq!(get(&t, "tenant-max-in-service").as_integer(), Some(2));
+    assert_eq!(get(&t, "tenant-max-waiting").as_integer(), Some(3));
+    assert_eq!(get(&t, "tenant-over-cap").as_str(), Some("refuse"));
+    let a = &get(&t, "tenants")["team-a"];
+    assert_eq!(a["max-in-service"].as_integer(), Some(4), "{a}");
+    assert_eq!(a["max-waiting"].as_integer(), Some(1), "{a}");
+
+    for (bad, says) in [
+        ("tenant-max-in-service = 0\n", "tenant-max-in-service"),
+        ("[tenants.a]\nmax-in-service = 0\n", "tenant `a`"),
+        ("[tenants.a]\n", "limits nothing"),
+        ("[tenants.a]\nmax-in-flight = 1\n", "max-in-flight"),
+        ("tenant-over-cap = \"drop\"\n", "wait or refuse"),
+    ] {
+        let file = config_file(bad);
+        let why = rejected(&["--config", file.to_str().unwrap()]);
+        assert!(why.contains(says), "{bad}: {why}");
+    }
+    rejected(&["--tenant-over-cap", "sometimes"]);
+    rejected(&["--tenant-max-in-service", "-1"]);
+}

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::{Admission, Claim, State, EWMA_ALPHA, INITIAL_SERVICE_SECONDS};
 
 /// Upper bound of any Retry-After we hand out.
-const MAX_RETRY_AFTER_SECONDS: u64 = 3600;
+pub(super) const MAX_RETRY_AFTER_SECONDS: u64 = 3600;
 
 /// What the work ahead of a request costs in time, measured in tokens: the tokens charged to the
 /// requests in service and waiting, plus those of clients told to come back (so the clients of one

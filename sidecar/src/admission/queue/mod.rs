@@ -18,6 +18,9 @@
 //! urgent, most recent waiter. A tenant already holding its share is turned away while other tenants
 //! are active; alone, it may use the whole queue.
 //!
+//! A waiter whose tenant has as many requests in service as its cap allows is passed over without
+//! holding back those behind it (see [`cap`]), like one whose band holds its share of the slots.
+//!
 //! Everything that must be given back is given back by a `Drop`: a [`SlotGuard`] releases (or hands
 //! on) its slot and ends its tenant's service, and a waiting [`Ticket`] that is dropped (client gone,
 //! deadline) leaves the queue.
@@ -31,6 +34,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::bands::Bands;
+use super::cap::InService;
 use super::claim::Claim;
 use super::fair::Tenants;
 use super::turns::{Seat, Turns};
@@ -71,6 +75,9 @@ pub struct Fairness {
     /// Requests of this priority or less urgent (greater) are sheddable: one holding a slot an
     /// urgent arrival needs is ended for it (see `admission::shed`); `None`: nothing is shed.
     pub shed_from: Option<i64>,
+    /// A request whose tenant is at its concurrency cap is refused at arrival (429
+    /// `tenant_busy`) rather than queued until one of its tenant's requests ends (see [`cap`]).
+    pub refuse_at_cap: bool,
 }
 
 struct Shared {
@@ -110,6 +117,8 @@ struct State {
     /// Keyed by arrival sequence.
     waiters: BTreeMap<u64, Waiter>,
     tenants: Tenants,
+    /// When each tenant's requests in service started (see [`cap`]).
+    in_service: InService,
     labels: BoundedLabels,
     next_seq: u64,
     closed: bool,
@@ -123,8 +132,9 @@ struct State {
     /// When the paused pool is expected to serve again (its model loaded): counted in every wait
     /// estimate.
     ready_at: Option<Instant>,
-    /// What [`Admission::publish`] last added to the unlabelled gauges, which sum every pool.
-    shown: (f64, f64, f64),
+    /// What [`Admission::publish`] last added to the unlabelled gauges, which sum every pool: queue
+    /// depth, busy slots, pool tokens reserved, tenants at their cap.
+    shown: (f64, f64, f64, f64),
     /// Slots held by each band's requests in service (by band index; grown on use).
     band_busy: Vec<usize>,
     /// Sheddable requests in service, by guard id (see [`shed`]).
@@ -180,6 +190,8 @@ struct Hold {
     kv: u64,
     /// The band it counts against.
     band: Option<usize>,
+    /// When it was taken: its tenant's cap counts it from then (see [`cap`]).
+    since: Instant,
 }
 
 /// One overload band of a pool now, for `/status`.
@@ -299,6 +311,7 @@ impl Admission {
                     kv: 0,
                     waiters: BTreeMap::new(),
                     tenants: Tenants::default(),
+                    in_service: InService::default(),
                     labels: BoundedLabels::new(TENANT_LABELS, m::TENANT_TOKENS_TOTAL, "tenant"),
                     next_seq: 0,
                     closed: false,
@@ -307,7 +320,7 @@ impl Admission {
                     drain: Drain::default(),
                     paused: false,
                     ready_at: None,
-                    shown: (0.0, 0.0, 0.0),
+                    shown: (0.0, 0.0, 0.0, 0.0),
                     band_busy: Vec::new(),
                     sheddable: BTreeMap::new(),
                     freeing: BTreeMap::new(),
@@ -357,7 +370,7 @@ impl Admission {
         // back by their band's share of the slots do not count: they could not take the slot).
         if !self.anyone_before(&st, &claim, arrived) && self.try_start(&st, &claim) {
             let hold = self.hold_of(&claim);
-            self.take(&mut st, hold, claim.cost);
+            self.take(&mut st, hold, &claim);
             st.tenants.admit(&claim.tenant, claim.charge());
             let seq = st.next_seq;
             st.next_seq += 1;
@@ -365,6 +378,8 @@ impl Admission {
             self.publish(&mut st);
             return Ok(Entry::Admitted(self.guard(&claim, hold, enlisted)));
         }
+        // Its tenant over its caps: refused before any estimate (its wait is its tenant's own).
+        self.check_cap(&st, &claim)?;
         // A request's own deadline is always held to: it said how long its answer is worth.
         let own = claim.deadline.filter(|d| *d <= deadline);
         if self.shared.fairness.reject_doomed || own.is_some() {
@@ -528,8 +543,9 @@ impl Admission {
         let least = Self::least_counter(st, |t| st.tenants.counter(t));
         st.waiters
             .iter()
-            // A waiter whose band holds its share of the slots waits without blocking the others.
-            .filter(|(_, w)| !self.band_full(st, &w.claim))
+            // A waiter whose band holds its share of the slots, or whose tenant is at its cap, waits
+            // without blocking the others.
+            .filter(|(_, w)| !self.held_back(st, &w.claim))
             .map(|(seq, w)| {
                 let counter = st.tenants.counter(&w.claim.tenant);
                 self.place(&w.claim, self.effective(w, now), counter, least, *seq)
@@ -538,8 +554,8 @@ impl Admission {
             .map(|p| p.seq)
     }
 
-    /// Whether a waiter that could start (its band within its share of the slots) would be served
-    /// before `claim`, were it queued now.
+    /// Whether a waiter that could start (its band within its share of the slots, its tenant below
+    /// its cap) would be served before `claim`, were it queued now.
     fn anyone_before(&self, st: &State, claim: &Claim, now: Instant) -> bool {
         if st.waiters.is_empty() {
             return false;
@@ -547,7 +563,13 @@ impl Admission {
         let ahead = self.ahead_of(st, claim, now);
         st.waiters
             .values()
-            .any(|w| !self.band_full(st, &w.claim) && ahead(w))
+            .any(|w| !self.held_back(st, &w.claim) && ahead(w))
+    }
+
+    /// Whether `claim` could not start now whatever is free: its band holds its share of the
+    /// slots, or its tenant is at its cap.
+    fn held_back(&self, st: &State, claim: &Claim) -> bool {
+        self.band_full(st, claim) || self.at_cap(st, claim)
     }
 
     /// Whether a waiter would be served before `claim`, were `claim` queued now.
@@ -637,6 +659,7 @@ impl Admission {
             slots: claim.slots.clamp(1, self.slots()),
             kv: self.pool().map_or(claim.kv, |p| claim.kv.min(p)),
             band: claim.band,
+            since: Instant::now(),
         }
     }
 
@@ -655,10 +678,7 @@ impl Admission {
     /// Whether `claim` could be admitted beside what is in service once `freed` has been given
     /// back (see [`shed`]).
     fn fits_beside(&self, st: &State, claim: &Claim, freed: shed::Freed) -> bool {
-        if st.paused {
-            return false;
-        }
-        if self.band_full(st, claim) {
+        if st.paused || self.held_back(st, claim) {
             return false;
         }
         let serving = st.serving.saturating_sub(freed.serving);
@@ -735,8 +755,8 @@ impl Admission {
             .collect()
     }
 
-    /// Counts `hold` (of a request charged `cost`) as in service.
-    fn take(&self, st: &mut State, hold: Hold, cost: u64) {
+    /// Counts `hold` (of `claim`) as in service.
+    fn take(&self, st: &mut State, hold: Hold, claim: &Claim) {
         if let Some(b) = hold.band {
             if st.band_busy.len() <= b {
                 st.band_busy.resize(b + 1, 0);
@@ -746,7 +766,9 @@ impl Admission {
         st.busy += hold.slots;
         st.kv += hold.kv;
         st.serving += 1;
-        st.drain.in_service += cost as f64;
+        st.drain.in_service += claim.cost as f64;
+        st.in_service
+            .start(&claim.tenant, claim.cap.in_service, hold.since);
     }
 
     /// Turns every waiter away and refuses new ones; slots already held drain normally.
@@ -940,7 +962,7 @@ impl Admission {
             let enlisted = self.enlist(st, &w.claim, hold, seq, w.queued);
             let id = enlisted.as_ref().map(|(id, _)| *id);
             if w.tx.send(Grant::Slot(hold, enlisted)).is_ok() {
-                self.take(st, hold, w.claim.cost);
+                self.take(st, hold, &w.claim);
                 st.tenants.promote(&w.claim.tenant, w.claim.charge());
             } else {
                 if let Some(id) = id {
@@ -957,8 +979,13 @@ impl Admission {
     /// published), a model's pool sets its own.
     fn publish(&self, st: &mut State) {
         let hot = m::hot();
-        let now = (st.waiters.len() as f64, st.busy as f64, st.kv as f64);
-        let (d, b, k) = st.shown;
+        let now = (
+            st.waiters.len() as f64,
+            st.busy as f64,
+            st.kv as f64,
+            st.in_service.at_cap() as f64,
+        );
+        let (d, b, k, c) = st.shown;
         if now.0 != d {
             hot.queue_depth.increment(now.0 - d);
         }
@@ -967,6 +994,9 @@ impl Admission {
         }
         if now.2 != k {
             hot.kv_reserved.increment(now.2 - k);
+        }
+        if now.3 != c {
+            hot.tenants_at_cap.increment(now.3 - c);
         }
         st.shown = now;
         if let Some(g) = &self.shared.model {
@@ -1137,6 +1167,7 @@ impl Drop for Ticket {
     }
 }
 
+mod cap;
 mod drain;
 mod returns;
 mod shed;

@@ -84,6 +84,8 @@ impl Drop for SlotGuard {
         }
         st.tenants
             .finish(&self.tenant, self.unsettled.unwrap_or(0.0));
+        // Its tenant's next waiter, held back by its cap, may start now (dispatched below).
+        st.in_service.end(&self.tenant, self.hold.since);
         if let Some(id) = self.shed_id {
             self.admission.discharge(&mut st, id);
         }
