@@ -32,6 +32,16 @@ macro_rules! export_policy {
         static __SLOTGATE_SETTINGS: $crate::__guest::Kept<<$policy as $crate::Policy>::Settings> =
             $crate::__guest::Kept::new();
 
+        /// The policy's own name (its crate's), in the custom section `slotgate.policy`: the host
+        /// keeps its budgets under it unless the operator names the policy, so renaming the module's
+        /// file loses nothing.
+        #[cfg(target_arch = "wasm32")]
+        #[allow(unsafe_code, reason = "a custom section is a #[link_section] static")]
+        #[link_section = "slotgate.policy"]
+        #[used]
+        static __SLOTGATE_POLICY_NAME: [u8; env!("CARGO_PKG_NAME").len()] =
+            $crate::__guest::name_bytes(env!("CARGO_PKG_NAME"));
+
         #[cfg(target_arch = "wasm32")]
         const _: () = {
             #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]

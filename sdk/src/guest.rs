@@ -124,3 +124,13 @@ fn pack(out: Vec<u8>) -> i64 {
 fn report(call: &str, error: &str) {
     host::log(Level::Error, &format!("{call}: {error}"));
 }
+
+/// `name` as the fixed array the `slotgate.policy` custom section holds.
+pub const fn name_bytes<const N: usize>(name: &str) -> [u8; N] {
+    let (mut out, bytes, mut i) = ([0u8; N], name.as_bytes(), 0);
+    while i < N {
+        out[i] = bytes[i];
+        i += 1;
+    }
+    out
+}

@@ -87,6 +87,7 @@ pub fn status(app: &App) -> serde_json::Value {
         .map(|p| {
             json!({
                 "name": p.name,
+                "state_key": p.state_key,
                 "sha256": crate::policy::set::hex(&p.sha256),
                 "mode": format!("{:?}", p.mode).to_lowercase(),
                 "on_error": format!("{:?}", p.on_error).to_lowercase(),

@@ -13,6 +13,51 @@ pub const EXPORT_EVALUATE: &str = "slotgate_evaluate";
 pub const EXPORT_VALIDATE: &str = "slotgate_validate_settings";
 pub const EXPORT_ON_COMPLETE: &str = "slotgate_on_complete";
 pub const IMPORT_MODULE: &str = "slotgate";
+/// The custom section in which a policy names itself (the Rust SDK writes its crate's name).
+pub const SECTION_NAME: &str = "slotgate.policy";
+
+/// The name a module gives itself in its `slotgate.policy` custom section (wasm or WAT bytes),
+/// when it has one that is a usable name (printable, at most 128 bytes).
+pub fn declared_name(bytes: &[u8]) -> Option<String> {
+    let wasm = wat::parse_bytes(bytes).ok()?;
+    let mut at = 8;
+    while at < wasm.len() {
+        let id = wasm[at];
+        let (size, next) = leb128(&wasm, at + 1)?;
+        let end = next.checked_add(size)?;
+        let section = wasm.get(next..end)?;
+        if id == 0 {
+            let (len, start) = leb128(section, 0)?;
+            let name = section.get(start..start.checked_add(len)?)?;
+            if name == SECTION_NAME.as_bytes() {
+                let value = std::str::from_utf8(&section[start + len..]).ok()?;
+                let usable = !value.is_empty()
+                    && value.len() <= 128
+                    && value.bytes().all(|b| b.is_ascii_graphic());
+                return usable.then(|| value.to_owned());
+            }
+        }
+        at = end;
+    }
+    None
+}
+
+/// An unsigned LEB128 number at `at`: its value and where it ends.
+fn leb128(b: &[u8], mut at: usize) -> Option<(usize, usize)> {
+    let (mut value, mut shift) = (0usize, 0);
+    loop {
+        let byte = *b.get(at)?;
+        at += 1;
+        value |= usize::from(byte & 0x7f).checked_shl(shift)?;
+        if byte < 0x80 {
+            return Some((value, at));
+        }
+        shift += 7;
+        if shift > 28 {
+            return None;
+        }
+    }
+}
 
 pub fn memory(store: impl AsContextMut, instance: &Instance) -> Result<Memory, EvalError> {
     instance

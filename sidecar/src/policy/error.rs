@@ -14,6 +14,8 @@ pub enum LoadError {
     Abi(String),
     #[error("settings rejected: {0}")]
     Settings(String),
+    #[error("its budgets would be `{key}`'s, as are policy `{other}`'s: give each its own `name`")]
+    SharedState { key: String, other: String },
     #[error(transparent)]
     Eval(#[from] EvalError),
 }

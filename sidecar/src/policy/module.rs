@@ -72,6 +72,8 @@ pub enum Runs {
 
 pub struct Policy {
     name: Arc<str>,
+    /// Whose budgets its host state is (see [`Policy::keyed`]).
+    state_key: Arc<str>,
     engine: PolicyEngine,
     shared: Arc<SharedState>,
     pre: InstancePre<HostState>,
@@ -126,6 +128,7 @@ impl Policy {
         let has = |n: &str| module.get_export(n).is_some();
         let policy = Policy {
             name: Arc::from(name),
+            state_key: Arc::from(name),
             engine: engine.clone(),
             shared,
             has_validate: has(abi::EXPORT_VALIDATE),
@@ -135,6 +138,12 @@ impl Policy {
         };
         policy.check_version()?;
         Ok(policy)
+    }
+
+    /// The same policy keeping its budgets under `key` instead of its name.
+    pub fn keyed(mut self, key: &str) -> Policy {
+        self.state_key = Arc::from(key);
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -339,6 +348,7 @@ impl Policy {
                 .build(),
             shared: self.shared.clone(),
             policy: self.name.clone(),
+            state_key: self.state_key.clone(),
             host_calls: 0,
             memory_denied: false,
         };
@@ -702,7 +712,7 @@ fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadError> {
             let key = host_str(&mut c, kp, kl)?;
             let s = c.data();
             Ok(s.shared
-                .bucket_take(&s.policy, &key, capacity, refill, amount))
+                .bucket_take(&s.state_key, &key, capacity, refill, amount))
         },
     )
     .map_err(wrap)?;
@@ -718,7 +728,7 @@ fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadError> {
             let key = host_str(&mut c, kp, kl)?;
             let s = c.data();
             Ok(s.shared
-                .bucket_refund(&s.policy, &key, capacity, refill, amount))
+                .bucket_refund(&s.state_key, &key, capacity, refill, amount))
         },
     )
     .map_err(wrap)?;
@@ -728,7 +738,7 @@ fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadError> {
         |mut c: Caller<'_, HostState>, kp: i32, kl: i32, window_ms: i64, amount: i64| {
             let key = host_str(&mut c, kp, kl)?;
             let s = c.data();
-            Ok(s.shared.window_add(&s.policy, &key, window_ms, amount))
+            Ok(s.shared.window_add(&s.state_key, &key, window_ms, amount))
         },
     )
     .map_err(wrap)?;
@@ -751,7 +761,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut c: Caller<'_, HostState>, kp: i32, kl: i32, capacity: f64, refill: f64| {
             let key = host_str(&mut c, kp, kl)?;
             let s = c.data();
-            Ok(s.shared.bucket_level(&s.policy, &key, capacity, refill))
+            Ok(s.shared.bucket_level(&s.state_key, &key, capacity, refill))
         },
     )?;
     l.func_wrap(
@@ -776,7 +786,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let period = host_str(&mut c, pp, pl)?;
             let s = c.data();
             s.shared
-                .quota_take(&s.policy, &key, &period, limit, amount)
+                .quota_take(&s.state_key, &key, &period, limit, amount)
                 .map_err(host_error)
         },
     )?;
@@ -795,7 +805,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let period = host_str(&mut c, pp, pl)?;
             let s = c.data();
             s.shared
-                .quota_refund(&s.policy, &key, &period, limit, amount, at)
+                .quota_refund(&s.state_key, &key, &period, limit, amount, at)
                 .map_err(host_error)
         },
     )?;
@@ -807,7 +817,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let period = host_str(&mut c, pp, pl)?;
             let s = c.data();
             s.shared
-                .quota_level(&s.policy, &key, &period, limit)
+                .quota_level(&s.state_key, &key, &period, limit)
                 .map_err(host_error)
         },
     )?;
@@ -819,7 +829,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let period = host_str(&mut c, pp, pl)?;
             let s = c.data();
             Ok(s.shared
-                .quota_limit_in_force(&s.policy, &key, &period, limit))
+                .quota_limit_in_force(&s.state_key, &key, &period, limit))
         },
     )?;
     l.func_wrap(

@@ -41,6 +41,9 @@ pub struct PolicyLoadError {
 /// One policy ready to serve, and what it was built from.
 pub struct Loaded {
     pub name: String,
+    /// Whose budgets its host state is: `name` when the operator set it, else the name the module
+    /// declares (so renaming its file keeps them), else the file's.
+    pub state_key: String,
     pub spec: PolicySpec,
     /// SHA-256 of the module file.
     pub sha256: [u8; 32],
@@ -302,9 +305,21 @@ impl PolicySet {
             changed: Vec::new(),
         };
         let mut errors = Vec::new();
+        let mut keys: HashMap<String, String> = HashMap::new();
         for spec in specs {
             let name = spec.display_name();
-            match self.build_one(spec, &name, &old) {
+            let built_one =
+                self.build_one(spec, &name, &old)
+                    .and_then(|(loaded, fresh)| {
+                        match keys.insert(loaded.state_key.clone(), name.clone()) {
+                            Some(other) => Err(LoadError::SharedState {
+                                key: loaded.state_key.clone(),
+                                other,
+                            }),
+                            None => Ok((loaded, fresh)),
+                        }
+                    });
+            match built_one {
                 Ok((loaded, fresh)) => {
                     if fresh {
                         built.changed.push(name);
@@ -335,6 +350,11 @@ impl PolicySet {
     ) -> Result<(Arc<Loaded>, bool), LoadError> {
         let bytes = std::fs::read(&spec.path).map_err(LoadError::Read)?;
         let sha256: [u8; 32] = Sha256::digest(&bytes).into();
+        let state_key = spec
+            .name
+            .clone()
+            .or_else(|| super::abi::declared_name(&bytes))
+            .unwrap_or_else(|| name.to_owned());
         let settings = settings_of(spec)?;
         if let Some(same) = old.policies.iter().find(|p| {
             p.name == name && p.spec == *spec && p.sha256 == sha256 && p.settings == settings
@@ -383,10 +403,12 @@ impl PolicySet {
             None => Value::Null,
         };
         probe.evaluate(&canary_input(&canary_settings))?;
-        let policy = Policy::link(&engine, self.inner.shared.clone(), name, &module, limits)?;
+        let policy = Policy::link(&engine, self.inner.shared.clone(), name, &module, limits)?
+            .keyed(&state_key);
         Ok((
             Arc::new(Loaded {
                 name: name.to_owned(),
+                state_key,
                 spec: spec.clone(),
                 sha256,
                 policy,

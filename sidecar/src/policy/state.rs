@@ -696,6 +696,9 @@ pub struct HostState {
     pub limits: StoreLimits,
     pub shared: Arc<SharedState>,
     pub policy: Arc<str>,
+    /// Whose budgets the state functions use: the operator's name for the policy, else the name
+    /// the module declares, else the file's (`Policy::keyed`).
+    pub state_key: Arc<str>,
     /// Host calls made during this evaluation (each also costs fuel).
     pub host_calls: u64,
     /// Set when the memory cap refused a growth, to tell that failure from other traps.

@@ -122,7 +122,8 @@ async fn a_spent_quota_stays_spent_across_a_sigkill_a_stop_and_a_reload() {
         "the quota was spent before the kill"
     );
     assert!(
-        gate.stderr_text().contains("policy budgets kept on disk"),
+        gate.stderr_text()
+            .contains("policy budgets and the usage ledger kept on disk"),
         "{}",
         gate.stderr_text()
     );
@@ -298,4 +299,56 @@ async fn a_full_disk_is_logged_and_counted_and_written_once_there_is_room_again(
     assert_eq!(r.status, 200, "tenant-0 had 300 tokens left: {}", r.body);
     // The first gate ran eight at once on the same fake.
     gate.assert_settled(&up, 8).await;
+}
+
+/// A budget belongs to the name the module gives itself (the SDK writes its crate's), not to its
+/// file's: a renamed file keeps it. Two files of one module would share it: refused, with the way out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renamed_policy_file_keeps_its_budgets() {
+    let base = unique_dir("durable-rename");
+    let dir = base.join("state");
+    let dir = dir.to_str().unwrap();
+    let (v1, v2) = (base.join("budget-v1.wasm"), base.join("budget-v2.wasm"));
+    std::fs::copy(wat::built("token-budget"), &v1).unwrap();
+    let up = FakeUpstream::instant().start().await;
+    let on = |file: &Path| {
+        Gate::new()
+            .opt("--state-dir", dir)
+            .policies(&[(file, QUOTA)])
+            .upstream(&up)
+    };
+    let mut gate = on(&v1).start().await;
+    spend_it_all(&gate).await;
+    let s = gate.status().await;
+    assert_eq!(s["policies"]["chain"][0]["name"], "budget-v1", "{s}");
+    assert_eq!(
+        s["policies"]["chain"][0]["state_key"], "token-budget",
+        "{s}"
+    );
+    gate.sigterm();
+    gate.wait_exit(Duration::from_secs(10)).await;
+
+    std::fs::rename(&v1, &v2).unwrap();
+    let gate = on(&v2).start().await;
+    assert_eq!(
+        one_more(&gate).await,
+        429,
+        "the renamed file's budget is the same"
+    );
+    settled(&gate, &up).await;
+
+    // The module twice, unnamed: one budget for both would be wrong, so the start is refused.
+    std::fs::copy(&v2, &v1).unwrap();
+    let exited = Gate::new()
+        .opt("--state-dir", base.join("other").to_str().unwrap())
+        .policies(&[(&v1, QUOTA), (&v2, QUOTA)])
+        .upstream_url("http://127.0.0.1:1")
+        .run_to_exit(Duration::from_secs(15))
+        .await;
+    assert!(!exited.status.success(), "{}", exited.stderr);
+    assert!(
+        exited.stderr.contains("give each its own `name`"),
+        "{}",
+        exited.stderr
+    );
 }
