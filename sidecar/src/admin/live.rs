@@ -128,6 +128,7 @@ pub fn live(app: &App) -> serde_json::Value {
         },
         "requests": requests,
         "tenants": tenants,
+        "budgets": budgets(app),
         "rates": {
             "window_seconds": crate::live::RATE_SECONDS,
             "requests_per_second": r.requests_per_second,
@@ -149,4 +150,40 @@ pub fn live(app: &App) -> serde_json::Value {
             "tokens": snap.tokens,
         },
     })
+}
+
+/// Budgets shown in `/live`, the emptiest first.
+const LIVE_BUDGETS: usize = 50;
+
+/// `/live` → `budgets`: this sidecar's calendar quotas and token buckets with what is left, the
+/// emptiest (by share of its limit) first. A policy keys them as it likes; the example policies
+/// key by tenant (`uid:1000`, `tokens:uid:1000`), which is how `top` matches them to tenants.
+fn budgets(app: &App) -> Vec<serde_json::Value> {
+    let shared = app.policies.shared();
+    let (quotas, _) = shared.quota_levels(LIVE_BUDGETS);
+    let (buckets, _) = shared.bucket_levels(LIVE_BUDGETS);
+    let mut all: Vec<(f64, serde_json::Value)> = quotas
+        .into_iter()
+        .map(|q| {
+            let fill = q.limit.map_or(1.0, |l| q.left / l.max(1e-9));
+            let v = json!({
+                "policy": q.policy, "key": q.key, "kind": "quota", "period": q.period,
+                "left": q.left, "limit": q.limit,
+                "resets_at": super::status::rfc3339(q.window_end_ms),
+            });
+            (fill, v)
+        })
+        .chain(buckets.into_iter().map(|b| {
+            let fill = b.capacity.map_or(1.0, |c| b.level / c.max(1e-9));
+            let v = json!({
+                "policy": b.policy, "key": b.key, "kind": "bucket",
+                "left": b.level, "limit": b.capacity,
+                "refill_per_second": b.refill_per_second,
+            });
+            (fill, v)
+        }))
+        .collect();
+    all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    all.truncate(LIVE_BUDGETS);
+    all.into_iter().map(|(_, v)| v).collect()
 }

@@ -18,6 +18,35 @@ pub struct Live {
     pub history: History,
     /// In front of llama-server's router: each model's pool (docs/router.md).
     pub models: Vec<ModelPool>,
+    /// The emptiest quotas and buckets.
+    pub budgets: Vec<Budget>,
+}
+
+/// One quota or bucket, as `/live`'s `budgets[]` describes it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct Budget {
+    pub policy: String,
+    pub key: String,
+    pub left: f64,
+    pub limit: Option<f64>,
+}
+
+impl Live {
+    /// The emptiest budget of `tenant` (a key that is the tenant, or ends in `:` and the tenant, as
+    /// the example policies key them): what is left of its limit.
+    pub fn budget_of(&self, tenant: &str) -> Option<&Budget> {
+        self.budgets
+            .iter()
+            .filter(|b| {
+                b.key == tenant || b.key.strip_suffix(tenant).is_some_and(|k| k.ends_with(':'))
+            })
+            .min_by(|a, b| fill(a).total_cmp(&fill(b)))
+    }
+}
+
+fn fill(b: &Budget) -> f64 {
+    b.limit.map_or(1.0, |l| b.left / l.max(1e-9))
 }
 
 /// One model's pool behind a router, as `/live`'s `models[]` describes it.

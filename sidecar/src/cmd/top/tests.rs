@@ -38,7 +38,12 @@ fn live() -> Live {
         ],
         "rates": {"window_seconds": 10, "requests_per_second": 2.5, "tokens_per_second": 410.0,
                   "refused_per_second": 0.4, "queue_wait_p50_seconds": 0.012, "queue_wait_p95_seconds": 1.9},
-        "history": {"requests": [0, 1, 2, 4, 8], "tokens": [], "refused": []}
+        "history": {"requests": [0, 1, 2, 4, 8], "tokens": [], "refused": []},
+        "budgets": [
+            {"policy": "quota", "key": "tokens:bob", "kind": "quota", "left": 250.0, "limit": 1000.0},
+            {"policy": "quota", "key": "requests:bob", "kind": "quota", "left": 90.0, "limit": 100.0},
+            {"policy": "quota", "key": "tokens:alicia", "kind": "quota", "left": 0.0, "limit": 1000.0}
+        ]
     }))
     .unwrap()
 }
@@ -127,6 +132,14 @@ fn the_snapshot_shows_slots_queue_tenants_and_rates() {
             "≤4.5s"
         ]
     );
+    // `tokens:alicia` is not alice's.
+    let alice: Vec<&str> = lines
+        .iter()
+        .find(|l| l.starts_with("alice "))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(alice.last(), Some(&"-"), "{alice:?}");
     let bob: Vec<&str> = lines
         .iter()
         .find(|l| l.starts_with("bob "))
@@ -143,6 +156,7 @@ fn the_snapshot_shows_slots_queue_tenants_and_rates() {
             "1",
             "1",
             "5",
+            "250/1.0k",
             "queue_full",
             "4"
         ]

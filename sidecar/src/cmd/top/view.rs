@@ -612,6 +612,12 @@ fn tenants(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
             t.in_service.to_string(),
             t.waiting.to_string(),
             t.refused_total().to_string(),
+            p.live
+                .budget_of(&t.tenant)
+                .map_or("-".into(), |b| match b.limit {
+                    Some(l) => format!("{}/{}", count(b.left.max(0.0).floor()), count(l)),
+                    None => count(b.left.max(0.0).floor()),
+                }),
             top,
         ])
     });
@@ -623,6 +629,7 @@ fn tenants(f: &mut Frame, area: Rect, p: &Picture, r: &Rows, v: &ViewState) {
         ("RUN", 4),
         ("WAIT", 4),
         ("REFUSED", 7),
+        ("BUDGET LEFT", 11),
         ("MOST REFUSED FOR", 0),
     ];
     table(
