@@ -389,13 +389,19 @@ impl Fleet {
         capacity: f64,
         refill: f64,
     ) -> dashmap::mapref::one::RefMut<'_, (Arc<str>, String), Entry> {
-        let mut e = self.leases.entry(id.clone()).or_insert_with(|| Entry {
-            lease: Lease::default(),
-            capacity,
-            refill,
-            local: None,
-            level: None,
-            synced: None,
+        let mut e = self.leases.entry(id.clone()).or_insert_with(|| {
+            let mut lease = Lease::default();
+            // A quota's lease holds only what a take needs: the fleet answers exactly as one
+            // sidecar would, at the cost of a fetch per take.
+            lease.set_scarce(is_quota(&id.1));
+            Entry {
+                lease,
+                capacity,
+                refill,
+                local: None,
+                level: None,
+                synced: None,
+            }
         });
         e.capacity = capacity;
         e.refill = refill;
@@ -558,9 +564,11 @@ impl Fleet {
         self.leases.retain(|id, e| {
             // Less than a full lease per live sidecar left in the fleet: no reserves, and a lease
             // not in use goes back, so what remains can go where it is asked for.
-            let scarce = e
-                .level
-                .is_some_and(|l| l < e.capacity * self.policy.max_share * live);
+            // A calendar quota is always scarce: it counts whole requests and tokens exactly,
+            // and a reserve held here would be refused to the other sidecars (see `entry`).
+            let scarce = is_quota(&id.1)
+                || e.level
+                    .is_some_and(|l| l < e.capacity * self.policy.max_share * live);
             e.lease.set_scarce(scarce);
             if (scarce && e.lease.held() > 0.0 && e.lease.idle_for(now) >= SCARCE_RELEASE)
                 || e.lease.is_aged(now, &self.policy)
@@ -650,4 +658,9 @@ impl Fleet {
             "last_sync_unix_ms": (last > 0).then_some(last),
         })
     }
+}
+
+/// Whether a bucket key is a calendar quota's window (see `slotgate_sdk::calendar::quota_bucket`).
+fn is_quota(key: &str) -> bool {
+    slotgate_sdk::calendar::parse_quota_bucket(key).is_some()
 }

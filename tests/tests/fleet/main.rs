@@ -5,4 +5,5 @@
 //! policies. Not in the fast tier.
 
 mod fleet_budget;
+mod fleet_quota;
 mod fleet_store;
