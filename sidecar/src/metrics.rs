@@ -37,6 +37,7 @@ pub const POLICY_RELOADS_TOTAL: &str = "slotgate_policy_reloads_total";
 pub const POLICY_EVENTS_TOTAL: &str = "slotgate_policy_events_total";
 pub const ADMIN_ACTIONS_TOTAL: &str = "slotgate_admin_actions_total";
 pub const STATE_WRITES_TOTAL: &str = "slotgate_state_writes_total";
+pub const STATE_ROWS_WRITTEN_TOTAL: &str = "slotgate_state_rows_written_total";
 pub const UPSTREAM_SLOTS: &str = "slotgate_upstream_slots";
 pub const SLOTS_MISMATCH: &str = "slotgate_slots_mismatch";
 pub const CHILD_RESTARTS_TOTAL: &str = "slotgate_child_restarts_total";
@@ -412,6 +413,11 @@ fn describe() {
     describe_counter!(
         STATE_WRITES_TOTAL,
         "Batches of changed policy budgets written to state.dir, by result (ok, error: the disk refused; they stay in memory and are tried again)."
+    );
+    describe_counter!(
+        STATE_ROWS_WRITTEN_TOTAL,
+        "Rows (buckets, windows, quota windows, ledger rows) written to state.dir by successful \
+         commits: with slotgate_state_writes_total, how much each commit carries."
     );
     describe_counter!(
         ADMIN_ACTIONS_TOTAL,

@@ -45,6 +45,7 @@ impl Persister {
                             if n > 0 {
                                 metrics::counter!(m::STATE_WRITES_TOTAL, "result" => "ok")
                                     .increment(1);
+                                metrics::counter!(m::STATE_ROWS_WRITTEN_TOTAL).increment(n as u64);
                             }
                             if let Some(since) = failing_since.take() {
                                 tracing::info!(failed_for = ?since.elapsed(), "policy budgets are written to disk again");

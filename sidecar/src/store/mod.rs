@@ -8,6 +8,15 @@ use std::path::{Path, PathBuf};
 
 pub mod ledger;
 
+/// redb's page cache: its default (1 GiB) let a state of 100k rows hold 40 MiB resident; what
+/// slotgate reads back is read once, at start (scripts/bench/store-choice/RESULTS.md).
+const CACHE_BYTES: usize = 4 << 20;
+
+/// Opens (or creates) the database file with slotgate's cache size.
+fn open_db(file: &Path) -> Result<Database, redb::DatabaseError> {
+    redb::Builder::new().set_cache_size(CACHE_BYTES).create(file)
+}
+
 use redb::{Database, ReadableTable, TableDefinition};
 
 /// The database file in `state.dir`.
@@ -95,7 +104,7 @@ impl Store {
             file: file.clone(),
             reason,
         };
-        let db = match Database::create(&file) {
+        let db = match open_db(&file) {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Err(StoreError::InUse(file)),
             // redb says of a file that is not one of its databases: invalid data.
@@ -214,7 +223,7 @@ impl Store {
         if self.stale.load(Ordering::Relaxed) || guard.is_none() {
             // Closed first: redb allows one open handle to a file.
             drop(guard.take());
-            *guard = Some(Database::create(&self.file).map_err(|e| self.write_err(e))?);
+            *guard = Some(open_db(&self.file).map_err(|e| self.write_err(e))?);
             self.stale.store(false, Ordering::Relaxed);
         }
         let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;
@@ -239,7 +248,7 @@ impl Store {
         let mut guard = self.db();
         if self.stale.load(Ordering::Relaxed) || guard.is_none() {
             drop(guard.take());
-            *guard = Some(Database::create(&self.file).map_err(|e| self.write_err(e))?);
+            *guard = Some(open_db(&self.file).map_err(|e| self.write_err(e))?);
             self.stale.store(false, Ordering::Relaxed);
         }
         let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;

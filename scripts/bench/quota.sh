@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# What quotas cost, on one slotgate binary in front of the nginx mock (mock.conf.in), budgets and
+# the ledger kept on disk (state.dir) as in production:
+#
+# 1. c=64 requests/s and c=1 p50 with no policy, token-budget and the quota example (calendar
+#    quotas per tenant, every answer with rate-limit headers), 1000 tenants, rounds interleaved;
+#    medians as ratios to no-policy.
+# 2. The store under that load: commits/s and rows written/s (slotgate_state_*), and fsync and
+#    fdatasync calls/s of the whole process (strace -c), at the quota run's request rate.
+# 3. Memory: RSS after one tenant, and after 100,000 distinct tenants (each with a quota window and
+#    a ledger row), on the same binary.
+#
+#   bash scripts/bench/quota.sh [BINARY]      (default: the release build, built if missing)
+#
+# Environment: QB_ROUNDS (3), QB_SECONDS (8). Asserts nothing.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here/../.."
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+bin="${1:-$target_dir/release/slotgate}"
+[ -x "$bin" ] || cargo build --release -p slotgate >&2
+bash scripts/build-policies.sh >/dev/null
+rounds="${QB_ROUNDS:-3}" secs="${QB_SECONDS:-8}"
+for tool in nginx wrk strace curl; do
+  command -v "$tool" >/dev/null || { echo "quota.sh: needs $tool (apt-get install nginx-light wrk strace curl)" >&2; exit 2; }
+done
+
+root="$(mktemp -d -t slotgate-qb.XXXXXX)"
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$root"
+}
+trap cleanup EXIT
+
+user=""; [ "$(id -u)" = 0 ] && user="user root;"
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+mkdir -p "$root/mock"
+mock_port="$(port)"
+sed -e "s|@DIR@|$root/mock|g" -e "s|@USER@|$user|g" -e "s|@BENCH@|$here|g" -e "s|@MOCK_PORT@|$mock_port|g" \
+  "$here/mock.conf.in" >"$root/mock/nginx.conf"
+nginx -p "$root/mock" -c "$root/mock/nginx.conf" -e "$root/mock/error.log" &
+pids+=($!)
+echo '{"capacity": 1000000000000, "refill_per_second": 1000000000}' >"$root/budget.json"
+echo '{"period": "day", "tokens": 1000000000000, "requests": 1000000000}' >"$root/quota.json"
+
+declare -A port_of pid_of
+start() { # NAME [args...]
+  local name="$1" p; shift
+  p="$(port)"
+  mkdir -p "$root/$name"
+  "$bin" --listen "tcp:127.0.0.1:$p" --upstream "unix:$root/mock/mock.sock" \
+    --admin-listen "unix:$root/$name/admin.sock" --log-format json --slots 64 --queue-depth 1024 \
+    --state-dir "$root/$name/state" "$@" >"$root/$name/slotgate.log" 2>&1 &
+  pids+=($!)
+  pid_of[$name]=$!
+  local i
+  for i in $(seq 200); do
+    curl -sf --unix-socket "$root/$name/admin.sock" http://localhost/readyz >/dev/null && break
+    sleep 0.1
+  done
+  curl -sf --unix-socket "$root/$name/admin.sock" http://localhost/readyz >/dev/null \
+    || { echo "quota.sh: $name never became ready" >&2; tail -20 "$root/$name/slotgate.log" >&2; exit 1; }
+  port_of[$name]=$p
+}
+metric() { # NAME METRIC: its value (sum over label sets), 0 when absent
+  curl -sf --unix-socket "$root/$1/admin.sock" http://localhost/metrics \
+    | awk -v m="$2" '$1 ~ "^"m"({|$)" {s += $2} END {printf "%d\n", s}'
+}
+rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
+
+start no-policy
+start token-budget --policy "$target_dir/policies/token-budget.wasm" --policy-settings "$root/budget.json"
+start quota --policy "$target_dir/policies/quota.wasm" --policy-settings "$root/quota.json"
+systems=(no-policy token-budget quota)
+
+echo "== 1. cost per request (c=64, 1000 tenants; c=1 p50)"
+printf '%-6s %-14s %12s %10s\n' round system "c=64 rps" "c=1 p50"
+for r in $(seq "$rounds"); do
+  for s in "${systems[@]}"; do
+    url="http://127.0.0.1:${port_of[$s]}/v1/chat/completions"
+    if [ "$s" = quota ] && [ "$r" = 1 ]; then
+      # The store's work under this load, counted over this run.
+      w0=$(metric quota slotgate_state_writes_total); n0=$(metric quota slotgate_state_rows_written_total)
+      strace -f -c -e trace=fsync,fdatasync -p "${pid_of[quota]}" -o "$root/strace.txt" 2>/dev/null &
+      st=$!
+      sleep 0.5
+    fi
+    out=$(TENANTS=1000 wrk -t2 -c64 -d"${secs}s" -s "$here/post-tenants.lua" "$url")
+    rps=$(awk '/Requests\/sec/{print $2}' <<<"$out")
+    if [ "$s" = quota ] && [ "$r" = 1 ]; then
+      kill -INT "$st"; wait "$st" 2>/dev/null || true
+      w1=$(metric quota slotgate_state_writes_total); n1=$(metric quota slotgate_state_rows_written_total)
+      syncs=$(awk '/fsync|fdatasync/{s += $4} END {print s + 0}' "$root/strace.txt")
+      store_line="quota at $rps req/s for ${secs}s: $(( (w1 - w0) / secs )) commits/s, $(( (n1 - n0) / secs )) rows written/s, $(( syncs / secs )) fsync+fdatasync calls/s"
+    fi
+    p50=$(TENANTS=1000 wrk -t1 -c1 -d5s --latency -s "$here/post-tenants.lua" "$url" | awk '/ 50%/{print $2}')
+    printf '%-6s %-14s %12s %10s\n' "$r" "$s" "$rps" "$p50" | tee -a "$root/rows"
+  done
+done
+python3 - "$root/rows" <<'PY'
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    _, name, rps, p50 = line.split()
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", p50)
+    p50 = float(m[1]) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m[2]]
+    rows.setdefault(name, []).append((float(rps), p50))
+base = rows["no-policy"]
+b_rps = statistics.median(r for r, _ in base)
+b_p50 = statistics.median(p for _, p in base)
+print(f"\n{'system':<14} {'c=64 rps':>10} {'ratio':>6} {'c=1 p50 ms':>11} {'ratio':>6}")
+for name, v in rows.items():
+    rps = statistics.median(r for r, _ in v)
+    p50 = statistics.median(p for _, p in v)
+    print(f"{name:<14} {rps:>10.0f} {rps / b_rps:>6.3f} {p50:>11.3f} {p50 / b_p50:>6.3f}")
+PY
+
+echo
+echo "== 2. the store under load"
+echo "$store_line"
+
+echo
+echo "== 3. memory with 100,000 tenants (quota policy: a quota window and a ledger row each)"
+start mem --policy "$target_dir/policies/quota.wasm" --policy-settings "$root/quota.json"
+url="http://127.0.0.1:${port_of[mem]}/v1/chat/completions"
+TENANTS=1 wrk -t1 -c4 -d2s -s "$here/post-tenants.lua" "$url" >/dev/null
+sleep 1
+one=$(rss_kb "${pid_of[mem]}")
+# 100,000 distinct keys: each thread walks its own stride through them; run until the ledger holds
+# them all (GET /usage counts the rows).
+TENANTS=100000 wrk -t2 -c64 -d25s -s "$here/post-tenants.lua" "$url" >/dev/null
+sleep 1
+rows=$(curl -sf --unix-socket "$root/mem/admin.sock" "http://localhost/usage?format=csv" | tail -n +2 | wc -l)
+many=$(rss_kb "${pid_of[mem]}")
+echo "RSS after 1 tenant: $((one / 1024)) MiB; after $rows tenants in the ledger: $((many / 1024)) MiB; $(( (many - one) * 1024 / (rows > 1 ? rows - 1 : 1) )) bytes per tenant"
