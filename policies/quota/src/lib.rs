@@ -30,7 +30,7 @@ pub struct Settings {
     #[serde(default)]
     pub requests: Option<u64>,
     /// The share of a quota at which the tenant is warned about (logged, and counted as the event
-    /// `soft_limit`), once per window. 0 or absent: 0.8; 1 turns it off.
+    /// `soft_limit`) when a charge crosses it. Absent: 0.8; 1 turns it off.
     #[serde(default = "default_soft_limit")]
     pub soft_limit: f64,
     /// `max_tokens` assumed for a request that sets none.
@@ -281,7 +281,8 @@ impl Policy for Quota {
         let period = s.period.as_str();
         let reset = host::quota_reset_ms(period);
         for c in &charges {
-            if c.amount > c.limit {
+            // A limit an operator set to 0 is a spent quota, not a request too large for it.
+            if c.amount > c.limit && c.limit > 0 {
                 return Decision::forbidden(format!(
                     "this request may use {} tokens, more than the {} {} quota of {} of {}: \
                      lower max_tokens",
@@ -316,7 +317,10 @@ impl Policy for Quota {
                         c.whose,
                         utc(reset)
                     ),
-                    wait.ceil().max(1.0) as u64,
+                    // The window's end (also when `wait` is infinite: a limit of 0).
+                    ((reset - host::wall_ms()).max(0) as f64 / 1000.0)
+                        .ceil()
+                        .max(1.0) as u64,
                 );
                 d.rate_limits = allowance(&charges, period, reset);
                 return d;
@@ -471,6 +475,18 @@ mod tests {
         assert!(d.is_allowed());
         let r = d.rate_limits.requests.unwrap();
         assert_eq!((r.limit, r.remaining), (3, 1), "one used before, one now");
+    }
+
+    #[test]
+    fn an_operators_limit_of_zero_is_a_spent_quota_until_the_window_ends() {
+        testing::reset();
+        let s = r#"{"period": "hour", "requests": 5}"#;
+        testing::set_quota_limit("requests:uid:1000", "hour", Some(0.0));
+        let d = run::<Quota>(&req(ALICE, 1, 1, s));
+        assert_eq!(d.status, Some(429));
+        assert_eq!(d.reason.as_deref(), Some("quota_exceeded"));
+        // 08:00 on the hour: a whole hour to go.
+        assert_eq!(d.retry_after_seconds, Some(3600));
     }
 
     #[test]

@@ -70,7 +70,11 @@ pub fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Response<B
             )
         }
     };
-    if let Err(e) = slotgate_sdk::calendar::Period::parse(&c.period) {
+    // The zone too: an unknown one is the caller's mistake, not the state's.
+    let known = slotgate_sdk::calendar::Period::parse(&c.period).and_then(|p| {
+        slotgate_sdk::calendar::window(&p, crate::policy::state::wall_ms()).map(drop)
+    });
+    if let Err(e) = known {
         return bad(400, "invalid_period", &e);
     }
     let shared = app.policies.shared();

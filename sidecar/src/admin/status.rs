@@ -163,7 +163,11 @@ pub fn status(app: &App) -> serde_json::Value {
                 "buckets": buckets(app),
                 "quotas": quotas(app),
             }),
-            |f| f.status(),
+            |f| {
+                let mut s = f.status();
+                s["quotas"] = quotas(app);
+                s
+            },
         ),
     })
 }

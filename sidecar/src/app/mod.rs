@@ -119,7 +119,24 @@ pub async fn run(
             tracing::warn!("state.dir is off: policy budgets live in memory only, and a restart or a crash gives every tenant a full budget again");
             None
         }
-        (StateBackend::Redis, _) => None,
+        // The fleet's budgets are on its store; the usage ledger and the operator's quota limits
+        // of this sidecar are kept here.
+        (StateBackend::Redis, Some(dir)) => {
+            let store = Arc::new(crate::store::Store::open(&dir)?);
+            let file = store.file().display().to_string();
+            policies.shared().use_store(store.clone())?;
+            ledger.use_store(store);
+            tracing::info!(file, "the usage ledger and operators' quota limits kept on disk; budgets on the fleet's store");
+            Some(
+                persist::Persister::start(
+                    policies.shared().clone(),
+                    ledger.clone(),
+                    config.state.flush_interval,
+                )
+                .map_err(StartError::Persister)?,
+            )
+        }
+        (StateBackend::Redis, None) => None,
     };
     crate::admin::audit::open(&config.admin.audit_log)
         .map_err(|e| StartError::AuditLog(config.admin.audit_log.to_string(), e))?;
@@ -303,6 +320,14 @@ pub async fn run(
                 "second signal: stopping at once, closing the remaining connections"
             );
         }
+    }
+    // The last requests' settlements, before the budgets are written on the way out.
+    let unsettled = app.policies.completions_done(Duration::from_secs(2)).await;
+    if unsettled > 0 {
+        tracing::warn!(
+            unsettled,
+            "policy settlements still running at exit: those requests stay charged their estimate"
+        );
     }
     // Unused leased tokens go back to the fleet.
     if let Some(fleet) = &app.fleet {

@@ -342,6 +342,14 @@ impl Fleet {
         }
     }
 
+    /// Every bucket this sidecar holds a lease of: (policy, key, capacity, refill).
+    pub fn leased(&self) -> Vec<(Arc<str>, String, f64, f64)> {
+        self.leases
+            .iter()
+            .map(|e| (e.key().0.clone(), e.key().1.clone(), e.capacity, e.refill))
+            .collect()
+    }
+
     /// The capacity a bucket this sidecar holds a lease of was last used with (`None`: no lease).
     pub fn bucket_shape(&self, policy: &Arc<str>, key: &str) -> Option<Option<f64>> {
         self.leases

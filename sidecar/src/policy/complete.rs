@@ -53,7 +53,9 @@ impl CompletionHook {
             return;
         };
         let (chain, policies, own) = (self.chain, self.policies, self.own);
+        let pending = policies.completion_started();
         rt.spawn(async move {
+            let _pending = pending;
             let turn = policies.turn().await;
             if chain.runs_inline() {
                 chain.complete_async(&completion, &own).await;

@@ -161,6 +161,8 @@ struct Inner {
     /// wait their turn rather than fail. Below that, the OS shares the cores, and deadlines count
     /// only the time each evaluation ran.
     running: Arc<tokio::sync::Semaphore>,
+    /// `on_complete` runs fired and not finished (see [`PolicySet::completions_done`]).
+    pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What a reload did.
@@ -198,6 +200,7 @@ impl PolicySet {
                 current: RwLock::new(Arc::new(Chain::new(Vec::new(), 0))),
                 reloading: Mutex::new(()),
                 running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING)),
+                pending: Arc::default(),
             }),
         };
         match set.build(specs) {
@@ -230,6 +233,28 @@ impl PolicySet {
             .acquire_owned()
             .await
             .expect("the policy semaphore is never closed")
+    }
+
+    /// Counts one `on_complete` run until the guard drops.
+    pub fn completion_started(&self) -> PendingCompletion {
+        use std::sync::atomic::Ordering;
+        self.inner.pending.fetch_add(1, Ordering::SeqCst);
+        PendingCompletion(self.inner.pending.clone())
+    }
+
+    /// Waits, for at most `timeout`, until every `on_complete` fired so far has run: at shutdown,
+    /// so that the last settlements are in the state written on the way out. Returns how many
+    /// were still running.
+    pub async fn completions_done(&self, timeout: std::time::Duration) -> usize {
+        use std::sync::atomic::Ordering;
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = self.inner.pending.load(Ordering::SeqCst);
+            if left == 0 || tokio::time::Instant::now() >= until {
+                return left;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     /// Evaluates the current chain (see [`Chain::evaluate`]).
@@ -844,6 +869,15 @@ fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_millis() as u64
+}
+
+/// One `on_complete` run in progress (see [`PolicySet::completion_started`]).
+pub struct PendingCompletion(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for PendingCompletion {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]

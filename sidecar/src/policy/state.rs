@@ -266,7 +266,7 @@ impl SharedState {
         if self.quota_limits.is_empty() {
             return limit;
         }
-        let id = (policy.clone(), key.to_owned(), period.to_owned());
+        let id = (policy.clone(), key.to_owned(), canonical(period));
         self.quota_limits.get(&id).map_or(limit, |l| *l)
     }
 
@@ -344,10 +344,10 @@ impl SharedState {
         let old = self.window_limit(&policy, key, period, &bucket);
         if let Some(d) = self.durable.get() {
             d.store
-                .put_limit(&policy, key, period, limit)
+                .put_limit(&policy, key, &canonical(period), limit)
                 .map_err(|e| e.to_string())?;
         }
-        let id = (policy.clone(), key.to_owned(), period.to_owned());
+        let id = (policy.clone(), key.to_owned(), canonical(period));
         match limit {
             Some(l) => {
                 self.quota_limits.insert(id, l);
@@ -367,7 +367,7 @@ impl SharedState {
     /// Whether an operator set this quota's limit.
     pub fn has_quota_limit(&self, policy: &str, key: &str, period: &str) -> bool {
         self.quota_limits
-            .contains_key(&(Arc::from(policy), key.to_owned(), period.to_owned()))
+            .contains_key(&(Arc::from(policy), key.to_owned(), canonical(period)))
     }
 
     /// The quota's limit as its current window knows it (the operator's, else the policy's last),
@@ -419,7 +419,7 @@ impl SharedState {
             Some(fleet) => fleet.bucket_shape(policy, bucket),
             None => self.buckets.get(&name).map(|b| b.shape.map(|s| s.0)),
         }?;
-        let id = (policy.clone(), key.to_owned(), period.to_owned());
+        let id = (policy.clone(), key.to_owned(), canonical(period));
         self.quota_limits.get(&id).map(|l| *l).or(seen)
     }
 
@@ -454,11 +454,20 @@ impl SharedState {
     /// Keeps the buckets and windows in `store` from now on, starting from what it holds (once, at
     /// start-up, before any evaluation). Returns how many buckets and windows it held.
     pub fn use_store(&self, store: Arc<Store>) -> Result<(usize, usize), StoreError> {
-        let (buckets, windows) = store.load()?;
         for ((policy, key, period), limit) in store.load_limits()? {
             self.quota_limits
                 .insert((Arc::from(policy), key, period), limit);
         }
+        if self.fleet.get().is_some() {
+            // The fleet's store holds the budgets: this one keeps the operator's limits only.
+            let _ = self.durable.set(Durable {
+                store,
+                dirty_buckets: Mutex::default(),
+                dirty_windows: Mutex::default(),
+            });
+            return Ok((0, 0));
+        }
+        let (buckets, windows) = store.load()?;
         let (now, wall) = clocks();
         let counts = (buckets.len(), windows.len());
         for b in buckets {
@@ -616,8 +625,29 @@ impl SharedState {
         (all, count)
     }
 
-    /// Buckets (`quotas` false) or the buckets of quota windows (true), the emptiest first.
+    /// Buckets (`quotas` false) or the buckets of quota windows (true), the emptiest first. On the
+    /// fleet backend: those this sidecar holds a lease of, at the fleet's level.
     fn levels(&self, limit: usize, quotas: bool) -> (Vec<BucketLevel>, usize) {
+        if let Some(fleet) = self.fleet.get() {
+            let mut all: Vec<BucketLevel> = fleet
+                .leased()
+                .into_iter()
+                .filter(|(_, key, ..)| calendar::parse_quota_bucket(key).is_some() == quotas)
+                .map(|(policy, key, capacity, refill)| BucketLevel {
+                    level: fleet.bucket_level(&policy, &key, capacity, refill),
+                    policy: policy.to_string(),
+                    key,
+                    capacity: Some(capacity),
+                    refill_per_second: Some(refill),
+                })
+                .collect();
+            let count = all.len();
+            let fill =
+                |b: &BucketLevel| b.capacity.map_or(f64::INFINITY, |c| b.level / c.max(1e-9));
+            all.sort_by(|a, b| fill(a).total_cmp(&fill(b)).then_with(|| a.key.cmp(&b.key)));
+            all.truncate(limit);
+            return (all, count);
+        }
         let now = Instant::now();
         let mut all: Vec<BucketLevel> = self
             .buckets
@@ -653,6 +683,11 @@ impl SharedState {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A period as the quotas are kept under (`day@UTC` is `day`); one that does not parse as itself.
+fn canonical(period: &str) -> String {
+    Period::parse(period).map_or_else(|_| period.to_owned(), |p| p.to_string())
 }
 
 /// Wall-clock time in Unix milliseconds: `wall_ms`, the quota windows, `now_unix_ms`.

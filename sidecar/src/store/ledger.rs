@@ -15,8 +15,8 @@ use super::{Store, StoreError};
 pub(super) const USAGE: TableDefinition<(u32, &str, &str), (u64, u64, u64)> =
     TableDefinition::new("usage");
 
-/// Distinct (tenant, model) rows one day may hold; past it, further pairs count under model
-/// `other` of their tenant, then tenant `other`: clients choose both strings.
+/// Distinct (tenant, model) rows one day may hold; past it, further pairs count as tenant `other`,
+/// model `other`: clients choose both strings. (Counted in memory: a restart counts afresh.)
 pub const ROWS_PER_DAY: usize = 100_000;
 /// Longest tenant or model name kept (longer ones are cut).
 const MAX_NAME: usize = 256;
@@ -48,6 +48,8 @@ pub struct Ledger {
     today: Mutex<Day>,
     store: OnceLock<Arc<Store>>,
     retention_days: u32,
+    /// The day old rows were last dropped from the store: once a day is enough.
+    pruned: Mutex<u32>,
 }
 
 impl Ledger {
@@ -57,6 +59,7 @@ impl Ledger {
             today: Mutex::default(),
             store: OnceLock::new(),
             retention_days: retention_days.max(1),
+            pruned: Mutex::new(0),
         }
     }
 
@@ -99,13 +102,16 @@ impl Ledger {
         reason = "redb's own error, in a closure run once per batch, off the request path"
     )]
     pub fn persist(&self, now_ms: i64) -> Result<usize, StoreError> {
-        let oldest = day_of(now_ms).saturating_sub(self.retention_days);
+        // `retention_days` days are kept, today included.
+        let today = day_of(now_ms);
+        let oldest = today.saturating_sub(self.retention_days - 1);
         let Some(store) = self.store.get() else {
             lock(&self.rows).retain(|k, _| k.0 >= oldest);
             return Ok(0);
         };
         let due = std::mem::take(&mut *lock(&self.rows));
-        if due.is_empty() {
+        let prune = *lock(&self.pruned) != today;
+        if due.is_empty() && !prune {
             return Ok(0);
         }
         let written = store.with_write(|tx| {
@@ -129,9 +135,14 @@ impl Ledger {
                     (row.requests, row.prompt_tokens, row.completion_tokens),
                 )?;
             }
-            t.retain(|(day, _, _), _| day >= oldest)?;
+            if prune {
+                t.retain(|(day, _, _), _| day >= oldest)?;
+            }
             Ok(due.len())
         });
+        if prune && written.is_ok() {
+            *lock(&self.pruned) = today;
+        }
         if written.is_err() {
             let mut rows = lock(&self.rows);
             for (k, u) in due {

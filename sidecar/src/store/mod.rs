@@ -14,7 +14,9 @@ const CACHE_BYTES: usize = 4 << 20;
 
 /// Opens (or creates) the database file with slotgate's cache size.
 fn open_db(file: &Path) -> Result<Database, redb::DatabaseError> {
-    redb::Builder::new().set_cache_size(CACHE_BYTES).create(file)
+    redb::Builder::new()
+        .set_cache_size(CACHE_BYTES)
+        .create(file)
 }
 
 use redb::{Database, ReadableTable, TableDefinition};

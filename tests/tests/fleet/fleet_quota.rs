@@ -118,6 +118,21 @@ async fn one_sidecar_on_disk_and_two_on_a_shared_store_answer_alike(store: Store
         "the script on one sidecar"
     );
     assert_eq!(fleet, embedded, "two sidecars on a shared store answer as one does");
+    // Each sidecar shows the fleet's level of the quotas it has used.
+    let key = format!("requests:{}", slotgate_tests::gate::hash_key("key-a"));
+    for gate in [&g1, &g2] {
+        let list: serde_json::Value = serde_json::from_str(&gate.admin_get("/quotas").await.body).unwrap();
+        let a = list["quotas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["key"] == key.as_str())
+            .unwrap_or_else(|| panic!("{list}"))
+            .clone();
+        assert_eq!((a["left"].as_f64(), a["limit"].as_f64()), (Some(0.0), Some(3.0)), "{list}");
+        let s = gate.status().await;
+        assert!(s["state"]["quotas"]["count"].as_u64() >= Some(2), "{s}");
+    }
     g1.assert_settled(&up1, 1).await;
     g2.assert_settled(&up2, 1).await;
 }

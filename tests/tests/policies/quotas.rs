@@ -416,3 +416,52 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
     assert_eq!(usage["total"]["requests"], 3, "{usage}");
     gate.assert_settled(&up, 1).await;
 }
+
+/// Tokens left in the tenant's day, as `/status` shows them.
+async fn tokens_left(gate: &RunningGate) -> f64 {
+    let s = gate.status().await;
+    s["state"]["quotas"]["emptiest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["key"].as_str().unwrap().starts_with("tokens:"))
+        .unwrap_or_else(|| panic!("no token quota in {s}"))["left"]
+        .as_f64()
+        .unwrap()
+}
+
+/// A clean stop waits for the last requests' settlements before the state is written: a request
+/// still answering when SIGTERM came is charged what it used, not its estimate, after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clean_stop_settles_the_requests_it_drained() {
+    let up = FakeUpstream::instant().start().await;
+    let dir = unique_dir("quota-stop").join("state");
+    let dir = dir.to_str().unwrap();
+    let mut first = gate(dir).upstream(&up).start().await;
+    let client = first.client();
+    let slow = tokio::spawn(async move {
+        client
+            .post_json(
+                CHAT,
+                &Req::chat("slow")
+                    .set("max_tokens", 5000)
+                    .prompt_tokens(10)
+                    .completion_tokens(7)
+                    .delay(Duration::from_millis(800))
+                    .json(),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(tokens_left(&first).await < 95_000.0, "charged its estimate");
+    first.sigterm();
+    assert_eq!(slow.await.unwrap().status, 200, "drained");
+    first.wait_exit(Duration::from_secs(10)).await;
+    let gate = gate(dir).upstream(&up).start().await;
+    assert_eq!(
+        tokens_left(&gate).await,
+        100_000.0 - 17.0,
+        "settled to its usage"
+    );
+    gate.assert_settled(&up, 1).await;
+}
