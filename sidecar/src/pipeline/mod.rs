@@ -158,7 +158,10 @@ async fn phases(
     })?;
     ex.set_priority(decided.priority);
     tracing::debug!(request_id = %id, priority = decided.priority, "decide: allowed");
-    let admitted = admit::admit(app, &mut intake, &decided, &ctx, ex).await?;
+    let refused = |e: GateError| Refusal::after_policies(e, &decided.response_headers);
+    let admitted = admit::admit(app, &mut intake, &decided, &ctx, ex)
+        .await
+        .map_err(refused)?;
     tracing::debug!(request_id = %id, queue_wait_ms = admitted.queue_wait.as_millis() as u64, slot = admitted.slot.is_some(), "admit: admitted");
     match forward::forward(app, &mut intake, admitted, &ctx, ex).await {
         Ok(sent) => Ok({
@@ -172,7 +175,7 @@ async fn phases(
         }),
         // llama-server answers every preflight; while it cannot, slotgate answers as it would.
         Err(_) if ctx.preflight => Ok(Answer::Preflight),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(refused(e.into())),
     }
 }
 

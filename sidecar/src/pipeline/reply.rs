@@ -44,6 +44,9 @@ pub(super) enum Answer {
 pub(super) struct Refusal {
     error: GateError,
     body_unread: bool,
+    /// The headers the policies that allowed the request asked for (its rate-limit headers):
+    /// a refusal after them (the queue's, say) carries them too.
+    headers: BTreeMap<String, String>,
 }
 
 impl Refusal {
@@ -53,13 +56,26 @@ impl Refusal {
         Refusal {
             error,
             body_unread: true,
+            headers: BTreeMap::new(),
         }
     }
 
     /// Reading the body failed: as JSON or as too slow, it was read through; otherwise not.
     pub fn reading(error: GateError) -> Self {
         let body_unread = !matches!(error, GateError::InvalidJson(_) | GateError::BodyTimeout(_));
-        Refusal { error, body_unread }
+        Refusal {
+            error,
+            body_unread,
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// The refusal of a request the policies had allowed, with the headers they asked for.
+    pub fn after_policies(error: GateError, headers: &BTreeMap<String, String>) -> Self {
+        Refusal {
+            headers: headers.clone(),
+            ..Refusal::from(error)
+        }
     }
 }
 
@@ -68,6 +84,7 @@ impl From<GateError> for Refusal {
         Refusal {
             error,
             body_unread: false,
+            headers: BTreeMap::new(),
         }
     }
 }
@@ -108,6 +125,14 @@ impl<'a> Reply<'a> {
             tracing::warn!(error = %e, "upstream failure");
         }
         let mut resp = respond::error(e, self.dialect);
+        for (name, value) in &refusal.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                resp.headers_mut().insert(n, v);
+            }
+        }
         resp.headers_mut()
             .insert(REASON_HEADER, HeaderValue::from_static(e.outcome().label()));
         self.app

@@ -465,3 +465,47 @@ async fn a_clean_stop_settles_the_requests_it_drained() {
     );
     gate.assert_settled(&up, 1).await;
 }
+
+/// A request the quota allowed and the queue then turned away still hears its allowance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queue_refusal_after_the_quota_carries_the_allowance() {
+    let up = FakeUpstream::instant().start().await;
+    let dir = unique_dir("quota-queue").join("state");
+    let gate = Gate::new()
+        .slots(1)
+        .opt("--queue-depth", "0")
+        .opt("--state-dir", dir.to_str().unwrap())
+        .policies(&[(
+            &wat::built("quota"),
+            Some("{ period = \"day\", requests = 10 }"),
+        )])
+        .upstream(&up)
+        .start()
+        .await;
+    let client = gate.client();
+    let holder = tokio::spawn(async move {
+        client
+            .post_json(
+                CHAT,
+                &Req::chat("hold").delay(Duration::from_millis(800)).json(),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = gate
+        .client()
+        .post_json(CHAT, &Req::chat("turned-away").json())
+        .await;
+    assert_error(&resp, 429, "queue_full");
+    assert_eq!(
+        resp.header("x-ratelimit-limit-requests").as_deref(),
+        Some("10")
+    );
+    assert_eq!(
+        resp.header("x-ratelimit-remaining-requests").as_deref(),
+        Some("8"),
+        "as charged when it was allowed"
+    );
+    assert_eq!(holder.await.unwrap().status, 200);
+    gate.assert_settled(&up, 1).await;
+}
