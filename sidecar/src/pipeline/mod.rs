@@ -175,7 +175,7 @@ async fn phases(
         }),
         // llama-server answers every preflight; while it cannot, slotgate answers as it would.
         Err(_) if ctx.preflight => Ok(Answer::Preflight),
-        Err(e) => Err(refused(e.into())),
+        Err(e) => Err(refused(e)),
     }
 }
 
