@@ -127,7 +127,7 @@ async fn quota_change(
         );
     };
     let pending = audit::Pending::new(caller, &parts.method, &parts.uri, &body, id, "-");
-    let resp = quotas::change(app, &parts.method, parts.uri.path(), &body);
+    let resp = quotas::change(app, &parts.method, parts.uri.path(), &body).await;
     let status = resp.status().as_u16();
     match status {
         200 => pending.refused(200, "ok"),

@@ -56,7 +56,7 @@ struct Change {
 }
 
 /// `POST /quotas/{set,top-up,reset}`: the change, and the quota after it.
-pub fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
+pub async fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
     if method != Method::POST {
         return bad(405, "method_not_allowed", "quota changes are POST");
     }
@@ -83,9 +83,23 @@ pub fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Response<B
             Some(l) if !(l.is_finite() && l >= 0.0) => {
                 return bad(400, "invalid_limit", "limit must be a number >= 0, or null")
             }
-            limit => shared
-                .set_quota_limit(&c.policy, &c.key, &c.period, limit)
-                .map(|left| (!left.is_nan()).then_some(left)),
+            // On a fleet, on its store: every sidecar's takes read it there.
+            limit => match shared.fleet() {
+                Some(fleet) => match shared.quota_bucket_now(&c.key, &c.period) {
+                    Ok(window) => {
+                        let period = slotgate_sdk::calendar::Period::parse(&c.period)
+                            .map(|p| p.to_string())
+                            .unwrap_or_else(|_| c.period.clone());
+                        fleet
+                            .set_limit(&c.policy, &c.key, &period, &window, limit)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                },
+                None => shared
+                    .set_quota_limit(&c.policy, &c.key, &c.period, limit)
+                    .map(|left| (!left.is_nan()).then_some(left)),
+            },
         },
         "/quotas/top-up" => match c.amount {
             Some(a) if a.is_finite() && a > 0.0 => {

@@ -12,6 +12,10 @@
 -- ARGV[6]  the sidecar's sequence number of this sync, for this bucket
 -- ARGV[7]  with no refill: when the bucket may go, in Unix milliseconds (a calendar quota's window,
 --          after its end); 0: it stays
+-- KEYS[2]  a calendar quota's window only: the fleet's operator limits (a hash), and ARGV[8] this
+--          quota's field in it. An operator's limit there replaces the capacity the caller passed,
+--          for every sidecar at once; the bucket keeps both ('pc': the policy's, 'cap': in force)
+--          for limit.lua.
 -- Returns  {granted, level}, as strings: Lua numbers are doubles, and Redis would truncate them.
 --
 -- A sync is applied once: a sidecar that lost the answer (a timeout) sends the same sync again with
@@ -29,6 +33,11 @@ if done[1] == ARGV[6] and done[2] then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local pc = capacity
+if KEYS[2] then
+  local op = tonumber(redis.call('HGET', KEYS[2], ARGV[8]) or '')
+  if op then capacity = op end
+end
 local state = redis.call('HMGET', KEYS[1], 'level', 'ts')
 local level = tonumber(state[1])
 local ts = tonumber(state[2])
@@ -49,6 +58,9 @@ end
 level = level - granted
 redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now),
   seq_field, ARGV[6], reply_field, tostring(granted) .. ' ' .. tostring(level))
+if KEYS[2] then
+  redis.call('HSET', KEYS[1], 'pc', tostring(pc), 'cap', tostring(capacity))
+end
 -- A bucket that would be full again anyway may go: it comes back full. A fixed quota stays.
 if refill > 0 then
   local full_in_ms = math.ceil((capacity - level) / refill * 1000)

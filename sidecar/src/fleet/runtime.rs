@@ -107,6 +107,9 @@ pub struct Fleet {
     live: AtomicU64,
     /// Milliseconds since the epoch of the last successful sync (0: never).
     last_sync_ms: AtomicU64,
+    /// The fleet's operator limits of calendar quotas, by (policy, key, period), as last read
+    /// (every heartbeat): what this sidecar reports. The store applies them itself (`lease.lua`).
+    limits: DashMap<(Arc<str>, String, String), f64>,
 }
 
 impl Fleet {
@@ -137,6 +140,7 @@ impl Fleet {
             up: AtomicBool::new(false),
             live: AtomicU64::new(1),
             last_sync_ms: AtomicU64::new(0),
+            limits: DashMap::new(),
         }))
     }
 
@@ -239,6 +243,7 @@ impl Fleet {
                 };
                 (seq, ask, held + ask.want >= amount)
             };
+            let limits = self.limits_of(policy, key);
             let call = LeaseCall {
                 bucket: &store::bucket_key(&self.namespace, policy, key),
                 capacity,
@@ -247,6 +252,7 @@ impl Fleet {
                 settle: ask.settle,
                 sidecar: &self.id,
                 seq,
+                limits: limits.as_ref().map(|(h, f)| (h.as_str(), f.as_str())),
             };
             match self.fetch(&call) {
                 Some(Ok((granted, level))) => {
@@ -327,6 +333,7 @@ impl Fleet {
         // be taken for a retry of this sidecar's lease syncs.
         static READS: AtomicU64 = AtomicU64::new(0);
         let reader = format!("{}:read", self.id);
+        let limits = self.limits_of(policy, key);
         let call = LeaseCall {
             bucket: &store::bucket_key(&self.namespace, policy, key),
             capacity,
@@ -335,11 +342,81 @@ impl Fleet {
             settle: 0.0,
             sidecar: &reader,
             seq: READS.fetch_add(1, Ordering::Relaxed),
+            limits: limits.as_ref().map(|(h, f)| (h.as_str(), f.as_str())),
         };
         match self.fetch(&call) {
             Some(Ok((_, level))) => level,
             _ => capacity,
         }
+    }
+
+    /// The limits hash and this quota's field in it, for a calendar quota's window bucket.
+    fn limits_of(&self, policy: &str, key: &str) -> Option<(String, String)> {
+        let (quota, period, _) = slotgate_sdk::calendar::parse_quota_bucket(key)?;
+        Some((
+            self.limits_key(),
+            limit_field(policy, quota, &period.to_string()),
+        ))
+    }
+
+    fn limits_key(&self) -> String {
+        format!("{}:quota-limits", self.namespace)
+    }
+
+    /// The fleet's operator limit of a quota, as last read.
+    pub fn limit(&self, policy: &str, key: &str, period: &str) -> Option<f64> {
+        self.limits
+            .get(&(Arc::from(policy), key.to_owned(), period.to_owned()))
+            .map(|l| *l)
+    }
+
+    /// Sets (or, `None`, removes) an operator's limit for a quota on the fleet's store, where every
+    /// sidecar's takes read it, and moves the current window (`window`, its bucket key) with it.
+    /// Returns what is left in the window, `None` when no sidecar has used it.
+    pub async fn set_limit(
+        &self,
+        policy: &str,
+        key: &str,
+        period: &str,
+        window: &str,
+        limit: Option<f64>,
+    ) -> Result<Option<f64>, String> {
+        let store = self.store.lock().await.clone();
+        let store = store.ok_or("the fleet's state store is not reachable")?;
+        let left = timed(store.set_limit(
+            &self.limits_key(),
+            &limit_field(policy, key, period),
+            &store::bucket_key(&self.namespace, policy, window),
+            limit,
+        ))
+        .await
+        .map_err(|e| e.to_string())?;
+        let id = (Arc::from(policy), key.to_owned(), period.to_owned());
+        match limit {
+            Some(l) => self.limits.insert(id, l),
+            None => self.limits.remove(&id).map(|e| e.1),
+        };
+        Ok(left)
+    }
+
+    /// Reads every operator limit of the fleet into `limits`.
+    async fn sync_limits(&self, store: &FleetStore) -> redis::RedisResult<()> {
+        let all = timed(store.limits(&self.limits_key())).await?;
+        let fresh: std::collections::HashSet<(Arc<str>, String, String)> = all
+            .into_iter()
+            .filter_map(|(field, limit)| {
+                let mut parts = field.splitn(3, '\u{1f}');
+                let id = (
+                    Arc::from(parts.next()?),
+                    parts.next()?.to_owned(),
+                    parts.next()?.to_owned(),
+                );
+                self.limits.insert(id.clone(), limit);
+                Some(id)
+            })
+            .collect();
+        self.limits.retain(|id, _| fresh.contains(id));
+        Ok(())
     }
 
     /// Every bucket this sidecar holds a lease of: (policy, key, capacity, refill).
@@ -526,6 +603,9 @@ impl Fleet {
                     Ok(live) => {
                         self.live.store(live.max(1), Ordering::Relaxed);
                         last_beat = Some(Instant::now());
+                        if let Err(e) = self.sync_limits(&store).await {
+                            tracing::debug!(error = %e, "reading the fleet's quota limits failed; tried again at the next heartbeat");
+                        }
                     }
                     Err(e) => {
                         self.went_down("heartbeat", &e);
@@ -607,6 +687,7 @@ impl Fleet {
         for ((policy, key), capacity, refill, seq, ask) in work {
             let started = Instant::now();
             let bucket = store::bucket_key(&self.namespace, &policy, &key);
+            let limits = self.limits_of(&policy, &key);
             let (granted, level) = store
                 .lease(&LeaseCall {
                     bucket: &bucket,
@@ -616,6 +697,7 @@ impl Fleet {
                     settle: ask.settle,
                     sidecar: &self.id,
                     seq,
+                    limits: limits.as_ref().map(|(h, f)| (h.as_str(), f.as_str())),
                 })
                 .await?;
             metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "background")
@@ -671,4 +753,9 @@ impl Fleet {
 /// Whether a bucket key is a calendar quota's window (see `slotgate_sdk::calendar::quota_bucket`).
 fn is_quota(key: &str) -> bool {
     slotgate_sdk::calendar::parse_quota_bucket(key).is_some()
+}
+
+/// A quota's field in the fleet's limits hash: policy, key and period, apart by U+001F.
+fn limit_field(policy: &str, key: &str, period: &str) -> String {
+    format!("{policy}\u{1f}{key}\u{1f}{period}")
 }

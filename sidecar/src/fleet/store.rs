@@ -20,11 +20,16 @@ pub struct LeaseCall<'a> {
     /// answers as the first time.
     pub sidecar: &'a str,
     pub seq: u64,
+    /// A calendar quota's window: the fleet's operator limits (hash key) and the quota's field.
+    pub limits: Option<(&'a str, &'a str)>,
 }
 
 impl LeaseCall<'_> {
     fn invocation<'s>(&self, script: &'s Script) -> redis::ScriptInvocation<'s> {
         let mut call = script.key(self.bucket);
+        if let Some((hash, _)) = self.limits {
+            call.key(hash);
+        }
         call.arg(self.capacity)
             .arg(self.refill)
             .arg(self.want)
@@ -32,6 +37,9 @@ impl LeaseCall<'_> {
             .arg(self.sidecar)
             .arg(self.seq)
             .arg(quota_expiry_ms(self.bucket));
+        if let Some((_, field)) = self.limits {
+            call.arg(field);
+        }
         call
     }
 }
@@ -42,6 +50,7 @@ pub struct FleetStore {
     conn: ConnectionManager,
     lease: Script,
     window: Script,
+    limit: Script,
     prefix: String,
 }
 
@@ -61,6 +70,7 @@ impl FleetStore {
             conn,
             lease: lease_script(),
             window: Script::new(include_str!("window.lua")),
+            limit: Script::new(include_str!("limit.lua")),
             prefix: String::new(),
         })
     }
@@ -117,6 +127,44 @@ impl FleetStore {
 }
 
 impl FleetStore {
+    /// Sets (or, `None`, removes) an operator's limit for a quota, fleet-wide, and moves its
+    /// current window with it (`limit.lua`). Returns what is left in the window, `None` when no
+    /// sidecar has used it yet.
+    pub async fn set_limit(
+        &self,
+        limits: &str,
+        field: &str,
+        window: &str,
+        limit: Option<f64>,
+    ) -> redis::RedisResult<Option<f64>> {
+        let mut conn = self.conn.clone();
+        let left: String = self
+            .limit
+            .key(limits)
+            .key(window)
+            .arg(field)
+            .arg(limit.map_or_else(String::new, |l| l.to_string()))
+            .invoke_async(&mut conn)
+            .await?;
+        match left.as_str() {
+            "" => Ok(None),
+            n => number(n).map(Some),
+        }
+    }
+
+    /// Every operator limit of the fleet: field → limit.
+    pub async fn limits(&self, limits: &str) -> redis::RedisResult<Vec<(String, f64)>> {
+        let mut conn = self.conn.clone();
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(limits)
+            .query_async(&mut conn)
+            .await?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+            .collect())
+    }
+
     /// Adds `amount` to the fleet window `key` of `window_ms` and returns its total. `(sidecar, seq)`
     /// as for [`FleetStore::lease`].
     pub async fn window_add(

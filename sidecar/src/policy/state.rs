@@ -253,7 +253,34 @@ impl SharedState {
         period: &str,
         limit: f64,
     ) -> f64 {
-        self.quota_limit(policy, key, period, limit)
+        match self.fleet.get() {
+            Some(fleet) => fleet
+                .limit(policy, key, &canonical(period))
+                .unwrap_or(limit),
+            None => self.quota_limit(policy, key, period, limit),
+        }
+    }
+
+    /// The fleet backend, when budgets are on it.
+    pub fn fleet(&self) -> Option<&Arc<Fleet>> {
+        self.fleet.get()
+    }
+
+    /// The bucket of the quota's current window.
+    pub fn quota_bucket_now(&self, key: &str, period: &str) -> Result<String, String> {
+        Ok(self.quota_window(key, period, wall_ms())?.0)
+    }
+
+    /// An operator's limit of a quota: the fleet's, or this sidecar's.
+    fn operator_limit(&self, policy: &Arc<str>, key: &str, period: &str) -> Option<f64> {
+        let period = canonical(period);
+        match self.fleet.get() {
+            Some(fleet) => fleet.limit(policy, key, &period),
+            None => self
+                .quota_limits
+                .get(&(policy.clone(), key.to_owned(), period))
+                .map(|l| *l),
+        }
     }
 
     /// `quota_reset_ms`: when the current window of `period` ends.
@@ -262,8 +289,9 @@ impl SharedState {
     }
 
     /// The limit of a quota: the operator's, where one is set, else the policy's.
+    /// On the fleet backend the policy's: the fleet's store puts an operator's in its place.
     fn quota_limit(&self, policy: &Arc<str>, key: &str, period: &str, limit: f64) -> f64 {
-        if self.quota_limits.is_empty() {
+        if self.quota_limits.is_empty() || self.fleet.get().is_some() {
             return limit;
         }
         let id = (policy.clone(), key.to_owned(), canonical(period));
@@ -366,8 +394,8 @@ impl SharedState {
 
     /// Whether an operator set this quota's limit.
     pub fn has_quota_limit(&self, policy: &str, key: &str, period: &str) -> bool {
-        self.quota_limits
-            .contains_key(&(Arc::from(policy), key.to_owned(), canonical(period)))
+        self.operator_limit(&Arc::from(policy), key, period)
+            .is_some()
     }
 
     /// The quota's limit as its current window knows it (the operator's, else the policy's last),
@@ -376,11 +404,7 @@ impl SharedState {
         let policy: Arc<str> = Arc::from(policy);
         let (bucket, _) = self.quota_window(key, period, wall_ms()).ok()?;
         self.window_limit(&policy, key, period, &bucket)
-            .or_else(|| {
-                self.quota_limits
-                    .get(&(policy, key.to_owned(), period.to_owned()))
-                    .map(|l| *l)
-            })
+            .or_else(|| self.operator_limit(&policy, key, period))
     }
 
     /// Gives back up to `amount` of what a quota's current window used (never above its limit);
@@ -419,8 +443,7 @@ impl SharedState {
             Some(fleet) => fleet.bucket_shape(policy, bucket),
             None => self.buckets.get(&name).map(|b| b.shape.map(|s| s.0)),
         }?;
-        let id = (policy.clone(), key.to_owned(), canonical(period));
-        self.quota_limits.get(&id).map(|l| *l).or(seen)
+        self.operator_limit(policy, key, period).or(seen)
     }
 
     /// Moves a window from limit `old` to `new`, adding `amount` to what is left; returns it.
@@ -603,13 +626,7 @@ impl SharedState {
                 let (_, end) = calendar::window(&period, start).ok()?;
                 (end > now).then(|| QuotaLevel {
                     limit: self
-                        .quota_limits
-                        .get(&(
-                            Arc::from(b.policy.as_str()),
-                            key.to_owned(),
-                            period.to_string(),
-                        ))
-                        .map(|l| *l)
+                        .operator_limit(&Arc::from(b.policy.as_str()), key, &period.to_string())
                         .or(b.capacity),
                     policy: b.policy.clone(),
                     key: key.to_owned(),

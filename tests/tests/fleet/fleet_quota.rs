@@ -133,6 +133,43 @@ async fn one_sidecar_on_disk_and_two_on_a_shared_store_answer_alike(store: Store
         let s = gate.status().await;
         assert!(s["state"]["quotas"]["count"].as_u64() >= Some(2), "{s}");
     }
+
+    // An operator raises a's limit to 5 on one sidecar: the fleet's store holds it, so the other
+    // serves a again at once, and reports the new limit once it has read it (every heartbeat).
+    let body = serde_json::json!({"policy": "quota", "key": key, "period": "day", "limit": 5});
+    let resp = g1
+        .admin()
+        .send_with(http::Method::POST, "/quotas/set", &[], body.to_string())
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let set: serde_json::Value = serde_json::from_str(&resp.body).unwrap();
+    assert_eq!(set["left"], 2.0, "3 used of 5: {set}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ask = |gate: &RunningGate| {
+        let client = gate.client();
+        async move {
+            client
+                .post_json_with_headers(
+                    CHAT,
+                    &Req::chat("after-set").json(),
+                    &[("authorization", "Bearer key-a".to_owned())],
+                )
+                .await
+        }
+    };
+    let resp = ask(&g2).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(resp.header("x-ratelimit-limit-requests").as_deref(), Some("5"));
+    assert_eq!(resp.header("x-ratelimit-remaining-requests").as_deref(), Some("1"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(ask(&g1).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(ask(&g2).await.status, 429, "5 of 5 used across the fleet");
+    for gate in [&g1, &g2] {
+        let list: serde_json::Value = serde_json::from_str(&gate.admin_get("/quotas").await.body).unwrap();
+        let a = list["quotas"].as_array().unwrap().iter().find(|q| q["key"] == key.as_str()).unwrap().clone();
+        assert_eq!((a["limit"].as_f64(), a["limit_set_by"].as_str()), (Some(5.0), Some("operator")), "{list}");
+    }
     g1.assert_settled(&up1, 1).await;
     g2.assert_settled(&up2, 1).await;
 }

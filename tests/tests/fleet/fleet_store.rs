@@ -45,6 +45,7 @@ fn call<'a>(
         settle,
         sidecar,
         seq,
+        limits: None,
     }
 }
 
