@@ -255,6 +255,12 @@ fn merged(base: &str, patch: Value) -> Value {
     v
 }
 
+/// A partial evaluate input (as [`run`] takes it) merged onto [`DEFAULT_INPUT`]: what `slotgate
+/// policy eval` evaluates.
+pub fn full_input(partial: Value) -> Value {
+    merged(DEFAULT_INPUT, partial)
+}
+
 /// Object keys merge recursively; anything else replaces.
 fn merge(base: &mut Value, patch: Value) {
     match (base, patch) {

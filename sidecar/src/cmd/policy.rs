@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use slotgate_sdk::{EvaluateInput, RequestSummary, ABI_VERSION};
+use slotgate_sdk::{EvaluateInput, ABI_VERSION};
 
 use crate::config::PolicySpec;
 use crate::config::{ByteSize, Dur};
@@ -42,10 +42,15 @@ pub struct EvalArgs {
     /// Settings file (JSON, or TOML by its .toml extension).
     #[arg(long, value_name = "FILE")]
     pub settings: Option<PathBuf>,
-    /// The request: a request summary (`{"method":..,"path":..}`) or a whole evaluate input
-    /// (`{"abi":1,"request":{..},"settings":..}`), as JSON.
+    /// The request, as JSON: a request summary (`{"method":..,"path":..}`) or an evaluate input
+    /// (`{"request":{..},"now_unix_ms":..}`). Either may be partial, as the SDK's test helpers
+    /// take it: what it leaves out is a POST to /v1/chat/completions with no key.
     #[arg(long, value_name = "FILE")]
     pub input: PathBuf,
+    /// The API key the request carries (policies see its `sha256:` form, as from `slotgate
+    /// hash-key`).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -68,9 +73,14 @@ pub struct LimitArgs {
 pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
     match cmd {
         PolicyCommand::Check(a) => {
+            let bytes = std::fs::read(&a.policy).unwrap_or_default();
+            if let Some(what) = not_wasm(&bytes) {
+                bail!("{}: not a slotgate policy: {what}", a.policy.display());
+            }
             let set = load(&a.policy, a.settings.as_ref(), &a.limits)?;
             let chain = set.current();
             let p = chain.policies().next().context("the policy is loaded")?;
+            warn_about_cost(&bytes, p)?;
             println!(
                 "ok: {} speaks ABI v{ABI_VERSION}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}",
                 a.policy.display(),
@@ -123,7 +133,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             };
             let policy =
                 Policy::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
-            let input = read_input(&a.input, settings)?;
+            let input = read_input(&a.input, settings, a.api_key.as_deref())?;
             let (decision, ev) = policy
                 .evaluate(&input)
                 .map_err(|e| anyhow::anyhow!("evaluation failed ({}): {e}", e.kind()))?;
@@ -137,6 +147,98 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// What a file that is no WebAssembly module (binary or WAT text) is, when it can be told.
+fn not_wasm(bytes: &[u8]) -> Option<String> {
+    let build = "build the policy for wasm32-unknown-unknown (scripts/build-policies.sh, or cargo \
+                 build --target wasm32-unknown-unknown --profile policy)";
+    match bytes {
+        [0, b'a', b's', b'm', 1, 0, 0, 0, ..] | [] => None,
+        [0, b'a', b's', b'm', 0x0d, 0, 1, 0, ..] => Some(
+            "a WebAssembly component; slotgate loads core modules speaking ABI v1 (docs/policy-abi.md)"
+                .into(),
+        ),
+        [0x7f, b'E', b'L', b'F', ..] => Some(format!("an ELF binary, a native build: {build}")),
+        [0xcf, 0xfa, 0xed, 0xfe, ..] | [0xfe, 0xed, 0xfa, 0xcf, ..] => {
+            Some(format!("a Mach-O binary, a native build: {build}"))
+        }
+        [b'M', b'Z', ..] => Some(format!("a Windows binary, a native build: {build}")),
+        [b'P', b'K', 3, 4, ..] => Some("a zip archive".into()),
+        b if std::str::from_utf8(b).is_err() => {
+            Some("neither a WebAssembly binary nor WAT text".into())
+        }
+        _ => None,
+    }
+}
+
+/// Fuel one evaluation of the example policies' canary takes, at most (about 20k to 32k).
+const EXAMPLE_FUEL: u64 = 32_000;
+
+/// Warns of a debug build (DWARF sections) and of a canary evaluation far costlier than the
+/// examples': both pass, and both cost every request.
+fn warn_about_cost(bytes: &[u8], p: &crate::policy::set::Loaded) -> anyhow::Result<()> {
+    let wasm = wat::parse_bytes(bytes).map_or_else(|_| Vec::new(), |b| b.into_owned());
+    let debug = wasm_section_bytes(&wasm, ".debug_");
+    if debug > 0 {
+        eprintln!(
+            "warning: a debug build: {} KB of DWARF sections in a {} KB module; build it with the \
+             policy profile (scripts/build-policies.sh) for a smaller, faster module",
+            debug.div_ceil(1024),
+            wasm.len().div_ceil(1024)
+        );
+    }
+    let settings = if p.preinitialised() {
+        Value::Null
+    } else {
+        p.settings.clone()
+    };
+    if let Ok((_, ev)) = p.policy.evaluate(&canary_input(&settings)) {
+        if ev.fuel_used > 10 * EXAMPLE_FUEL {
+            eprintln!(
+                "warning: its canary evaluation used {} fuel, {}x the example policies' (at most \
+                 {EXAMPLE_FUEL}): every request pays it{}",
+                ev.fuel_used,
+                ev.fuel_used / EXAMPLE_FUEL,
+                if debug > 0 { " (a debug build?)" } else { "" }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of a binary module's custom sections whose name starts with `prefix`.
+fn wasm_section_bytes(b: &[u8], prefix: &str) -> usize {
+    let leb = |at: &mut usize| -> Option<usize> {
+        let (mut v, mut shift) = (0usize, 0);
+        loop {
+            let byte = *b.get(*at)?;
+            *at += 1;
+            v |= usize::from(byte & 0x7f).checked_shl(shift)?;
+            if byte < 0x80 {
+                return Some(v);
+            }
+            shift += 7;
+        }
+    };
+    let (mut at, mut total) = (8, 0);
+    while at < b.len() {
+        let id = b[at];
+        at += 1;
+        let Some(size) = leb(&mut at) else { break };
+        let end = at.saturating_add(size);
+        if id == 0 {
+            let mut name_at = at;
+            if let Some(len) = leb(&mut name_at) {
+                let name = b.get(name_at..name_at.saturating_add(len));
+                if name.is_some_and(|n| n.starts_with(prefix.as_bytes())) {
+                    total += size;
+                }
+            }
+        }
+        at = end;
+    }
+    total
 }
 
 fn spec(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::Result<PolicySpec> {
@@ -162,35 +264,42 @@ fn load(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::
     })
 }
 
-fn read_input(path: &Path, settings: Value) -> anyhow::Result<EvaluateInput> {
+/// The evaluate input of `--input`: partial JSON merged onto the SDK's defaults (a request summary
+/// alone is the input's `request`), `now_unix_ms` now unless given, the settings and the key.
+/// A field of the wrong type is named by its whole path.
+fn read_input(
+    path: &Path,
+    settings: Value,
+    api_key: Option<&str>,
+) -> anyhow::Result<EvaluateInput> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let v: Value = serde_json::from_str(&text)
         .with_context(|| format!("parsing {} as JSON", path.display()))?;
+    if !v.is_object() {
+        bail!("{}: expected a JSON object", path.display());
+    }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_millis() as u64;
-    if v.get("request").is_some() {
-        let mut input: EvaluateInput = serde_json::from_value(v)
-            .with_context(|| format!("{}: not an evaluate input", path.display()))?;
-        if !settings.is_null() {
-            input.settings = settings;
-        }
-        if input.abi == 0 {
-            input.abi = ABI_VERSION;
-        }
-        return Ok(input);
+    let mut partial = if v.get("request").is_some() || v.get("settings").is_some() {
+        v
+    } else {
+        json!({ "request": v })
+    };
+    if partial.get("now_unix_ms").is_none() {
+        partial["now_unix_ms"] = json!(now);
     }
-    if !v.is_object() {
-        bail!("{}: expected a JSON object", path.display());
+    if let Some(key) = api_key {
+        partial["request"]["api_key"] = json!(crate::pipeline::intake::hash_api_key(key));
     }
-    let request: RequestSummary = serde_json::from_value(v)
-        .with_context(|| format!("{}: not a request summary", path.display()))?;
-    Ok(EvaluateInput {
-        abi: ABI_VERSION,
-        request,
-        settings,
-        now_unix_ms: now,
-    })
+    let full = slotgate_sdk::testing::full_input(partial);
+    let mut input: EvaluateInput = serde_path_to_error::deserialize(full)
+        .map_err(|e| anyhow::anyhow!("{}: `{}`: {}", path.display(), e.path(), e.inner()))?;
+    if !settings.is_null() {
+        input.settings = settings;
+    }
+    input.abi = ABI_VERSION;
+    Ok(input)
 }

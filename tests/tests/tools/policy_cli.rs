@@ -161,3 +161,77 @@ fn hash_key_prints_what_policies_see() {
         "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
 }
+
+/// A partial input is enough (the rest is the SDK's defaults), `--api-key` gives the request a
+/// key as policies see it, and a field of the wrong type is named by its whole path.
+#[test]
+fn eval_takes_partial_input_and_a_key_and_names_a_bad_field() {
+    let dir = unique_dir("policy-eval-partial");
+    let quota = slotgate_tests::wat::built("quota");
+    let settings = dir.join("settings.json");
+    std::fs::write(&settings, r#"{"period": "day", "requests": 5}"#).unwrap();
+    let req = dir.join("partial.json");
+    std::fs::write(&req, r#"{"max_tokens": 16}"#).unwrap();
+    let out = eval(
+        &quota,
+        &req,
+        &["--settings", settings.to_str().unwrap(), "--api-key", "k1"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert_eq!(
+        report["decision"]["tenant"],
+        slotgate_tests::gate::hash_key("k1").as_str(),
+        "{report}"
+    );
+    assert_eq!(
+        report["decision"]["rate_limits"]["requests"]["remaining"],
+        4
+    );
+
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"request": {"max_tokens": "lots"}}"#).unwrap();
+    let out = eval(&quota, &bad, &["--settings", settings.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert_says(&out, "`request.max_tokens`");
+}
+
+/// `check` says what a file that is no module is, and warns of a debug build and of a policy far
+/// costlier than the examples (both load, and every request pays for them).
+#[test]
+fn check_names_a_native_build_and_warns_of_debug_builds_and_costly_policies() {
+    let dir = unique_dir("policy-check-kinds");
+    let native = dir.join("libpolicy.so");
+    std::fs::copy("/bin/true", &native).unwrap();
+    assert_refused(&check(&native), "an ELF binary, a native build");
+
+    let cheap = policy(&dir, "cheap", 1, r#"{"verdict":"allow"}"#, "");
+    let out = check(&cheap);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains("warning"), "{}", text(&out));
+
+    let debug = slotgate_tests::wat::policy(
+        &dir,
+        "debug",
+        1,
+        r#"{"verdict":"allow"}"#,
+        "",
+        &format!(r#"(@custom ".debug_info" "{}")"#, "x".repeat(4096)),
+    );
+    let out = check(&debug);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_says(&out, "warning: a debug build: 5 KB of DWARF sections");
+
+    let costly = policy(
+        &dir,
+        "costly",
+        1,
+        r#"{"verdict":"allow"}"#,
+        "(local $i i32) (loop $l (local.set $i (i32.add (local.get $i) (i32.const 1))) \
+         (br_if $l (i32.lt_u (local.get $i) (i32.const 200000))))",
+    );
+    let out = check(&costly);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_says(&out, "the example policies' (at most 32000)");
+}
