@@ -35,6 +35,37 @@ impl RequestSummary {
     }
 }
 
+/// The request headers policies see that name a caller on behalf of a router in front (LiteLLM
+/// calls with one key for all its callers and forwards theirs): what a policy's `tenant_header`
+/// setting may name.
+pub const TENANT_HEADERS: &[&str] = &["x-tenant", "openai-organization", "openai-project"];
+
+/// Checks a `tenant_header` setting against [`TENANT_HEADERS`].
+pub fn check_tenant_header(header: &str) -> Result<(), String> {
+    if TENANT_HEADERS.contains(&header) {
+        return Ok(());
+    }
+    Err(format!(
+        "tenant_header `{header}` is not a header policies see; use one of {}",
+        TENANT_HEADERS.join(", ")
+    ))
+}
+
+impl RequestSummary {
+    /// Whom a budget or quota is kept for: `header:<value>` of `tenant_header` when the request
+    /// carries it (not empty), else its [`Identity`]. Any client that reaches slotgate can set the
+    /// header: use it only when a router in front is the only caller.
+    pub fn tenant_key(&self, tenant_header: Option<&str>) -> String {
+        match tenant_header
+            .and_then(|h| self.headers.get(h))
+            .filter(|v| !v.is_empty())
+        {
+            Some(value) => format!("header:{value}"),
+            None => self.identity().to_string(),
+        }
+    }
+}
+
 impl fmt::Display for Identity<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

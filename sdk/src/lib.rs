@@ -110,7 +110,7 @@ static ALLOCATOR: bump::Bump = bump::Bump::new();
 #[path = "guest.rs"]
 pub mod __guest;
 
-pub use identity::{is_hashed_key, Identity};
+pub use identity::{check_tenant_header, is_hashed_key, Identity, TENANT_HEADERS};
 pub use policy::Policy;
 pub use types::{
     Completion, Decision, EvaluateInput, Mutations, Peer, QueueSnapshot, RateLimit, RateLimits,

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use slotgate_sdk::calendar::{Period, Span};
 use slotgate_sdk::host::{self, Level};
 use slotgate_sdk::{
-    is_hashed_key, Completion, Decision, EvaluateInput, Policy, RateLimit, RateLimits,
-    RequestSummary, Verdict,
+    check_tenant_header, is_hashed_key, Completion, Decision, EvaluateInput, Policy, RateLimit,
+    RateLimits, RequestSummary, Verdict,
 };
 
 pub struct Quota;
@@ -68,9 +68,6 @@ fn default_max_tokens() -> u64 {
     1024
 }
 
-/// The headers `tenant_header` may name: those slotgate shows policies that identify a caller.
-const TENANT_HEADERS: &[&str] = &["x-tenant", "openai-organization", "openai-project"];
-
 /// One quota a request is charged to.
 struct Charge {
     /// The host's key: the tenant, and the model for a model's quota.
@@ -98,16 +95,9 @@ impl Kind {
     }
 }
 
+/// Whom a request is charged to.
 fn tenant(request: &RequestSummary, s: &Settings) -> String {
-    if let Some(value) = s
-        .tenant_header
-        .as_ref()
-        .and_then(|h| request.headers.get(h))
-        .filter(|v| !v.is_empty())
-    {
-        return format!("header:{value}");
-    }
-    request.identity().to_string()
+    request.tenant_key(s.tenant_header.as_deref())
 }
 
 /// What a request is charged up front: its prompt (exact when slotgate counted it, else estimated)
@@ -240,12 +230,7 @@ impl Policy for Quota {
             return Err("soft_limit must be a share between 0 and 1".into());
         }
         if let Some(h) = &s.tenant_header {
-            if !TENANT_HEADERS.contains(&h.as_str()) {
-                return Err(format!(
-                    "tenant_header `{h}` is not a header policies see; use one of {}",
-                    TENANT_HEADERS.join(", ")
-                ));
-            }
+            check_tenant_header(h)?;
         }
         for tenant in s.tenants.keys() {
             let known = is_hashed_key(tenant)

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use slotgate_sdk::host::{self, Level};
 use slotgate_sdk::{
-    is_hashed_key, Completion, Decision, EvaluateInput, Policy, RequestSummary, Verdict,
+    check_tenant_header, is_hashed_key, Completion, Decision, EvaluateInput, Policy,
+    RequestSummary, Verdict,
 };
 
 pub struct TokenBudget;
@@ -36,20 +37,9 @@ pub struct Settings {
     pub tenant_header: Option<String>,
 }
 
-/// The headers `tenant_header` may name: those slotgate shows policies that identify a caller.
-const TENANT_HEADERS: &[&str] = &["x-tenant", "openai-organization", "openai-project"];
-
-/// The bucket a request is charged to.
+/// Whom a request is charged to.
 fn tenant(request: &RequestSummary, s: &Settings) -> String {
-    if let Some(value) = s
-        .tenant_header
-        .as_ref()
-        .and_then(|h| request.headers.get(h))
-        .filter(|v| !v.is_empty())
-    {
-        return format!("header:{value}");
-    }
-    request.identity().to_string()
+    request.tenant_key(s.tenant_header.as_deref())
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -117,12 +107,7 @@ impl Policy for TokenBudget {
         }
         .check("the default budget")?;
         if let Some(h) = &s.tenant_header {
-            if !TENANT_HEADERS.contains(&h.as_str()) {
-                return Err(format!(
-                    "tenant_header `{h}` is not a header policies see; use one of {}",
-                    TENANT_HEADERS.join(", ")
-                ));
-            }
+            check_tenant_header(h)?;
         }
         for (tenant, budget) in &s.tenants {
             let by_header = s.tenant_header.is_some()

@@ -100,12 +100,17 @@ pub async fn run(
         config.state.backend,
         config.state.dir.resolve(&first_listen),
     ) {
-        (StateBackend::Memory, Some(dir)) => {
+        (backend, Some(dir)) => {
             let store = Arc::new(crate::store::Store::open(&dir)?);
             let file = store.file().display().to_string();
             let (buckets, windows) = policies.shared().use_store(store.clone())?;
             ledger.use_store(store);
-            tracing::info!(file, buckets, windows, flush_interval = ?config.state.flush_interval, "policy budgets and the usage ledger kept on disk");
+            match backend {
+                StateBackend::Memory => tracing::info!(file, buckets, windows, flush_interval = ?config.state.flush_interval, "policy budgets and the usage ledger kept on disk"),
+                // The fleet's budgets are on its store; the usage ledger and the operators' quota
+                // limits of this sidecar are kept here.
+                StateBackend::Redis => tracing::info!(file, "the usage ledger and operators' quota limits kept on disk; budgets on the fleet's store"),
+            }
             Some(
                 persist::Persister::start(
                     policies.shared().clone(),
@@ -118,23 +123,6 @@ pub async fn run(
         (StateBackend::Memory, None) => {
             tracing::warn!("state.dir is off: policy budgets live in memory only, and a restart or a crash gives every tenant a full budget again");
             None
-        }
-        // The fleet's budgets are on its store; the usage ledger and the operator's quota limits
-        // of this sidecar are kept here.
-        (StateBackend::Redis, Some(dir)) => {
-            let store = Arc::new(crate::store::Store::open(&dir)?);
-            let file = store.file().display().to_string();
-            policies.shared().use_store(store.clone())?;
-            ledger.use_store(store);
-            tracing::info!(file, "the usage ledger and operators' quota limits kept on disk; budgets on the fleet's store");
-            Some(
-                persist::Persister::start(
-                    policies.shared().clone(),
-                    ledger.clone(),
-                    config.state.flush_interval,
-                )
-                .map_err(StartError::Persister)?,
-            )
         }
         (StateBackend::Redis, None) => None,
     };

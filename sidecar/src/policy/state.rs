@@ -645,8 +645,8 @@ impl SharedState {
     /// Buckets (`quotas` false) or the buckets of quota windows (true), the emptiest first. On the
     /// fleet backend: those this sidecar holds a lease of, at the fleet's level.
     fn levels(&self, limit: usize, quotas: bool) -> (Vec<BucketLevel>, usize) {
-        if let Some(fleet) = self.fleet.get() {
-            let mut all: Vec<BucketLevel> = fleet
+        let all: Vec<BucketLevel> = match self.fleet.get() {
+            Some(fleet) => fleet
                 .leased()
                 .into_iter()
                 .filter(|(_, key, ..)| calendar::parse_quota_bucket(key).is_some() == quotas)
@@ -657,45 +657,45 @@ impl SharedState {
                     capacity: Some(capacity),
                     refill_per_second: Some(refill),
                 })
-                .collect();
-            let count = all.len();
-            let fill =
-                |b: &BucketLevel| b.capacity.map_or(f64::INFINITY, |c| b.level / c.max(1e-9));
-            all.sort_by(|a, b| fill(a).total_cmp(&fill(b)).then_with(|| a.key.cmp(&b.key)));
-            all.truncate(limit);
-            return (all, count);
-        }
-        let now = Instant::now();
-        let mut all: Vec<BucketLevel> = self
-            .buckets
-            .iter()
-            .filter(|e| calendar::parse_quota_bucket(&e.key().1).is_some() == quotas)
-            .map(|e| {
-                let (name, b) = (e.key(), e.value());
-                let level = match b.shape {
-                    Some((capacity, refill)) => bucket::refilled(
-                        b.level,
-                        now.duration_since(b.updated).as_secs_f64(),
-                        capacity,
-                        refill,
-                    ),
-                    None => b.level,
-                };
-                BucketLevel {
-                    policy: name.0.to_string(),
-                    key: name.1.clone(),
-                    level,
-                    capacity: b.shape.map(|s| s.0),
-                    refill_per_second: b.shape.map(|s| s.1),
-                }
-            })
-            .collect();
-        let count = all.len();
-        let fill = |b: &BucketLevel| b.capacity.map_or(f64::INFINITY, |c| b.level / c.max(1e-9));
-        all.sort_by(|a, b| fill(a).total_cmp(&fill(b)).then_with(|| a.key.cmp(&b.key)));
-        all.truncate(limit);
-        (all, count)
+                .collect(),
+            None => {
+                let now = Instant::now();
+                self.buckets
+                    .iter()
+                    .filter(|e| calendar::parse_quota_bucket(&e.key().1).is_some() == quotas)
+                    .map(|e| {
+                        let (name, b) = (e.key(), e.value());
+                        let level = match b.shape {
+                            Some((capacity, refill)) => bucket::refilled(
+                                b.level,
+                                now.duration_since(b.updated).as_secs_f64(),
+                                capacity,
+                                refill,
+                            ),
+                            None => b.level,
+                        };
+                        BucketLevel {
+                            policy: name.0.to_string(),
+                            key: name.1.clone(),
+                            level,
+                            capacity: b.shape.map(|s| s.0),
+                            refill_per_second: b.shape.map(|s| s.1),
+                        }
+                    })
+                    .collect()
+            }
+        };
+        emptiest_first(all, limit)
     }
+}
+
+/// `all`, the emptiest (by share of its capacity) first, cut to `limit`; and how many there were.
+fn emptiest_first(mut all: Vec<BucketLevel>, limit: usize) -> (Vec<BucketLevel>, usize) {
+    let count = all.len();
+    let fill = |b: &BucketLevel| b.capacity.map_or(f64::INFINITY, |c| b.level / c.max(1e-9));
+    all.sort_by(|a, b| fill(a).total_cmp(&fill(b)).then_with(|| a.key.cmp(&b.key)));
+    all.truncate(limit);
+    (all, count)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -213,27 +213,37 @@ impl Store {
         Ok((buckets, windows))
     }
 
-    /// Writes `buckets` and `windows` (a window with no event is removed) in one durable commit.
+    /// Writes `buckets` and `windows` (a window with no event is removed) and removes the `gone`
+    /// buckets, in one durable commit.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, in a closure run once per batch, off the request path"
+    )]
     pub fn write(
         &self,
         buckets: &[BucketRow],
         windows: &[WindowRow],
         gone: &[(String, String)],
     ) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering;
-        let mut guard = self.db();
-        if self.stale.load(Ordering::Relaxed) || guard.is_none() {
-            // Closed first: redb allows one open handle to a file.
-            drop(guard.take());
-            *guard = Some(open_db(&self.file).map_err(|e| self.write_err(e))?);
-            self.stale.store(false, Ordering::Relaxed);
-        }
-        let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;
-        let written = Self::write_in(db, buckets, windows, gone);
-        if written.is_err() {
-            self.stale.store(true, Ordering::Relaxed);
-        }
-        written.map_err(|e| self.write_err(e))
+        self.with_write(|tx| {
+            let mut t = tx.open_table(BUCKETS)?;
+            for b in buckets {
+                t.insert((b.policy.as_str(), b.key.as_str()), (b.level, b.updated_ms))?;
+            }
+            for (policy, key) in gone {
+                t.remove((policy.as_str(), key.as_str()))?;
+            }
+            let mut t = tx.open_table(WINDOWS)?;
+            for w in windows {
+                let key = (w.policy.as_str(), w.key.as_str());
+                if w.events.is_empty() {
+                    t.remove(key)?;
+                } else {
+                    t.insert(key, encode_events(&w.events).as_slice())?;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Runs `f` in one durable write transaction, opening the file again first after a failed
@@ -249,6 +259,7 @@ impl Store {
         use std::sync::atomic::Ordering;
         let mut guard = self.db();
         if self.stale.load(Ordering::Relaxed) || guard.is_none() {
+            // Closed first: redb allows one open handle to a file.
             drop(guard.take());
             *guard = Some(open_db(&self.file).map_err(|e| self.write_err(e))?);
             self.stale.store(false, Ordering::Relaxed);
@@ -328,51 +339,6 @@ impl Store {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-
-    fn write_in(
-        db: &Database,
-        buckets: &[BucketRow],
-        windows: &[WindowRow],
-        gone: &[(String, String)],
-    ) -> Result<(), String> {
-        Self::write_rows(db, buckets, windows, gone).map_err(|e| e.to_string())
-    }
-
-    fn write_rows(
-        db: &Database,
-        buckets: &[BucketRow],
-        windows: &[WindowRow],
-        gone: &[(String, String)],
-    ) -> Result<(), Box<redb::Error>> {
-        let tx = db.begin_write().map_err(boxed)?;
-        {
-            let mut t = tx.open_table(BUCKETS).map_err(boxed)?;
-            for b in buckets {
-                t.insert((b.policy.as_str(), b.key.as_str()), (b.level, b.updated_ms))
-                    .map_err(boxed)?;
-            }
-            for (policy, key) in gone {
-                t.remove((policy.as_str(), key.as_str())).map_err(boxed)?;
-            }
-            let mut t = tx.open_table(WINDOWS).map_err(boxed)?;
-            for w in windows {
-                let key = (w.policy.as_str(), w.key.as_str());
-                if w.events.is_empty() {
-                    t.remove(key).map_err(boxed)?;
-                } else {
-                    t.insert(key, encode_events(&w.events).as_slice())
-                        .map_err(boxed)?;
-                }
-            }
-        }
-        tx.commit().map_err(boxed)?;
-        Ok(())
-    }
-}
-
-/// A redb error of any of its kinds, boxed (they are large).
-fn boxed(e: impl Into<redb::Error>) -> Box<redb::Error> {
-    Box::new(e.into())
 }
 
 fn encode_events(events: &[(u64, i64)]) -> Vec<u8> {
