@@ -33,6 +33,7 @@ pub fn evaluate<P: Policy>(input: &[u8], kept: Option<&P::Settings>) -> Result<V
         request: wire.request,
         settings: Value::Null,
         now_unix_ms: wire.now_unix_ms,
+        earlier: wire.earlier,
     };
     let decision = P::evaluate(&input, settings);
     serde_json::to_vec(&decision).map_err(|e| format!("serializing the decision: {e}"))
@@ -46,6 +47,8 @@ struct Wire<'a> {
     #[serde(borrow, default)]
     settings: Option<&'a serde_json::value::RawValue>,
     now_unix_ms: u64,
+    #[serde(default)]
+    earlier: crate::types::Earlier,
 }
 
 /// `slotgate_validate_settings`: always answers; anything wrong is an invalid result. With `keep`,

@@ -88,3 +88,62 @@ macro_rules! export_policy {
         };
     };
 }
+
+/// Exports a [`Policy`](crate::Policy) as a v2 component of the world `slotgate:policy@2.0.0`
+/// (`wit/policy.wit`). Needs the SDK's `v2` feature.
+///
+/// `export_component!(MyPolicy);` exports `validate-settings`, `evaluate` and `on-complete`;
+/// `export_component!(MyPolicy, on_complete);` also asks the host to call
+/// [`Policy::on_complete`](crate::Policy::on_complete) after every request the policy allowed
+/// (otherwise it never does, which saves an instance per request).
+///
+/// Build it as a v1 module is built (`cargo build --target wasm32-unknown-unknown`): the result is
+/// a core module carrying the contract, which slotgate makes a component when it loads it, and
+/// `slotgate policy component` writes as a standalone component for other tools.
+#[macro_export]
+macro_rules! export_component {
+    ($policy:ty) => {
+        $crate::export_component!(@with $policy, false);
+    };
+    ($policy:ty, on_complete) => {
+        $crate::export_component!(@with $policy, true);
+    };
+    (@with $policy:ty, $completions:expr) => {
+        $crate::export_policy!(@check $policy);
+
+        /// The policy's own name, in the custom section `slotgate.policy` (see `export_policy!`).
+        #[cfg(target_arch = "wasm32")]
+        #[allow(unsafe_code, reason = "a custom section is a #[link_section] static")]
+        #[link_section = "slotgate.policy"]
+        #[used]
+        static __SLOTGATE_POLICY_NAME: [u8; env!("CARGO_PKG_NAME").len()] =
+            $crate::__guest::name_bytes(env!("CARGO_PKG_NAME"));
+
+        #[cfg(target_arch = "wasm32")]
+        #[allow(unsafe_code, reason = "the component's exports are generated #[export_name] functions")]
+        const _: () = {
+            struct SlotgateComponent;
+
+            impl $crate::__component::Guest for SlotgateComponent {
+                fn validate_settings(
+                    settings: String,
+                ) -> Result<$crate::__component::SettingsVerdict, String> {
+                    $crate::__component::validate_settings::<$policy>(settings, $completions)
+                }
+
+                fn evaluate(
+                    settings: String,
+                    input: $crate::__component::Evaluation,
+                ) -> $crate::__component::WitDecision {
+                    $crate::__component::evaluate::<$policy>(settings, input)
+                }
+
+                fn on_complete(settings: String, completion: $crate::__component::WitCompletion) {
+                    $crate::__component::on_complete::<$policy>(settings, completion)
+                }
+            }
+
+            $crate::__component::bindings::__export_policy_world!(SlotgateComponent with_types_in $crate::__component::bindings);
+        };
+    };
+}

@@ -153,7 +153,11 @@ fn check_key(key: &str) {
     );
 }
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", feature = "v2"))]
+#[path = "host/component.rs"]
+mod imp;
+
+#[cfg(all(target_arch = "wasm32", not(feature = "v2")))]
 mod imp {
     #[link(wasm_import_module = "slotgate")]
     extern "C" {

@@ -105,6 +105,10 @@ mod bump;
 #[cfg(target_arch = "wasm32")]
 #[global_allocator]
 static ALLOCATOR: bump::Bump = bump::Bump::new();
+#[cfg(all(target_arch = "wasm32", feature = "v2"))]
+#[doc(hidden)]
+#[path = "component.rs"]
+pub mod __component;
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 #[path = "guest.rs"]
@@ -112,7 +116,10 @@ pub mod __guest;
 
 pub use identity::{check_tenant_header, is_hashed_key, Identity, TENANT_HEADERS};
 pub use policy::Policy;
+/// The v2 contract (`slotgate policy wit` prints it too).
+pub const WIT: &str = include_str!("../wit/policy.wit");
+
 pub use types::{
-    Completion, Decision, EvaluateInput, Mutations, Peer, QueueSnapshot, RateLimit, RateLimits,
-    RequestSummary, SettingsValidation, Verdict, ABI_VERSION,
+    Completion, Decision, Earlier, EvaluateInput, Mutations, Peer, QueueSnapshot, RateLimit,
+    RateLimits, RequestSummary, SettingsValidation, Verdict, ABI_VERSION,
 };

@@ -89,6 +89,57 @@ pub struct RequestSummary {
     /// Queue state when the request arrived.
     #[serde(default)]
     pub queue: QueueSnapshot,
+    /// The API the request speaks, when it takes a slot (`chat`, `messages`, `responses`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<String>,
+    /// Size of the request body in bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub body_bytes: u64,
+    /// The `X-Session-Id` header, when sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The `X-Conversation-Id` header, when sent (a resumable answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What the enforced policies before this one in a chain decided, combined as the chain combines
+/// them: the first tenant named, the least urgent priority, the largest cost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Earlier {
+    /// Enforced policies that allowed the request before this one.
+    #[serde(default)]
+    pub policies: u32,
+    /// The tenant the first of them named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The least urgent priority any of them set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// The largest cost any of them set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<u64>,
+}
+
+impl Earlier {
+    /// Whether no earlier policy allowed the request (the first policy of a chain).
+    pub fn is_empty(&self) -> bool {
+        self.policies == 0
+    }
+
+    /// Adds an allowing decision of the next enforced policy.
+    pub fn add(&mut self, d: &Decision) {
+        self.policies += 1;
+        if self.tenant.is_none() {
+            self.tenant.clone_from(&d.tenant);
+        }
+        self.priority = self.priority.max(d.priority);
+        self.cost = self.cost.max(d.cost);
+    }
 }
 
 /// Allow or deny.
@@ -227,6 +278,9 @@ pub struct EvaluateInput {
     pub settings: serde_json::Value,
     /// Wall-clock time, milliseconds since the Unix epoch.
     pub now_unix_ms: u64,
+    /// What the policies before this one in the chain decided (absent for the first).
+    #[serde(default, skip_serializing_if = "Earlier::is_empty")]
+    pub earlier: Earlier,
 }
 
 /// What `slotgate_validate_settings` returns.

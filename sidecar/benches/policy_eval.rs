@@ -349,6 +349,7 @@ fn fuel(chain: &Chain, request: &RequestSummary) -> u64 {
             false => loaded.settings.clone(),
         },
         now_unix_ms: 0,
+        earlier: Default::default(),
     };
     loaded
         .policy
@@ -423,6 +424,9 @@ fn request() -> RequestSummary {
             in_flight: 1,
             estimated_wait_seconds: 3.5,
         },
+        dialect: Some("chat".into()),
+        body_bytes: 1400,
+        ..RequestSummary::default()
     }
 }
 

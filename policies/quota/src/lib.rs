@@ -356,7 +356,10 @@ impl Policy for Quota {
     }
 }
 
+#[cfg(not(feature = "v2"))]
 slotgate_sdk::export_policy!(Quota, on_complete);
+#[cfg(feature = "v2")]
+slotgate_sdk::export_component!(Quota, on_complete);
 
 #[cfg(test)]
 mod tests {

@@ -137,7 +137,10 @@ impl Policy for RequestGuard {
     }
 }
 
+#[cfg(not(feature = "v2"))]
 slotgate_sdk::export_policy!(RequestGuard);
+#[cfg(feature = "v2")]
+slotgate_sdk::export_component!(RequestGuard);
 
 #[cfg(test)]
 mod tests {

@@ -210,7 +210,10 @@ impl Policy for TenantPriority {
     }
 }
 
+#[cfg(not(feature = "v2"))]
 slotgate_sdk::export_policy!(TenantPriority);
+#[cfg(feature = "v2")]
+slotgate_sdk::export_component!(TenantPriority);
 
 #[cfg(test)]
 mod tests {

@@ -189,7 +189,10 @@ impl Policy for TokenBudget {
     }
 }
 
+#[cfg(not(feature = "v2"))]
 slotgate_sdk::export_policy!(TokenBudget, on_complete);
+#[cfg(feature = "v2")]
+slotgate_sdk::export_component!(TokenBudget, on_complete);
 
 #[cfg(test)]
 mod tests {

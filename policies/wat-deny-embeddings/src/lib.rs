@@ -78,6 +78,7 @@ mod tests {
             },
             settings: serde_json::Value::Null,
             now_unix_ms: 1_800_000_000_000,
+            earlier: Default::default(),
         };
         edit(&mut input);
         serde_json::to_vec(&input).unwrap()

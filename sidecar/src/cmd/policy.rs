@@ -12,8 +12,10 @@ use slotgate_sdk::{EvaluateInput, ABI_VERSION};
 
 use crate::config::PolicySpec;
 use crate::config::{ByteSize, Dur};
+use crate::policy::component;
+use crate::policy::guest::{Compiled, Contract, Guest};
 use crate::policy::set::{canary_input, hex, read_settings, spec_limits};
-use crate::policy::{EngineLimits, LoadError, Policy, PolicyEngine, PolicySet};
+use crate::policy::{EngineLimits, LoadError, PolicyEngine, PolicySet};
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
@@ -21,11 +23,27 @@ pub enum PolicyCommand {
     Check(CheckArgs),
     /// Evaluate a policy against one request offline and print the decision, fuel used and time.
     Eval(EvalArgs),
+    /// Print the v2 contract, the WIT package `slotgate:policy@2.0.0`, for any component
+    /// toolchain to generate its bindings from (`slotgate policy wit > wit/policy.wit`).
+    Wit,
+    /// Write a core module built with wit-bindgen against the v2 contract (a Rust policy with
+    /// `export_component!`) as a standalone component. slotgate loads either; other tools need
+    /// the component.
+    Component(ComponentArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ComponentArgs {
+    /// The core module (.wasm) carrying the contract.
+    pub module: PathBuf,
+    /// Where to write the component.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
 }
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// The policy module (.wasm, or .wat text).
+    /// The policy: a v2 component, or an ABI v1 module (.wasm, or .wat text).
     pub policy: PathBuf,
     /// Settings file (JSON, or TOML by its .toml extension).
     #[arg(long, value_name = "FILE")]
@@ -36,7 +54,7 @@ pub struct CheckArgs {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// The policy module (.wasm, or .wat text).
+    /// The policy: a v2 component, or an ABI v1 module (.wasm, or .wat text).
     #[arg(long, value_name = "FILE")]
     pub policy: PathBuf,
     /// Settings file (JSON, or TOML by its .toml extension).
@@ -81,8 +99,14 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             let chain = set.current();
             let p = chain.policies().next().context("the policy is loaded")?;
             warn_about_cost(&bytes, p)?;
+            let speaks = match (Contract::of(&bytes), &p.policy) {
+                (Contract::V2Embedded, _) => "is a v2 policy (slotgate:policy@2.0.0; a core module carrying the contract, made a component on load)".to_owned(),
+                (_, Guest::Component(c)) if c.imports_wasi() => "is a v2 component (slotgate:policy@2.0.0; its WASI imports get an empty context: no files, sockets, environment or arguments)".to_owned(),
+                (_, Guest::Component(_)) => "is a v2 component (slotgate:policy@2.0.0)".to_owned(),
+                (_, Guest::Core(_)) => format!("speaks ABI v{ABI_VERSION}"),
+            };
             println!(
-                "ok: {} speaks ABI v{ABI_VERSION}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}",
+                "ok: {} {speaks}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}",
                 a.policy.display(),
                 hex(&p.sha256),
                 if p.policy.has_validate() {
@@ -90,10 +114,11 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
                 } else {
                     "not exported"
                 },
-                if p.policy.has_on_complete() {
-                    "exported"
-                } else {
-                    "not exported"
+                match (&p.policy, p.policy.has_on_complete()) {
+                    (Guest::Core(_), true) => "exported",
+                    (Guest::Core(_), false) => "not exported",
+                    (Guest::Component(_), true) => "wanted",
+                    (Guest::Component(_), false) => "not wanted",
                 },
                 if p.needs_prompt_tokens {
                     "needed (every request is counted first)"
@@ -119,10 +144,13 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             };
             let bytes = std::fs::read(&a.policy)
                 .with_context(|| format!("reading {}", a.policy.display()))?;
-            let module = Policy::compile(&engine, &bytes, limits).map_err(usable)?;
+            if let Some(what) = not_wasm(&bytes) {
+                bail!("{}: not a slotgate policy: {what}", a.policy.display());
+            }
+            let module = Compiled::new(&engine, &bytes, limits).map_err(usable)?;
             let name = spec.display_name();
             let probe =
-                Policy::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
+                Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
             probe.validate_settings(&settings).map_err(usable)?;
             let canary = match probe.evaluate(&canary_input(&settings)) {
                 Ok(_) => "passed".to_owned(),
@@ -132,7 +160,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
                 }
             };
             let policy =
-                Policy::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
+                Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
             let input = read_input(&a.input, settings, a.api_key.as_deref())?;
             let (decision, ev) = policy
                 .evaluate(&input)
@@ -146,6 +174,32 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
+        PolicyCommand::Wit => {
+            print!("{}", component::WIT);
+            Ok(())
+        }
+        PolicyCommand::Component(a) => {
+            let bytes = std::fs::read(&a.module)
+                .with_context(|| format!("reading {}", a.module.display()))?;
+            match Contract::of(&bytes) {
+                Contract::V2 => bail!("{} is a component already", a.module.display()),
+                Contract::V1 => bail!(
+                    "{}: not built against the v2 contract (no `component-type` section naming slotgate:policy): build it with slotgate-sdk's `v2` feature and `export_component!`",
+                    a.module.display()
+                ),
+                Contract::V2Embedded => {}
+            }
+            let wrapped = component::componentize(&bytes)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", a.module.display()))?;
+            std::fs::write(&a.output, &wrapped)
+                .with_context(|| format!("writing {}", a.output.display()))?;
+            println!(
+                "{}: a component of {} bytes",
+                a.output.display(),
+                wrapped.len()
+            );
+            Ok(())
+        }
     }
 }
 
@@ -154,9 +208,12 @@ fn not_wasm(bytes: &[u8]) -> Option<String> {
     let build = "build the policy for wasm32-unknown-unknown (scripts/build-policies.sh, or cargo \
                  build --target wasm32-unknown-unknown --profile policy)";
     match bytes {
-        [0, b'a', b's', b'm', 1, 0, 0, 0, ..] | [] => None,
-        [0, b'a', b's', b'm', 0x0d, 0, 1, 0, ..] => Some(
-            "a WebAssembly component; slotgate loads core modules speaking ABI v1 (docs/policy-abi.md)"
+        [0, b'a', b's', b'm', 1, 0, 0, 0, ..] | [0, b'a', b's', b'm', 0x0d, 0, 1, 0, ..] | [] => {
+            None
+        }
+        [0, b'a', b's', b'm', ..] => Some(
+            "a WebAssembly binary of a version this slotgate does not know (a core module is \
+             version 1, a component 0x0d layer 1)"
                 .into(),
         ),
         [0x7f, b'E', b'L', b'F', ..] => Some(format!("an ELF binary, a native build: {build}")),

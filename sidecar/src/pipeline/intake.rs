@@ -101,6 +101,8 @@ impl Intake {
             None => Ask::default(),
         };
         let mut summary = summarize(&parts, json.as_ref(), &ask, peer);
+        summary.dialect = dialect.map(|d| d.name().to_owned());
+        summary.body_bytes = body.len() as u64;
         // Only a request that takes a slot waits for one: elsewhere the header means nothing.
         if dialect.is_some() {
             summary.deadline_ms = deadline_of(&parts.headers)?;
@@ -171,7 +173,18 @@ pub(crate) fn summarize(
             })
             .collect(),
         queue: Default::default(),
+        // Set by `Intake::new`, which knows them.
+        dialect: None,
+        body_bytes: 0,
+        session_id: header_text(&parts.headers, "x-session-id"),
+        conversation_id: header_text(&parts.headers, "x-conversation-id"),
     }
+}
+
+/// A header's value as text, when it is text (at most 256 bytes: an id, not a payload).
+fn header_text(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    let v = headers.get(name)?.to_str().ok()?;
+    (v.len() <= 256).then(|| v.to_owned())
 }
 
 /// The caller's key as llama-server reads it: `Authorization` (after `Bearer `), else Anthropic's

@@ -4,8 +4,10 @@
 mod abi;
 pub mod chain;
 pub mod complete;
+pub mod component;
 pub mod engine;
 mod error;
+pub mod guest;
 pub mod module;
 pub mod set;
 mod snapshot;

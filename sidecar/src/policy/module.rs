@@ -18,14 +18,14 @@ pub use super::error::{EvalError, LoadError};
 use super::state::{HostState, SharedState};
 
 /// Fuel one host call costs, on top of the instructions around it: a loop of host calls runs out.
-const HOST_CALL_FUEL: u64 = 1_000;
+pub(super) const HOST_CALL_FUEL: u64 = 1_000;
 /// Wall-clock deadline of the calls made while loading (ABI check, settings, canary): a loaded machine
 /// must not make a healthy policy look slow. Fuel still bounds a runaway start function or canary.
 pub const LOAD_DEADLINE: Duration = Duration::from_secs(1);
 /// An evaluation slowed down by a busy machine still ends after this many times its deadline.
 const WALL_CEILING_FACTOR: u32 = 10;
 /// Longest key or log message a guest may pass to a host function.
-const MAX_HOST_STRING: usize = 4096;
+pub(super) const MAX_HOST_STRING: usize = 4096;
 
 /// Per-policy caps on one evaluation.
 #[derive(Debug, Clone, Copy)]
@@ -339,37 +339,48 @@ impl Policy {
         deadline: Duration,
         runs: Runs,
     ) -> Result<(Store<HostState>, Arc<CallClock>), EvalError> {
-        let state = HostState {
-            limits: StoreLimitsBuilder::new()
-                .memory_size(self.limits.memory_bytes)
-                .instances(1)
-                .tables(1)
-                .memories(1)
-                .build(),
-            shared: self.shared.clone(),
-            policy: self.name.clone(),
-            state_key: self.state_key.clone(),
-            host_calls: 0,
-            memory_denied: false,
-        };
-        let mut store = Store::new(self.engine.engine(), state);
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.limits.memory_bytes)
+            .instances(1)
+            .tables(1)
+            .memories(1)
+            .build();
+        let state = HostState::new(
+            limits,
+            self.shared.clone(),
+            self.name.clone(),
+            self.state_key.clone(),
+        );
+        let (mut store, clock) = new_store(&self.engine, state, self.limits.fuel, deadline, runs)?;
         store.limiter(|s| s as &mut dyn ResourceLimiter);
-        store
-            .set_fuel(self.limits.fuel)
-            .map_err(|e| EvalError::Abi(e.to_string()))?;
-        // The first check comes at the next tick, where the thread's CPU clock is first read (see
-        // `cpu_deadline`).
-        let clock = Arc::new(CallClock::default());
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(cpu_deadline(deadline, clock.clone(), runs));
         Ok((store, clock))
     }
+}
+
+/// A store for one call of a core module or a component: `fuel`, and the deadline check.
+pub(super) fn new_store(
+    engine: &PolicyEngine,
+    state: HostState,
+    fuel: u64,
+    deadline: Duration,
+    runs: Runs,
+) -> Result<(Store<HostState>, Arc<CallClock>), EvalError> {
+    let mut store = Store::new(engine.engine(), state);
+    store
+        .set_fuel(fuel)
+        .map_err(|e| EvalError::Abi(e.to_string()))?;
+    // The first check comes at the next tick, where the thread's CPU clock is first read (see
+    // `cpu_deadline`).
+    let clock = Arc::new(CallClock::default());
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(cpu_deadline(deadline, clock.clone(), runs));
+    Ok((store, clock))
 }
 
 /// The CPU time one call used, as its deadline check counts it: from its first check on, and on an
 /// async worker only while it ran (not while it had yielded to other tasks).
 #[derive(Debug)]
-struct CallClock {
+pub(super) struct CallClock {
     /// Nanoseconds counted so far.
     counted: AtomicU64,
     /// The thread's CPU clock when counting last resumed (the first check, or the end of a yield);
@@ -406,7 +417,7 @@ impl CallClock {
         self.mark.store(cpu.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    fn counted(&self) -> Duration {
+    pub(super) fn counted(&self) -> Duration {
         Duration::from_nanos(self.counted.load(Ordering::Relaxed))
     }
 }
@@ -423,6 +434,12 @@ pub fn parse_decision(out: &[u8]) -> Result<Decision, EvalError> {
     let decision: Decision = serde_json::from_slice(out).map_err(|e| {
         EvalError::InvalidOutput(format!("decision is not valid JSON for ABI v1: {e}"))
     })?;
+    check_decision(decision)
+}
+
+/// A decision as the host accepts it, from a v1 module or a component: a deny's status 403 or 429,
+/// a weight usable as a divisor, a tenant cap that lets one request in.
+pub fn check_decision(decision: Decision) -> Result<Decision, EvalError> {
     if decision.verdict == Verdict::Deny && !matches!(decision.status, None | Some(403) | Some(429))
     {
         return Err(EvalError::InvalidOutput(format!(
@@ -454,6 +471,8 @@ pub struct SettingsVerdict {
     pub needs_prompt_tokens: bool,
     /// The instance kept its parsed settings: snapshot it (`keeps_settings`).
     pub keeps_settings: bool,
+    /// A component asked for `on-complete` after each request it allowed (`wants-completions`).
+    pub wants_completions: bool,
 }
 
 /// A policy's `validate_settings` output: `Ok` when it accepts its settings, with whether it needs
@@ -465,6 +484,7 @@ pub fn settings_verdict(out: &[u8]) -> Result<SettingsVerdict, LoadError> {
         Ok(SettingsVerdict {
             needs_prompt_tokens: v.needs_prompt_tokens,
             keeps_settings: v.keeps_settings,
+            wants_completions: false,
         })
     } else {
         Err(LoadError::Settings(
@@ -533,7 +553,7 @@ fn cpu_deadline(
     }
 }
 
-fn classify(store: &Store<HostState>, e: wasmtime::Error) -> EvalError {
+pub(super) fn classify(store: &Store<HostState>, e: wasmtime::Error) -> EvalError {
     if store.data().memory_denied {
         return EvalError::Memory;
     }
@@ -858,7 +878,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-fn monotonic_ms() -> i64 {
+pub(super) fn monotonic_ms() -> i64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as i64
 }

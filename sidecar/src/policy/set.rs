@@ -14,12 +14,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use slotgate_sdk::{Completion, Decision, EvaluateInput, RequestSummary, Verdict, ABI_VERSION};
-use wasmtime::Module;
+use slotgate_sdk::{
+    Completion, Decision, Earlier, EvaluateInput, RequestSummary, Verdict, ABI_VERSION,
+};
 
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
+use super::component::{self, t};
 use super::engine::{EngineLimits, PolicyEngine};
-use super::module::{EvalError, Evaluation, LoadError, Policy, PolicyLimits, LOAD_DEADLINE};
+use super::guest::{Compiled, Guest};
+use super::module::{EvalError, Evaluation, LoadError, PolicyLimits, Runs, LOAD_DEADLINE};
 use super::snapshot;
 use super::state::SharedState;
 use crate::config::{PolicyMode, PolicyOnError, PolicySpec};
@@ -47,14 +50,15 @@ pub struct Loaded {
     pub spec: PolicySpec,
     /// SHA-256 of the module file.
     pub sha256: [u8; 32],
-    pub policy: Policy,
+    pub policy: Guest,
     pub settings: Value,
     pub mode: Mode,
     pub on_error: OnError,
     /// Its `validate_settings` asked for the exact prompt count before it decides.
     pub needs_prompt_tokens: bool,
-    /// `settings` as JSON text, serialised once: every evaluation's input carries it as it is. `None`
-    /// when the policy serves from a snapshot that holds them parsed (see `policy::snapshot`).
+    /// `settings` as JSON text, serialised once: every evaluation's input carries it as it is (a
+    /// component's calls take it as their `settings`). `None` when the policy serves from a
+    /// snapshot that holds them parsed (see `policy::snapshot`).
     settings_json: Option<Box<RawValue>>,
     /// The keys in the module cache of the compiled modules it was built from: the file's, and for
     /// a snapshot the instrumented module's and the snapshot's (SHA-256 of each).
@@ -67,6 +71,11 @@ impl Loaded {
     /// Whether it serves from a snapshot that holds its settings parsed (see `policy::snapshot`).
     pub fn preinitialised(&self) -> bool {
         self.settings_json.is_none()
+    }
+
+    /// Its settings as JSON text (`null` when it holds them already).
+    fn settings_text(&self) -> &str {
+        self.settings_json.as_deref().map_or("null", RawValue::get)
     }
 }
 
@@ -109,13 +118,19 @@ impl InputJson {
         Ok(InputJson { buf, head })
     }
 
-    /// The whole input for a policy with `settings` (`None`: it holds its own), at `now_unix_ms`.
-    fn with(&mut self, settings: Option<&RawValue>, now_unix_ms: u64) -> &[u8] {
+    /// The whole input for a policy with `settings` (`None`: it holds its own), at `now_unix_ms`,
+    /// after the policies that decided `earlier`.
+    fn with(&mut self, settings: Option<&RawValue>, now_unix_ms: u64, earlier: &Earlier) -> &[u8] {
         use std::io::Write;
         self.buf.truncate(self.head);
         if let Some(s) = settings {
             self.buf.extend_from_slice(b",\"settings\":");
             self.buf.extend_from_slice(s.get().as_bytes());
+        }
+        if !earlier.is_empty() {
+            self.buf.extend_from_slice(b",\"earlier\":");
+            // An `Earlier` always serialises.
+            let _ = serde_json::to_writer(&mut self.buf, earlier);
         }
         // Writing to a Vec cannot fail.
         let _ = write!(self.buf, ",\"now_unix_ms\":{now_unix_ms}}}");
@@ -152,7 +167,7 @@ struct Inner {
     engine: Mutex<Option<PolicyEngine>>,
     /// Compiled modules by the SHA-256 of their bytes (one engine, so the hash is the whole key):
     /// a reload recompiles only what changed.
-    modules: Mutex<HashMap<[u8; 32], Module>>,
+    modules: Mutex<HashMap<[u8; 32], Compiled>>,
     current: RwLock<Arc<Chain>>,
     /// One reload at a time.
     reloading: Mutex<()>,
@@ -388,7 +403,7 @@ impl PolicySet {
         }
         let engine = self.engine()?;
         let limits = spec_limits(spec);
-        let module = self.module(&engine, sha256, &bytes, limits)?;
+        let compiled = self.module(&engine, sha256, &bytes, limits)?;
         // Settings check and one canary evaluation, off the request path: a module that cannot answer
         // a plain request never serves. Both run against scratch state, so the canary charges no
         // tenant's real bucket.
@@ -397,7 +412,7 @@ impl PolicySet {
             deadline: limits.deadline.max(LOAD_DEADLINE),
             ..limits
         };
-        let probe = Policy::link(&engine, scratch.clone(), name, &module, lenient)?;
+        let probe = Guest::link(&engine, scratch.clone(), name, &compiled, lenient)?;
         let verdict = probe.validate_settings(&settings)?;
         // A policy that keeps its parsed settings serves from a snapshot taken after it parsed
         // them; one that cannot be snapshotted still serves, parsing them on every call.
@@ -412,24 +427,26 @@ impl PolicySet {
         } else {
             None
         };
-        let (module, module_keys, settings_json) = match snapshot {
-            Some(([instrumented, snapshot], module)) => {
-                (module, vec![sha256, instrumented, snapshot], None)
-            }
+        let (compiled, module_keys, settings_json) = match snapshot {
+            Some(([instrumented, snapshot], module)) => (
+                Compiled::Core(module),
+                vec![sha256, instrumented, snapshot],
+                None,
+            ),
             None => {
                 let json = serde_json::value::to_raw_value(&settings)
                     .map_err(|e| LoadError::Settings(e.to_string()))?;
-                (module, vec![sha256], Some(json))
+                (compiled, vec![sha256], Some(json))
             }
         };
-        let probe = Policy::link(&engine, scratch, name, &module, lenient)?;
+        let probe = Guest::link(&engine, scratch, name, &compiled, lenient)?;
         let canary_settings = match settings_json {
             Some(_) => settings.clone(),
             None => Value::Null,
         };
         probe.evaluate(&canary_input(&canary_settings))?;
-        let policy = Policy::link(&engine, self.inner.shared.clone(), name, &module, limits)?
-            .keyed(&state_key);
+        let policy = Guest::link(&engine, self.inner.shared.clone(), name, &compiled, limits)?
+            .keyed(&state_key, &verdict);
         Ok((
             Arc::new(Loaded {
                 name: name.to_owned(),
@@ -474,14 +491,14 @@ impl PolicySet {
         sha256: [u8; 32],
         bytes: &[u8],
         limits: PolicyLimits,
-    ) -> Result<Module, LoadError> {
+    ) -> Result<Compiled, LoadError> {
         if let Some(m) = lock(&self.inner.modules).get(&sha256) {
             tracing::debug!(sha256 = %hex(&sha256), "policy module from the memory cache");
             return Ok(m.clone());
         }
         let hits = engine.disk_cache_stats().map_or(0, |(h, _)| h);
         let started = std::time::Instant::now();
-        let module = Policy::compile(engine, bytes, limits)?;
+        let module = Compiled::new(engine, bytes, limits)?;
         let from_disk = engine.disk_cache_stats().is_some_and(|(h, _)| h > hits);
         tracing::info!(
             sha256 = %hex(&sha256),
@@ -503,15 +520,19 @@ impl PolicySet {
         bytes: &[u8],
         settings: &Value,
         limits: PolicyLimits,
-    ) -> Result<([[u8; 32]; 2], Module), LoadError> {
+    ) -> Result<([[u8; 32]; 2], wasmtime::Module), LoadError> {
         let started = std::time::Instant::now();
         let wasm = wat::parse_bytes(bytes).map_err(|e| LoadError::Compile(format!("{e}")))?;
         let (cx, instrumented) = snapshot::instrument(&wasm)?;
         let instrumented_key: [u8; 32] = Sha256::digest(&instrumented).into();
-        let instrumented = self.module(engine, instrumented_key, &instrumented, limits)?;
+        let core = |c: Compiled| match c {
+            Compiled::Core(m) => Ok(m),
+            Compiled::Component(_) => Err(LoadError::Compile("not a core module".into())),
+        };
+        let instrumented = core(self.module(engine, instrumented_key, &instrumented, limits)?)?;
         let wasm = snapshot::take(engine, name, &cx, &instrumented, settings, limits)?;
         let key: [u8; 32] = Sha256::digest(&wasm).into();
-        let module = self.module(engine, key, &wasm, limits)?;
+        let module = core(self.module(engine, key, &wasm, limits)?)?;
         tracing::info!(
             policy = name,
             ms = started.elapsed().as_millis() as u64,
@@ -625,7 +646,10 @@ impl Chain {
     ) -> (ChainOutcome, Vec<Option<Decision>>) {
         let mut run = Run::new(self, request, now_unix_ms);
         for p in &self.policies {
-            let result = run.input(p).and_then(|input| p.policy.evaluate_json(input));
+            let result = match &p.policy {
+                Guest::Core(core) => run.json(p).and_then(|input| core.evaluate_json(input)),
+                Guest::Component(c) => c.evaluate(p.settings_text(), run.wit()),
+            };
             run.record(p, result);
         }
         run.finish()
@@ -650,9 +674,15 @@ impl Chain {
     ) -> (ChainOutcome, Vec<Option<Decision>>) {
         let mut run = Run::new(self, request, now_unix_ms);
         for p in &self.policies {
-            let result = match run.input(p) {
-                Ok(input) => p.policy.evaluate_json_async(input).await,
-                Err(e) => Err(e),
+            let result = match &p.policy {
+                Guest::Core(core) => match run.json(p) {
+                    Ok(input) => core.evaluate_json_async(input).await,
+                    Err(e) => Err(e),
+                },
+                Guest::Component(c) => {
+                    c.evaluate_async(p.settings_text(), run.wit(), Runs::Async)
+                        .await
+                }
             };
             run.record(p, result);
         }
@@ -667,7 +697,7 @@ impl Chain {
     pub fn complete(&self, completion: &Completion, own: &[Option<Decision>]) {
         for (p, decision) in self.policies.iter().zip(own) {
             if let Some(mine) = completion_for(p, decision, completion) {
-                report_completion(p, p.policy.on_complete(&mine));
+                report_completion(p, p.policy.on_complete(p.settings_text(), &mine));
             }
         }
     }
@@ -676,7 +706,10 @@ impl Chain {
     pub async fn complete_async(&self, completion: &Completion, own: &[Option<Decision>]) {
         for (p, decision) in self.policies.iter().zip(own) {
             if let Some(mine) = completion_for(p, decision, completion) {
-                report_completion(p, p.policy.on_complete_async(&mine).await);
+                report_completion(
+                    p,
+                    p.policy.on_complete_async(p.settings_text(), &mine).await,
+                );
             }
         }
     }
@@ -722,7 +755,13 @@ fn report_completion(p: &Loaded, result: Result<Option<Evaluation>, EvalError>) 
 /// One evaluation of a chain in progress: the input, each policy's step, and the CPU time counted.
 struct Run<'a> {
     chain: &'a Chain,
-    input: Result<InputJson, EvalError>,
+    request: &'a RequestSummary,
+    /// The request as JSON, for v1 modules; made on first use.
+    input: Option<Result<InputJson, EvalError>>,
+    /// The request as the v2 contract carries it, for components; made on first use.
+    wit: Option<t::Evaluation>,
+    /// What the enforced policies so far allowed with, for the next one.
+    earlier: Earlier,
     now: u64,
     steps: Vec<Step<'a>>,
     own: Vec<Option<Decision>>,
@@ -730,15 +769,13 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(chain: &'a Chain, request: &RequestSummary, now: u64) -> Run<'a> {
-        let input = if chain.policies.is_empty() {
-            Err(EvalError::Abi("no policy".into()))
-        } else {
-            InputJson::new(request)
-        };
+    fn new(chain: &'a Chain, request: &'a RequestSummary, now: u64) -> Run<'a> {
         Run {
             chain,
-            input,
+            request,
+            input: None,
+            wit: None,
+            earlier: Earlier::default(),
             now,
             steps: Vec::with_capacity(chain.policies.len()),
             own: Vec::with_capacity(chain.policies.len()),
@@ -746,12 +783,26 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// The input for `p`: the request, and its settings unless it holds them.
-    fn input(&mut self, p: &Loaded) -> Result<&[u8], EvalError> {
-        match &mut self.input {
-            Ok(input) => Ok(input.with(p.settings_json.as_deref(), self.now)),
+    /// The JSON input for the v1 module `p`: the request, its settings unless it holds them, and
+    /// what earlier policies decided.
+    fn json(&mut self, p: &Loaded) -> Result<&[u8], EvalError> {
+        let request = self.request;
+        match self.input.get_or_insert_with(|| InputJson::new(request)) {
+            Ok(input) => Ok(input.with(p.settings_json.as_deref(), self.now, &self.earlier)),
             Err(e) => Err(e.clone()),
         }
+    }
+
+    /// The input of the component next in the chain.
+    fn wit(&mut self) -> &t::Evaluation {
+        let (request, now) = (self.request, self.now);
+        let wit = self.wit.get_or_insert_with(|| t::Evaluation {
+            request: component::request_of(request),
+            earlier: component::earlier_of(&Earlier::default()),
+            now_unix_ms: now,
+        });
+        wit.earlier = component::earlier_of(&self.earlier);
+        wit
     }
 
     /// Counts `p`'s result in the metrics and keeps it for the fold.
@@ -785,6 +836,11 @@ impl<'a> Run<'a> {
             }
         }
         let result = result.map(|(d, _)| d);
+        if let (Mode::Enforce, Ok(d)) = (p.mode, &result) {
+            if d.verdict == Verdict::Allow {
+                self.earlier.add(d);
+            }
+        }
         self.own.push(result.as_ref().ok().cloned());
         self.steps.push(Step {
             policy: &p.name,
@@ -834,6 +890,7 @@ pub fn canary_input(settings: &Value) -> EvaluateInput {
         },
         settings: settings.clone(),
         now_unix_ms: unix_ms(),
+        earlier: Default::default(),
     }
 }
 

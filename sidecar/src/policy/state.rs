@@ -755,6 +755,35 @@ pub struct HostState {
     pub host_calls: u64,
     /// Set when the memory cap refused a growth, to tell that failure from other traps.
     pub memory_denied: bool,
+    /// Host calls this call may make (a component's; a core module's are charged fuel instead).
+    pub host_call_budget: u64,
+    /// A component's WASI context, made the first time it touches WASI.
+    pub wasi: Option<Box<super::component::Wasi>>,
+}
+
+impl HostState {
+    pub fn new(
+        limits: StoreLimits,
+        shared: Arc<SharedState>,
+        policy: Arc<str>,
+        state_key: Arc<str>,
+    ) -> HostState {
+        HostState {
+            limits,
+            shared,
+            policy,
+            state_key,
+            host_calls: 0,
+            memory_denied: false,
+            host_call_budget: u64::MAX,
+            wasi: None,
+        }
+    }
+
+    pub fn with_host_call_budget(mut self, calls: u64) -> HostState {
+        self.host_call_budget = calls;
+        self
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,210 @@
+//! The wasm32 glue of a v2 policy (feature `v2`): the bindings wit-bindgen generates from
+//! `wit/policy.wit`, and the conversions between the contract's records and this crate's types, so
+//! one [`Policy`] implementation builds as a v1 module or as a v2 component unchanged. Compiled on
+//! wasm32 with the `v2` feature only; [`export_component!`](crate::export_component) uses it.
+//!
+//! Every call runs in a fresh instance, as in v1: the bump allocator never frees, and the settings
+//! are parsed from their JSON text on each call (a few hundred instructions for the examples').
+
+use std::collections::BTreeMap;
+
+use crate::dispatch;
+use crate::policy::Policy;
+use crate::types::{
+    Completion, Decision, Earlier, EvaluateInput, Mutations, Peer, QueueSnapshot, RateLimit,
+    RateLimits, RequestSummary, Verdict, ABI_VERSION,
+};
+
+/// What wit-bindgen generates from the contract.
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "wit",
+        world: "policy",
+        pub_export_macro: true,
+        export_macro_name: "__export_policy_world",
+        default_bindings_module: "slotgate_sdk::__component::bindings",
+    });
+}
+
+use bindings::slotgate::policy::types as t;
+pub use bindings::Guest;
+pub use t::{Completion as WitCompletion, Decision as WitDecision, Evaluation, SettingsVerdict};
+
+/// `validate-settings`: the settings parsed and checked; whether on-complete is wanted.
+pub fn validate_settings<P: Policy>(
+    settings: String,
+    wants_completions: bool,
+) -> Result<SettingsVerdict, String> {
+    let s = parse::<P>(&settings)?;
+    P::validate(&s)?;
+    Ok(SettingsVerdict {
+        needs_prompt_tokens: P::needs_prompt_tokens(&s),
+        wants_completions,
+    })
+}
+
+/// `evaluate`: the policy's decision, or (its settings no longer parsing, which validation
+/// rules out) a trap.
+pub fn evaluate<P: Policy>(settings: String, input: Evaluation) -> WitDecision {
+    let s = match parse::<P>(&settings) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let input = EvaluateInput {
+        abi: ABI_VERSION,
+        request: request(input.request),
+        settings: serde_json::Value::Null,
+        now_unix_ms: input.now_unix_ms,
+        earlier: Earlier {
+            policies: input.earlier.policies,
+            tenant: input.earlier.tenant,
+            priority: input.earlier.priority,
+            cost: input.earlier.cost,
+        },
+    };
+    decision(P::evaluate(&input, &s))
+}
+
+/// `on-complete`.
+pub fn on_complete<P: Policy>(settings: String, c: WitCompletion) {
+    let s = match parse::<P>(&settings) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let allowed = if c.chain_allowed {
+        Decision::allow()
+    } else {
+        Decision::deny(403, "")
+    };
+    let completion = Completion {
+        abi: ABI_VERSION,
+        request: request(c.request),
+        decision: allow_decision(c.decision),
+        chain_decision: allowed,
+        settings: serde_json::Value::Null,
+        status: c.status,
+        outcome: c.outcome,
+        prompt_tokens: c.prompt_tokens,
+        completion_tokens: c.completion_tokens,
+        queue_wait_ms: c.queue_wait_ms,
+        upstream_ms: c.upstream_ms,
+        evaluated_unix_ms: c.evaluated_unix_ms,
+    };
+    P::on_complete(&completion, &s);
+}
+
+fn parse<P: Policy>(text: &str) -> Result<P::Settings, String> {
+    if text.is_empty() || text == "null" {
+        return dispatch::settings::<P::Settings>(&serde_json::Value::Null);
+    }
+    serde_json::from_str::<P::Settings>(text).map_err(|e| format!("invalid settings: {e}"))
+}
+
+fn request(r: t::Request) -> RequestSummary {
+    RequestSummary {
+        method: r.method,
+        path: r.path,
+        model: r.model,
+        stream: r.stream,
+        max_tokens: r.max_tokens,
+        prompt_chars: r.prompt_chars,
+        prompt_tokens_estimate: r.prompt_tokens_estimate,
+        prompt_tokens: r.prompt_tokens,
+        reserved_tokens: r.reserved_tokens,
+        priority_hint: r.priority_hint,
+        deadline_ms: r.deadline_ms,
+        peer: r.peer.map(|p| Peer {
+            uid: p.uid,
+            gid: p.gid,
+            pid: p.pid,
+        }),
+        api_key: r.api_key,
+        headers: r.headers.into_iter().collect::<BTreeMap<_, _>>(),
+        queue: QueueSnapshot {
+            depth: r.queue.depth as usize,
+            capacity: r.queue.capacity as usize,
+            in_flight: r.queue.in_flight as usize,
+            estimated_wait_seconds: r.queue.estimated_wait_seconds,
+        },
+        dialect: r.dialect,
+        body_bytes: r.body_bytes,
+        session_id: r.session_id,
+        conversation_id: r.conversation_id,
+    }
+}
+
+fn rate_limits(r: &RateLimits) -> t::RateLimits {
+    let one = |l: &Option<RateLimit>| {
+        l.map(|l| t::RateLimit {
+            limit: l.limit,
+            remaining: l.remaining,
+            reset_unix_ms: l.reset_unix_ms,
+        })
+    };
+    t::RateLimits {
+        requests: one(&r.requests),
+        tokens: one(&r.tokens),
+    }
+}
+
+fn rate_limits_back(r: t::RateLimits) -> RateLimits {
+    let one = |l: Option<t::RateLimit>| {
+        l.map(|l| RateLimit {
+            limit: l.limit,
+            remaining: l.remaining,
+            reset_unix_ms: l.reset_unix_ms,
+        })
+    };
+    RateLimits {
+        requests: one(r.requests),
+        tokens: one(r.tokens),
+    }
+}
+
+fn decision(d: Decision) -> WitDecision {
+    let limits = rate_limits(&d.rate_limits);
+    match d.verdict {
+        Verdict::Deny => WitDecision::Deny(t::Deny {
+            status: d.status.unwrap_or(403),
+            reason: d.reason,
+            message: d.message.unwrap_or_default(),
+            retry_after_seconds: d.retry_after_seconds,
+            should_retry: d.should_retry,
+            rate_limits: limits,
+        }),
+        Verdict::Allow => WitDecision::Allow(t::Allow {
+            tenant: d.tenant,
+            cost: d.cost,
+            weight: d.weight,
+            priority: d.priority,
+            deadline_ms: d.deadline_ms,
+            max_in_service: d.max_in_service,
+            max_waiting: d.max_waiting,
+            cap_max_tokens: d.mutations.cap_max_tokens,
+            disable_prompt_cache: d.mutations.disable_prompt_cache,
+            strip_id_slot: d.mutations.strip_id_slot,
+            response_headers: d.mutations.response_headers.into_iter().collect(),
+            rate_limits: limits,
+        }),
+    }
+}
+
+fn allow_decision(a: t::Allow) -> Decision {
+    Decision {
+        tenant: a.tenant,
+        cost: a.cost,
+        weight: a.weight,
+        priority: a.priority,
+        deadline_ms: a.deadline_ms,
+        max_in_service: a.max_in_service,
+        max_waiting: a.max_waiting,
+        mutations: Mutations {
+            cap_max_tokens: a.cap_max_tokens,
+            disable_prompt_cache: a.disable_prompt_cache,
+            strip_id_slot: a.strip_id_slot,
+            response_headers: a.response_headers.into_iter().collect(),
+        },
+        rate_limits: rate_limits_back(a.rate_limits),
+        ..Decision::allow()
+    }
+}

@@ -1,0 +1,699 @@
+//! Policies v2: WebAssembly components of the world `slotgate:policy/policy@2.0.0`
+//! (`sdk/wit/policy.wit`, the one place its types are defined). Typed records in and out instead of
+//! v1's JSON, the same sandbox as v1: a fresh instance per call from a pre-instantiated template (the
+//! pooling allocator and copy-on-write memory images make that cheap), fuel, the CPU deadline, the
+//! memory cap, and nothing of one call visible to the next.
+//!
+//! The WASI 0.2 imports that guest runtimes bring (componentize-py's Python, componentize-js's
+//! JavaScript) are met by an empty context built only if the guest touches WASI: no files, no
+//! sockets, no environment, no arguments, stdin at its end, stdout and stderr discarded; the clocks
+//! are the host's and random numbers are random. Any other import outside the world fails the load,
+//! naming it.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use slotgate_sdk::{
+    Completion, Decision, Earlier, Mutations, RateLimit, RateLimits, RequestSummary, Verdict,
+};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{ResourceLimiter, Store, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::engine::PolicyEngine;
+use super::module::{
+    check_decision, classify, new_store, Evaluation, PolicyLimits, Runs, SettingsVerdict,
+    HOST_CALL_FUEL, LOAD_DEADLINE, MAX_HOST_STRING,
+};
+use super::state::{HostState, SharedState};
+use super::{EvalError, LoadError};
+
+/// The bindings of the contract, generated from the WIT at build time.
+#[allow(
+    missing_docs,
+    reason = "generated from sdk/wit/policy.wit, which documents them"
+)]
+mod wit {
+    wasmtime::component::bindgen!({
+        path: "../sdk/wit",
+        world: "policy",
+        imports: { default: trappable },
+        exports: { default: async },
+    });
+}
+
+pub use wit::slotgate::policy::types as t;
+
+/// The contract, as `slotgate policy wit` prints it.
+pub const WIT: &str = include_str!("../../../sdk/wit/policy.wit");
+
+/// Instances, tables and memories one component may create: a Python component is a dozen core
+/// modules linked together; a Rust one is one or two.
+const COMPONENT_INSTANCES: usize = 64;
+const COMPONENT_MEMORIES: usize = 8;
+
+/// The empty WASI context of one call, made the first time the guest touches WASI.
+pub struct Wasi {
+    ctx: WasiCtx,
+    table: ResourceTable,
+}
+
+impl Wasi {
+    fn new() -> Wasi {
+        let ctx = WasiCtx::builder()
+            // No network at all, not even an address check that says no.
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        Wasi {
+            ctx,
+            table: ResourceTable::new(),
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        let wasi = self.wasi.get_or_insert_with(|| Box::new(Wasi::new()));
+        WasiCtxView {
+            ctx: &mut wasi.ctx,
+            table: &mut wasi.table,
+        }
+    }
+}
+
+/// Whether `bytes` (binary or text) are a component rather than a core module.
+pub fn is_component(bytes: &[u8]) -> bool {
+    if bytes.starts_with(b"\0asm") {
+        // The version field: 1 for a core module, 0x0d and layer 1 for a component.
+        return bytes.get(4..8) == Some(&[0x0d, 0x00, 0x01, 0x00]);
+    }
+    std::str::from_utf8(bytes).is_ok_and(|text| {
+        text.lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with(";;"))
+            .is_some_and(|l| l.starts_with("(component"))
+    })
+}
+
+/// Whether `bytes` are a core module built against the v2 contract (wit-bindgen's `component-type`
+/// custom section naming `slotgate:policy`) rather than ABI v1: it is made a component on load.
+pub fn embeds_contract(bytes: &[u8]) -> bool {
+    if !bytes.starts_with(b"\0asm") || is_component(bytes) {
+        return false;
+    }
+    wasmparser::Parser::new(0).parse_all(bytes).any(|p| {
+        matches!(p, Ok(wasmparser::Payload::CustomSection(c))
+            if c.name().starts_with("component-type") && c.data().windows(15).any(|w| w == b"slotgate:policy"))
+    })
+}
+
+/// Wraps a core module built with wit-bindgen against the contract into a component.
+pub fn componentize(bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+    wit_component::ComponentEncoder::default()
+        .module(bytes)
+        .and_then(|e| e.validate(true).encode())
+        .map_err(|e| LoadError::Compile(format!("making a component of the module: {e:#}")))
+}
+
+/// One loaded v2 policy.
+pub struct ComponentPolicy {
+    name: Arc<str>,
+    state_key: Arc<str>,
+    engine: PolicyEngine,
+    shared: Arc<SharedState>,
+    pre: wit::PolicyPre<HostState>,
+    limits: PolicyLimits,
+    imports_wasi: bool,
+    /// Its settings asked for `on-complete` (see [`ComponentPolicy::completing`]).
+    wants_completions: bool,
+}
+
+impl ComponentPolicy {
+    /// Compiles `bytes` (a component, binary or text). Slow: never on the request path.
+    pub fn compile(
+        engine: &PolicyEngine,
+        bytes: &[u8],
+        limits: PolicyLimits,
+    ) -> Result<Component, LoadError> {
+        if bytes.len() > limits.max_module_bytes {
+            return Err(LoadError::TooLarge {
+                size: bytes.len(),
+                limit: limits.max_module_bytes,
+            });
+        }
+        Component::new(engine.engine(), bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))
+    }
+
+    /// Links the host's interfaces and the empty WASI: refused, naming the import, when the
+    /// component imports anything else or does not export the world.
+    pub fn link(
+        engine: &PolicyEngine,
+        shared: Arc<SharedState>,
+        name: &str,
+        component: &Component,
+        limits: PolicyLimits,
+    ) -> Result<ComponentPolicy, LoadError> {
+        let mut linker = Linker::<HostState>::new(engine.engine());
+        let wrap = |e: wasmtime::Error| LoadError::Abi(format!("linking host functions: {e:#}"));
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(wrap)?;
+        wit::Policy::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s).map_err(wrap)?;
+        let ty = component.component_type();
+        let imports_wasi = ty
+            .imports(engine.engine())
+            .any(|(name, _)| name.starts_with("wasi:"));
+        let pre = linker
+            .instantiate_pre(component)
+            .map_err(|e| LoadError::Abi(format!("{e:#}")))?;
+        let pre = wit::PolicyPre::new(pre).map_err(|e| {
+            LoadError::Abi(format!(
+                "not a slotgate:policy@2.0.0 component (`slotgate policy wit` prints the contract): {e:#}"
+            ))
+        })?;
+        Ok(ComponentPolicy {
+            name: Arc::from(name),
+            state_key: Arc::from(name),
+            engine: engine.clone(),
+            shared,
+            pre,
+            limits,
+            imports_wasi,
+            wants_completions: false,
+        })
+    }
+
+    /// The same policy keeping its budgets under `key` instead of its name.
+    pub fn keyed(mut self, key: &str) -> ComponentPolicy {
+        self.state_key = Arc::from(key);
+        self
+    }
+
+    /// The same policy, told whether its `on-complete` is wanted (what `validate-settings` said).
+    pub fn completing(mut self, wants: bool) -> ComponentPolicy {
+        self.wants_completions = wants;
+        self
+    }
+
+    pub fn wants_completions(&self) -> bool {
+        self.wants_completions
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether it imports any WASI interface (a Python or JavaScript runtime does).
+    pub fn imports_wasi(&self) -> bool {
+        self.imports_wasi
+    }
+
+    fn store(
+        &self,
+        deadline: Duration,
+        runs: Runs,
+    ) -> Result<(Store<HostState>, Clock), EvalError> {
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.limits.memory_bytes)
+            .instances(COMPONENT_INSTANCES)
+            .tables(COMPONENT_INSTANCES)
+            .memories(COMPONENT_MEMORIES)
+            .build();
+        let (mut store, clock) = new_store(
+            &self.engine,
+            HostState::new(
+                limits,
+                self.shared.clone(),
+                self.name.clone(),
+                self.state_key.clone(),
+            )
+            .with_host_call_budget(self.limits.fuel / HOST_CALL_FUEL),
+            self.limits.fuel,
+            deadline,
+            runs,
+        )?;
+        store.limiter(|s| s as &mut dyn ResourceLimiter);
+        Ok((store, clock))
+    }
+
+    /// Runs `validate-settings` once, at load.
+    pub fn validate_settings(
+        &self,
+        settings: &serde_json::Value,
+    ) -> Result<SettingsVerdict, LoadError> {
+        let text =
+            serde_json::to_string(settings).map_err(|e| LoadError::Settings(e.to_string()))?;
+        let deadline = self.limits.deadline.max(LOAD_DEADLINE);
+        let verdict = block_on(async {
+            let (mut store, _clock) = self.store(deadline, Runs::Blocking)?;
+            let run = async {
+                let p = self.pre.instantiate_async(&mut store).await?;
+                p.call_validate_settings(&mut store, &text).await
+            }
+            .await;
+            run.map_err(|e| classify(&store, e))
+        })?;
+        match verdict {
+            Ok(v) => Ok(SettingsVerdict {
+                needs_prompt_tokens: v.needs_prompt_tokens,
+                keeps_settings: false,
+                wants_completions: v.wants_completions,
+            }),
+            Err(message) => Err(LoadError::Settings(cut(message, 4096))),
+        }
+    }
+
+    /// Evaluates one request in a fresh instance.
+    pub async fn evaluate_async(
+        &self,
+        settings: &str,
+        input: &t::Evaluation,
+        runs: Runs,
+    ) -> Result<(Decision, Evaluation), EvalError> {
+        let started = Instant::now();
+        let (mut store, clock) = self.store(self.limits.deadline, runs)?;
+        let run = async {
+            let p = self.pre.instantiate_async(&mut store).await?;
+            p.call_evaluate(&mut store, settings, input).await
+        }
+        .await;
+        let ev = self.finish(&store, &clock, started);
+        let decision = run.map_err(|e| classify(&store, e))?;
+        Ok((decision_of(decision, self.limits.max_output_bytes)?, ev))
+    }
+
+    /// [`ComponentPolicy::evaluate_async`] on this thread.
+    pub fn evaluate(
+        &self,
+        settings: &str,
+        input: &t::Evaluation,
+    ) -> Result<(Decision, Evaluation), EvalError> {
+        block_on(self.evaluate_async(settings, input, Runs::Blocking))
+    }
+
+    /// Tells the policy what really happened to a request it allowed.
+    pub async fn on_complete_async(
+        &self,
+        settings: &str,
+        completion: &Completion,
+        runs: Runs,
+    ) -> Result<Evaluation, EvalError> {
+        let started = Instant::now();
+        let input = completion_of(completion);
+        let (mut store, clock) = self.store(self.limits.deadline, runs)?;
+        let run = async {
+            let p = self.pre.instantiate_async(&mut store).await?;
+            p.call_on_complete(&mut store, settings, &input).await
+        }
+        .await;
+        let ev = self.finish(&store, &clock, started);
+        run.map_err(|e| classify(&store, e))?;
+        Ok(ev)
+    }
+
+    /// [`ComponentPolicy::on_complete_async`] on this thread.
+    pub fn on_complete(
+        &self,
+        settings: &str,
+        completion: &Completion,
+    ) -> Result<Evaluation, EvalError> {
+        block_on(self.on_complete_async(settings, completion, Runs::Blocking))
+    }
+
+    fn finish(&self, store: &Store<HostState>, clock: &Clock, started: Instant) -> Evaluation {
+        Evaluation {
+            output: None,
+            fuel_used: self
+                .limits
+                .fuel
+                .saturating_sub(store.get_fuel().unwrap_or(0)),
+            elapsed: started.elapsed(),
+            cpu: clock.counted(),
+        }
+    }
+}
+
+type Clock = Arc<super::module::CallClock>;
+
+/// The request as the contract carries it.
+pub fn request_of(r: &RequestSummary) -> t::Request {
+    t::Request {
+        method: r.method.clone(),
+        path: r.path.clone(),
+        dialect: r.dialect.clone(),
+        model: r.model.clone(),
+        stream: r.stream,
+        max_tokens: r.max_tokens,
+        prompt_chars: r.prompt_chars,
+        prompt_tokens_estimate: r.prompt_tokens_estimate,
+        prompt_tokens: r.prompt_tokens,
+        reserved_tokens: r.reserved_tokens,
+        body_bytes: r.body_bytes,
+        priority_hint: r.priority_hint,
+        deadline_ms: r.deadline_ms,
+        peer: r.peer.map(|p| t::Peer {
+            uid: p.uid,
+            gid: p.gid,
+            pid: p.pid,
+        }),
+        api_key: r.api_key.clone(),
+        headers: r
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        session_id: r.session_id.clone(),
+        conversation_id: r.conversation_id.clone(),
+        queue: t::QueueState {
+            depth: sat32(r.queue.depth),
+            capacity: sat32(r.queue.capacity),
+            in_flight: sat32(r.queue.in_flight),
+            estimated_wait_seconds: r.queue.estimated_wait_seconds,
+        },
+    }
+}
+
+fn sat32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// What earlier policies decided, as the contract carries it.
+pub fn earlier_of(e: &Earlier) -> t::Earlier {
+    t::Earlier {
+        policies: e.policies,
+        tenant: e.tenant.clone(),
+        priority: e.priority,
+        cost: e.cost,
+    }
+}
+
+fn rate_limits_of(r: &RateLimits) -> t::RateLimits {
+    let one = |l: &Option<RateLimit>| {
+        l.map(|l| t::RateLimit {
+            limit: l.limit,
+            remaining: l.remaining,
+            reset_unix_ms: l.reset_unix_ms,
+        })
+    };
+    t::RateLimits {
+        requests: one(&r.requests),
+        tokens: one(&r.tokens),
+    }
+}
+
+fn rate_limits_from(r: t::RateLimits) -> RateLimits {
+    let one = |l: Option<t::RateLimit>| {
+        l.map(|l| RateLimit {
+            limit: l.limit,
+            remaining: l.remaining,
+            reset_unix_ms: l.reset_unix_ms,
+        })
+    };
+    RateLimits {
+        requests: one(r.requests),
+        tokens: one(r.tokens),
+    }
+}
+
+/// An allowing decision as the contract carries it (a completion's `decision`).
+fn allow_of(d: &Decision) -> t::Allow {
+    t::Allow {
+        tenant: d.tenant.clone(),
+        cost: d.cost,
+        weight: d.weight,
+        priority: d.priority,
+        deadline_ms: d.deadline_ms,
+        max_in_service: d.max_in_service,
+        max_waiting: d.max_waiting,
+        cap_max_tokens: d.mutations.cap_max_tokens,
+        disable_prompt_cache: d.mutations.disable_prompt_cache,
+        strip_id_slot: d.mutations.strip_id_slot,
+        response_headers: d
+            .mutations
+            .response_headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        rate_limits: rate_limits_of(&d.rate_limits),
+    }
+}
+
+pub fn completion_of(c: &Completion) -> t::Completion {
+    t::Completion {
+        request: request_of(&c.request),
+        decision: allow_of(&c.decision),
+        chain_allowed: c.chain_decision.verdict == Verdict::Allow,
+        status: c.status,
+        outcome: c.outcome.clone(),
+        prompt_tokens: c.prompt_tokens,
+        completion_tokens: c.completion_tokens,
+        queue_wait_ms: c.queue_wait_ms,
+        upstream_ms: c.upstream_ms,
+        evaluated_unix_ms: c.evaluated_unix_ms,
+    }
+}
+
+/// A component's decision as the host's, checked as a v1 decision is: over `max_output` bytes of
+/// text in all is refused, as a v1 answer of that size is.
+pub fn decision_of(d: t::Decision, max_output: usize) -> Result<Decision, EvalError> {
+    let headers = |h: &[(String, String)]| h.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    let size = match &d {
+        t::Decision::Allow(a) => text(&a.tenant) + headers(&a.response_headers),
+        t::Decision::Deny(x) => x.message.len() + text(&x.reason),
+    };
+    if size > max_output {
+        return Err(EvalError::InvalidOutput(format!(
+            "decision of {size} bytes of text is over the {max_output}-byte limit"
+        )));
+    }
+    let decision = match d {
+        t::Decision::Allow(a) => Decision {
+            verdict: Verdict::Allow,
+            tenant: a.tenant,
+            cost: a.cost,
+            weight: a.weight,
+            priority: a.priority,
+            deadline_ms: a.deadline_ms,
+            max_in_service: a.max_in_service,
+            max_waiting: a.max_waiting,
+            mutations: Mutations {
+                cap_max_tokens: a.cap_max_tokens,
+                disable_prompt_cache: a.disable_prompt_cache,
+                strip_id_slot: a.strip_id_slot,
+                response_headers: a.response_headers.into_iter().collect::<BTreeMap<_, _>>(),
+            },
+            rate_limits: rate_limits_from(a.rate_limits),
+            ..Decision::default()
+        },
+        t::Decision::Deny(x) => Decision {
+            verdict: Verdict::Deny,
+            status: Some(x.status),
+            reason: x.reason,
+            message: Some(x.message),
+            retry_after_seconds: x.retry_after_seconds,
+            should_retry: x.should_retry,
+            rate_limits: rate_limits_from(x.rate_limits),
+            ..Decision::default()
+        },
+    };
+    check_decision(decision)
+}
+
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+// The host's interfaces. Every call is counted against the policy's budget of host calls (its fuel
+// over the fuel one call costs), so a loop of host calls ends as a v1 module's does.
+
+impl HostState {
+    fn host_call(&mut self) -> wasmtime::Result<()> {
+        self.host_calls += 1;
+        if self.host_calls > self.host_call_budget {
+            return Err(wasmtime::Error::new(EvalError::Fuel));
+        }
+        Ok(())
+    }
+
+    fn key(&mut self, key: &str) -> wasmtime::Result<()> {
+        self.host_call()?;
+        if key.len() > MAX_HOST_STRING {
+            return Err(wasmtime::Error::new(EvalError::Abi(format!(
+                "host string of {} bytes (limit {MAX_HOST_STRING})",
+                key.len()
+            ))));
+        }
+        Ok(())
+    }
+}
+
+impl t::Host for HostState {}
+
+impl wit::slotgate::policy::log::Host for HostState {
+    fn log(
+        &mut self,
+        level: wit::slotgate::policy::log::Level,
+        message: String,
+    ) -> wasmtime::Result<()> {
+        use wit::slotgate::policy::log::Level;
+        self.host_call()?;
+        let msg = cut(message, MAX_HOST_STRING);
+        let policy = &self.policy;
+        match level {
+            Level::Error => tracing::error!(target: "slotgate::policy", policy = %policy, "{msg}"),
+            Level::Warn => tracing::warn!(target: "slotgate::policy", policy = %policy, "{msg}"),
+            Level::Info => tracing::info!(target: "slotgate::policy", policy = %policy, "{msg}"),
+            Level::Debug => tracing::debug!(target: "slotgate::policy", policy = %policy, "{msg}"),
+        }
+        Ok(())
+    }
+}
+
+impl wit::slotgate::policy::clocks::Host for HostState {
+    fn monotonic_ms(&mut self) -> wasmtime::Result<i64> {
+        self.host_call()?;
+        Ok(super::module::monotonic_ms())
+    }
+
+    fn wall_ms(&mut self) -> wasmtime::Result<i64> {
+        self.host_call()?;
+        Ok(super::state::wall_ms())
+    }
+}
+
+impl wit::slotgate::policy::state::Host for HostState {
+    fn bucket_take(
+        &mut self,
+        key: String,
+        capacity: f64,
+        refill: f64,
+        amount: f64,
+    ) -> wasmtime::Result<f64> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .bucket_take(&self.state_key, &key, capacity, refill, amount))
+    }
+
+    fn bucket_refund(
+        &mut self,
+        key: String,
+        capacity: f64,
+        refill: f64,
+        amount: f64,
+    ) -> wasmtime::Result<f64> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .bucket_refund(&self.state_key, &key, capacity, refill, amount))
+    }
+
+    fn bucket_level(&mut self, key: String, capacity: f64, refill: f64) -> wasmtime::Result<f64> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .bucket_level(&self.state_key, &key, capacity, refill))
+    }
+
+    fn window_add(&mut self, key: String, window_ms: i64, amount: i64) -> wasmtime::Result<i64> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .window_add(&self.state_key, &key, window_ms, amount))
+    }
+
+    fn quota_take(
+        &mut self,
+        key: String,
+        period: String,
+        limit: f64,
+        amount: f64,
+    ) -> wasmtime::Result<Result<f64, String>> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .quota_take(&self.state_key, &key, &period, limit, amount))
+    }
+
+    fn quota_refund(
+        &mut self,
+        key: String,
+        period: String,
+        limit: f64,
+        amount: f64,
+        at: i64,
+    ) -> wasmtime::Result<Result<f64, String>> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .quota_refund(&self.state_key, &key, &period, limit, amount, at))
+    }
+
+    fn quota_level(
+        &mut self,
+        key: String,
+        period: String,
+        limit: f64,
+    ) -> wasmtime::Result<Result<f64, String>> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .quota_level(&self.state_key, &key, &period, limit))
+    }
+
+    fn quota_limit(&mut self, key: String, period: String, limit: f64) -> wasmtime::Result<f64> {
+        self.key(&key)?;
+        Ok(self
+            .shared
+            .quota_limit_in_force(&self.state_key, &key, &period, limit))
+    }
+
+    fn quota_reset_ms(&mut self, period: String) -> wasmtime::Result<Result<i64, String>> {
+        self.host_call()?;
+        Ok(self.shared.quota_reset_ms(&period))
+    }
+
+    fn event(&mut self, name: String) -> wasmtime::Result<()> {
+        self.host_call()?;
+        if !slotgate_sdk::host::is_event_name(&name) {
+            return Err(wasmtime::Error::new(EvalError::Abi(format!(
+                "event name `{}`: use [a-z0-9_], at most 64 bytes",
+                cut(name, 80)
+            ))));
+        }
+        self.shared.event(&self.policy, &name);
+        Ok(())
+    }
+}
+
+/// Runs `f` to its end on this thread: a call made with [`Runs::Blocking`] never yields at its
+/// deadline checks, and the host functions it calls do not wait, so this only parks when a WASI
+/// call truly waits (a guest sleeping, say).
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
