@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds every example policy in policies/ into <target dir>/policies/: each Rust crate to a
-# wasm32-unknown-unknown module (cargo profile `policy`: size-optimised, LTO, stripped), and each
-# hand-written `policy.wat` copied as it is (slotgate's wasmtime compiles WAT text directly).
+# wasm32-unknown-unknown module (cargo profile `policy`: size-optimised, LTO, stripped), NAME.wasm
+# speaking ABI v1 and, for a crate with a `v2` feature, NAME-v2.wasm carrying the v2 contract
+# (slotgate makes it a component on load); and each hand-written `policy.wat` copied as it is
+# (slotgate's wasmtime compiles WAT text directly).
 # Prints one artifact path per line on stdout. Idempotent; a warm run only checks freshness, and an
 # artifact that did not change keeps its mtime, so a watching slotgate does not reload it.
 set -euo pipefail
@@ -22,13 +24,17 @@ out="$target_dir/policies"
 mkdir -p "$out"
 
 rust=()
+v2=()
 wat=()
-for dir in policies/*/; do
+# tests/probe-policy: the v2 policy the host's tests drive (tests/tests/policies/components.rs).
+for dir in policies/*/ tests/probe-policy/; do
   dir=${dir%/}
   if [ -f "$dir/policy.wat" ]; then
     wat+=("$dir")
   elif [ -f "$dir/Cargo.toml" ] && grep -q '"cdylib"' "$dir/Cargo.toml"; then
-    rust+=("$(sed -n 's/^name *= *"\([^"]*\)".*/\1/p' "$dir/Cargo.toml" | head -n1)")
+    pkg=$(sed -n 's/^name *= *"\([^"]*\)".*/\1/p' "$dir/Cargo.toml" | head -n1)
+    rust+=("$pkg")
+    if grep -q '^v2 *=' "$dir/Cargo.toml"; then v2+=("$pkg"); fi
   fi
 done
 
@@ -45,6 +51,16 @@ if [ ${#rust[@]} -gt 0 ]; then
   for pkg in "${rust[@]}"; do
     install_if_changed "$target_dir/$TARGET/$PROFILE/${pkg//-/_}.wasm" "$out/$pkg.wasm"
     echo "$out/$pkg.wasm"
+  done
+fi
+
+if [ ${#v2[@]} -gt 0 ]; then
+  args=()
+  for pkg in "${v2[@]}"; do args+=(-p "$pkg" --features "$pkg/v2"); done
+  cargo build --quiet --profile "$PROFILE" --target "$TARGET" "${args[@]}" >&2
+  for pkg in "${v2[@]}"; do
+    install_if_changed "$target_dir/$TARGET/$PROFILE/${pkg//-/_}.wasm" "$out/$pkg-v2.wasm"
+    echo "$out/$pkg-v2.wasm"
   done
 fi
 

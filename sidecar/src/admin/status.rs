@@ -88,6 +88,8 @@ pub fn status(app: &App) -> serde_json::Value {
             json!({
                 "name": p.name,
                 "state_key": p.state_key,
+                // `v1` (an ABI v1 core module) or `v2` (a slotgate:policy@2.0.0 component).
+                "contract": p.policy.contract().label(),
                 "sha256": crate::policy::set::hex(&p.sha256),
                 "mode": format!("{:?}", p.mode).to_lowercase(),
                 "on_error": format!("{:?}", p.on_error).to_lowercase(),

@@ -5,6 +5,7 @@
 pub mod admin_client;
 pub mod cli;
 pub mod policy;
+pub mod policy_new;
 pub mod quota;
 pub mod run;
 pub mod top;

@@ -23,6 +23,9 @@ pub enum PolicyCommand {
     Check(CheckArgs),
     /// Evaluate a policy against one request offline and print the decision, fuel used and time.
     Eval(EvalArgs),
+    /// Create a policy project in Rust, Python or TypeScript that builds outside slotgate's
+    /// repository and passes `slotgate policy check` as it is.
+    New(super::policy_new::NewArgs),
     /// Print the v2 contract, the WIT package `slotgate:policy@2.0.0`, for any component
     /// toolchain to generate its bindings from (`slotgate policy wit > wit/policy.wit`).
     Wit,
@@ -174,6 +177,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
+        PolicyCommand::New(a) => super::policy_new::run(a),
         PolicyCommand::Wit => {
             print!("{}", component::WIT);
             Ok(())

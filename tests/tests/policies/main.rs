@@ -4,6 +4,7 @@
 //! Needs only Rust: the built `slotgate` binary and the Rust example policies
 //! (`scripts/build-policies.sh`). The AssemblyScript ports are in `polyglot/`. Part of the fast tier.
 
+mod components;
 mod denial_line;
 mod durable_budgets;
 mod example_policies;
