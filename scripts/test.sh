@@ -137,6 +137,10 @@ bash scripts/build-policies.sh
 step "AssemblyScript SDK: build policies-as/ to wasm and run the SDK's and the policies' Node tests"
 bash scripts/build-policies-as.sh
 
+step "Python policies (v2): componentize-py from PyPI; the SDK's, request-guard's and the template's tests"
+bash scripts/build-policies-py.sh
+bash scripts/test-policies-py.sh
+
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"
 

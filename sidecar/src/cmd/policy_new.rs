@@ -176,8 +176,58 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Python template (sdk-py/template; its `slotgate_policy/` is the SDK itself, kept equal by
+/// scripts/test-policies-py.sh).
+const PYTHON: &[File] = &[
+    (
+        "README.md",
+        include_str!("../../../sdk-py/template/README.md"),
+    ),
+    ("app.py", include_str!("../../../sdk-py/template/app.py")),
+    (
+        "build.sh",
+        include_str!("../../../sdk-py/template/build.sh"),
+    ),
+    (
+        "test_app.py",
+        include_str!("../../../sdk-py/template/test_app.py"),
+    ),
+    (
+        "slotgate_policy/__init__.py",
+        include_str!("../../../sdk-py/template/slotgate_policy/__init__.py"),
+    ),
+    (
+        "slotgate_policy/_records.py",
+        include_str!("../../../sdk-py/template/slotgate_policy/_records.py"),
+    ),
+    (
+        "slotgate_policy/decisions.py",
+        include_str!("../../../sdk-py/template/slotgate_policy/decisions.py"),
+    ),
+    (
+        "slotgate_policy/identity.py",
+        include_str!("../../../sdk-py/template/slotgate_policy/identity.py"),
+    ),
+    (
+        "slotgate_policy/periods.py",
+        include_str!("../../../sdk-py/template/slotgate_policy/periods.py"),
+    ),
+    (
+        "slotgate_policy/settings.py",
+        include_str!("../../../sdk-py/template/slotgate_policy/settings.py"),
+    ),
+    (
+        "slotgate_policy/testing.py",
+        include_str!("../../../sdk-py/template/slotgate_policy/testing.py"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../../sdk-py/template/.gitignore"),
+    ),
+];
+
 fn python() -> Vec<File> {
-    Vec::new()
+    PYTHON.to_vec()
 }
 
 fn typescript() -> Vec<File> {

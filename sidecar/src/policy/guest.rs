@@ -60,9 +60,8 @@ impl Compiled {
         limits: PolicyLimits,
     ) -> Result<Compiled, LoadError> {
         match Contract::of(bytes) {
-            Contract::V2 => {
-                ComponentPolicy::compile(engine, bytes, limits).map(Compiled::Component)
-            }
+            Contract::V2 => ComponentPolicy::compile(engine, bytes, component_limits(limits))
+                .map(Compiled::Component),
             Contract::V2Embedded => {
                 if bytes.len() > limits.max_module_bytes {
                     return Err(LoadError::TooLarge {
@@ -75,6 +74,17 @@ impl Compiled {
             }
             Contract::V1 => Policy::compile(engine, bytes, limits).map(Compiled::Core),
         }
+    }
+}
+
+/// The largest component: a guest language's runtime comes inside it (a Python policy built with
+/// componentize-py is about 18 MB, a JavaScript one with componentize-js about 12 MB).
+pub const MAX_COMPONENT_BYTES: usize = 48 << 20;
+
+fn component_limits(limits: PolicyLimits) -> PolicyLimits {
+    PolicyLimits {
+        max_module_bytes: limits.max_module_bytes.max(MAX_COMPONENT_BYTES),
+        ..limits
     }
 }
 

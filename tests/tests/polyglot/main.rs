@@ -6,4 +6,5 @@
 
 mod client_example;
 mod policy_assemblyscript;
+mod policy_new;
 mod tenant_header;

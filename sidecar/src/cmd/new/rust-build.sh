@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 cargo build --quiet --release --target wasm32-unknown-unknown
-cp "target/wasm32-unknown-unknown/release/{{crate}}.wasm" "{{name}}.wasm"
+cp "${CARGO_TARGET_DIR:-target}/wasm32-unknown-unknown/release/{{crate}}.wasm" "{{name}}.wasm"
 echo "{{name}}.wasm"

@@ -1,0 +1,67 @@
+"""Who sent a request: its API key's hash, else its Unix-socket uid, else nobody we can name. The
+same keys as the Rust SDK's `identity()` and `tenant_key()`, so Python and Rust policies sharing
+host state agree on whose budget is whose."""
+
+import re
+
+from wit_world.imports import types
+
+ANONYMOUS = "anonymous"
+
+# The request headers policies see that name a caller on behalf of a router in front (LiteLLM calls
+# with one key for all its callers and forwards theirs): what a `tenant_header` setting may name.
+TENANT_HEADERS = ("x-tenant", "openai-organization", "openai-project")
+
+_HASHED_KEY = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def identity(request: types.Request) -> str:
+    """The strongest identity the request carries, as a stable key for settings and host state:
+    its API key's hash (`sha256:<hex>`), else `uid:<n>` of its Unix-socket peer, else
+    `anonymous`."""
+    if request.api_key is not None:
+        return request.api_key
+    if request.peer is not None:
+        return f"uid:{request.peer.uid}"
+    return ANONYMOUS
+
+
+def header(request: types.Request, name: str):
+    """The value of the request header `name` (lower-case), or None. The WIT sends headers as a
+    list of pairs; slotgate sends each name once."""
+    for key, value in request.headers:
+        if key == name:
+            return value
+    return None
+
+
+def check_tenant_header(name: str) -> None:
+    """Raises ValueError unless `name` is one of TENANT_HEADERS (a `tenant_header` setting)."""
+    if name not in TENANT_HEADERS:
+        raise ValueError(
+            f"tenant_header `{name}` is not a header policies see; "
+            f"use one of {', '.join(TENANT_HEADERS)}"
+        )
+
+
+def tenant_key(request: types.Request, tenant_header=None) -> str:
+    """Whom a budget or quota is kept for: `header:<value>` of `tenant_header` when the request
+    carries it (not empty), else its identity(). Any client that reaches slotgate can set the
+    header: use it only when a router in front is the only caller."""
+    value = header(request, tenant_header) if tenant_header else None
+    if value:
+        return f"header:{value}"
+    return identity(request)
+
+
+def prompt_tokens_best(request: types.Request) -> int:
+    """The exact prompt tokens when slotgate counted them, else the estimate."""
+    if request.prompt_tokens is not None:
+        return request.prompt_tokens
+    return request.prompt_tokens_estimate
+
+
+def is_hashed_key(s: str) -> bool:
+    """Whether `s` has the shape of a hashed API key, `sha256:` and 64 lower-case hex digits.
+    Settings that list raw keys never match (the host hashes every key): validate them with this."""
+    return _HASHED_KEY.fullmatch(s) is not None

@@ -1,0 +1,18 @@
+"""The operator's settings, as `validate-settings` and every other export receive them: JSON
+text, `null` when none are configured."""
+
+import json
+
+
+def load_settings(text: str) -> dict:
+    """The settings object; `{}` for `null`, so a policy whose every key is optional needs no
+    special case. Raises ValueError for anything but a JSON object or null."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"settings are not JSON: {e}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"settings must be a JSON object, not {type(value).__name__}")
+    return value

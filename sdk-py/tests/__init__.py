@@ -1,0 +1,1 @@
+"""The SDK's own tests (`python3 -m unittest` in sdk-py/)."""
