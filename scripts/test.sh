@@ -141,6 +141,18 @@ step "Python policies (v2): componentize-py from PyPI; the SDK's, request-guard'
 bash scripts/build-policies-py.sh
 bash scripts/test-policies-py.sh
 
+step "compile the guest-language components into the tests' policy cache (seconds each, once)"
+# A Python or JavaScript component takes seconds to compile: compiled here, once per version, a
+# test's slotgate finds it in the cache (the tests pass this directory on) instead of timing out
+# its start. A component that does not check is left for its test to report.
+export SLOTGATE_POLICY_CACHE_DIR="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}/policy-cache"
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+for component in "$target_dir"/policies/*-py.wasm "$target_dir"/policies/*-ts.wasm \
+  "$target_dir"/policies/hostile-py-*.wasm "$target_dir"/policies/hostile-ts-*.wasm; do
+  [ -e "$component" ] || continue
+  "$target_dir/debug/slotgate" policy check "$component" >/dev/null 2>&1 || true
+done
+
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"
 

@@ -1,9 +1,10 @@
-"""Hostile fixture: allocates without bound in evaluate."""
+"""Hostile fixture: allocates without bound in evaluate, for a request of the model `HOSTILE`; any other is allowed, so the
+load-time canary passes and the policy serves."""
 
 import wit_world
 from wit_world.imports import types
 
-from slotgate_policy import settings_ok
+from slotgate_policy import allow, settings_ok
 
 
 class WitWorld(wit_world.WitWorld):
@@ -11,6 +12,8 @@ class WitWorld(wit_world.WitWorld):
         return settings_ok()
 
     def evaluate(self, settings: str, input: types.Evaluation) -> types.Decision:
+        if input.request.model != "HOSTILE":
+            return allow()
         hoard = []
         while True:
             # Non-zero bytes, so every page is written, not just reserved.

@@ -89,6 +89,10 @@ pub struct LimitArgs {
     /// Largest linear memory. [default: 16MiB]
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<ByteSize>,
+    /// Keep compiled policies here, as the sidecar's `--policy-cache-dir` does (a Python or
+    /// JavaScript component takes seconds to compile). [default: off]
+    #[arg(long, env = "SLOTGATE_POLICY_CACHE_DIR", value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
@@ -137,10 +141,11 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
             let spec = spec(&a.policy, a.settings.as_ref(), &a.limits)?;
             let settings = read_settings(a.settings.as_deref())?;
             let limits = spec_limits(&spec);
-            let engine = PolicyEngine::new(EngineLimits {
-                max_instances: 4,
-                ..EngineLimits::default()
-            })
+            // The sidecar's engine settings, so the compile cache serves both.
+            let engine = PolicyEngine::with_disk_cache(
+                EngineLimits::default(),
+                a.limits.cache_dir.as_deref(),
+            )
             .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
             let usable = |e: LoadError| {
                 anyhow::anyhow!("{}: not a usable slotgate policy: {e}", a.policy.display())
@@ -316,7 +321,7 @@ fn spec(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::
 /// Loads the policy exactly as the sidecar does: compile, ABI check, settings, one canary evaluation.
 fn load(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::Result<PolicySet> {
     let spec = spec(path, settings, limits)?;
-    PolicySet::load(&[spec], None).map_err(|e| {
+    PolicySet::load(&[spec], limits.cache_dir.clone()).map_err(|e| {
         anyhow::anyhow!(
             "{}: not a usable slotgate policy: {}",
             path.display(),

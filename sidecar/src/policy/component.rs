@@ -51,9 +51,9 @@ pub use wit::slotgate::policy::types as t;
 pub const WIT: &str = include_str!("../../../sdk/wit/policy.wit");
 
 /// Instances, tables and memories one component may create: a Python component is a dozen core
-/// modules linked together; a Rust one is one or two.
-const COMPONENT_INSTANCES: usize = 64;
-const COMPONENT_MEMORIES: usize = 8;
+/// modules linked together; a Rust one is one or two. The pool holds as many per evaluation.
+const COMPONENT_INSTANCES: usize = super::engine::CORE_PER_CALL as usize;
+const COMPONENT_MEMORIES: usize = super::engine::MEMORIES_PER_CALL as usize;
 
 /// The empty WASI context of one call, made the first time the guest touches WASI.
 pub struct Wasi {

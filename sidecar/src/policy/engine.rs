@@ -18,6 +18,11 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// Bytes of each pooled linear memory reset in place rather than released between evaluations.
 const KEEP_RESIDENT: usize = 4 << 20;
 
+/// Core instances one evaluation may use: one for a v1 module, up to this many for a component.
+pub const CORE_PER_CALL: u32 = 16;
+/// Linear memories one evaluation may use.
+pub const MEMORIES_PER_CALL: u32 = 4;
+
 /// Idle pool slots kept warm (resident) before a used one is taken over instead of a cold one.
 const WARM_SLOTS: u32 = 8;
 
@@ -124,9 +129,13 @@ fn config(limits: EngineLimits) -> Config {
         // the wasm stack and the host frames below it.
         .async_stack_size(1 << 20);
     let mut pool = PoolingAllocationConfig::default();
-    pool.total_core_instances(limits.max_instances)
-        .total_memories(limits.max_instances)
-        .total_tables(limits.max_instances)
+    // A v1 module is one core instance with one memory and one table; a component is several
+    // (a Python runtime is a dozen core modules linked together, with a few memories): room for
+    // that many per evaluation. Each slot is address space reserved, not memory used.
+    pool.total_component_instances(limits.max_instances)
+        .total_core_instances(limits.max_instances * CORE_PER_CALL)
+        .total_memories(limits.max_instances * MEMORIES_PER_CALL)
+        .total_tables(limits.max_instances * CORE_PER_CALL)
         .total_stacks(limits.max_instances)
         // Reuse warm slots rather than touching cold ones: by default the pool prefers a never-used
         // slot until 100 used ones sit idle, so each fiber stack (they have no module affinity)

@@ -6,5 +6,6 @@
 
 mod client_example;
 mod policy_assemblyscript;
+mod policy_hostile_guests;
 mod policy_new;
 mod tenant_header;
