@@ -4,7 +4,8 @@
 #
 #   1. wrk against a mock llama-server (nginx answering fixed JSON on a Unix socket), directly and
 #      through: nginx as a keep-alive reverse proxy (the baseline), slotgate with no policy, with a new
-#      prompt in every request, with token-budget, with the three-policy chain, with
+#      prompt in every request, with token-budget, with the three-policy chain (each as ABI v1
+#      modules and as v2 components), with
 #      --cost-tokenizer estimate, and the seed's Python queue proxy (scripts/bench/seed_queue_proxy.py).
 #      c=1 for latency (p50/p99, minus the mock's own: "added"), c=64 for throughput. slotgate runs
 #      with --slots 64, so the hot path is measured, not the queue.
@@ -164,10 +165,10 @@ start_gate() {
 
 # One call for all the ports, so none is handed out twice: ten, then a proxy and a 429 per shape.
 read -r p_mock p_nginx p_nginx429 p_seed p_none p_unique p_budget p_chain p_estimate p_gate429 \
-  p_stack < <(free_ports $((10 + 2 * ${#stack_shapes[@]})))
+  p_budget2 p_chain2 p_stack < <(free_ports $((12 + 2 * ${#stack_shapes[@]})))
 read -r -a p_stack <<<"${p_stack:-}"
 
-progress "starting the mock, nginx, the stack's ${#stack_shapes[@]} shapes and six slotgates in $root"
+progress "starting the mock, nginx, the stack's ${#stack_shapes[@]} shapes and eight slotgates in $root"
 mkdir -p "$root/mock" "$root/nginx" "$root/blackhole" "$root/seed"
 mock_sock="$root/mock/mock.sock"
 python3 "$here/blackhole.py" "$root/mock/blackhole.sock" &
@@ -222,6 +223,10 @@ s = json.load(open(sys.argv[1])); s["allowed_models"] = ["m"]; print(json.dumps(
 chain=(--policy "$policies/token-budget.wasm" --policy-settings "$root/budget.json"
   --policy "$policies/tenant-priority.wasm" --policy-settings "$PWD/policies/tenant-priority/settings.example.json"
   --policy "$policies/request-guard.wasm" --policy-settings "$root/guard.json")
+# The same three as v2 components (policies v2, `NAME-v2.wasm`).
+chain2=(--policy "$policies/token-budget-v2.wasm" --policy-settings "$root/budget.json"
+  --policy "$policies/tenant-priority-v2.wasm" --policy-settings "$PWD/policies/tenant-priority/settings.example.json"
+  --policy "$policies/request-guard-v2.wasm" --policy-settings "$root/guard.json")
 hot=(--slots 64 --queue-depth 1024)
 
 start_gate gate-none "$p_none" "$mock_sock" "${hot[@]}"
@@ -233,9 +238,15 @@ start_gate gate-budget "$p_budget" "$mock_sock" "${hot[@]}" \
 pid_of[budget]=$last_pid
 start_gate gate-chain "$p_chain" "$mock_sock" "${hot[@]}" "${chain[@]}"
 pid_of[chain]=$last_pid
+start_gate gate-budget2 "$p_budget2" "$mock_sock" "${hot[@]}" \
+  --policy "$policies/token-budget-v2.wasm" --policy-settings "$root/budget.json"
+pid_of[budget2]=$last_pid
+start_gate gate-chain2 "$p_chain2" "$mock_sock" "${hot[@]}" "${chain2[@]}"
+pid_of[chain2]=$last_pid
 start_gate gate-estimate "$p_estimate" "$mock_sock" "${hot[@]}" --cost-tokenizer estimate
 pid_of[estimate]=$last_pid
-for g in none:$p_none unique:$p_unique budget:$p_budget chain:$p_chain estimate:$p_estimate; do
+for g in none:$p_none unique:$p_unique budget:$p_budget chain:$p_chain budget2:$p_budget2 \
+  chain2:$p_chain2 estimate:$p_estimate; do
   answers 200 "http://127.0.0.1:${g#*:}/v1/chat/completions" \
     || die "slotgate ($g) does not answer 200" "$root/gate-${g%%:*}/slotgate.log"
 done
@@ -282,6 +293,8 @@ systems=(
   "unique:proxy:slotgate, no policy, unique prompts:$p_unique"
   "budget:proxy:slotgate, token-budget:$p_budget"
   "chain:proxy:slotgate, 3-policy chain:$p_chain"
+  "budget2:proxy:slotgate, token-budget v2:$p_budget2"
+  "chain2:proxy:slotgate, 3-policy chain v2:$p_chain2"
   "estimate:proxy:slotgate, --cost-tokenizer estimate:$p_estimate"
   "seed:seed:seed Python queue proxy:$p_seed"
   "nginx429:ref429:nginx return 429:$p_nginx429"

@@ -141,6 +141,10 @@ step "Python policies (v2): componentize-py from PyPI; the SDK's, request-guard'
 bash scripts/build-policies-py.sh
 bash scripts/test-policies-py.sh
 
+step "TypeScript policies (v2): jco from npm; the SDK's, tenant-priority's and the template's tests"
+bash scripts/build-policies-ts.sh
+bash scripts/test-policies-ts.sh
+
 step "compile the guest-language components into the tests' policy cache (seconds each, once)"
 # A Python or JavaScript component takes seconds to compile: compiled here, once per version, a
 # test's slotgate finds it in the cache (the tests pass this directory on) instead of timing out

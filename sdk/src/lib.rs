@@ -1,5 +1,10 @@
 //! Write slotgate admission policies in Rust.
 //!
+//! One [`Policy`] implementation builds two ways: as a v2 component of the world
+//! `slotgate:policy@2.0.0` (`wit/policy.wit`, the contract; the `v2` feature and
+//! [`export_component!`]), or as an ABI v1 module ([`export_policy!`], below), which every slotgate
+//! keeps loading. New policies use v2: `slotgate policy new --lang rust NAME` writes a project.
+//!
 //! The crate holds the ABI v1 wire contract ([`types`]), compiled into both the sidecar (the host)
 //! and every policy (the guest); the [`Policy`] trait a policy implements; [`export_policy!`],
 //! which emits the WebAssembly exports on wasm32 only; typed access to the [`host`] functions; and,

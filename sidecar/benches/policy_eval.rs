@@ -123,7 +123,130 @@ fn main() {
         );
     }
 
+    contracts(&dir, &request, base.0);
+    guests(&dir, &request, base.0);
+
     inline_or_blocking(&chains[0], &request);
+}
+
+/// The Rust examples as ABI v1 modules and as v2 components, side by side: each one's cost per
+/// evaluation in both, and the three in a chain.
+fn contracts(dir: &Path, request: &RequestSummary, base: f64) {
+    println!(
+        "\nv1 module against its v2 component (p50 / p99 in microseconds; fuel per evaluation)\n"
+    );
+    for name in ["token-budget", "tenant-priority", "request-guard", "quota"] {
+        let v2 = format!("{name}-v2");
+        if !as_built(dir, &v2) {
+            println!("{v2:<22} not built: run scripts/build-policies.sh");
+            continue;
+        }
+        let (c1, c2) = (load(dir, name), load(dir, &v2));
+        let t1 = percentiles(time_each(ITERATIONS, || {
+            std::hint::black_box(c1.evaluate(request));
+        }));
+        let t2 = percentiles(time_each(ITERATIONS, || {
+            std::hint::black_box(c2.evaluate(request));
+        }));
+        println!(
+            "{name:<22} v1 p50 {:>7.2} p99 {:>7.2} fuel {:>6}   v2 p50 {:>7.2} p99 {:>7.2} fuel {:>6}   v2/v1 added at p50 {:.2}x",
+            t1.0,
+            t1.1,
+            fuel(&c1, request),
+            t2.0,
+            t2.1,
+            fuel(&c2, request),
+            (t2.0 - base) / (t1.0 - base).max(0.01)
+        );
+    }
+    let chain = |names: &[&str]| {
+        let all: Vec<PolicySpec> = names.iter().map(|n| spec(dir, n)).collect();
+        PolicySet::load(&all, None).expect("chain").current()
+    };
+    let (c1, c2) = (
+        chain(&EXAMPLES[..3]),
+        chain(&["token-budget-v2", "tenant-priority-v2", "request-guard-v2"]),
+    );
+    let t1 = percentiles(time_each(ITERATIONS, || {
+        std::hint::black_box(c1.evaluate(request));
+    }));
+    let t2 = percentiles(time_each(ITERATIONS, || {
+        std::hint::black_box(c2.evaluate(request));
+    }));
+    println!(
+        "{:<22} v1 p50 {:>7.2} p99 {:>7.2}               v2 p50 {:>7.2} p99 {:>7.2}               v2/v1 added at p50 {:.2}x",
+        "three in a chain",
+        t1.0,
+        t1.1,
+        t2.0,
+        t2.1,
+        (t2.0 - base) / (t1.0 - base).max(0.01)
+    );
+}
+
+/// Python and TypeScript policies (v2 components with their language's runtime inside): the cost
+/// of one evaluation (a fresh instance from the component's pre-instantiated template, then the
+/// call), and what loading one costs in resident memory.
+fn guests(dir: &Path, request: &RequestSummary, base: f64) {
+    println!("\nguest languages (p50 / p99 in microseconds; {GUEST_ITERATIONS} runs; memory: resident growth from loading it compiled)\n");
+    for (name, rust) in [
+        ("request-guard-py", "request-guard-v2"),
+        ("tenant-priority-ts", "tenant-priority-v2"),
+    ] {
+        if !as_built(dir, name) {
+            println!(
+                "{name:<22} not built: run scripts/build-policies-py.sh / build-policies-ts.sh"
+            );
+            continue;
+        }
+        // Compiled once into a cache of its own, then loaded from it as a restarted sidecar with
+        // `--policy-cache-dir` would: the memory measured is the loaded component's (its code, the
+        // template), not the compiler's.
+        let cache =
+            std::env::temp_dir().join(format!("slotgate-bench-cache-{}", std::process::id()));
+        let cached = || {
+            PolicySet::load(&[spec(dir, name)], Some(cache.clone()))
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        drop(cached());
+        let before = resident_bytes();
+        let set = cached();
+        let chain = set.current();
+        let loaded = resident_bytes().saturating_sub(before);
+        // The first calls fault in the pages the template's instances touch.
+        for _ in 0..20 {
+            std::hint::black_box(chain.evaluate(request));
+        }
+        let warm = resident_bytes().saturating_sub(before);
+        let t = percentiles(time_each(GUEST_ITERATIONS, || {
+            std::hint::black_box(chain.evaluate(request));
+        }));
+        let r = load(dir, rust);
+        let tr = percentiles(time_each(GUEST_ITERATIONS, || {
+            std::hint::black_box(r.evaluate(request));
+        }));
+        println!(
+            "{name:<22} p50 {:>8.1}   p99 {:>8.1}   adds {:>8.1} us at p50 ({:.0}x its Rust port's)   fuel {:>8}   memory {:>4} MiB loaded, {:>4} MiB after 20 calls",
+            t.0,
+            t.1,
+            t.0 - base,
+            (t.0 - base) / (tr.0 - base).max(0.01),
+            fuel(&chain, request),
+            loaded >> 20,
+            warm >> 20,
+        );
+        let _ = std::fs::remove_dir_all(&cache);
+    }
+}
+
+const GUEST_ITERATIONS: usize = 500;
+
+/// This process's resident memory, in bytes.
+fn resident_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
 /// Where the evaluation runs: on the async worker that serves the connection, or on the blocking pool.
@@ -373,14 +496,19 @@ fn spec(dir: &Path, name: &str) -> PolicySpec {
                 dir.display()
             )
         });
-    // An AssemblyScript port (`as-<name>`) has its example settings in policies-as/<name>/.
-    let settings = match name.strip_prefix("as-") {
-        Some(port) => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../policies-as")
-            .join(port),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../policies")
-            .join(name),
+    // A port has its example settings beside its source: an AssemblyScript one (`as-<name>`) in
+    // policies-as/<name>/, a Python one (`<name>-py`) in policies-py/, a TypeScript one
+    // (`<name>-ts`) in policies-ts/; a v2 build of an example (`<name>-v2`) takes the example's.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let settings = if let Some(port) = name.strip_prefix("as-") {
+        root.join("policies-as").join(port)
+    } else if let Some(port) = name.strip_suffix("-py") {
+        root.join("policies-py").join(port)
+    } else if let Some(port) = name.strip_suffix("-ts") {
+        root.join("policies-ts").join(port)
+    } else {
+        root.join("policies")
+            .join(name.strip_suffix("-v2").unwrap_or(name))
     }
     .join("settings.example.json");
     PolicySpec::from_path(module, settings.exists().then_some(settings))

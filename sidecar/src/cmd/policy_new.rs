@@ -150,15 +150,14 @@ pub fn run(a: NewArgs) -> anyhow::Result<()> {
             .replace("{{crate}}", &krate);
         write(&root.join(path), &text)?;
     }
+    let lang = match a.lang {
+        Lang::Rust => "Rust",
+        Lang::Python => "Python",
+        Lang::Ts => "TypeScript",
+    };
     println!(
-        "created {} ({}): {}",
-        root.display(),
-        match a.lang {
-            Lang::Rust => "Rust",
-            Lang::Python => "Python",
-            Lang::Ts => "TypeScript",
-        },
-        "see its README.md to test, build and check it"
+        "created {} ({lang}): see its README.md to test, build and check it",
+        root.display()
     );
     Ok(())
 }
@@ -230,6 +229,107 @@ fn python() -> Vec<File> {
     PYTHON.to_vec()
 }
 
+/// The TypeScript template (sdk-ts/template), with the SDK's sources (sdk-ts/src) in
+/// `slotgate-sdk/`.
+const TYPESCRIPT: &[File] = &[
+    (
+        "src/policy.ts",
+        include_str!("../../../sdk-ts/template/src/policy.ts"),
+    ),
+    (
+        "README.md",
+        include_str!("../../../sdk-ts/template/README.md"),
+    ),
+    (
+        "test/policy.test.ts",
+        include_str!("../../../sdk-ts/template/test/policy.test.ts"),
+    ),
+    (
+        "package-lock.json",
+        include_str!("../../../sdk-ts/template/package-lock.json"),
+    ),
+    (
+        "package.json",
+        include_str!("../../../sdk-ts/template/package.json"),
+    ),
+    (
+        "build.sh",
+        include_str!("../../../sdk-ts/template/build.sh"),
+    ),
+    (
+        "bundle.config.mjs",
+        include_str!("../../../sdk-ts/template/bundle.config.mjs"),
+    ),
+    (
+        "tsconfig.json",
+        include_str!("../../../sdk-ts/template/tsconfig.json"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../../sdk-ts/template/.gitignore"),
+    ),
+    (
+        "slotgate-sdk/settings.ts",
+        include_str!("../../../sdk-ts/src/settings.ts"),
+    ),
+    (
+        "slotgate-sdk/index.ts",
+        include_str!("../../../sdk-ts/src/index.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/fake-host.ts",
+        include_str!("../../../sdk-ts/src/testing/fake-host.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/index.ts",
+        include_str!("../../../sdk-ts/src/testing/index.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/hooks.ts",
+        include_str!("../../../sdk-ts/src/testing/hooks.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/register.ts",
+        include_str!("../../../sdk-ts/src/testing/register.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/inputs.ts",
+        include_str!("../../../sdk-ts/src/testing/inputs.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/wit/clocks.ts",
+        include_str!("../../../sdk-ts/src/testing/wit/clocks.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/wit/log.ts",
+        include_str!("../../../sdk-ts/src/testing/wit/log.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/wit/state.ts",
+        include_str!("../../../sdk-ts/src/testing/wit/state.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/wit/types.ts",
+        include_str!("../../../sdk-ts/src/testing/wit/types.ts"),
+    ),
+    (
+        "slotgate-sdk/testing/calendar.ts",
+        include_str!("../../../sdk-ts/src/testing/calendar.ts"),
+    ),
+    (
+        "slotgate-sdk/runtime.ts",
+        include_str!("../../../sdk-ts/src/runtime.ts"),
+    ),
+    (
+        "slotgate-sdk/identity.ts",
+        include_str!("../../../sdk-ts/src/identity.ts"),
+    ),
+    (
+        "slotgate-sdk/decision.ts",
+        include_str!("../../../sdk-ts/src/decision.ts"),
+    ),
+];
+
 fn typescript() -> Vec<File> {
-    Vec::new()
+    TYPESCRIPT.to_vec()
 }

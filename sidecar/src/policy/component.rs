@@ -146,7 +146,15 @@ impl ComponentPolicy {
                 limit: limits.max_module_bytes,
             });
         }
-        Component::new(engine.engine(), bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))
+        // wasmtime 48 panics on some components instead of refusing them (one whose adapter needs
+        // several memories, which this engine does not enable): refused like any other.
+        let compile = std::panic::AssertUnwindSafe(|| Component::new(engine.engine(), bytes));
+        match std::panic::catch_unwind(compile) {
+            Ok(compiled) => compiled.map_err(|e| LoadError::Compile(format!("{e:#}"))),
+            Err(_) => Err(LoadError::Compile(
+                "wasmtime could not compile this component (it needs a feature this host does not enable, such as multiple memories)".into(),
+            )),
+        }
     }
 
     /// Links the host's interfaces and the empty WASI: refused, naming the import, when the

@@ -24,6 +24,7 @@ mod examples_enterprise;
 mod fault_upstream;
 mod llama_today;
 mod observability_kit;
+mod policies_v2;
 mod quotas;
 mod readme;
 mod router;

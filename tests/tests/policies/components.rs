@@ -468,7 +468,7 @@ async fn a_reload_from_v1_to_its_v2_port_under_load_loses_nothing_and_keeps_budg
     for c in clients {
         c.await.unwrap();
     }
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     let other: Vec<_> = seen.iter().filter(|s| !matches!(s, 200 | 429)).collect();
     assert!(other.is_empty(), "answers besides 200 and 429: {other:?}");
     assert!(seen.iter().filter(|s| **s == 200).count() > 1, "{seen:?}");

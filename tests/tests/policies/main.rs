@@ -1,5 +1,6 @@
-//! Policies in the real host and on the request path: the Rust example policies, hand-written WAT
-//! (chains, hostile modules, hot reload), `on_complete` and usage accounting, on the fake upstream.
+//! Policies in the real host and on the request path: the Rust example policies (as ABI v1 modules
+//! and as v2 components), hand-written WAT (chains, hostile modules, hot reload), `on_complete` and
+//! usage accounting, on the fake upstream.
 //!
 //! Needs only Rust: the built `slotgate` binary and the Rust example policies
 //! (`scripts/build-policies.sh`). The AssemblyScript ports are in `polyglot/`. Part of the fast tier.

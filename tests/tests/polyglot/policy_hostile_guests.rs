@@ -6,11 +6,11 @@
 //! The fixtures are policies-py/hostile and policies-ts/hostile, built by
 //! `scripts/build-policies-py.sh` and `scripts/build-policies-ts.sh`.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use serde_json::Value;
 use slotgate_tests::fake_upstream::FakeUpstream;
-use slotgate_tests::gate::{run as slotgate, Gate};
+use slotgate_tests::gate::Gate;
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::unique_dir;
 use slotgate_tests::wat;
@@ -22,7 +22,7 @@ fn cache_dir() -> String {
 
 /// `slotgate policy eval` of `component` on a chat request, with a secret in slotgate's own
 /// environment: the decision, or the error.
-fn eval(component: &PathBuf) -> Result<Value, String> {
+fn eval(component: &Path) -> Result<Value, String> {
     let dir = unique_dir("hostile-guest");
     let input = dir.join("input.json");
     // The model that turns `spin` and `memory_bomb` hostile (the others ignore it).
@@ -139,4 +139,30 @@ settings = {{ capacity = 100000, refill_per_second = 0 }}
         metrics.text
     );
     gate.assert_settled(&up, 2).await;
+}
+
+#[test]
+fn a_typescript_policy_finds_no_environment_file_or_network_and_is_bounded() {
+    let probe = eval(&wat::built("hostile-ts-fetch")).unwrap();
+    let msg = denial(&probe);
+    assert!(msg.contains("process.env: blocked"), "{msg}");
+    assert!(msg.contains("require('fs'): blocked"), "{msg}");
+    assert!(
+        !msg.contains("ALLOWED") && !msg.contains("do-not-leak"),
+        "{msg}"
+    );
+
+    let spin = eval(&wat::built("hostile-ts-spin")).unwrap_err();
+    assert!(
+        spin.contains("(fuel)") || spin.contains("(timeout)"),
+        "{spin}"
+    );
+    let bomb = eval(&wat::built("hostile-ts-memory-bomb")).unwrap_err();
+    assert!(bomb.contains("(memory)"), "{bomb}");
+    // 50 MiB of message cannot even be built inside the sandbox.
+    let huge = eval(&wat::built("hostile-ts-huge-message")).unwrap_err();
+    assert!(
+        huge.contains("(memory)") || huge.contains("(fuel)") || huge.contains("(invalid_output)"),
+        "{huge}"
+    );
 }

@@ -104,6 +104,20 @@ fn a_new_python_policy_builds_and_checks_outside_the_repository() {
 }
 
 #[test]
+fn a_new_typescript_policy_builds_and_checks_outside_the_repository() {
+    let project = new_project("ts", "my-ts-rule");
+    let npm = [("npm_config_cache", cache("npm-ts-policies"))];
+    sh(&project, "bash", &["build.sh", "test"], &npm);
+    let built = sh(&project, "bash", &["build.sh"], &npm);
+    assert!(built.contains("my-ts-rule.wasm"), "{built}");
+    check_and_eval(
+        &project,
+        &project.join("my-ts-rule.wasm"),
+        "is a v2 component",
+    );
+}
+
+#[test]
 fn a_new_name_must_be_usable_and_new() {
     let dir = unique_dir("policy-new-bad");
     let bad = slotgate(&[

@@ -1,0 +1,60 @@
+/**
+ * Who sent a request: its API key's hash, else its Unix-socket uid, else nobody we can name. The same
+ * keys as the Rust SDK's `identity()` and `tenant_key()`, so TypeScript, Rust and AssemblyScript
+ * policies sharing host state (buckets, quotas) agree on whose it is.
+ */
+
+import type { Request } from 'slotgate:policy/types@2.0.0';
+
+/**
+ * The strongest identity a request carries, as a stable key for settings and host state: the API
+ * key's `sha256:<hex>`, else `uid:<n>` of the Unix-socket peer, else `anonymous`.
+ */
+export function identity(request: Pick<Request, 'apiKey' | 'peer'>): string {
+  if (request.apiKey !== undefined) return request.apiKey;
+  if (request.peer !== undefined) return `uid:${request.peer.uid}`;
+  return 'anonymous';
+}
+
+/**
+ * Whether `s` has the shape of a hashed API key, `sha256:` and 64 lower-case hex digits. Settings
+ * that list raw keys never match (the host hashes every key), so validate them with this.
+ */
+export function isHashedKey(s: string): boolean {
+  return /^sha256:[0-9a-f]{64}$/.test(s);
+}
+
+/**
+ * The request headers policies see that name a caller on behalf of a router in front (LiteLLM calls
+ * with one key for all its callers and forwards theirs): what a `tenant_header` setting may name.
+ */
+export const TENANT_HEADERS: readonly string[] = ['x-tenant', 'openai-organization', 'openai-project'];
+
+/** Checks a `tenant_header` setting against {@link TENANT_HEADERS}: an error message, or undefined. */
+export function checkTenantHeader(header: string): string | undefined {
+  if (TENANT_HEADERS.includes(header)) return undefined;
+  return `tenant_header \`${header}\` is not a header policies see; use one of ${TENANT_HEADERS.join(', ')}`;
+}
+
+/** The value of the request header `name` (lower-case, as the host gives them), if sent. */
+export function header(request: Pick<Request, 'headers'>, name: string): string | undefined {
+  return request.headers.find(([n]) => n === name)?.[1];
+}
+
+/**
+ * Whom a budget or quota is kept for: `header:<value>` of `tenantHeader` when the request carries it
+ * (not empty), else its {@link identity}. Any client that reaches slotgate can set the header: use it
+ * only when a router in front is the only caller.
+ */
+export function tenantKey(
+  request: Pick<Request, 'apiKey' | 'peer' | 'headers'>,
+  tenantHeader?: string,
+): string {
+  const value = tenantHeader === undefined ? undefined : header(request, tenantHeader);
+  return value ? `header:${value}` : identity(request);
+}
+
+/** The exact prompt tokens when slotgate counted them, else the estimate. */
+export function promptTokensBest(request: Pick<Request, 'promptTokens' | 'promptTokensEstimate'>): bigint {
+  return request.promptTokens ?? request.promptTokensEstimate;
+}
