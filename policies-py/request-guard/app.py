@@ -9,7 +9,7 @@ import wit_world
 from componentize_py_types import Err
 from wit_world.imports import types
 
-from slotgate_policy import allow, forbidden, load_settings, prompt_tokens_best, settings_ok
+from slotgate_policy import allow, forbidden, kept, load_settings, prompt_tokens_best, settings_ok
 
 
 @dataclass
@@ -119,6 +119,10 @@ def decide(s: Settings, r: types.Request) -> types.Decision:
     )
 
 
+# The settings, parsed on an instance's first call and kept for its next ones.
+_settings = kept(Settings.parse)
+
+
 class WitWorld(wit_world.WitWorld):
     def validate_settings(self, settings: str) -> types.SettingsVerdict:
         try:
@@ -131,7 +135,7 @@ class WitWorld(wit_world.WitWorld):
     def evaluate(self, settings: str, input: types.Evaluation) -> types.Decision:
         # The host hands over only settings validate_settings accepted; a failure here is a bug,
         # and raising makes the host count it as the policy failing (its `on_error`).
-        return decide(Settings.parse(settings), input.request)
+        return decide(_settings(settings), input.request)
 
     def on_complete(self, settings: str, completion: types.Completion) -> None:
         # Keeps no budgets: validate_settings never asks for completions, so this is not called.

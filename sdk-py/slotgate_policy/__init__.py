@@ -42,7 +42,7 @@ from .identity import (
     tenant_key,
 )
 from .periods import parse_period
-from .settings import load_settings
+from .settings import kept, load_settings
 
 __all__ = [
     "ANONYMOUS",
@@ -55,6 +55,7 @@ __all__ = [
     "identity",
     "is_allowed",
     "is_hashed_key",
+    "kept",
     "load_settings",
     "parse_period",
     "prompt_tokens_best",

@@ -1,10 +1,11 @@
 """{{name}}: a slotgate policy in Python (policies v2: a WebAssembly component of the world
 `slotgate:policy/policy` in wit/policy.wit).
 
-slotgate calls these methods in a fresh instance each time, started from the state the build
-snapshot took after importing this module: nothing a call leaves in memory reaches the next, and a
-module first imported during a call is not found. Import everything at the top; keep what must last
-(budgets, counters) in the host, through `wit_world.imports.state`."""
+An instance starts from the state the build snapshot took after importing this module, so a module
+first imported during a call is not found: import everything at the top. It may serve several calls
+of one caller, never another caller's (docs/policies.md, "Isolation"): wrap settings parsing in
+`kept(...)` to parse them once per instance, and keep what must last (budgets, counters) in the
+host, through `wit_world.imports.state`, not in module globals."""
 
 import wit_world
 from componentize_py_types import Err

@@ -24,4 +24,4 @@ export {
   promptTokensBest,
   tenantKey,
 } from './identity.js';
-export { checkSettings, errorMessage, parseSettings } from './settings.js';
+export { checkSettings, errorMessage, kept, parseSettings } from './settings.js';

@@ -14,6 +14,25 @@ export function parseSettings(json: string): unknown {
 }
 
 /**
+ * `parse` (settings text to your settings) remembering its last answer. An instance may serve
+ * several calls of one caller (docs/policies.md, "Isolation") and the text is the same for all of
+ * them, so `const settings = kept((json) => readSettings(parseSettings(json)))` parses it once per
+ * instance instead of on every call. Treat what it returns as read-only: the next call gets the
+ * same object.
+ */
+export function kept<T>(parse: (json: string) => T): (json: string) => T {
+  let lastText: string | undefined;
+  let last: T | undefined;
+  return (json: string): T => {
+    if (lastText !== json) {
+      last = parse(json);
+      lastText = json;
+    }
+    return last as T;
+  };
+}
+
+/**
  * Runs `check` as the body of `validateSettings`, so it can throw `Error`s like any TypeScript: what
  * it throws becomes the WIT error the operator sees, not a trap.
  */

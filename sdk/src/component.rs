@@ -3,8 +3,10 @@
 //! one [`Policy`] implementation builds as a v1 module or as a v2 component unchanged. Compiled on
 //! wasm32 with the `v2` feature only; [`export_component!`](crate::export_component) uses it.
 //!
-//! Every call runs in a fresh instance, as in v1: the bump allocator never frees, and the settings
-//! are parsed from their JSON text on each call (a few hundred instructions for the examples').
+//! An instance may serve several calls of one caller (docs/policies.md, "Isolation"): the settings
+//! are parsed on an instance's first call and kept (pinned, see `bump.rs`) for the next ones, which
+//! compare the text and parse again only if it differs; everything else a call allocates is given
+//! back once the host has its answer.
 
 use std::collections::BTreeMap;
 
@@ -45,11 +47,14 @@ pub fn validate_settings<P: Policy>(
 
 /// `evaluate`: the policy's decision, or (its settings no longer parsing, which validation
 /// rules out) a trap.
-pub fn evaluate<P: Policy>(settings: String, input: Evaluation) -> WitDecision {
-    let s = match parse::<P>(&settings) {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+pub fn evaluate<P: Policy>(settings: String, input: Evaluation) -> WitDecision
+where
+    P::Settings: 'static,
+{
+    with_settings::<P, _>(&settings, |s| evaluate_with::<P>(s, input))
+}
+
+fn evaluate_with<P: Policy>(s: &P::Settings, input: Evaluation) -> WitDecision {
     let input = EvaluateInput {
         abi: ABI_VERSION,
         request: request(input.request),
@@ -62,15 +67,18 @@ pub fn evaluate<P: Policy>(settings: String, input: Evaluation) -> WitDecision {
             cost: input.earlier.cost,
         },
     };
-    decision(P::evaluate(&input, &s))
+    decision(P::evaluate(&input, s))
 }
 
 /// `on-complete`.
-pub fn on_complete<P: Policy>(settings: String, c: WitCompletion) {
-    let s = match parse::<P>(&settings) {
-        Ok(s) => s,
-        Err(e) => panic!("{e}"),
-    };
+pub fn on_complete<P: Policy>(settings: String, c: WitCompletion)
+where
+    P::Settings: 'static,
+{
+    with_settings::<P, _>(&settings, |s| on_complete_with::<P>(s, c))
+}
+
+fn on_complete_with<P: Policy>(s: &P::Settings, c: WitCompletion) {
     let allowed = if c.chain_allowed {
         Decision::allow()
     } else {
@@ -90,7 +98,40 @@ pub fn on_complete<P: Policy>(settings: String, c: WitCompletion) {
         upstream_ms: c.upstream_ms,
         evaluated_unix_ms: c.evaluated_unix_ms,
     };
-    P::on_complete(&completion, &s);
+    P::on_complete(&completion, s);
+}
+
+std::thread_local! {
+    /// The settings this instance parsed, and their text.
+    static SETTINGS: std::cell::RefCell<Option<(String, Box<dyn std::any::Any>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `text` parsed: kept from an earlier call of this instance when the text is the
+/// same, else parsed now (pinned) and kept. Settings that no longer parse (validation rules that
+/// out) trap.
+fn with_settings<P: Policy, R>(text: &str, f: impl FnOnce(&P::Settings) -> R) -> R
+where
+    P::Settings: 'static,
+{
+    SETTINGS.with(|cell| {
+        let hit = matches!(&*cell.borrow(), Some((t, s)) if t == text && s.is::<P::Settings>());
+        if !hit {
+            let kept = crate::bump::pinned(|| match parse::<P>(text) {
+                Ok(s) => (text.to_owned(), Box::new(s) as Box<dyn std::any::Any>),
+                Err(e) => panic!("{e}"),
+            });
+            *cell.borrow_mut() = Some(kept);
+        }
+        let kept = cell.borrow();
+        match kept
+            .as_ref()
+            .and_then(|(_, s)| s.downcast_ref::<P::Settings>())
+        {
+            Some(s) => f(s),
+            None => unreachable!("settings kept just now"),
+        }
+    })
 }
 
 fn parse<P: Policy>(text: &str) -> Result<P::Settings, String> {

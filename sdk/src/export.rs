@@ -5,8 +5,8 @@
 /// `export_policy!(MyPolicy);` emits `slotgate_abi_version`, `slotgate_alloc`, `slotgate_evaluate`
 /// and `slotgate_validate_settings`; `export_policy!(MyPolicy, on_complete);` also emits
 /// `slotgate_on_complete`, so the host calls [`Policy::on_complete`](crate::Policy::on_complete)
-/// after every response. Leave the flag out when the policy does not need it: each call costs the
-/// host a fresh instance.
+/// after every response. Leave the flag out when the policy does not need it: each call of a v1
+/// module costs the host a fresh instance.
 ///
 /// The exports exist only when compiling for `wasm32`. Natively the macro only checks that the type
 /// implements `Policy`, so the crate builds and unit-tests like any other.

@@ -82,15 +82,18 @@
 //! # On wasm32
 //!
 //! The module imports only the host functions (module `slotgate`) and needs no WASI, and a panic
-//! aborts with `unreachable`, which the host reports as a trap. Every call runs in a fresh instance,
-//! so statics and memory start clean each time; state that must last lives in the host
-//! ([`host::bucket_take`], [`host::window_add`]).
+//! aborts with `unreachable`, which the host reports as a trap. A v1 module runs every call in a
+//! fresh instance; a v2 component's instance may serve several calls of one caller, never another
+//! caller's (docs/policies.md, "Isolation"). Either way, state that must last lives in the host
+//! ([`host::bucket_take`], [`host::window_add`]), not in statics.
 //!
-//! The SDK installs a bump allocator as the module's global allocator: since every instance is
-//! thrown away after one call, nothing is ever freed, and allocating costs a few instructions (most of
-//! a small policy's cost per request went to a general-purpose allocator). One call can therefore
-//! allocate at most the policy's memory limit (16 MiB by default) in total. The evaluate input is
-//! parsed straight into your typed settings; `EvaluateInput::settings` is left `null` in the guest.
+//! The SDK installs a bump allocator as the module's global allocator: allocating costs a few
+//! instructions (most of a small policy's cost per request went to a general-purpose allocator).
+//! In a v1 module nothing is ever freed, since the instance is thrown away after one call: one call
+//! can allocate at most the policy's memory limit (16 MiB by default) in total. In a v2 component it
+//! starts over after each call, once everything the call allocated is freed, and the parsed
+//! settings are kept for the instance's next calls. The evaluate input is parsed straight into
+//! your typed settings; `EvaluateInput::settings` is left `null` in the guest.
 
 #![cfg_attr(not(test), warn(missing_docs))]
 

@@ -7,9 +7,10 @@ use crate::types::{Completion, Decision, EvaluateInput};
 /// An admission policy. Implement it on a unit struct and export it with
 /// [`export_policy!`](crate::export_policy).
 ///
-/// Every call runs in a fresh WebAssembly instance: the trait has no `self` because nothing a policy
-/// keeps in memory survives to the next call. State that must persist lives in the host, behind
-/// [`host`](crate::host).
+/// The trait has no `self` because a policy keeps nothing in memory from one call to the next: a v1
+/// module runs every call in a fresh WebAssembly instance, and a v2 component's instance is a cache
+/// of one caller's at most (docs/policies.md, "Isolation"). State that must persist lives in the
+/// host, behind [`host`](crate::host).
 pub trait Policy {
     /// The policy's settings, deserialized from the JSON the operator configured. When no settings
     /// are configured the host sends `null`; the SDK then also tries `{}`, so a struct whose fields

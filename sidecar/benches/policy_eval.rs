@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use slotgate::config::PolicySpec;
+use slotgate::config::{PolicyIsolation, PolicySpec};
 use slotgate::policy::{Chain, PolicySet};
 use slotgate_sdk::{Peer, QueueSnapshot, RequestSummary};
 
@@ -133,7 +133,7 @@ fn main() {
 /// evaluation in both, and the three in a chain.
 fn contracts(dir: &Path, request: &RequestSummary, base: f64) {
     println!(
-        "\nv1 module against its v2 component (p50 / p99 in microseconds; fuel per evaluation)\n"
+        "\nv1 module against its v2 component: an instance kept for the caller (`isolation = \"caller\"`, the default) and a fresh one per call (`\"call\"`, as v1) (p50 / p99 in microseconds; fuel per evaluation)\n"
     );
     for name in ["token-budget", "tenant-priority", "request-guard", "quota"] {
         let v2 = format!("{name}-v2");
@@ -141,31 +141,50 @@ fn contracts(dir: &Path, request: &RequestSummary, base: f64) {
             println!("{v2:<22} not built: run scripts/build-policies.sh");
             continue;
         }
-        let (c1, c2) = (load(dir, name), load(dir, &v2));
+        let (c1, c2, c2f) = (
+            load(dir, name),
+            load(dir, &v2),
+            load_isolated(dir, &v2, PolicyIsolation::Call),
+        );
         let t1 = percentiles(time_each(ITERATIONS, || {
             std::hint::black_box(c1.evaluate(request));
         }));
         let t2 = percentiles(time_each(ITERATIONS, || {
             std::hint::black_box(c2.evaluate(request));
         }));
+        let t2f = percentiles(time_each(ITERATIONS, || {
+            std::hint::black_box(c2f.evaluate(request));
+        }));
         println!(
-            "{name:<22} v1 p50 {:>7.2} p99 {:>7.2} fuel {:>6}   v2 p50 {:>7.2} p99 {:>7.2} fuel {:>6}   v2/v1 added at p50 {:.2}x",
+            "{name:<16} v1 p50 {:>6.2} p99 {:>6.2} fuel {:>6}   v2 kept p50 {:>6.2} p99 {:>6.2} fuel {:>6}   v2 fresh p50 {:>6.2} p99 {:>6.2} fuel {:>6}   added at p50, v2 kept / v1 {:.2}x, fresh / v1 {:.2}x",
             t1.0,
             t1.1,
             fuel(&c1, request),
             t2.0,
             t2.1,
             fuel(&c2, request),
-            (t2.0 - base) / (t1.0 - base).max(0.01)
+            t2f.0,
+            t2f.1,
+            fuel(&c2f, request),
+            (t2.0 - base) / (t1.0 - base).max(0.01),
+            (t2f.0 - base) / (t1.0 - base).max(0.01),
         );
     }
-    let chain = |names: &[&str]| {
-        let all: Vec<PolicySpec> = names.iter().map(|n| spec(dir, n)).collect();
+    let chain = |names: &[&str], isolation: Option<PolicyIsolation>| {
+        let all: Vec<PolicySpec> = names
+            .iter()
+            .map(|n| PolicySpec {
+                isolation,
+                ..spec(dir, n)
+            })
+            .collect();
         PolicySet::load(&all, None).expect("chain").current()
     };
-    let (c1, c2) = (
-        chain(&EXAMPLES[..3]),
-        chain(&["token-budget-v2", "tenant-priority-v2", "request-guard-v2"]),
+    let v2 = ["token-budget-v2", "tenant-priority-v2", "request-guard-v2"];
+    let (c1, c2, c2f) = (
+        chain(&EXAMPLES[..3], None),
+        chain(&v2, None),
+        chain(&v2, Some(PolicyIsolation::Call)),
     );
     let t1 = percentiles(time_each(ITERATIONS, || {
         std::hint::black_box(c1.evaluate(request));
@@ -173,20 +192,26 @@ fn contracts(dir: &Path, request: &RequestSummary, base: f64) {
     let t2 = percentiles(time_each(ITERATIONS, || {
         std::hint::black_box(c2.evaluate(request));
     }));
+    let t2f = percentiles(time_each(ITERATIONS, || {
+        std::hint::black_box(c2f.evaluate(request));
+    }));
     println!(
-        "{:<22} v1 p50 {:>7.2} p99 {:>7.2}               v2 p50 {:>7.2} p99 {:>7.2}               v2/v1 added at p50 {:.2}x",
+        "{:<16} v1 p50 {:>6.2} p99 {:>6.2}                v2 kept p50 {:>6.2} p99 {:>6.2}                v2 fresh p50 {:>6.2} p99 {:>6.2}                added at p50, v2 kept / v1 {:.2}x, fresh / v1 {:.2}x",
         "three in a chain",
         t1.0,
         t1.1,
         t2.0,
         t2.1,
-        (t2.0 - base) / (t1.0 - base).max(0.01)
+        t2f.0,
+        t2f.1,
+        (t2.0 - base) / (t1.0 - base).max(0.01),
+        (t2f.0 - base) / (t1.0 - base).max(0.01),
     );
 }
 
 /// Python and TypeScript policies (v2 components with their language's runtime inside): the cost
-/// of one evaluation (a fresh instance from the component's pre-instantiated template, then the
-/// call), and what loading one costs in resident memory.
+/// of one evaluation on an instance kept for the caller and on a fresh one (from the component's
+/// pre-instantiated template), and what loading one costs in resident memory.
 fn guests(dir: &Path, request: &RequestSummary, base: f64) {
     println!("\nguest languages (p50 / p99 in microseconds; {GUEST_ITERATIONS} runs; memory: resident growth from loading it compiled)\n");
     for (name, rust) in [
@@ -225,13 +250,29 @@ fn guests(dir: &Path, request: &RequestSummary, base: f64) {
         let tr = percentiles(time_each(GUEST_ITERATIONS, || {
             std::hint::black_box(r.evaluate(request));
         }));
+        // The same with a fresh instance per call: the difference is what instantiation costs.
+        let fresh = PolicySet::load(
+            &[PolicySpec {
+                isolation: Some(PolicyIsolation::Call),
+                ..spec(dir, name)
+            }],
+            Some(cache.clone()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+        .current();
+        let tf = percentiles(time_each(GUEST_ITERATIONS, || {
+            std::hint::black_box(fresh.evaluate(request));
+        }));
         println!(
-            "{name:<22} p50 {:>8.1}   p99 {:>8.1}   adds {:>8.1} us at p50 ({:.0}x its Rust port's)   fuel {:>8}   memory {:>4} MiB loaded, {:>4} MiB after 20 calls",
+            "{name:<20} kept p50 {:>7.1} p99 {:>7.1} ({:.0}x its Rust port's, fuel {:>8})   fresh p50 {:>7.1} p99 {:>7.1} (fuel {:>8}; instantiation ~{:.0} us)   memory {:>3} MiB loaded, {:>3} MiB after 20 calls",
             t.0,
             t.1,
-            t.0 - base,
             (t.0 - base) / (tr.0 - base).max(0.01),
             fuel(&chain, request),
+            tf.0,
+            tf.1,
+            fuel(&fresh, request),
+            tf.0 - t.0,
             loaded >> 20,
             warm >> 20,
         );
@@ -455,6 +496,16 @@ fn runaway_chain() -> Arc<Chain> {
 
 fn load(dir: &Path, name: &str) -> Arc<Chain> {
     PolicySet::load(&[spec(dir, name)], None)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .current()
+}
+
+fn load_isolated(dir: &Path, name: &str, isolation: PolicyIsolation) -> Arc<Chain> {
+    let spec = PolicySpec {
+        isolation: Some(isolation),
+        ..spec(dir, name)
+    };
+    PolicySet::load(&[spec], None)
         .unwrap_or_else(|e| panic!("{e}"))
         .current()
 }

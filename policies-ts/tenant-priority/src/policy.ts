@@ -8,7 +8,7 @@
 
 import type { Completion, Decision, Evaluation, Request, SettingsVerdict } from 'slotgate:policy/types@2.0.0';
 
-import { allow, checkSettings, forbidden, identity, isHashedKey, parseSettings, settingsOk } from '../../../sdk-ts/src/index.js';
+import { allow, checkSettings, forbidden, identity, isHashedKey, kept, parseSettings, settingsOk } from '../../../sdk-ts/src/index.js';
 
 interface Tenant {
   /** Hashed API keys (`sha256:<hex>`, as `slotgate hash-key KEY` prints them). */
@@ -52,8 +52,11 @@ export function validateSettings(json: string): SettingsVerdict {
   });
 }
 
+/** The settings, parsed on an instance's first call and kept for its next ones. */
+const settings = kept((json: string) => readSettings(parseSettings(json)));
+
 export function evaluate(json: string, input: Evaluation): Decision {
-  const s = readSettings(parseSettings(json));
+  const s = settings(json);
   const request = input.request;
   const placement = place(request, s);
   if (placement === undefined && s.denyUnknown) {

@@ -95,6 +95,9 @@ pub fn status(app: &App) -> serde_json::Value {
                 "on_error": format!("{:?}", p.on_error).to_lowercase(),
                 // Served from a snapshot taken after it parsed its settings (`keeps_settings`).
                 "preinitialised": p.preinitialised(),
+                // `caller` (instances kept per caller) or `call` (a fresh one per call).
+                "isolation": p.policy.isolation().label(),
+                "instances_kept": p.policy.instances_kept(),
             })
         })
         .collect();

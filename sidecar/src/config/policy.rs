@@ -40,6 +40,18 @@ pub struct PolicySpec {
     /// Largest linear memory. [default: 16MiB]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<ByteSize>,
+    /// How long an instance of a v2 component lives: `caller` (default) keeps one for each caller
+    /// (API key, else uid and gid) across that caller's calls; `call` starts a fresh one for every
+    /// call. A v1 module always runs each call in a fresh instance (docs/policies.md, "Isolation").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<PolicyIsolation>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyIsolation {
+    Call,
+    Caller,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +82,7 @@ impl PolicySpec {
             fuel: None,
             deadline: None,
             memory: None,
+            isolation: None,
         }
     }
 

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::engine::PolicyEngine;
 use super::module::{
-    check_decision, classify, new_store, Evaluation, PolicyLimits, Runs, SettingsVerdict,
+    arm, check_decision, classify, new_store, Evaluation, PolicyLimits, Runs, SettingsVerdict,
     HOST_CALL_FUEL, LOAD_DEADLINE, MAX_HOST_STRING,
 };
 use super::state::{HostState, SharedState};
@@ -131,6 +131,57 @@ pub struct ComponentPolicy {
     imports_wasi: bool,
     /// Its settings asked for `on-complete` (see [`ComponentPolicy::completing`]).
     wants_completions: bool,
+    /// Instances kept between calls, each bound to the caller it served, with `Isolation::Caller`;
+    /// `None` with `Isolation::Call`.
+    kept: Option<Mutex<Vec<Kept>>>,
+}
+
+/// How long an instance lives (docs/policies.md, "Isolation").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// A fresh instance for every call, as for v1 modules.
+    Call,
+    /// An instance serves one caller (API key, else Unix uid and gid, else anonymous) for up to
+    /// [`KEPT_CALLS`] calls in a row, and is thrown away after any failure: a call may find what
+    /// an earlier call of the same caller left in memory, never what another caller's did.
+    Caller,
+}
+
+impl Isolation {
+    pub fn label(self) -> &'static str {
+        match self {
+            Isolation::Call => "call",
+            Isolation::Caller => "caller",
+        }
+    }
+}
+
+/// Instances a policy keeps idle, the least recently used dropped first.
+const KEPT_IDLE: usize = 4;
+/// Calls one kept instance serves before a fresh one replaces it.
+pub const KEPT_CALLS: u32 = 10_000;
+
+/// An instance kept for its caller's next call.
+struct Kept {
+    store: Store<HostState>,
+    bindings: wit::Policy,
+    caller: u64,
+    calls: u32,
+}
+
+/// Whom a call is for, as [`Isolation::Caller`] keeps instances apart: the caller's hashed key,
+/// else its Unix uid and gid, else nobody in particular (anonymous).
+pub fn caller_of(api_key: Option<&str>, peer: Option<(u32, u32)>) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let mut h = SEED.get_or_init(Default::default).build_hasher();
+    match (api_key, peer) {
+        (Some(key), _) => (0u8, key).hash(&mut h),
+        (None, Some(ids)) => (1u8, ids).hash(&mut h),
+        (None, None) => 2u8.hash(&mut h),
+    }
+    h.finish()
 }
 
 impl ComponentPolicy {
@@ -191,7 +242,29 @@ impl ComponentPolicy {
             limits,
             imports_wasi,
             wants_completions: false,
+            kept: Some(Mutex::new(Vec::new())),
         })
+    }
+
+    /// The same policy, its instances living as `isolation` says.
+    pub fn isolated(mut self, isolation: Isolation) -> ComponentPolicy {
+        self.kept = match isolation {
+            Isolation::Call => None,
+            Isolation::Caller => Some(Mutex::new(Vec::new())),
+        };
+        self
+    }
+
+    pub fn isolation(&self) -> Isolation {
+        match self.kept {
+            Some(_) => Isolation::Caller,
+            None => Isolation::Call,
+        }
+    }
+
+    /// Instances kept idle now.
+    pub fn kept_idle(&self) -> usize {
+        self.kept.as_ref().map_or(0, |k| lock(k).len())
     }
 
     /// The same policy keeping its budgets under `key` instead of its name.
@@ -274,22 +347,27 @@ impl ComponentPolicy {
         }
     }
 
-    /// Evaluates one request in a fresh instance.
+    /// Evaluates one request, in a fresh instance or one kept for its caller.
     pub async fn evaluate_async(
         &self,
         settings: &str,
         input: &t::Evaluation,
         runs: Runs,
     ) -> Result<(Decision, Evaluation), EvalError> {
-        let started = Instant::now();
-        let (mut store, clock) = self.store(self.limits.deadline, runs)?;
-        let run = async {
-            let p = self.pre.instantiate_async(&mut store).await?;
-            p.call_evaluate(&mut store, settings, input).await
-        }
-        .await;
-        let ev = self.finish(&store, &clock, started);
-        let decision = run.map_err(|e| classify(&store, e))?;
+        let r = &input.request;
+        let caller = caller_of(
+            r.api_key.as_deref(),
+            r.peer.as_ref().map(|p| (p.uid, p.gid)),
+        );
+        let (decision, ev) = self
+            .call(
+                caller,
+                runs,
+                async |p: &wit::Policy, store: &mut Store<HostState>| {
+                    p.call_evaluate(store, settings, input).await
+                },
+            )
+            .await?;
         Ok((decision_of(decision, self.limits.max_output_bytes)?, ev))
     }
 
@@ -309,17 +387,76 @@ impl ComponentPolicy {
         completion: &Completion,
         runs: Runs,
     ) -> Result<Evaluation, EvalError> {
-        let started = Instant::now();
         let input = completion_of(completion);
-        let (mut store, clock) = self.store(self.limits.deadline, runs)?;
-        let run = async {
-            let p = self.pre.instantiate_async(&mut store).await?;
-            p.call_on_complete(&mut store, settings, &input).await
-        }
-        .await;
-        let ev = self.finish(&store, &clock, started);
-        run.map_err(|e| classify(&store, e))?;
+        let r = &completion.request;
+        let caller = caller_of(
+            r.api_key.as_deref(),
+            r.peer.as_ref().map(|p| (p.uid, p.gid)),
+        );
+        let ((), ev) = self
+            .call(
+                caller,
+                runs,
+                async |p: &wit::Policy, store: &mut Store<HostState>| {
+                    p.call_on_complete(store, settings, &input).await
+                },
+            )
+            .await?;
         Ok(ev)
+    }
+
+    /// Runs `f` on an instance for `caller`: one kept for it, else a fresh one. The instance is kept
+    /// afterwards (with [`Isolation::Caller`]) only if the call succeeded, it has served fewer than
+    /// [`KEPT_CALLS`] calls and its memory is at most half the cap, so a call on a kept instance
+    /// always has half the cap to grow into.
+    async fn call<R>(
+        &self,
+        caller: u64,
+        runs: Runs,
+        f: impl AsyncFnOnce(&wit::Policy, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<(R, Evaluation), EvalError> {
+        let started = Instant::now();
+        let deadline = self.limits.deadline;
+        let kept = self.kept.as_ref().and_then(|k| {
+            let mut idle = lock(k);
+            let i = idle.iter().rposition(|w| w.caller == caller)?;
+            Some(idle.remove(i))
+        });
+        let (mut store, bindings, calls, clock) = match kept {
+            Some(mut w) => {
+                let clock = arm(&mut w.store, self.limits.fuel, deadline, runs)?;
+                (w.store, w.bindings, w.calls, clock)
+            }
+            None => {
+                let (mut store, clock) = self.store(deadline, runs)?;
+                let bindings = match self.pre.instantiate_async(&mut store).await {
+                    Ok(b) => b,
+                    Err(e) => return Err(classify(&store, e)),
+                };
+                (store, bindings, 0, clock)
+            }
+        };
+        let result = f(&bindings, &mut store).await;
+        let ev = self.finish(&store, &clock, started);
+        let r = result.map_err(|e| classify(&store, e))?;
+        if let Some(k) = &self.kept {
+            let calls = calls + 1;
+            if calls < KEPT_CALLS && store.data().memory_high <= self.limits.memory_bytes / 2 {
+                let evicted = {
+                    let mut idle = lock(k);
+                    let evicted = (idle.len() >= KEPT_IDLE).then(|| idle.remove(0));
+                    idle.push(Kept {
+                        store,
+                        bindings,
+                        caller,
+                        calls,
+                    });
+                    evicted
+                };
+                drop(evicted);
+            }
+        }
+        Ok((r, ev))
     }
 
     /// [`ComponentPolicy::on_complete_async`] on this thread.
@@ -704,4 +841,8 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
         }
         std::thread::park();
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -7,7 +7,7 @@ use slotgate_sdk::{Completion, Decision, EvaluateInput};
 use wasmtime::component::Component;
 use wasmtime::Module;
 
-use super::component::{self, ComponentPolicy};
+use super::component::{self, ComponentPolicy, Isolation};
 use super::engine::PolicyEngine;
 use super::module::{Evaluation, Policy, PolicyLimits, Runs, SettingsVerdict};
 use super::state::SharedState;
@@ -118,6 +118,36 @@ impl Guest {
             Guest::Component(c) => {
                 Guest::Component(c.keyed(key).completing(verdict.wants_completions))
             }
+        }
+    }
+
+    /// The same policy, its instances living as `isolation` says (`None`: a component's default,
+    /// [`Isolation::Caller`]). A v1 module runs every call in a fresh instance and takes no other.
+    pub fn isolated(self, isolation: Option<Isolation>) -> Result<Guest, LoadError> {
+        match (self, isolation) {
+            (Guest::Core(_), Some(Isolation::Caller)) => Err(LoadError::Settings(
+                "isolation = \"caller\" is for v2 components: an ABI v1 module runs every call in a fresh instance (docs/policies.md, \"Isolation\")".into(),
+            )),
+            (Guest::Core(p), _) => Ok(Guest::Core(p)),
+            (Guest::Component(c), i) => {
+                Ok(Guest::Component(c.isolated(i.unwrap_or(Isolation::Caller))))
+            }
+        }
+    }
+
+    /// How long its instances live.
+    pub fn isolation(&self) -> Isolation {
+        match self {
+            Guest::Core(_) => Isolation::Call,
+            Guest::Component(c) => c.isolation(),
+        }
+    }
+
+    /// Instances kept idle for their callers now.
+    pub fn instances_kept(&self) -> usize {
+        match self {
+            Guest::Core(_) => 0,
+            Guest::Component(c) => c.kept_idle(),
         }
     }
 

@@ -13,6 +13,8 @@ pub mod set;
 mod snapshot;
 pub mod state;
 
+pub use chain::ChainOutcome;
+pub use component::{Isolation, KEPT_CALLS};
 pub use engine::{EngineLimits, PolicyEngine};
 pub use module::{EvalError, Evaluation, LoadError, Policy, PolicyLimits};
 pub use set::{Chain, PolicyLoadError, PolicySet, Reload};

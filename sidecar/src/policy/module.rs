@@ -366,6 +366,18 @@ pub(super) fn new_store(
     runs: Runs,
 ) -> Result<(Store<HostState>, Arc<CallClock>), EvalError> {
     let mut store = Store::new(engine.engine(), state);
+    let clock = arm(&mut store, fuel, deadline, runs)?;
+    Ok((store, clock))
+}
+
+/// Readies `store` for one call: `fuel`, the deadline check from the next tick on, and the host
+/// call counters at zero. A kept instance's store is armed again before each call.
+pub(super) fn arm(
+    store: &mut Store<HostState>,
+    fuel: u64,
+    deadline: Duration,
+    runs: Runs,
+) -> Result<Arc<CallClock>, EvalError> {
     store
         .set_fuel(fuel)
         .map_err(|e| EvalError::Abi(e.to_string()))?;
@@ -374,7 +386,10 @@ pub(super) fn new_store(
     let clock = Arc::new(CallClock::default());
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(cpu_deadline(deadline, clock.clone(), runs));
-    Ok((store, clock))
+    let state = store.data_mut();
+    state.host_calls = 0;
+    state.memory_denied = false;
+    Ok(clock)
 }
 
 /// The CPU time one call used, as its deadline check counts it: from its first check on, and on an
@@ -632,7 +647,9 @@ impl ResourceLimiter for HostState {
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let ok = self.limits.memory_growing(current, desired, maximum)?;
-        if !ok {
+        if ok {
+            self.memory_high = self.memory_high.max(desired);
+        } else {
             self.memory_denied = true;
             // Growth beyond the cap ends the evaluation instead of letting the guest see -1 and carry on.
             return Err(wasmtime::Error::msg("policy memory limit exceeded"));

@@ -19,13 +19,13 @@ use slotgate_sdk::{
 };
 
 use super::chain::{self, ChainOutcome, Mode, OnError, Step};
-use super::component::{self, t};
+use super::component::{self, t, Isolation};
 use super::engine::{EngineLimits, PolicyEngine};
 use super::guest::{Compiled, Guest};
 use super::module::{EvalError, Evaluation, LoadError, PolicyLimits, Runs, LOAD_DEADLINE};
 use super::snapshot;
 use super::state::SharedState;
-use crate::config::{PolicyMode, PolicyOnError, PolicySpec};
+use crate::config::{PolicyIsolation, PolicyMode, PolicyOnError, PolicySpec};
 use crate::metrics as m;
 
 /// Policy calls running at once; well under the engine's instance pool, which also holds the
@@ -446,7 +446,11 @@ impl PolicySet {
         };
         probe.evaluate(&canary_input(&canary_settings))?;
         let policy = Guest::link(&engine, self.inner.shared.clone(), name, &compiled, limits)?
-            .keyed(&state_key, &verdict);
+            .keyed(&state_key, &verdict)
+            .isolated(spec.isolation.map(|i| match i {
+                PolicyIsolation::Call => Isolation::Call,
+                PolicyIsolation::Caller => Isolation::Caller,
+            }))?;
         Ok((
             Arc::new(Loaded {
                 name: name.to_owned(),

@@ -757,6 +757,8 @@ pub struct HostState {
     pub memory_denied: bool,
     /// Host calls this call may make (a component's; a core module's are charged fuel instead).
     pub host_call_budget: u64,
+    /// The largest linear memory of the store so far, in bytes.
+    pub memory_high: usize,
     /// A component's WASI context, made the first time it touches WASI.
     pub wasi: Option<Box<super::component::Wasi>>,
 }
@@ -776,6 +778,7 @@ impl HostState {
             host_calls: 0,
             memory_denied: false,
             host_call_budget: u64::MAX,
+            memory_high: 0,
             wasi: None,
         }
     }

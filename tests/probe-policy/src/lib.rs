@@ -5,10 +5,14 @@
 //!
 //! - `echo` (the default): allows, with a response header `x-probe-earlier-v1` or `-v2` (its
 //!   contract) holding what earlier policies of the chain decided, as JSON, and
-//!   `x-probe-dialect-v1|v2` the request's dialect;
+//!   `x-probe-dialect-v1|v2` the request's dialect, `x-probe-calls-v1|v2` how many calls this
+//!   instance has served (itself included) and `x-probe-pages-v1|v2` its linear memory in pages;
+//! - `leak`: leaks 1 MiB, then echoes;
 //! - `spin`: loops for ever; `bomb`: allocates until it cannot; `trap`: panics;
 //! - `huge`: denies with a message of 1 MiB; `host_loop`: calls the host without end;
 //! - `long_key`: takes from a bucket whose key is over the host's limit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Deserialize;
 use slotgate_sdk::{host, Decision, EvaluateInput, Policy};
@@ -23,6 +27,9 @@ pub struct Settings {
     when_model: Option<String>,
 }
 
+/// Calls this instance has served.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
 /// The contract it was built for, in its header names.
 const CONTRACT: &str = if cfg!(feature = "v2") { "v2" } else { "v1" };
 
@@ -35,6 +42,7 @@ impl Policy for Probe {
             .as_ref()
             .is_none_or(|m| input.request.model.as_ref() == Some(m));
         let action = if applies { s.action.as_str() } else { "echo" };
+        let calls = CALLS.fetch_add(1, Ordering::Relaxed) + 1;
         match action {
             "spin" => {
                 let mut n: u64 = 0;
@@ -58,7 +66,10 @@ impl Policy for Probe {
                 host::bucket_take(&"k".repeat(10_000), 1.0, 1.0, 1.0);
                 Decision::allow()
             }
-            _ => {
+            other => {
+                if other == "leak" {
+                    std::hint::black_box(Vec::<u8>::with_capacity(1 << 20).leak());
+                }
                 let mut d = Decision::allow();
                 let earlier = serde_json::to_string(&input.earlier).unwrap_or_default();
                 d.mutations
@@ -68,10 +79,24 @@ impl Policy for Probe {
                     format!("x-probe-dialect-{CONTRACT}"),
                     input.request.dialect.clone().unwrap_or_default(),
                 );
+                d.mutations
+                    .response_headers
+                    .insert(format!("x-probe-calls-{CONTRACT}"), calls.to_string());
+                d.mutations
+                    .response_headers
+                    .insert(format!("x-probe-pages-{CONTRACT}"), pages().to_string());
                 d
             }
         }
     }
+}
+
+/// Pages of linear memory (0 natively).
+fn pages() -> usize {
+    #[cfg(target_arch = "wasm32")]
+    return core::arch::wasm32::memory_size(0);
+    #[cfg(not(target_arch = "wasm32"))]
+    0
 }
 
 #[cfg(not(feature = "v2"))]

@@ -161,3 +161,111 @@ fn policy_cache() -> std::path::PathBuf {
     let home = std::env::var_os("HOME").map_or_else(|| "/tmp".into(), std::path::PathBuf::from);
     home.join(".cache/slotgate/policy-cache")
 }
+
+/// The four Rust examples as v2 components, in one chain in front of the real llama-server:
+/// tenant-priority names the tenant and its priority (seen by the probe after it), request-guard
+/// denies, token-budget and quota charge and settle from llama-server's usage, and quota's
+/// rate-limit headers count what is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rust_examples_as_components_decide_on_the_real_llama_server() {
+    let _serial = slotgate_tests::llama::serial().await;
+    let llama = LlamaServer::start(2).await;
+    let dir = unique_dir("rust-v2-e2e");
+    let hashed = slotgate_tests::gate::hash_key(KEY);
+    let priority = json!({
+        "tenants": { "chat-frontend": { "api_keys": [hashed], "priority": -5, "ceiling": -10 } },
+        "unknown": { "tenant": "public", "priority": 0, "ceiling": 0 },
+    });
+    let guard = json!({ "max_tokens": 64, "over_max_tokens": "deny" });
+    let budget = json!({ "capacity": 100000, "refill_per_second": 0, "default_max_tokens": 64 });
+    let quota =
+        json!({ "period": "day", "tokens": 50000, "requests": 100, "default_max_tokens": 64 });
+    let mut toml = String::new();
+    for (name, settings) in [
+        ("tenant-priority-v2", &priority),
+        ("request-guard-v2", &guard),
+        ("token-budget-v2", &budget),
+        ("quota-v2", &quota),
+    ] {
+        toml += &format!(
+            "[[policy]]\npath = \"{}\"\nsettings = {}\n\n",
+            wat::built(name).display(),
+            toml_inline(settings)
+        );
+    }
+    toml += &format!(
+        "[[policy]]\npath = \"{}\"\n",
+        wat::built("probe-policy-v2").display()
+    );
+    let config = dir.join("slotgate.toml");
+    std::fs::write(&config, toml).unwrap();
+    let gate = Gate::new()
+        .upstream_path(llama.socket())
+        .slots(2)
+        .opt("--config", config.display())
+        .opt("--cost-tokenizer", "estimate")
+        .start()
+        .await;
+    let client = gate.client();
+    let with_key = [("authorization", format!("Bearer {KEY}"))];
+
+    let body = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8});
+    let resp = client.post_json_with_headers(CHAT, &body, &with_key).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let earlier: Value = serde_json::from_str(
+        &resp
+            .header("x-probe-earlier-v2")
+            .expect("the probe's header"),
+    )
+    .unwrap();
+    assert_eq!(earlier["policies"], 4, "{earlier}");
+    assert_eq!(earlier["tenant"], "chat-frontend", "{earlier}");
+    assert_eq!(earlier["priority"], -5, "{earlier}");
+    assert_eq!(
+        resp.header("x-ratelimit-remaining-requests").as_deref(),
+        Some("99"),
+        "quota's headers: {:?}",
+        resp.headers
+    );
+    let used = serde_json::from_str::<Value>(&resp.body).unwrap()["usage"]["total_tokens"]
+        .as_u64()
+        .expect("usage.total_tokens");
+
+    let too_long = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 500});
+    let denied = client
+        .post_json_with_headers(CHAT, &too_long, &with_key)
+        .await;
+    assert_error(&denied, 403, "policy_denied");
+
+    // Both budgets settled to the usage llama-server reported.
+    let settled = |status: &Value| -> bool {
+        let bucket = status["state"]["buckets"]["emptiest"]
+            .as_array()
+            .and_then(|b| b.iter().find(|b| b["key"] == hashed.as_str()))
+            .and_then(|b| b["level"].as_f64());
+        let quota_left = status["state"]["quotas"]["emptiest"]
+            .as_array()
+            .and_then(|q| {
+                q.iter()
+                    .find(|q| q["key"].as_str().is_some_and(|k| k.contains("tokens")))
+            })
+            .and_then(|q| q["left"].as_f64());
+        bucket.is_some_and(|l| (100000.0 - l - used as f64).abs() < 0.5)
+            && quota_left.is_some_and(|l| (50000.0 - l - used as f64).abs() < 0.5)
+    };
+    let mut status = gate.status().await;
+    for _ in 0..100 {
+        if settled(&status) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = gate.status().await;
+    }
+    assert!(
+        settled(&status),
+        "budgets settled to {used} tokens: {}",
+        status["state"]
+    );
+    gate.assert_idle().await;
+    llama.assert_idle().await;
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use slotgate::config::PolicySpec;
+use slotgate::config::{PolicyIsolation, PolicySpec};
 use slotgate::policy::PolicySet;
 use slotgate_sdk::{Completion, Decision, Peer, RequestSummary};
 use slotgate_tests::errors::assert_error;
@@ -483,4 +483,157 @@ async fn a_reload_from_v1_to_its_v2_port_under_load_loses_nothing_and_keeps_budg
         seen.len()
     );
     gate.assert_settled(&up, 2).await;
+}
+
+/// The probe, doing `action` for requests of the model `TRAP` (echoing for the others), with
+/// `isolation` as configured.
+fn probe_set(action: &str, isolation: Option<PolicyIsolation>) -> PolicySet {
+    let dir = unique_dir(&format!("isolation-{action}"));
+    let settings = dir.join("settings.json");
+    let when = if action == "leak" { None } else { Some("TRAP") };
+    std::fs::write(
+        &settings,
+        json!({ "do": action, "when_model": when }).to_string(),
+    )
+    .unwrap();
+    let spec = PolicySpec {
+        isolation,
+        ..PolicySpec::from_path(probe_v2(), Some(settings))
+    };
+    PolicySet::load(&[spec], None).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn caller(key: Option<&str>, uid: Option<u32>) -> RequestSummary {
+    RequestSummary {
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        dialect: Some("chat".into()),
+        api_key: key.map(slotgate_tests::gate::hash_key),
+        peer: uid.map(|uid| Peer {
+            uid,
+            gid: 100,
+            pid: None,
+        }),
+        ..RequestSummary::default()
+    }
+}
+
+/// What the probe's instance said: the calls it has served, and its memory in pages.
+fn served(set: &PolicySet, r: &RequestSummary) -> (u64, u64) {
+    let d = match set.current().evaluate(r) {
+        slotgate::policy::ChainOutcome::Allow(d) => d,
+        other => panic!("{other:?}"),
+    };
+    let header = |h: &str| -> u64 {
+        d.mutations.response_headers[h]
+            .parse()
+            .unwrap_or_else(|e| panic!("{h}: {e}"))
+    };
+    (header("x-probe-calls-v2"), header("x-probe-pages-v2"))
+}
+
+#[test]
+fn a_kept_instance_serves_one_caller_and_is_thrown_away_after_a_failure() {
+    let set = probe_set("trap", None);
+    let (a, b) = (caller(Some("k-a"), None), caller(Some("k-b"), None));
+    let (uid, other_uid, anonymous) = (
+        caller(None, Some(1000)),
+        caller(None, Some(1001)),
+        caller(None, None),
+    );
+    // One caller's calls go on in its instance; every other caller starts in one of its own.
+    for n in 1..=3 {
+        assert_eq!(served(&set, &a).0, n);
+    }
+    for other in [&b, &uid, &anonymous] {
+        assert_eq!(served(&set, other).0, 1, "{other:?}");
+    }
+    assert_eq!(served(&set, &a).0, 4);
+    assert_eq!(served(&set, &b).0, 2);
+    assert_eq!(served(&set, &uid).0, 2);
+    let kept = || {
+        set.current()
+            .policies()
+            .next()
+            .unwrap()
+            .policy
+            .instances_kept()
+    };
+    assert_eq!(kept(), 4);
+    // A fifth caller: the least recently served one's instance (anonymous) makes room.
+    assert_eq!(served(&set, &other_uid).0, 1);
+    assert_eq!(kept(), 4);
+    assert_eq!(served(&set, &anonymous).0, 1);
+    assert_eq!(served(&set, &uid).0, 3);
+
+    // A failed call's instance is never used again: the caller's next call starts afresh.
+    let trap = RequestSummary {
+        model: Some("TRAP".into()),
+        ..a.clone()
+    };
+    assert!(matches!(
+        set.current().evaluate(&trap),
+        slotgate::policy::ChainOutcome::Failed { .. }
+    ));
+    assert_eq!(served(&set, &a).0, 1);
+
+    // `isolation = "call"`: a fresh instance for every call, as for v1.
+    let fresh = probe_set("trap", Some(PolicyIsolation::Call));
+    for _ in 0..3 {
+        assert_eq!(served(&fresh, &a).0, 1);
+    }
+    assert_eq!(
+        fresh
+            .current()
+            .policies()
+            .next()
+            .unwrap()
+            .policy
+            .instances_kept(),
+        0
+    );
+}
+
+#[test]
+fn a_kept_instance_gives_back_what_a_call_allocates_and_is_replaced_in_time() {
+    let set = probe_set("trap", None);
+    let a = caller(Some("k-a"), None);
+    let (_, pages) = served(&set, &a);
+    // Every call allocates (the input, the decision, its headers) and frees: the instance serves
+    // call after call in the memory it started with, until it has served its share.
+    let last = slotgate::policy::KEPT_CALLS as u64;
+    for n in 2..=last {
+        assert_eq!(served(&set, &a), (n, pages), "call {n}");
+    }
+    assert_eq!(
+        served(&set, &a),
+        (1, pages),
+        "a fresh instance after {last} calls"
+    );
+
+    // A policy that leaks 1 MiB a call: its instance is replaced once it holds half the memory
+    // cap (16 MiB by default), so no call on a kept instance runs short of memory.
+    let leaky = probe_set("leak", None);
+    let counts: Vec<(u64, u64)> = (0..24).map(|_| served(&leaky, &a)).collect();
+    let most = counts.iter().map(|c| c.0).max().unwrap();
+    assert!(most > 1 && most < 12, "{counts:?}");
+    assert!(counts.iter().skip(1).any(|c| c.0 == 1), "{counts:?}");
+    assert!(
+        counts.iter().all(|c| c.1 * 65_536 <= 10 << 20),
+        "never past half the cap, and a call: {counts:?}"
+    );
+}
+
+#[test]
+fn a_v1_module_refuses_caller_isolation() {
+    let spec = PolicySpec {
+        isolation: Some(PolicyIsolation::Caller),
+        ..PolicySpec::from_path(wat::built("probe-policy"), None)
+    };
+    let e = PolicySet::load(&[spec], None).err().expect("refused");
+    let message = e.to_string();
+    assert!(
+        message.contains("isolation = \"caller\" is for v2 components"),
+        "{message}"
+    );
 }
