@@ -142,8 +142,9 @@ pub enum Isolation {
     /// A fresh instance for every call, as for v1 modules.
     Call,
     /// An instance serves one caller (API key, else Unix uid and gid, else anonymous) for up to
-    /// [`KEPT_CALLS`] calls in a row, and is thrown away after any failure: a call may find what
-    /// an earlier call of the same caller left in memory, never what another caller's did.
+    /// [`KEPT_CALLS`] calls in a row, and is thrown away after any failure or once its memory has
+    /// grown by half the room it had: a call may find what an earlier call of the same caller left
+    /// in memory, never what another caller's did.
     Caller,
 }
 
@@ -167,6 +168,8 @@ struct Kept {
     bindings: wit::Policy,
     caller: u64,
     calls: u32,
+    /// Its memory when it was made, in bytes.
+    born: usize,
 }
 
 /// Whom a call is for, as [`Isolation::Caller`] keeps instances apart: the caller's hashed key,
@@ -407,8 +410,8 @@ impl ComponentPolicy {
 
     /// Runs `f` on an instance for `caller`: one kept for it, else a fresh one. The instance is kept
     /// afterwards (with [`Isolation::Caller`]) only if the call succeeded, it has served fewer than
-    /// [`KEPT_CALLS`] calls and its memory is at most half the cap, so a call on a kept instance
-    /// always has half the cap to grow into.
+    /// [`KEPT_CALLS`] calls and its memory has grown by at most half the room a fresh instance has
+    /// under the cap, so a call on a kept instance always has at least half that room.
     async fn call<R>(
         &self,
         caller: u64,
@@ -422,10 +425,10 @@ impl ComponentPolicy {
             let i = idle.iter().rposition(|w| w.caller == caller)?;
             Some(idle.remove(i))
         });
-        let (mut store, bindings, calls, clock) = match kept {
+        let (mut store, bindings, calls, born, clock) = match kept {
             Some(mut w) => {
                 let clock = arm(&mut w.store, self.limits.fuel, deadline, runs)?;
-                (w.store, w.bindings, w.calls, clock)
+                (w.store, w.bindings, w.calls, w.born, clock)
             }
             None => {
                 let (mut store, clock) = self.store(deadline, runs)?;
@@ -433,7 +436,8 @@ impl ComponentPolicy {
                     Ok(b) => b,
                     Err(e) => return Err(classify(&store, e)),
                 };
-                (store, bindings, 0, clock)
+                let born = store.data().memory_high;
+                (store, bindings, 0, born, clock)
             }
         };
         let result = f(&bindings, &mut store).await;
@@ -441,7 +445,9 @@ impl ComponentPolicy {
         let r = result.map_err(|e| classify(&store, e))?;
         if let Some(k) = &self.kept {
             let calls = calls + 1;
-            if calls < KEPT_CALLS && store.data().memory_high <= self.limits.memory_bytes / 2 {
+            let grown = store.data().memory_high.saturating_sub(born);
+            let room = self.limits.memory_bytes.saturating_sub(born);
+            if calls < KEPT_CALLS && grown <= room / 2 {
                 let evicted = {
                     let mut idle = lock(k);
                     let evicted = (idle.len() >= KEPT_IDLE).then(|| idle.remove(0));
@@ -450,6 +456,7 @@ impl ComponentPolicy {
                         bindings,
                         caller,
                         calls,
+                        born,
                     });
                     evicted
                 };
