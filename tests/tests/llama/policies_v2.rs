@@ -2,7 +2,8 @@
 //! real `slotgate` binary in front of a real llama-server: tenant-priority in TypeScript names the
 //! tenant and its priority, request-guard in Python denies, token-budget in Rust charges the
 //! estimate and settles it to the usage llama-server reported, and the probe after them shows what
-//! the chain passed along. The components are built from the registries by
+//! the chain passed along. And the four Rust examples as components in one chain: a priority, a
+//! denial, a budget and a quota charged and settled. The components are built from the registries by
 //! `scripts/build-policies.sh`, `build-policies-py.sh` and `build-policies-ts.sh`.
 
 use std::time::Duration;
@@ -30,32 +31,15 @@ async fn a_chain_of_three_languages_denies_prioritises_and_settles_on_the_real_l
     });
     let guard = json!({ "max_tokens": 64, "over_max_tokens": "deny", "cache_isolation": true });
     let budget = json!({ "capacity": 100000, "refill_per_second": 0, "default_max_tokens": 64 });
-    let toml = format!(
-        r#"[[policy]]
-path = "{ts}"
-settings = {priority}
-
-[[policy]]
-path = "{py}"
-settings = {guard}
-
-[[policy]]
-path = "{rust}"
-settings = {budget}
-
-[[policy]]
-path = "{probe}"
-"#,
-        ts = wat::built(TS_PRIORITY).display(),
-        py = wat::built(PY_GUARD).display(),
-        rust = wat::built(RUST_BUDGET).display(),
-        probe = wat::built("probe-policy-v2").display(),
-        priority = toml_inline(&priority),
-        guard = toml_inline(&guard),
-        budget = toml_inline(&budget),
+    let config = chain_config(
+        &dir,
+        &[
+            (TS_PRIORITY, Some(&priority)),
+            (PY_GUARD, Some(&guard)),
+            (RUST_BUDGET, Some(&budget)),
+            ("probe-policy-v2", None),
+        ],
     );
-    let config = dir.join("slotgate.toml");
-    std::fs::write(&config, toml).unwrap();
     let gate = Gate::new()
         .upstream_path(llama.socket())
         .slots(2)
@@ -75,12 +59,7 @@ path = "{probe}"
     let body = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8});
     let resp = client.post_json_with_headers(CHAT, &body, &with_key).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
-    let earlier: Value = serde_json::from_str(
-        &resp
-            .header("x-probe-earlier-v2")
-            .expect("the probe's header"),
-    )
-    .unwrap();
+    let earlier = probe_earlier(&resp);
     assert_eq!(earlier["policies"], 3, "{earlier}");
     assert_eq!(earlier["tenant"], "chat-frontend", "{earlier}");
     assert_eq!(earlier["priority"], -5, "{earlier}");
@@ -109,20 +88,13 @@ path = "{probe}"
             .find(|b| b["key"] == hashed.as_str())?["level"]
             .as_f64()
     };
-    let mut status = gate.status().await;
-    for _ in 0..100 {
-        if level_of(&status).is_some_and(|l| (100000.0 - l - used as f64).abs() < 0.5) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status = gate.status().await;
-    }
-    assert!(
-        level_of(&status).is_some_and(|l| (100000.0 - l - used as f64).abs() < 0.5),
-        "the budget settled to {used} tokens used: {}",
-        status["state"]
-    );
-    let status = gate.status().await;
+    let status = gate
+        .wait_status(
+            Duration::from_secs(10),
+            &format!("the budget settled to {used} tokens used"),
+            |status| level_of(status).is_some_and(|l| (100000.0 - l - used as f64).abs() < 0.5),
+        )
+        .await;
     let contracts: Vec<_> = status["policies"]["chain"]
         .as_array()
         .unwrap()
@@ -132,6 +104,31 @@ path = "{probe}"
     assert_eq!(contracts, ["v2", "v2", "v2", "v2"]);
     gate.assert_idle().await;
     llama.assert_idle().await;
+}
+
+/// A config file in `dir` with a `[[policy]]` for each built policy, in order, with its settings.
+fn chain_config(dir: &std::path::Path, chain: &[(&str, Option<&Value>)]) -> std::path::PathBuf {
+    let mut toml = String::new();
+    for (name, settings) in chain {
+        toml += &format!("[[policy]]\npath = \"{}\"\n", wat::built(name).display());
+        if let Some(settings) = settings {
+            toml += &format!("settings = {}\n", toml_inline(settings));
+        }
+        toml += "\n";
+    }
+    let config = dir.join("slotgate.toml");
+    std::fs::write(&config, toml).unwrap();
+    config
+}
+
+/// What the probe at the end of the chain saw of the policies before it.
+fn probe_earlier(resp: &client::Response) -> Value {
+    serde_json::from_str(
+        &resp
+            .header("x-probe-earlier-v2")
+            .expect("the probe's header"),
+    )
+    .unwrap()
 }
 
 /// JSON as a TOML inline value (its objects as inline tables).
@@ -180,25 +177,16 @@ async fn the_rust_examples_as_components_decide_on_the_real_llama_server() {
     let budget = json!({ "capacity": 100000, "refill_per_second": 0, "default_max_tokens": 64 });
     let quota =
         json!({ "period": "day", "tokens": 50000, "requests": 100, "default_max_tokens": 64 });
-    let mut toml = String::new();
-    for (name, settings) in [
-        ("tenant-priority-v2", &priority),
-        ("request-guard-v2", &guard),
-        ("token-budget-v2", &budget),
-        ("quota-v2", &quota),
-    ] {
-        toml += &format!(
-            "[[policy]]\npath = \"{}\"\nsettings = {}\n\n",
-            wat::built(name).display(),
-            toml_inline(settings)
-        );
-    }
-    toml += &format!(
-        "[[policy]]\npath = \"{}\"\n",
-        wat::built("probe-policy-v2").display()
+    let config = chain_config(
+        &dir,
+        &[
+            ("tenant-priority-v2", Some(&priority)),
+            ("request-guard-v2", Some(&guard)),
+            ("token-budget-v2", Some(&budget)),
+            ("quota-v2", Some(&quota)),
+            ("probe-policy-v2", None),
+        ],
     );
-    let config = dir.join("slotgate.toml");
-    std::fs::write(&config, toml).unwrap();
     let gate = Gate::new()
         .upstream_path(llama.socket())
         .slots(2)
@@ -212,12 +200,7 @@ async fn the_rust_examples_as_components_decide_on_the_real_llama_server() {
     let body = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8});
     let resp = client.post_json_with_headers(CHAT, &body, &with_key).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
-    let earlier: Value = serde_json::from_str(
-        &resp
-            .header("x-probe-earlier-v2")
-            .expect("the probe's header"),
-    )
-    .unwrap();
+    let earlier = probe_earlier(&resp);
     assert_eq!(earlier["policies"], 4, "{earlier}");
     assert_eq!(earlier["tenant"], "chat-frontend", "{earlier}");
     assert_eq!(earlier["priority"], -5, "{earlier}");
@@ -253,19 +236,12 @@ async fn the_rust_examples_as_components_decide_on_the_real_llama_server() {
         bucket.is_some_and(|l| (100000.0 - l - used as f64).abs() < 0.5)
             && quota_left.is_some_and(|l| (50000.0 - l - used as f64).abs() < 0.5)
     };
-    let mut status = gate.status().await;
-    for _ in 0..100 {
-        if settled(&status) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status = gate.status().await;
-    }
-    assert!(
-        settled(&status),
-        "budgets settled to {used} tokens: {}",
-        status["state"]
-    );
+    gate.wait_status(
+        Duration::from_secs(10),
+        &format!("budgets settled to {used} tokens"),
+        settled,
+    )
+    .await;
     gate.assert_idle().await;
     llama.assert_idle().await;
 }
