@@ -2,16 +2,18 @@
 //! client's bytes and its priority replaces the client's hint; denied or failed, it is refused.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use slotgate_sdk::{Decision, QueueSnapshot};
+use slotgate_sdk::{Decision, QueueSnapshot, RequestSummary};
 
 use crate::error::{DenialDetail, GateError, Outcome};
 use crate::policy::chain::ChainOutcome;
 use crate::policy::complete::CompletionHook;
-use crate::policy::{Chain, EvalError};
+use crate::policy::{Chain, EvalError, PolicySet};
 use crate::state::App;
 
 use super::access::Exchange;
@@ -52,7 +54,7 @@ pub(super) async fn decide(
         return Ok(decided);
     }
     let now = crate::policy::state::wall_ms().max(0) as u64;
-    let (outcome, own) = evaluate(app, intake, chain.clone(), now).await;
+    let (outcome, own, summary) = evaluate(app, intake, chain.clone(), now).await;
     // Every policy that allowed hears how the request ended, even when a later one refused it:
     // what it took from a budget can be given back.
     if chain.wants_completion(&own) {
@@ -60,7 +62,7 @@ pub(super) async fn decide(
             chain: chain.clone(),
             own,
             policies: app.policies.clone(),
-            request: intake.summary.clone(),
+            request: summary,
             decision: outcome.decision(),
             evaluated_unix_ms: now,
         });
@@ -148,12 +150,19 @@ fn rate_limit_headers(
 /// which hands the worker's other tasks to another thread, about as much under load; measured by
 /// `sidecar/benches/policy_eval.rs` and `scripts/bench.sh`). A chain moves to the blocking pool for
 /// good once an evaluation used more than `INLINE_LIMIT` (3 ms) of CPU or ran out of fuel or time.
+///
+/// The evaluation is polled from this request's own task, not spawned: a fast chain is over within
+/// its first poll, with no task, channel or copy of the summary. Should the client leave while it
+/// is suspended (an epoch yield, or waiting for the blocking pool), [`Orphan`] hands the rest to a
+/// task of its own, so a policy that has taken from a budget always finishes, and hears
+/// (`on_complete`, outcome `client_gone`) that the request was never served. Returns the summary
+/// the chain saw (with the queue's figures), for the completion.
 async fn evaluate(
     app: &App,
     intake: &Intake,
     chain: Arc<Chain>,
     now: u64,
-) -> (ChainOutcome, Vec<Option<Decision>>) {
+) -> (ChainOutcome, Vec<Option<Decision>>, RequestSummary) {
     let mut summary = intake.summary.clone();
     let pool = super::admit::model_pool(app, intake);
     let q = pool
@@ -167,44 +176,43 @@ async fn evaluate(
         estimated_wait_seconds: q.drain_seconds(),
     };
     let turn = app.policies.turn().await;
-    // In a task of its own, so that a client that leaves meanwhile (its request's future is dropped)
-    // cancels nothing: a policy that has taken from a budget always finishes, and hears (`on_complete`,
-    // outcome `client_gone`) that the request was never served, so what it took is given back.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let policies = app.policies.clone();
-    let summary = Arc::new(summary);
-    tokio::spawn(async move {
-        let evaluated = if chain.runs_inline() {
+    let job: Job = if chain.runs_inline() {
+        let chain = chain.clone();
+        Box::pin(async move {
             let evaluated = AssertUnwindSafe(chain.evaluate_each_async_at(&summary, now))
                 .catch_unwind()
                 .await
                 .map_err(|_| ());
             drop(turn);
-            evaluated
-        } else {
-            let (chain, summary) = (chain.clone(), summary.clone());
+            (evaluated, summary)
+        })
+    } else {
+        let chain = chain.clone();
+        Box::pin(async move {
+            let summary = Arc::new(summary);
+            let seen = summary.clone();
             let evaluate = move || {
                 let _turn = turn;
-                chain.evaluate_each_at(&summary, now)
+                chain.evaluate_each_at(&seen, now)
             };
-            tokio::task::spawn_blocking(evaluate).await.map_err(|_| ())
-        };
-        if let Err(Ok((outcome, own))) = tx.send(evaluated) {
-            if chain.wants_completion(&own) {
-                let hook = CompletionHook {
-                    chain,
-                    own,
-                    policies,
-                    request: Arc::unwrap_or_clone(summary),
-                    decision: outcome.decision(),
-                    evaluated_unix_ms: now,
-                };
-                hook.fire(0, Outcome::ClientGone, Default::default(), 0, 0);
-            }
-        }
-    });
-    let evaluated = rx.await.unwrap_or(Err(()));
-    evaluated.unwrap_or_else(|()| {
+            let evaluated = tokio::task::spawn_blocking(evaluate).await.map_err(|_| ());
+            (evaluated, Arc::unwrap_or_clone(summary))
+        })
+    };
+    let mut orphan = Orphan {
+        job: Some(job),
+        chain,
+        policies: app.policies.clone(),
+        now,
+    };
+    let (evaluated, summary) = std::future::poll_fn(|cx| {
+        let job = orphan.job.as_mut().expect("polled until ready, then taken");
+        let ready = std::task::ready!(job.as_mut().poll(cx));
+        orphan.job = None;
+        std::task::Poll::Ready(ready)
+    })
+    .await;
+    let (outcome, own) = evaluated.unwrap_or_else(|()| {
         (
             ChainOutcome::Failed {
                 policy: "-".into(),
@@ -212,5 +220,57 @@ async fn evaluate(
             },
             Vec::new(),
         )
-    })
+    });
+    (outcome, own, summary)
+}
+
+/// An evaluation in progress, and the summary it judges (given back at the end).
+type Job = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Result<(ChainOutcome, Vec<Option<Decision>>), ()>,
+                    RequestSummary,
+                ),
+            > + Send,
+    >,
+>;
+
+/// An evaluation whose request may be dropped before it is over (its client left).
+struct Orphan {
+    /// `None` once it has been polled to the end.
+    job: Option<Job>,
+    chain: Arc<Chain>,
+    policies: PolicySet,
+    now: u64,
+}
+
+impl Drop for Orphan {
+    /// Finishes an evaluation left mid-way in a task of its own, and tells every policy that
+    /// allowed the request that it was never served.
+    fn drop(&mut self) {
+        let Some(job) = self.job.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (chain, policies, now) = (self.chain.clone(), self.policies.clone(), self.now);
+        rt.spawn(async move {
+            let (Ok((outcome, own)), request) = job.await else {
+                return;
+            };
+            if chain.wants_completion(&own) {
+                let hook = CompletionHook {
+                    decision: outcome.decision(),
+                    chain,
+                    own,
+                    policies,
+                    request,
+                    evaluated_unix_ms: now,
+                };
+                hook.fire(0, Outcome::ClientGone, Default::default(), 0, 0);
+            }
+        });
+    }
 }

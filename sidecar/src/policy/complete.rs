@@ -58,7 +58,9 @@ impl CompletionHook {
             let _pending = pending;
             let turn = policies.turn().await;
             if chain.runs_inline() {
-                chain.complete_async(&completion, &own).await;
+                // Boxed, so this task stays small: tokio copies a task's future as it moves it
+                // in and out, and the wasm calls' state is most of it.
+                Box::pin(chain.complete_async(&completion, &own)).await;
             } else {
                 let complete = move || {
                     let _turn = turn;

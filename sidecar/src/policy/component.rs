@@ -387,11 +387,10 @@ impl ComponentPolicy {
     pub async fn on_complete_async(
         &self,
         settings: &str,
-        completion: &Completion,
+        input: &t::Completion,
         runs: Runs,
     ) -> Result<Evaluation, EvalError> {
-        let input = completion_of(completion);
-        let r = &completion.request;
+        let r = &input.request;
         let caller = caller_of(
             r.api_key.as_deref(),
             r.peer.as_ref().map(|p| (p.uid, p.gid)),
@@ -401,7 +400,7 @@ impl ComponentPolicy {
                 caller,
                 runs,
                 async |p: &wit::Policy, store: &mut Store<HostState>| {
-                    p.call_on_complete(store, settings, &input).await
+                    p.call_on_complete(store, settings, input).await
                 },
             )
             .await?;
@@ -470,9 +469,9 @@ impl ComponentPolicy {
     pub fn on_complete(
         &self,
         settings: &str,
-        completion: &Completion,
+        input: &t::Completion,
     ) -> Result<Evaluation, EvalError> {
-        block_on(self.on_complete_async(settings, completion, Runs::Blocking))
+        block_on(self.on_complete_async(settings, input, Runs::Blocking))
     }
 
     fn finish(&self, store: &Store<HostState>, clock: &Clock, started: Instant) -> Evaluation {
@@ -571,7 +570,7 @@ fn rate_limits_from(r: t::RateLimits) -> RateLimits {
 }
 
 /// An allowing decision as the contract carries it (a completion's `decision`).
-fn allow_of(d: &Decision) -> t::Allow {
+pub fn allow_of(d: &Decision) -> t::Allow {
     t::Allow {
         tenant: d.tenant.clone(),
         cost: d.cost,
@@ -593,11 +592,13 @@ fn allow_of(d: &Decision) -> t::Allow {
     }
 }
 
-pub fn completion_of(c: &Completion) -> t::Completion {
+/// How a request ended, for a component that allowed it with `mine`; `c.decision` is the chain's
+/// (as [`crate::policy::complete::CompletionHook`] fires it).
+pub fn completion_of(c: &Completion, mine: &Decision) -> t::Completion {
     t::Completion {
         request: request_of(&c.request),
-        decision: allow_of(&c.decision),
-        chain_allowed: c.chain_decision.verdict == Verdict::Allow,
+        decision: allow_of(mine),
+        chain_allowed: c.decision.verdict == Verdict::Allow,
         status: c.status,
         outcome: c.outcome.clone(),
         prompt_tokens: c.prompt_tokens,

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use slotgate_sdk::{Completion, Decision, EvaluateInput};
+use slotgate_sdk::{Decision, EvaluateInput};
 use wasmtime::component::Component;
 use wasmtime::Module;
 
 use super::component::{self, ComponentPolicy, Isolation};
 use super::engine::PolicyEngine;
-use super::module::{Evaluation, Policy, PolicyLimits, Runs, SettingsVerdict};
+use super::module::{Evaluation, Policy, PolicyLimits, SettingsVerdict};
 use super::state::SharedState;
 use super::{EvalError, LoadError};
 
@@ -191,43 +191,6 @@ impl Guest {
                 let settings = serde_json::to_string(&input.settings)
                     .map_err(|e| EvalError::Abi(e.to_string()))?;
                 c.evaluate(&settings, &evaluation_of(input))
-            }
-        }
-    }
-
-    /// `on_complete` on this thread; `settings` as JSON text for a component (a v1 module reads
-    /// them from the completion).
-    pub fn on_complete(
-        &self,
-        settings: &str,
-        completion: &Completion,
-    ) -> Result<Option<Evaluation>, EvalError> {
-        match self {
-            Guest::Core(p) => p.on_complete(completion),
-            Guest::Component(c) => {
-                if !c.wants_completions() {
-                    return Ok(None);
-                }
-                c.on_complete(settings, completion).map(Some)
-            }
-        }
-    }
-
-    /// [`Guest::on_complete`] on an async worker.
-    pub async fn on_complete_async(
-        &self,
-        settings: &str,
-        completion: &Completion,
-    ) -> Result<Option<Evaluation>, EvalError> {
-        match self {
-            Guest::Core(p) => p.on_complete_async(completion).await,
-            Guest::Component(c) => {
-                if !c.wants_completions() {
-                    return Ok(None);
-                }
-                c.on_complete_async(settings, completion, Runs::Async)
-                    .await
-                    .map(Some)
             }
         }
     }

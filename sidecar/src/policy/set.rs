@@ -699,22 +699,34 @@ impl Chain {
     /// chain's; each policy gets its own as `decision`. Synchronous: run it off the async workers, or
     /// use [`Chain::complete_async`].
     pub fn complete(&self, completion: &Completion, own: &[Option<Decision>]) {
+        let mut told = Told::new(completion);
         for (p, decision) in self.policies.iter().zip(own) {
-            if let Some(mine) = completion_for(p, decision, completion) {
-                report_completion(p, p.policy.on_complete(p.settings_text(), &mine));
-            }
+            let Some(mine) = allowed(p, decision) else {
+                continue;
+            };
+            let result = match &p.policy {
+                Guest::Core(core) => core.on_complete(&told.json(p, mine)),
+                Guest::Component(c) => c.on_complete(p.settings_text(), told.wit(mine)).map(Some),
+            };
+            report_completion(p, result);
         }
     }
 
     /// [`Chain::complete`] on an async worker, as [`Chain::evaluate_each_async`].
     pub async fn complete_async(&self, completion: &Completion, own: &[Option<Decision>]) {
+        let mut told = Told::new(completion);
         for (p, decision) in self.policies.iter().zip(own) {
-            if let Some(mine) = completion_for(p, decision, completion) {
-                report_completion(
-                    p,
-                    p.policy.on_complete_async(p.settings_text(), &mine).await,
-                );
-            }
+            let Some(mine) = allowed(p, decision) else {
+                continue;
+            };
+            let result = match &p.policy {
+                Guest::Core(core) => core.on_complete_async(&told.json(p, mine)).await,
+                Guest::Component(c) => c
+                    .on_complete_async(p.settings_text(), told.wit(mine), Runs::Async)
+                    .await
+                    .map(Some),
+            };
+            report_completion(p, result);
         }
     }
 
@@ -726,26 +738,52 @@ impl Chain {
     }
 }
 
-/// What `p` gets in its `on_complete`, if it allowed the request (its own decision) and exports it.
-fn completion_for(
-    p: &Loaded,
-    decision: &Option<Decision>,
-    completion: &Completion,
-) -> Option<Completion> {
+/// `p`'s own decision, if it allowed the request and wants to hear how it ended.
+fn allowed<'d>(p: &Loaded, decision: &'d Option<Decision>) -> Option<&'d Decision> {
     let decision = decision.as_ref()?;
-    if decision.verdict != Verdict::Allow || !p.policy.has_on_complete() {
-        return None;
+    (decision.verdict == Verdict::Allow && p.policy.has_on_complete()).then_some(decision)
+}
+
+/// How a request ended, as each policy of the chain is told it: the v2 record is made once for all
+/// the chain's components (only its `decision` differs between them).
+struct Told<'a> {
+    completion: &'a Completion,
+    wit: Option<t::Completion>,
+}
+
+impl<'a> Told<'a> {
+    fn new(completion: &'a Completion) -> Told<'a> {
+        Told {
+            completion,
+            wit: None,
+        }
     }
-    Some(Completion {
-        // A snapshotted policy holds its settings already.
-        settings: match p.settings_json {
-            Some(_) => p.settings.clone(),
-            None => Value::Null,
-        },
-        decision: decision.clone(),
-        chain_decision: completion.decision.clone(),
-        ..completion.clone()
-    })
+
+    /// What the v1 module `p` gets: the completion with its own decision, and its settings
+    /// unless it holds them.
+    fn json(&self, p: &Loaded, mine: &Decision) -> Completion {
+        let completion = self.completion;
+        Completion {
+            // A snapshotted policy holds its settings already.
+            settings: match p.settings_json {
+                Some(_) => p.settings.clone(),
+                None => Value::Null,
+            },
+            decision: mine.clone(),
+            chain_decision: completion.decision.clone(),
+            ..completion.clone()
+        }
+    }
+
+    /// What a component gets: the shared record with its own decision.
+    fn wit(&mut self, mine: &Decision) -> &t::Completion {
+        let completion = self.completion;
+        match &mut self.wit {
+            Some(wit) => wit.decision = component::allow_of(mine),
+            None => self.wit = Some(component::completion_of(completion, mine)),
+        }
+        self.wit.as_ref().expect("made above")
+    }
 }
 
 fn report_completion(p: &Loaded, result: Result<Option<Evaluation>, EvalError>) {
