@@ -1,6 +1,7 @@
 //! The rooms of `src/` depend one way, down the request path (see docs/architecture.md): each may
 //! use only the rooms listed below it. A `use crate::…` that points up, or sideways into a room at
-//! its own level, fails this test.
+//! its own level, fails this test. Inside `pipeline/`, the phases run one way too: each may name
+//! only the phases before it (what they handed on), never a later one.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,15 @@ const ROOMS: &[&str] = &[
     "metrics",
     "error",
 ];
+
+/// The phases of `pipeline/`, in the order they run; `mod.rs` calls them in turn.
+const PHASES: &[&str] = &[
+    "routes", "intake", "count", "decide", "admit", "forward", "body", "reply",
+];
+
+/// What every phase may use and which uses no phase: the request's record, the usage stripper and
+/// the request id.
+const BESIDE_PHASES: &[&str] = &["access", "strip", "request_id"];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -114,6 +124,103 @@ fn rooms_depend_one_way() {
         wrong.is_empty(),
         "arrows pointing up:\n{}",
         wrong.join("\n")
+    );
+}
+
+/// The modules of `pipeline/` a file's code names (`super::x`, `crate::pipeline::x`), comments left
+/// out; items of `mod.rs` itself (`super::Ctx`, `super::DEADLINE_HEADER`) are not modules.
+fn phases_used(text: &str) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        for prefix in ["super::", "crate::pipeline::"] {
+            let mut rest = code;
+            while let Some(at) = rest.find(prefix) {
+                rest = &rest[at + prefix.len()..];
+                let names: Vec<&str> = match rest.strip_prefix('{') {
+                    Some(group) => group.split('}').next().unwrap_or("").split(',').collect(),
+                    None => vec![rest],
+                };
+                for item in names {
+                    let name: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) {
+                        used.insert(name);
+                    }
+                }
+            }
+        }
+    }
+    used
+}
+
+/// What is wrong with `file` (a module of `pipeline/`) naming `used`.
+fn phase_arrows(file: &str, used: &BTreeSet<String>) -> Vec<String> {
+    let rank = |m: &str| PHASES.iter().position(|p| *p == m);
+    let mut wrong = Vec::new();
+    for u in used {
+        if u == file || u == "tests" {
+            continue;
+        }
+        let ok = match (rank(file), rank(u)) {
+            // A phase names an earlier phase, or what every phase may use.
+            (Some(own), Some(theirs)) => theirs < own,
+            (Some(_), None) => BESIDE_PHASES.contains(&u.as_str()),
+            // What is beside the phases uses none of them.
+            (None, Some(_)) => false,
+            (None, None) => BESIDE_PHASES.contains(&u.as_str()),
+        };
+        if !ok {
+            wrong.push(format!("pipeline/{file}.rs names `{u}`"));
+        }
+    }
+    wrong
+}
+
+#[test]
+fn phases_run_one_way() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/pipeline");
+    let mut wrong = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_stem().unwrap().to_string_lossy().to_string();
+        if file == "mod" {
+            continue;
+        }
+        if !PHASES.contains(&file.as_str()) && !BESIDE_PHASES.contains(&file.as_str()) {
+            wrong.push(format!(
+                "pipeline/{file}.rs is neither in PHASES nor in BESIDE_PHASES"
+            ));
+            continue;
+        }
+        let used = phases_used(&std::fs::read_to_string(&path).unwrap());
+        wrong.extend(phase_arrows(&file, &used));
+    }
+    assert!(
+        wrong.is_empty(),
+        "phases calling back, or forward into a later phase:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn a_call_back_to_a_later_phase_is_caught() {
+    // count.rs asking admit (a later phase) for the model's pool, as it once did.
+    let used = phases_used("let pool = super::admit::model_pool(app, intake); // super::reply");
+    assert_eq!(used, BTreeSet::from(["admit".to_string()]));
+    assert_eq!(phase_arrows("count", &used).len(), 1);
+    let grouped = phases_used("use super::{Ctx, Shed, intake::Intake, forward};");
+    assert!(phase_arrows("admit", &grouped)
+        .iter()
+        .any(|w| w.contains("`forward`")));
+    assert!(phase_arrows("forward", &grouped).is_empty());
+    // What is beside the phases names none of them.
+    assert_eq!(
+        phase_arrows("access", &phases_used("use super::body::X;")).len(),
+        1
     );
 }
 

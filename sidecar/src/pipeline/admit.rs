@@ -8,11 +8,12 @@ use std::time::Duration;
 use slotgate_sdk::{Decision, RequestSummary};
 use tokio::time::Instant;
 
-use crate::admission::{Claim, Demand, Entry, SlotGuard, TenantCap, Ticket};
+use crate::admission::{Admission, Claim, Demand, Entry, SlotGuard, TenantCap, Ticket};
 use crate::error::GateError;
 use crate::live::Phase;
 use crate::state::App;
 use crate::upstream::models::Pool;
+use crate::upstream::quarantine::ABANDON_GRACE;
 use crate::upstream::router::Known;
 use crate::upstream::tokenize;
 
@@ -20,7 +21,7 @@ use super::access::Exchange;
 use super::count::{count_prompt, demand_of, Before};
 use super::decide::Decided;
 use super::intake::Intake;
-use super::Ctx;
+use super::{Ctx, Shed};
 
 /// An admitted request: its slot (a slot route's), how long it waited, and by when it must have
 /// been sent.
@@ -33,17 +34,6 @@ pub(super) struct Admitted {
     pub no_autoload: bool,
 }
 
-/// In front of llama-server's router, the pool of the model a request names (see
-/// `upstream::models`); `None` otherwise, or for a model it does not list (yet: the list may be
-/// read again). Looked up once per request.
-pub(super) fn model_pool(app: &App, intake: &Intake) -> Option<Arc<Pool>> {
-    if let Some(pool) = intake.pool.get() {
-        return Some(pool.clone());
-    }
-    let pool = app.models.pool_for(intake.summary.model.as_deref()?)?;
-    Some(intake.pool.get_or_init(|| pool).clone())
-}
-
 pub(super) async fn admit(
     app: &App,
     intake: &mut Intake,
@@ -51,62 +41,85 @@ pub(super) async fn admit(
     ctx: &Ctx,
     ex: &mut Exchange,
 ) -> Result<Admitted, GateError> {
-    // The deadline runs from arrival: time spent queued and time spent waiting for a down upstream
-    // share the one budget the client was promised. A preflight is answered at once: by
-    // llama-server, or for it when it cannot (no retries).
-    let deadline = match ctx.preflight {
-        true => Instant::now(),
-        false => ctx.arrived + app.config.queue_timeout,
-    };
-    let decision = decided.decision.as_ref();
-    if !ctx.slot_route {
-        let claim = Claim::new(&intake.summary, decision, decided.priority, 0);
-        ex.set_tenant(claim.tenant);
-        // In front of a router, one that names a model (`/props?model=`, `/tokenize`) waits for
-        // slotgate to load it rather than have the router load it, and evict, on its own.
-        let pool = match ctx.preflight {
-            true => None,
-            false => {
-                known_model(app, intake).await?;
-                model_pool(app, intake)
-            }
-        };
-        let mut waited = Duration::ZERO;
-        if let Some(p) = &pool {
-            ex.set_model(&p.id);
-            p.arrive()?;
-            let started = Instant::now();
-            app.models
-                .wait_loaded(p, ctx.arrived + p.queue_timeout)
-                .await?;
-            waited = started.elapsed();
-        }
-        ex.set_queue_wait(waited);
-        ex.live().admitted(0);
-        return Ok(Admitted {
-            slot: None,
-            queue_wait: waited,
-            deadline,
-            no_autoload: pool.is_some(),
-        });
+    match ctx.slot_route {
+        true => admit_to_slot(app, intake, decided, ctx, ex).await,
+        false => admit_without_slot(app, intake, decided, ctx, ex).await,
     }
+}
+
+/// By when it must have been sent: its queue timeout from arrival (time spent queued and time
+/// spent waiting for a down upstream share the one budget the client was promised). A preflight is
+/// answered at once: by llama-server, or for it when it cannot (no retries).
+fn queue_deadline(app: &App, intake: &Intake, ctx: &Ctx) -> Instant {
+    match ctx.preflight {
+        true => Instant::now(),
+        false => ctx.arrived + intake.queue_timeout(app),
+    }
+}
+
+/// A request that takes no slot: counted for its tenant, and in front of a router, one that names a
+/// model (`/props?model=`, `/tokenize`) waits for slotgate to load it rather than have the router
+/// load it, and evict, on its own.
+async fn admit_without_slot(
+    app: &App,
+    intake: &mut Intake,
+    decided: &Decided,
+    ctx: &Ctx,
+    ex: &mut Exchange,
+) -> Result<Admitted, GateError> {
+    let claim = Claim::new(
+        &intake.summary,
+        decided.decision.as_ref(),
+        decided.priority,
+        0,
+    );
+    ex.set_tenant(claim.tenant);
+    let pool = match ctx.preflight {
+        true => None,
+        false => {
+            known_model(app, intake).await?;
+            intake.model_pool(app)
+        }
+    };
+    let deadline = queue_deadline(app, intake, ctx);
+    let mut waited = Duration::ZERO;
+    if let Some(p) = &pool {
+        ex.set_model(&p.id);
+        p.arrive()?;
+        let started = Instant::now();
+        app.models.wait_loaded(p, deadline).await?;
+        waited = started.elapsed();
+    }
+    ex.set_queue_wait(waited);
+    ex.live().admitted(0);
+    Ok(Admitted {
+        slot: None,
+        queue_wait: waited,
+        deadline,
+        no_autoload: pool.is_some(),
+    })
+}
+
+/// A slot route's request: what it holds and its claim, then a slot at once or its place in the
+/// queue (its model's own, in front of a router).
+async fn admit_to_slot(
+    app: &App,
+    intake: &mut Intake,
+    decided: &Decided,
+    ctx: &Ctx,
+    ex: &mut Exchange,
+) -> Result<Admitted, GateError> {
     // Before the router: a model it does not serve is refused at once, not after a wait.
     known_model(app, intake).await?;
-    // Its model's own pool, queue and queue timeout; one whose last load failed is refused at once
-    // while that backs off.
-    let pool = model_pool(app, intake);
-    let (admission, deadline) = match &pool {
-        Some(p) => {
-            ex.set_model(&p.id);
-            p.arrive()?;
-            let deadline = match ctx.preflight {
-                true => deadline,
-                false => ctx.arrived + p.queue_timeout,
-            };
-            (&p.admission, deadline)
-        }
-        None => (&app.admission, deadline),
-    };
+    // Its model's own pool and queue; one whose last load failed is refused at once while that
+    // backs off.
+    let pool = intake.model_pool(app);
+    if let Some(p) = &pool {
+        ex.set_model(&p.id);
+        p.arrive()?;
+    }
+    let admission = pool.as_ref().map_or(&app.admission, |p| &p.admission);
+    let deadline = queue_deadline(app, intake, ctx);
     // Its own deadline, when shorter than the queue timeout: it must start by then, or leave
     // the queue without reaching llama-server.
     let own = decided
@@ -117,24 +130,55 @@ pub(super) async fn admit(
         ex.set_deadline(d - ctx.arrived);
     }
     let deadline = own.unwrap_or(deadline);
-    // Again, after any policy capped max_tokens: what the scheduler charges up front and holds
-    // (slots, pool tokens), and what `slotgate_tokens_reserved_total` counts.
-    let demand = demand_of(app, intake)?;
-    let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge);
-    let cap = tenant_cap(app, &claim.tenant);
-    let claim = claim
-        .capped(cap)
-        .holding(demand.slots, demand.kv)
-        .tagged(ex.live().key)
-        .due(own)
-        .keeping_slot(intake.names_conversation())
-        .with_body(intake.body.clone());
-    ex.set_tenant(claim.tenant.clone());
+    let (claim, demand) = claim_of(app, intake, decided, own, ex)?;
     if let Some(band) = admission.band_of(claim.priority) {
         ex.set_band(band);
     }
+    let place = Place {
+        admission,
+        pool: pool.as_ref(),
+        deadline,
+    };
+    let (slot, queue_wait, demand) =
+        take_place(app, intake, decided, claim, demand, place, ex).await?;
+    ex.live().admitted(demand.slots);
+    ex.set_reserved(demand.reserved.unwrap_or(demand.charge));
+    ex.set_prompt_tokens(intake.summary.prompt_tokens_best());
+    ex.set_queue_wait(queue_wait);
+    Ok(Admitted {
+        slot: Some(slot),
+        queue_wait,
+        deadline,
+        no_autoload: pool.is_some(),
+    })
+}
+
+/// Where a slot request waits: the queue (the gate's, or its model's in front of a router) and
+/// its deadline.
+struct Place<'a> {
+    admission: &'a Admission,
+    pool: Option<&'a Arc<Pool>>,
+    deadline: Instant,
+}
+
+/// A slot at once, or the request's place in the queue until one is granted (or it times out).
+async fn take_place(
+    app: &App,
+    intake: &mut Intake,
+    decided: &Decided,
+    claim: Claim,
+    demand: Demand,
+    place: Place<'_>,
+    ex: &mut Exchange,
+) -> Result<(SlotGuard, Duration, Demand), GateError> {
+    let Place {
+        admission,
+        pool,
+        deadline,
+    } = place;
     let queue = crate::otel::phase(ex.span(), "queue");
-    let (slot, queue_wait, demand) = match admission.enter(claim, deadline)? {
+    let decision = decided.decision.as_ref();
+    Ok(match admission.enter(claim, deadline)? {
         Entry::Admitted(slot) => {
             if intake.prompt_counts.is_none() {
                 let s = &intake.summary;
@@ -146,7 +190,7 @@ pub(super) async fn admit(
         // that gets a slot at once never needs it, while every request's future is moved whole.
         Entry::Queued(ticket) => {
             ex.live().set_phase(Phase::Queued);
-            if let Some(p) = &pool {
+            if let Some(p) = pool {
                 app.models.ensure_loaded(p);
             }
             Box::pin(wait_for_slot(
@@ -154,17 +198,66 @@ pub(super) async fn admit(
             ))
             .await?
         }
+    })
+}
+
+/// What the request holds and claims. Worked out again after any policy capped max_tokens: what
+/// the scheduler charges up front and holds (slots, pool tokens), and what
+/// `slotgate_tokens_reserved_total` counts.
+fn claim_of(
+    app: &App,
+    intake: &mut Intake,
+    decided: &Decided,
+    own: Option<Instant>,
+    ex: &mut Exchange,
+) -> Result<(Claim, Demand), GateError> {
+    let demand = demand_of(app, intake)?;
+    let decision = decided.decision.as_ref();
+    let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge);
+    let cap = tenant_cap(app, &claim.tenant);
+    let claim = claim
+        .capped(cap)
+        .holding(demand.slots, demand.kv)
+        .tagged(ex.live().key)
+        .due(own)
+        .keeping_slot(intake.names_conversation())
+        .with_body(intake.body.clone());
+    ex.set_tenant(claim.tenant.clone());
+    Ok((claim, demand))
+}
+
+/// A request told to yield its slot before its answer began (it is sheddable, and a more urgent
+/// one needed the slot): back to its place in the queue, unanswered, with a new queue timeout
+/// from now; then it is forwarded again, whole. A slot that could not be given up (nobody took
+/// it) is kept, and the request forwarded again at once.
+pub(super) async fn again(
+    app: &App,
+    intake: &Intake,
+    shed: Shed,
+    ex: &mut Exchange,
+) -> Result<Admitted, GateError> {
+    let Shed { slot, admitted } = shed;
+    let mut ticket = match slot.requeue(ABANDON_GRACE) {
+        Ok(ticket) => ticket,
+        Err(kept) => {
+            return Ok(Admitted {
+                slot: Some(*kept),
+                ..admitted
+            })
+        }
     };
-    drop(queue);
-    ex.live().admitted(demand.slots);
-    ex.set_reserved(demand.reserved.unwrap_or(demand.charge));
-    ex.set_prompt_tokens(intake.summary.prompt_tokens_best());
-    ex.set_queue_wait(queue_wait);
+    ex.shed();
+    let deadline = Instant::now() + intake.queue_timeout(app);
+    tracing::debug!(request_id = %ex.request_id(), "shed before its first byte: queued again");
+    let (slot, waited) = ticket.wait(deadline).await?;
+    let queue_wait = admitted.queue_wait + waited;
+    ex.set_total_queue_wait(queue_wait);
+    ex.live().readmitted();
     Ok(Admitted {
         slot: Some(slot),
         queue_wait,
         deadline,
-        no_autoload: pool.is_some(),
+        ..admitted
     })
 }
 

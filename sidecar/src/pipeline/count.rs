@@ -49,7 +49,7 @@ pub(super) async fn count_prompt(
 ) -> Result<Demand, GateError> {
     // Before the chain, with every slot busy and the queue full, the request will most likely be
     // turned away: keep that 429 fast and do not ask llama-server (the estimate stands).
-    let pool = super::admit::model_pool(app, intake);
+    let pool = intake.model_pool(app);
     let q = pool
         .as_ref()
         .map_or(&app.admission, |p| &p.admission)
@@ -92,7 +92,7 @@ pub(super) fn demand_of(app: &App, intake: &mut Intake) -> Result<Demand, GateEr
         all_slots: intake.ask.all_slots,
     };
     // In front of a router, by the request's model (its context once it has been loaded).
-    let demand = match super::admit::model_pool(app, intake) {
+    let demand = match intake.model_pool(app) {
         Some(pool) => {
             let ctx = pool.context();
             let slots = pool.admission.slots();

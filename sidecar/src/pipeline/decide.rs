@@ -38,7 +38,7 @@ pub(super) async fn decide(
     ctx: &Ctx,
     ex: &mut Exchange,
 ) -> Result<Decided, GateError> {
-    let mut decided = Decided {
+    let decided = Decided {
         priority: match app.config.trust_client_priority {
             true => intake.summary.priority_hint.unwrap_or(0),
             false => 0,
@@ -72,56 +72,71 @@ pub(super) async fn decide(
     // this request, which tells the policies) before it can be admitted and forwarded.
     tokio::task::yield_now().await;
     match outcome {
-        ChainOutcome::Allow(mut decision) => {
-            // A policy's priority replaces the client's hint (policies clamp hints themselves).
-            decided.priority = decision.priority.unwrap_or(decided.priority);
-            // 0 (no deadline) was left out by the chain.
-            if let Some(ms) = decision.deadline_ms {
-                let theirs = std::time::Duration::from_millis(ms);
-                decided.deadline = Some(decided.deadline.map_or(theirs, |d| d.min(theirs)));
-            }
-            intake.apply(&decision.mutations)?;
-            decided.response_headers = std::mem::take(&mut decision.mutations.response_headers);
-            rate_limit_headers(intake, &decision, now, &mut decided.response_headers);
-            decided.decision = Some(decision);
-            Ok(decided)
-        }
-        ChainOutcome::Deny {
-            policy,
-            mut decision,
-        } => {
-            // A policy's 429 is one tenant's budget, not this server's load: a router that cools
-            // a deployment down on any 429 is given another status (`--policy-denial-status`).
-            let status = match decision.status.unwrap_or(403) {
-                429 => app.config.policy_denial_status,
-                other => other,
-            };
-            let mut headers = std::mem::take(&mut decision.mutations.response_headers);
-            rate_limit_headers(intake, &decision, now, &mut headers);
-            if let Some(retry) = decision.should_retry {
-                headers.insert("x-should-retry".into(), retry.to_string());
-            }
-            let reason = decision.reason.take().filter(|r| {
-                let ok = slotgate_sdk::host::is_event_name(r);
-                if !ok {
-                    tracing::warn!(policy = %policy, reason = %r, "a policy's denial reason is not [a-z0-9_], at most 64 bytes; policy_denied is sent");
-                }
-                ok
-            });
-            Err(GateError::PolicyDenied {
-                status,
-                message: decision
-                    .message
-                    .unwrap_or_else(|| format!("denied by policy `{policy}`")),
-                retry_after: decision.retry_after_seconds,
-                policy,
-                detail: Box::new(DenialDetail { reason, headers }),
-            })
-        }
+        ChainOutcome::Allow(decision) => allowed(intake, decided, decision, now),
+        ChainOutcome::Deny { policy, decision } => Err(denied(app, intake, policy, decision, now)),
         ChainOutcome::Failed { policy, error } => Err(GateError::PolicyFailed {
             policy,
             kind: error.kind(),
         }),
+    }
+}
+
+/// An allowed request: its changes applied to the client's bytes, its priority and deadline the
+/// chain's, and the headers its answer will carry.
+fn allowed(
+    intake: &mut Intake,
+    mut decided: Decided,
+    mut decision: Decision,
+    now: u64,
+) -> Result<Decided, GateError> {
+    // A policy's priority replaces the client's hint (policies clamp hints themselves).
+    decided.priority = decision.priority.unwrap_or(decided.priority);
+    // 0 (no deadline) was left out by the chain.
+    if let Some(ms) = decision.deadline_ms {
+        let theirs = std::time::Duration::from_millis(ms);
+        decided.deadline = Some(decided.deadline.map_or(theirs, |d| d.min(theirs)));
+    }
+    intake.apply(&decision.mutations)?;
+    decided.response_headers = std::mem::take(&mut decision.mutations.response_headers);
+    rate_limit_headers(intake, &decision, now, &mut decided.response_headers);
+    decided.decision = Some(decision);
+    Ok(decided)
+}
+
+/// A denied request's refusal, with the policy's status, message, reason and headers.
+fn denied(
+    app: &App,
+    intake: &Intake,
+    policy: String,
+    mut decision: Decision,
+    now: u64,
+) -> GateError {
+    // A policy's 429 is one tenant's budget, not this server's load: a router that cools a
+    // deployment down on any 429 is given another status (`--policy-denial-status`).
+    let status = match decision.status.unwrap_or(403) {
+        429 => app.config.policy_denial_status,
+        other => other,
+    };
+    let mut headers = std::mem::take(&mut decision.mutations.response_headers);
+    rate_limit_headers(intake, &decision, now, &mut headers);
+    if let Some(retry) = decision.should_retry {
+        headers.insert("x-should-retry".into(), retry.to_string());
+    }
+    let reason = decision.reason.take().filter(|r| {
+        let ok = slotgate_sdk::host::is_event_name(r);
+        if !ok {
+            tracing::warn!(policy = %policy, reason = %r, "a policy's denial reason is not [a-z0-9_], at most 64 bytes; policy_denied is sent");
+        }
+        ok
+    });
+    GateError::PolicyDenied {
+        status,
+        message: decision
+            .message
+            .unwrap_or_else(|| format!("denied by policy `{policy}`")),
+        retry_after: decision.retry_after_seconds,
+        policy,
+        detail: Box::new(DenialDetail { reason, headers }),
     }
 }
 
@@ -164,7 +179,7 @@ async fn evaluate(
     now: u64,
 ) -> (ChainOutcome, Vec<Option<Decision>>, RequestSummary) {
     let mut summary = intake.summary.clone();
-    let pool = super::admit::model_pool(app, intake);
+    let pool = intake.model_pool(app);
     let q = pool
         .as_ref()
         .map_or(&app.admission, |p| &p.admission)

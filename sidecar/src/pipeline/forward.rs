@@ -17,7 +17,7 @@ use crate::upstream::{InflightGuard, SendError};
 use super::access::Exchange;
 use super::admit::Admitted;
 use super::intake::Intake;
-use super::Ctx;
+use super::{Ctx, Shed};
 
 /// First and largest pause between upstream attempts while it is down or loading.
 const RETRY_BASE: Duration = Duration::from_millis(50);
@@ -38,130 +38,145 @@ pub(super) struct Sent {
     pub span: tracing::Span,
 }
 
-pub(super) async fn forward(
+/// What every attempt to forward the request shares: begun once, after admission.
+pub(super) struct Forwarding {
+    inflight: InflightGuard,
+    strip_usage: bool,
+    own_connection: bool,
+    span: tracing::Span,
+}
+
+/// How one attempt ended (an upstream that stays unavailable or fails is an error).
+pub(super) enum Attempt {
+    /// An answer has begun.
+    Answered(Sent),
+    /// Told to yield its slot before its answer began: for `admit::again`.
+    Shed(Forwarding, Shed),
+}
+
+/// Gets the request ready to go: every chat stream reports its usage (the client still gets the
+/// stream it asked for), and traced, llama-server gets this span's context as its `traceparent`
+/// (else the caller's, as it came).
+pub(super) fn begin(
     app: &App,
     intake: &mut Intake,
-    admitted: Admitted,
     ctx: &Ctx,
-    ex: &mut Exchange,
-) -> Result<Sent, GateError> {
-    let Admitted {
-        slot,
-        mut queue_wait,
-        mut deadline,
-        no_autoload,
-    } = admitted;
-    // Every chat stream reports its usage; the client still gets the stream it asked for.
+    ex: &Exchange,
+) -> Result<Forwarding, GateError> {
     let strip_usage = intake.ask_for_stream_usage()?;
     let inflight = app.upstream.inflight_guard();
-    let mut forwarded_at = Instant::now();
     // A generation request goes out on a connection of its own when it streams (llama-server closes
     // it after the stream), or when reuse is off; a whole answer may reuse an idle one.
     let own_connection =
         ctx.slot_route && (intake.ask.stream || !app.config.upstream_reuse_connections);
-    // Traced, llama-server gets this span's context as its `traceparent`; else the caller's, as it
-    // came.
     let span = crate::otel::upstream(
         ex.span(),
         intake.dialect.map(|d| d.name()),
         intake.summary.model.as_deref(),
         &mut intake.parts.headers,
     );
-    let mut slot = slot;
-    let sent = loop {
-        let mut held = CancelGrace(slot);
-        let step = tokio::select! {
-            biased;
-            sent = send(app, intake, deadline, own_connection, no_autoload) => Some(sent),
-            // Sheddable and told to yield before its answer began: the attempt is dropped, which
-            // closes its connection (llama-server stops once it notices).
-            _ = told_to_yield(held.0.as_mut()) => None,
-        };
-        slot = held.disarm();
-        match step {
-            Some(Ok(resp)) => {
-                let Some(s) = slot.as_mut() else {
-                    break Ok(resp);
-                };
-                let stream = crate::dialect::is_event_stream(
-                    resp.headers()
-                        .get(http::header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok()),
-                );
-                if s.answering(stream) {
-                    break Ok(resp);
-                }
-                // Told to yield as the answer came. A whole answer is finished: it is answered
-                // (its slots are free as soon as it is written) rather than generated again. A
-                // stream has sent nothing to the client yet: it goes back to the queue.
-                s.try_shed();
-                if !stream {
-                    break Ok(resp);
-                }
-                drop(resp);
-            }
-            Some(Err(e)) => break Err(e),
-            None => {}
-        }
-        // Back to its place in the queue, unanswered; then forwarded again, whole.
-        let Some(shed) = slot.take() else {
-            unreachable!("only a request holding a slot is told to yield");
-        };
-        let mut ticket = match shed.requeue(ABANDON_GRACE) {
-            Ok(ticket) => ticket,
-            Err(kept) => {
-                slot = Some(*kept);
-                continue;
-            }
-        };
-        ex.shed();
-        let timeout = intake
-            .pool
-            .get()
-            .map_or(app.config.queue_timeout, |p| p.queue_timeout);
-        deadline = Instant::now() + timeout;
-        tracing::debug!(request_id = %ex.request_id(), "shed before its first byte: queued again");
-        let (again, waited) = ticket.wait(deadline).await?;
-        queue_wait += waited;
-        ex.set_total_queue_wait(queue_wait);
-        ex.live().readmitted();
-        slot = Some(again);
-        forwarded_at = Instant::now();
+    Ok(Forwarding {
+        inflight,
+        strip_usage,
+        own_connection,
+        span,
+    })
+}
+
+/// One attempt: sent (retried while the upstream is unavailable), until an answer begins, it fails,
+/// or a sheddable request is told to yield its slot first.
+pub(super) async fn attempt(
+    app: &App,
+    intake: &Intake,
+    going: Forwarding,
+    admitted: Admitted,
+    ex: &mut Exchange,
+) -> Result<Attempt, GateError> {
+    let forwarded_at = Instant::now();
+    let mut held = CancelGrace(admitted.slot);
+    let step = tokio::select! {
+        biased;
+        sent = send(app, intake, admitted.deadline, going.own_connection, admitted.no_autoload) => Some(sent),
+        // Sheddable and told to yield before its answer began: the attempt is dropped, which
+        // closes its connection (llama-server stops once it notices).
+        _ = told_to_yield(held.0.as_mut()) => None,
     };
-    match sent {
-        Ok(response) => {
-            ex.set_status(response.status().as_u16());
-            if !span.is_disabled() {
-                span.record(
-                    "http.response.status_code",
-                    i64::from(response.status().as_u16()),
-                );
-            }
-            Ok(Sent {
-                span,
-                response,
-                slot,
-                inflight,
-                queue_wait,
-                forwarded_at,
-                strip_usage,
-            })
+    let mut slot = held.disarm();
+    let admitted = Admitted {
+        slot: None,
+        ..admitted
+    };
+    let response = match step {
+        Some(Ok(resp)) => resp,
+        Some(Err(e)) => return Err(failed(app, &going.span, slot, e)),
+        None => {
+            let slot = slot.expect("only a request holding a slot is told to yield");
+            return Ok(Attempt::Shed(going, Shed { slot, admitted }));
         }
-        Err(e) => {
-            if !span.is_disabled() {
-                span.record("error.type", e.outcome().label());
-                span.record("otel.status_code", "error");
-            }
-            match (slot, &e) {
-                // Never reached the upstream: nothing was served.
-                (Some(mut slot), GateError::UpstreamUnavailable { .. }) => slot.settle(0),
-                // llama-server may still hold it, unread, if it is stopped rather than slow.
-                (Some(slot), GateError::UpstreamTimeout(_)) => app.quarantine.hold(slot),
-                _ => {}
-            }
-            Err(e)
+    };
+    if let Some(s) = slot.as_mut() {
+        if !answers(s, &response) {
+            drop(response);
+            let slot = slot.expect("checked above");
+            return Ok(Attempt::Shed(going, Shed { slot, admitted }));
         }
     }
+    ex.set_status(response.status().as_u16());
+    let Forwarding {
+        inflight,
+        strip_usage,
+        span,
+        ..
+    } = going;
+    if !span.is_disabled() {
+        span.record(
+            "http.response.status_code",
+            i64::from(response.status().as_u16()),
+        );
+    }
+    Ok(Attempt::Answered(Sent {
+        span,
+        response,
+        slot,
+        inflight,
+        queue_wait: admitted.queue_wait,
+        forwarded_at,
+        strip_usage,
+    }))
+}
+
+/// Whether the answer that has begun is the client's. Told to yield as it came: a whole answer is
+/// finished, and is answered (its slots are free as soon as it is written) rather than generated
+/// again; a stream has sent nothing to the client yet, and goes back to the queue.
+fn answers(slot: &mut SlotGuard, response: &http::Response<Body>) -> bool {
+    let stream = crate::dialect::is_event_stream(
+        response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    );
+    if slot.answering(stream) {
+        return true;
+    }
+    slot.try_shed();
+    !stream
+}
+
+/// A request that could not be forwarded: its slot settled as never served, or held in quarantine
+/// while llama-server may still hold it.
+fn failed(app: &App, span: &tracing::Span, slot: Option<SlotGuard>, e: GateError) -> GateError {
+    if !span.is_disabled() {
+        span.record("error.type", e.outcome().label());
+        span.record("otel.status_code", "error");
+    }
+    match (slot, &e) {
+        // Never reached the upstream: nothing was served.
+        (Some(mut slot), GateError::UpstreamUnavailable { .. }) => slot.settle(0),
+        // llama-server may still hold it, unread, if it is stopped rather than slow.
+        (Some(slot), GateError::UpstreamTimeout(_)) => app.quarantine.hold(slot),
+        _ => {}
+    }
+    e
 }
 
 /// Ready when a sheddable request is told to yield its slot; never without a slot.

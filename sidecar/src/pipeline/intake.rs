@@ -10,11 +10,16 @@ use hyper::body::Incoming;
 use serde_json::Value;
 use slotgate_sdk::{Mutations, Peer, RequestSummary};
 
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
 use crate::config::Limits;
 use crate::dialect::{self, Ask, DialectRef};
 use crate::error::GateError;
 use crate::json_edit;
 use crate::pipeline::routes::Handling;
+use crate::state::App;
+use crate::upstream::models::Pool;
 
 /// Request headers a policy may see (never credentials); names made once, so a look-up parses
 /// none.
@@ -39,8 +44,9 @@ pub struct Intake {
     /// Its prompts' exact token counts, once counted (see `cost`).
     pub prompt_counts: Option<Vec<u64>>,
     pub summary: RequestSummary,
-    /// In front of llama-server's router, its model's pool once looked up (see `admit::model_pool`).
-    pub pool: std::sync::OnceLock<std::sync::Arc<crate::upstream::models::Pool>>,
+    /// In front of llama-server's router, its model's pool once looked up (see
+    /// [`Intake::model_pool`]).
+    pool: OnceLock<Arc<Pool>>,
 }
 
 pub async fn read(
@@ -252,6 +258,24 @@ pub fn hash_api_key(key: &str) -> String {
 }
 
 impl Intake {
+    /// In front of llama-server's router, the pool of the model the request names (see
+    /// `upstream::models`); `None` otherwise, or for a model it does not list (yet: the list may be
+    /// read again before admission). Looked up once, then carried with the request.
+    pub fn model_pool(&self, app: &App) -> Option<Arc<Pool>> {
+        if let Some(pool) = self.pool.get() {
+            return Some(pool.clone());
+        }
+        let pool = app.models.pool_for(self.summary.model.as_deref()?)?;
+        Some(self.pool.get_or_init(|| pool).clone())
+    }
+
+    /// How long it may wait for a slot: its model's queue timeout in front of a router, else the
+    /// gate's (`queue-timeout`). The one place that choice is made.
+    pub fn queue_timeout(&self, app: &App) -> Duration {
+        self.model_pool(app)
+            .map_or(app.config.queue_timeout, |p| p.queue_timeout)
+    }
+
     /// Applies a policy's request changes, each to its one field of the body.
     pub fn apply(&mut self, m: &Mutations) -> Result<(), GateError> {
         // Only a slot route's JSON body is changed. A GET's (empty, or anything) is forwarded as it

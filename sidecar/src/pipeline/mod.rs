@@ -5,11 +5,17 @@
 //! intake   the bounded body, read as JSON in its dialect (json_edit keeps the client's bytes)
 //! count    llama-server's exact prompt count, before the chain when a policy asks for it
 //! decide   the policy chain (wasm on a fiber): allow with changes, deny, or fail
-//! admit    what it holds (slots, KV pool), its claim (tenant, cost, priority), a slot or the queue
+//! admit    what it holds (slots, KV pool), its claim (tenant, cost, priority), a slot or the queue;
+//!          a request shed before its answer began goes back to the queue (`admit::again`)
 //! forward  to llama-server, retried only while nothing was sent
-//! reply    the upstream's answer with slotgate's headers, or slotgate's own refusal
 //! body     streams the answer holding the slot; settles usage, slot and record at its end
+//! reply    the upstream's answer with slotgate's headers (its body in `body`), or slotgate's own
+//!          refusal
+//!
+//! beside them, for every phase:
 //! access   the one record per request (metrics, access log, the policies' on_complete)
+//! strip    takes out of a stream the usage slotgate asked for and the client did not
+//! request_id  the id every request carries
 //! ```
 //!
 //! The exact prompt count (llama-server's count endpoints and `/tokenize`, see
@@ -19,7 +25,10 @@
 //! asks for the count (`needs_prompt_tokens`) has every request counted before the chain runs.
 //!
 //! Each phase hands the request on or ends it with a `GateError`, which `reply` turns into the
-//! client's one response. No phase calls back into an earlier one.
+//! client's one response. A phase names only the phases before it (what they handed on), never a
+//! later one: what a later phase needs is worked out early and carried (the model's pool, looked up
+//! once in `Intake`), and the loop of a shed request (forward, back to the queue, forward again)
+//! runs here, in `phases`. `arrows.rs` (`phases_run_one_way`) holds this.
 
 pub mod access;
 mod admit;
@@ -40,12 +49,14 @@ use hyper::body::Incoming;
 use slotgate_sdk::Peer;
 use tokio::time::Instant;
 
+use crate::admission::SlotGuard;
 use crate::error::GateError;
 use crate::live::Phase;
 use crate::respond::Body;
 use crate::server::conn::ClientAddr;
 use crate::state::App;
 use access::Exchange;
+use forward::Attempt;
 use reply::{Answer, Refusal, Reply};
 use routes::Handling;
 
@@ -69,6 +80,16 @@ struct Ctx {
     /// A CORS preflight: it carries no credentials and does nothing, so no policy judges it and
     /// it is answered at once.
     preflight: bool,
+}
+
+impl Ctx {
+    fn of(req: &Request<Incoming>, found: &Result<Handling, GateError>, arrived: Instant) -> Ctx {
+        Ctx {
+            arrived,
+            slot_route: matches!(found, Ok(Handling::Slot(_))),
+            preflight: req.method() == http::Method::OPTIONS,
+        }
+    }
 }
 
 pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer>) -> Response {
@@ -112,11 +133,7 @@ async fn phases(
     arrived: Instant,
     ex: &mut Exchange,
 ) -> Result<Answer, Refusal> {
-    let ctx = Ctx {
-        arrived,
-        slot_route: matches!(found, Ok(Handling::Slot(_))),
-        preflight: req.method() == http::Method::OPTIONS,
-    };
+    let ctx = Ctx::of(&req, &found, arrived);
     let handling = routes::allowed(
         found,
         req.method(),
@@ -136,19 +153,60 @@ async fn phases(
         .await
         .map_err(Refusal::reading)?;
     drop(phase);
-    traced_ask(ex.span(), &intake);
-    if let Some(model) = &intake.summary.model {
-        ex.set_asked_model(model);
-    }
+    traced_ask(ex, &intake);
     tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");
+    let decided = judge(app, &mut intake, &ctx, ex).await?;
+    tracing::debug!(request_id = %id, priority = decided.priority, "decide: allowed");
+    let refused = |e: GateError| Refusal::after_policies(e, &decided.response_headers);
+    let mut admitted = admit::admit(app, &mut intake, &decided, &ctx, ex)
+        .await
+        .map_err(refused)?;
+    tracing::debug!(request_id = %id, queue_wait_ms = admitted.queue_wait.as_millis() as u64, slot = admitted.slot.is_some(), "admit: admitted");
+    let mut going = forward::begin(app, &mut intake, &ctx, ex).map_err(refused)?;
+    // Forwarded until an answer begins; a sheddable request told to yield its slot first goes
+    // back to the queue, and then again to llama-server, whole.
+    let sent = loop {
+        match forward::attempt(app, &intake, going, admitted, ex).await {
+            Ok(Attempt::Answered(sent)) => break Ok(sent),
+            Ok(Attempt::Shed(again, shed)) => {
+                going = again;
+                admitted = admit::again(app, &intake, shed, ex)
+                    .await
+                    .map_err(refused)?;
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let sent = match sent {
+        Ok(sent) => sent,
+        // llama-server answers every preflight; while it cannot, slotgate answers as it would.
+        Err(_) if ctx.preflight => return Ok(Answer::Preflight),
+        Err(e) => return Err(refused(e)),
+    };
+    tracing::debug!(request_id = %id, status = sent.response.status().as_u16(), "forward: answer begun");
+    Ok(Answer::Upstream {
+        sent,
+        intake,
+        headers: decided.response_headers,
+        slot_route: ctx.slot_route,
+    })
+}
+
+/// The count the chain may need, then the chain's decision, under one chain version: it decides
+/// this request and hears how it ended, whatever reloads meanwhile.
+async fn judge(
+    app: &Arc<App>,
+    intake: &mut intake::Intake,
+    ctx: &Ctx,
+    ex: &mut Exchange,
+) -> Result<decide::Decided, Refusal> {
     ex.live().set_stream(intake.ask.stream);
     ex.live().set_phase(Phase::Deciding);
-    // One chain version decides this request and hears how it ended, whatever reloads meanwhile.
     let chain = app.policies.current();
-    let decided = match count::before_chain(app, &mut intake, &chain, &ctx, ex.span()).await {
+    let decided = match count::before_chain(app, intake, &chain, ctx, ex.span()).await {
         Ok(()) => {
             let _phase = crate::otel::phase(ex.span(), "policy");
-            decide::decide(app, &mut intake, chain, &ctx, ex).await
+            decide::decide(app, intake, chain, ctx, ex).await
         }
         Err(e) => Err(e),
     };
@@ -157,30 +215,23 @@ async fn phases(
         ex.set_tenant(std::sync::Arc::from(intake.summary.identity().to_string()));
     })?;
     ex.set_priority(decided.priority);
-    tracing::debug!(request_id = %id, priority = decided.priority, "decide: allowed");
-    let refused = |e: GateError| Refusal::after_policies(e, &decided.response_headers);
-    let admitted = admit::admit(app, &mut intake, &decided, &ctx, ex)
-        .await
-        .map_err(refused)?;
-    tracing::debug!(request_id = %id, queue_wait_ms = admitted.queue_wait.as_millis() as u64, slot = admitted.slot.is_some(), "admit: admitted");
-    match forward::forward(app, &mut intake, admitted, &ctx, ex).await {
-        Ok(sent) => Ok({
-            tracing::debug!(request_id = %id, status = sent.response.status().as_u16(), "forward: answer begun");
-            Answer::Upstream {
-                sent,
-                intake,
-                headers: decided.response_headers,
-                slot_route: ctx.slot_route,
-            }
-        }),
-        // llama-server answers every preflight; while it cannot, slotgate answers as it would.
-        Err(_) if ctx.preflight => Ok(Answer::Preflight),
-        Err(e) => Err(refused(e)),
-    }
+    Ok(decided)
 }
 
-/// What the request asks, on its trace's server span: the GenAI operation, model and max tokens.
-fn traced_ask(span: &tracing::Span, intake: &intake::Intake) {
+/// A request told to yield its slot before its answer began (see `forward::attempt`): the slot it
+/// held and what admission gave it, for `admit::again` to put it back in the queue.
+struct Shed {
+    slot: SlotGuard,
+    admitted: admit::Admitted,
+}
+
+/// What the request asks: its model on the record, and on its trace's server span the GenAI
+/// operation, model and max tokens.
+fn traced_ask(ex: &mut Exchange, intake: &intake::Intake) {
+    if let Some(model) = &intake.summary.model {
+        ex.set_asked_model(model);
+    }
+    let span = ex.span();
     if span.is_disabled() {
         return;
     }
