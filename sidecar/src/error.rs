@@ -218,72 +218,98 @@ impl Outcome {
     }
 }
 
+/// What a client reads of one refusal, and what it is counted as: a row of [`GateError::row`].
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    status: u16,
+    /// OpenAI's `error.type`.
+    error_type: &'static str,
+    /// OpenAI's `error.code`.
+    code: &'static str,
+    outcome: Outcome,
+}
+
+const fn row(status: u16, error_type: &'static str, code: &'static str, outcome: Outcome) -> Row {
+    Row {
+        status,
+        error_type,
+        code,
+        outcome,
+    }
+}
+
+const INVALID: &str = "invalid_request_error";
+const RATE: &str = "rate_limit_error";
+const TIMEOUT: &str = "timeout_error";
+const SERVER: &str = "server_error";
+const PERMISSION: &str = "permission_error";
+
+/// How long a refused client should wait before it tries again.
+enum Wait {
+    /// The queue's estimate, unrounded.
+    Estimate(Duration),
+    /// Whole seconds.
+    Seconds(u64),
+}
+
 impl GateError {
-    pub fn status(&self) -> u16 {
+    /// The one table of refusals: each variant's status, error type, code and outcome.
+    fn row(&self) -> Row {
+        use GateError as E;
+        use Outcome as O;
         match self {
-            GateError::NotFound { .. } | GateError::ModelNotFound { .. } => 404,
-            GateError::AdminOnly { .. } | GateError::HostEndpoint { .. } => 403,
-            GateError::MethodNotAllowed { .. } => 405,
-            GateError::BodyTooLarge { .. } => 413,
-            GateError::BodyTimeout(_) => 408,
-            GateError::BodyRead(_)
-            | GateError::InvalidJson(_)
-            | GateError::InvalidDeadline(_)
-            | GateError::ContextTooLong { .. }
-            | GateError::TooManyCompletions { .. } => 400,
-            GateError::QueueFull { .. }
-            | GateError::TenantQueueFull { .. }
-            | GateError::TenantBusy { .. }
-            | GateError::BandQueueFull { .. }
-            | GateError::Displaced { .. }
-            | GateError::WaitTooLong { .. }
-            | GateError::DeadlineUnreachable { .. } => 429,
-            GateError::QueueTimeout(_)
-            | GateError::DeadlineExceeded(_)
-            | GateError::UpstreamTimeout(_) => 504,
-            GateError::Upstream(_) => 502,
-            GateError::UpstreamUnavailable { .. }
-            | GateError::ModelUnavailable { .. }
-            | GateError::ShuttingDown { .. }
-            | GateError::Shed { .. } => 503,
-            GateError::PolicyDenied { status, .. } => *status,
-            GateError::PolicyFailed { .. } => 503,
+            E::NotFound { .. } => row(404, "not_found_error", "not_found", O::BadRequest),
+            E::ModelNotFound { .. } => row(404, INVALID, "model_not_found", O::BadRequest),
+            E::AdminOnly { .. } => row(403, PERMISSION, "admin_endpoint", O::BadRequest),
+            E::HostEndpoint { .. } => row(403, PERMISSION, "host_endpoint", O::BadRequest),
+            E::MethodNotAllowed { .. } => row(405, INVALID, "method_not_allowed", O::BadRequest),
+            E::BodyTooLarge { .. } => row(413, INVALID, "body_too_large", O::BadRequest),
+            E::BodyTimeout(_) => row(408, INVALID, "body_timeout", O::BadRequest),
+            E::BodyRead(_) => row(400, INVALID, "body_read_error", O::BadRequest),
+            E::InvalidJson(_) => row(400, INVALID, "invalid_json", O::BadRequest),
+            E::InvalidDeadline(_) => row(400, INVALID, "invalid_deadline", O::BadRequest),
+            E::ContextTooLong { .. } => row(
+                400,
+                "exceed_context_size_error",
+                "context_length_exceeded",
+                O::BadRequest,
+            ),
+            E::TooManyCompletions { .. } => {
+                row(400, INVALID, "too_many_completions", O::BadRequest)
+            }
+            E::QueueFull { .. } => row(429, RATE, "queue_full", O::QueueFull),
+            E::TenantQueueFull { .. } => row(429, RATE, "tenant_queue_full", O::TenantQueueFull),
+            E::TenantBusy { .. } => row(429, RATE, "tenant_busy", O::TenantBusy),
+            E::BandQueueFull { .. } => row(429, RATE, "band_queue_full", O::BandQueueFull),
+            E::Displaced { .. } => row(429, RATE, "displaced", O::Displaced),
+            E::WaitTooLong { .. } => row(429, RATE, "estimated_wait_too_long", O::WaitTooLong),
+            E::DeadlineUnreachable { .. } => row(429, RATE, "deadline_unreachable", O::WaitTooLong),
+            E::QueueTimeout(_) => row(504, TIMEOUT, "queue_timeout", O::QueueTimeout),
+            E::DeadlineExceeded(_) => row(504, TIMEOUT, "deadline_exceeded", O::DeadlineExceeded),
+            E::UpstreamTimeout(_) => row(504, TIMEOUT, "upstream_timeout", O::UpstreamTimeout),
+            E::Upstream(_) => row(502, SERVER, "upstream_error", O::UpstreamError),
+            E::UpstreamUnavailable { .. } => {
+                row(503, SERVER, "upstream_unavailable", O::UpstreamError)
+            }
+            E::ModelUnavailable { .. } => row(503, SERVER, "model_unavailable", O::UpstreamError),
+            E::ShuttingDown { .. } => row(503, SERVER, "shutting_down", O::ShuttingDown),
+            E::Shed { .. } => row(503, SERVER, "shed", O::Shed),
+            E::PolicyFailed { .. } => row(503, SERVER, "policy_error", O::PolicyError),
+            // A policy names its own status; its 429 reads as a rate limit.
+            E::PolicyDenied { status: 429, .. } => row(429, RATE, "policy_denied", O::PolicyDenied),
+            E::PolicyDenied { status, .. } => {
+                row(*status, PERMISSION, "policy_denied", O::PolicyDenied)
+            }
         }
+    }
+
+    pub fn status(&self) -> u16 {
+        self.row().status
     }
 
     /// OpenAI's `error.type`.
     pub fn error_type(&self) -> &'static str {
-        match self {
-            GateError::NotFound { .. } => "not_found_error",
-            GateError::AdminOnly { .. } | GateError::HostEndpoint { .. } => "permission_error",
-            GateError::MethodNotAllowed { .. }
-            | GateError::ModelNotFound { .. }
-            | GateError::BodyTooLarge { .. }
-            | GateError::BodyTimeout(_)
-            | GateError::BodyRead(_)
-            | GateError::InvalidJson(_)
-            | GateError::InvalidDeadline(_)
-            | GateError::TooManyCompletions { .. } => "invalid_request_error",
-            GateError::ContextTooLong { .. } => "exceed_context_size_error",
-            GateError::QueueFull { .. }
-            | GateError::TenantQueueFull { .. }
-            | GateError::TenantBusy { .. }
-            | GateError::BandQueueFull { .. }
-            | GateError::Displaced { .. }
-            | GateError::WaitTooLong { .. }
-            | GateError::DeadlineUnreachable { .. } => "rate_limit_error",
-            GateError::QueueTimeout(_)
-            | GateError::DeadlineExceeded(_)
-            | GateError::UpstreamTimeout(_) => "timeout_error",
-            GateError::Upstream(_)
-            | GateError::UpstreamUnavailable { .. }
-            | GateError::ModelUnavailable { .. }
-            | GateError::ShuttingDown { .. }
-            | GateError::Shed { .. }
-            | GateError::PolicyFailed { .. } => "server_error",
-            GateError::PolicyDenied { status: 429, .. } => "rate_limit_error",
-            GateError::PolicyDenied { .. } => "permission_error",
-        }
+        self.row().error_type
     }
 
     /// The `error.code` the client reads: [`GateError::code`], or a denying policy's own reason.
@@ -298,113 +324,54 @@ impl GateError {
 
     /// OpenAI's `error.code`: a stable string clients can switch on.
     pub fn code(&self) -> &'static str {
-        match self {
-            GateError::NotFound { .. } => "not_found",
-            GateError::ModelNotFound { .. } => "model_not_found",
-            GateError::AdminOnly { .. } => "admin_endpoint",
-            GateError::HostEndpoint { .. } => "host_endpoint",
-            GateError::MethodNotAllowed { .. } => "method_not_allowed",
-            GateError::BodyTooLarge { .. } => "body_too_large",
-            GateError::BodyTimeout(_) => "body_timeout",
-            GateError::BodyRead(_) => "body_read_error",
-            GateError::InvalidJson(_) => "invalid_json",
-            GateError::InvalidDeadline(_) => "invalid_deadline",
-            GateError::ContextTooLong { .. } => "context_length_exceeded",
-            GateError::TooManyCompletions { .. } => "too_many_completions",
-            GateError::QueueFull { .. } => "queue_full",
-            GateError::TenantQueueFull { .. } => "tenant_queue_full",
-            GateError::TenantBusy { .. } => "tenant_busy",
-            GateError::BandQueueFull { .. } => "band_queue_full",
-            GateError::Displaced { .. } => "displaced",
-            GateError::WaitTooLong { .. } => "estimated_wait_too_long",
-            GateError::DeadlineUnreachable { .. } => "deadline_unreachable",
-            GateError::QueueTimeout(_) => "queue_timeout",
-            GateError::DeadlineExceeded(_) => "deadline_exceeded",
-            GateError::UpstreamTimeout(_) => "upstream_timeout",
-            GateError::UpstreamUnavailable { .. } => "upstream_unavailable",
-            GateError::ModelUnavailable { .. } => "model_unavailable",
-            GateError::Upstream(_) => "upstream_error",
-            GateError::ShuttingDown { .. } => "shutting_down",
-            GateError::Shed { .. } => "shed",
-            GateError::PolicyDenied { .. } => "policy_denied",
-            GateError::PolicyFailed { .. } => "policy_error",
-        }
+        self.row().code
     }
 
     pub fn outcome(&self) -> Outcome {
+        self.row().outcome
+    }
+
+    /// How long to wait before trying again, where retrying can help.
+    fn wait(&self) -> Option<Wait> {
+        use GateError as E;
         match self {
-            GateError::NotFound { .. }
-            | GateError::ModelNotFound { .. }
-            | GateError::AdminOnly { .. }
-            | GateError::HostEndpoint { .. }
-            | GateError::TooManyCompletions { .. }
-            | GateError::MethodNotAllowed { .. }
-            | GateError::BodyTooLarge { .. }
-            | GateError::BodyTimeout(_)
-            | GateError::BodyRead(_)
-            | GateError::InvalidJson(_)
-            | GateError::InvalidDeadline(_)
-            | GateError::ContextTooLong { .. } => Outcome::BadRequest,
-            GateError::QueueFull { .. } => Outcome::QueueFull,
-            GateError::TenantQueueFull { .. } => Outcome::TenantQueueFull,
-            GateError::TenantBusy { .. } => Outcome::TenantBusy,
-            GateError::BandQueueFull { .. } => Outcome::BandQueueFull,
-            GateError::Displaced { .. } => Outcome::Displaced,
-            GateError::WaitTooLong { .. } | GateError::DeadlineUnreachable { .. } => {
-                Outcome::WaitTooLong
+            E::QueueFull { retry_after, .. }
+            | E::TenantQueueFull { retry_after, .. }
+            | E::TenantBusy { retry_after, .. }
+            | E::BandQueueFull { retry_after, .. }
+            | E::Displaced { retry_after }
+            | E::WaitTooLong { retry_after, .. }
+            | E::DeadlineUnreachable { retry_after, .. }
+            | E::Shed { retry_after }
+            | E::ModelUnavailable { retry_after, .. } => Some(Wait::Estimate(*retry_after)),
+            E::UpstreamUnavailable { retry_after, .. } | E::ShuttingDown { retry_after } => {
+                Some(Wait::Seconds(*retry_after))
             }
-            GateError::QueueTimeout(_) => Outcome::QueueTimeout,
-            GateError::DeadlineExceeded(_) => Outcome::DeadlineExceeded,
-            GateError::UpstreamTimeout(_) => Outcome::UpstreamTimeout,
-            GateError::Upstream(_)
-            | GateError::UpstreamUnavailable { .. }
-            | GateError::ModelUnavailable { .. } => Outcome::UpstreamError,
-            GateError::ShuttingDown { .. } => Outcome::ShuttingDown,
-            GateError::Shed { .. } => Outcome::Shed,
-            GateError::PolicyDenied { .. } => Outcome::PolicyDenied,
-            GateError::PolicyFailed { .. } => Outcome::PolicyError,
+            E::PolicyDenied { retry_after, .. } => retry_after.map(Wait::Seconds),
+            _ => None,
         }
     }
 
     /// Whole seconds for `Retry-After`, where retrying can help: rounded up, at least 1 (RFC 9110
     /// allows no fraction).
     pub fn retry_after(&self) -> Option<u64> {
-        match self {
-            GateError::QueueFull { retry_after, .. }
-            | GateError::TenantQueueFull { retry_after, .. }
-            | GateError::TenantBusy { retry_after, .. }
-            | GateError::BandQueueFull { retry_after, .. }
-            | GateError::Displaced { retry_after }
-            | GateError::WaitTooLong { retry_after, .. }
-            | GateError::DeadlineUnreachable { retry_after, .. }
-            | GateError::Shed { retry_after }
-            | GateError::ModelUnavailable { retry_after, .. } => Some(whole_seconds(retry_after)),
-            GateError::UpstreamUnavailable { retry_after, .. }
-            | GateError::ShuttingDown { retry_after } => Some((*retry_after).max(1)),
-            GateError::PolicyDenied { retry_after, .. } => retry_after.map(|s| s.max(1)),
-            _ => None,
-        }
+        Some(match self.wait()? {
+            Wait::Estimate(d) => whole_seconds(&d),
+            Wait::Seconds(s) => s.max(1),
+        })
     }
 
     /// Milliseconds for `retry-after-ms` (read before `Retry-After` by the OpenAI SDKs): the queue's
     /// estimate unrounded, else the whole seconds. Always within the second before `Retry-After`:
     /// `Retry-After - 1 < ms / 1000 <= Retry-After`, and at least 1.
     pub fn retry_after_ms(&self) -> Option<u64> {
-        match self {
-            GateError::QueueFull { retry_after, .. }
-            | GateError::TenantQueueFull { retry_after, .. }
-            | GateError::TenantBusy { retry_after, .. }
-            | GateError::BandQueueFull { retry_after, .. }
-            | GateError::Displaced { retry_after }
-            | GateError::WaitTooLong { retry_after, .. }
-            | GateError::DeadlineUnreachable { retry_after, .. }
-            | GateError::Shed { retry_after }
-            | GateError::ModelUnavailable { retry_after, .. } => {
-                let ms = retry_after.as_nanos().div_ceil(1_000_000);
-                Some(u64::try_from(ms).unwrap_or(u64::MAX).max(1))
+        Some(match self.wait()? {
+            Wait::Estimate(d) => {
+                let ms = d.as_nanos().div_ceil(1_000_000);
+                u64::try_from(ms).unwrap_or(u64::MAX).max(1)
             }
-            _ => self.retry_after().map(|s| s.saturating_mul(1000)),
-        }
+            Wait::Seconds(s) => s.max(1).saturating_mul(1000),
+        })
     }
 }
 
