@@ -26,7 +26,8 @@
 //!  admin    the admin listener: who may ask (tokens, uids), the audit, /metrics /livez /readyz
 //!           /status /live, llama-server's admin routes
 //!  state    the `App` every request, the admin listener and the reloader share
-//!  upstream the client, capacity (/props, the command line), cors, tokenize, quarantine
+//!  upstream the client, health, capacity (/props, the command line), cors, tokenize, scrape,
+//!           quarantine
 //!  fleet    budgets shared by every sidecar, on Redis/Valkey
 //!  store    one sidecar's budgets on disk (state.dir), in an embedded database
 //!  otel     OpenTelemetry traces: the exporter, the request's spans, traceparent in and out

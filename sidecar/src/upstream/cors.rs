@@ -9,8 +9,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
 
+use super::client::{PROBE_BODY_LIMIT, USER_AGENT};
 use crate::respond::{self, Body};
 use crate::upstream::Upstream;
 
@@ -56,7 +59,7 @@ pub struct Cors {
 impl Cors {
     /// Learns llama-server's rule from its answer to a preflight; keeps the last one on failure.
     pub async fn learn(&self, upstream: &Upstream) {
-        let Some(h) = upstream.preflight(PROBE_ORIGIN, PROBE_TIMEOUT).await else {
+        let Some(h) = preflight_answer(upstream, PROBE_ORIGIN, PROBE_TIMEOUT).await else {
             return;
         };
         let origin = match h.get(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
@@ -113,6 +116,34 @@ impl Cors {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The headers of llama-server's answer to a CORS preflight from `origin`, when it answered it
+/// (2xx).
+async fn preflight_answer(
+    upstream: &Upstream,
+    origin: &str,
+    timeout: Duration,
+) -> Option<HeaderMap> {
+    let attempt = async {
+        let req = Request::builder()
+            .method(Method::OPTIONS)
+            .uri(upstream.uri("/health"))
+            .header(header::ORIGIN, origin)
+            .header("access-control-request-method", "POST")
+            .header(header::USER_AGENT, USER_AGENT)
+            .header(header::CONNECTION, "close")
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let resp = upstream.inner.fresh.request(req).await.ok()?;
+        // Only llama-server's own answer to a preflight says its rule.
+        let headers = resp.status().is_success().then(|| resp.headers().clone());
+        let _ = Limited::new(resp.into_body(), PROBE_BODY_LIMIT)
+            .collect()
+            .await;
+        headers
+    };
+    tokio::time::timeout(timeout, attempt).await.ok().flatten()
 }
 
 /// Whether an `Origin` names localhost, 127.0.0.1 or ::1 (any port), as llama-server checks it.

@@ -287,7 +287,7 @@ async fn reap(pool: Weak<Shared>) {
 
 /// Whether the request's `Connection` header asks to close after it.
 fn asks_close(headers: &http::HeaderMap) -> bool {
-    super::connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("close"))
+    super::client::connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("close"))
 }
 
 /// The request as it goes on the wire: origin-form target, `Host` from the URI's authority.
