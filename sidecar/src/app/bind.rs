@@ -1,0 +1,206 @@
+//! The start, in its order: SIGHUP taken over, systemd's sockets taken, the watchdog pinging, the
+//! policies compiled, the budgets' state opened, the `App` built, and every socket bound. Anything
+//! wrong fails the start ([`StartError`]) before a client is served.
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::task::JoinHandle;
+
+use super::persist::Persister;
+use super::signal::Signals;
+use crate::config::{AdminAddr, Config, ListenAddr, StateBackend};
+use crate::fleet::Fleet;
+use crate::policy::{PolicyLoadError, PolicySet};
+use crate::server::activation::{self, ActivationError};
+use crate::server::notify::{self, Notifier};
+use crate::server::{BindError, Listener};
+use crate::state::App;
+use crate::store::ledger::Ledger;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A socket of `flag` could not be bound.
+    #[error("{flag}: {error}")]
+    Bind {
+        flag: &'static str,
+        error: BindError,
+    },
+    #[error(transparent)]
+    Activation(#[from] ActivationError),
+    #[error("cannot listen for signals: {0}")]
+    Signals(std::io::Error),
+    #[error(transparent)]
+    Policy(#[from] PolicyLoadError),
+    #[error("invalid setting `state.redis-url`: {0}")]
+    State(redis::RedisError),
+    #[error("audit-log: cannot open {0}: {1}")]
+    AuditLog(String, std::io::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("cannot start the thread that writes policy budgets: {0}")]
+    Persister(std::io::Error),
+}
+
+/// What the start made, ready to serve.
+pub(super) struct Bound {
+    pub app: Arc<App>,
+    /// SIGHUP, for the reloader.
+    pub hangup: Signal,
+    pub notifier: Notifier,
+    /// The watchdog's pings, running since the start.
+    pub watchdog: Option<JoinHandle<()>>,
+    /// The client sockets: systemd's, or `--listen`'s.
+    pub listeners: Vec<Listener>,
+    pub admin: Option<Listener>,
+    /// SIGTERM and SIGINT, listened for from the end of the start.
+    pub signals: Signals,
+    /// Writes the budgets to `state.dir`; once more when dropped.
+    pub persister: Option<Persister>,
+}
+
+/// Makes everything slotgate serves with, in the order the start needs.
+pub(super) async fn bind(
+    config: Config,
+    prometheus: PrometheusHandle,
+) -> Result<Bound, StartError> {
+    // SIGHUP's default action ends the process: take it over before anything else.
+    let hangup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
+    // Sockets systemd passed: made close-on-exec, and LISTEN_* unset, before anything could start a
+    // child that would inherit them.
+    let inherited = activation::take_from_env()?;
+    // The watchdog pings from the start: compiling the policies may outlast its period.
+    let notifier = Notifier::from_env();
+    let watchdog = notify::watchdog_interval_from_env()
+        .filter(|_| notifier.is_enabled())
+        .map(|every| tokio::spawn(notify::watchdog_loop(notifier.clone(), every)));
+    // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
+    let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
+    // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
+    crate::app::memory::trim();
+    let fleet = fleet(&config, &policies)?;
+    let ledger = Arc::new(Ledger::new(config.state.usage_retention_days));
+    let persister = state_on_disk(&config, &policies, &ledger)?;
+    crate::admin::audit::open(&config.admin.audit_log)
+        .map_err(|e| StartError::AuditLog(config.admin.audit_log.to_string(), e))?;
+    let app = Arc::new(App::new(config, prometheus, policies, fleet, ledger));
+    // Bind everything first, so a bad address fails the start before anything is served. Sockets
+    // inherited from systemd take the place of the configured ones (see `server::activation`).
+    let listeners = client_listeners(&app.config, inherited.clients).await?;
+    let admin = admin_listener(&app.config, inherited.admin).await?;
+    let signals = Signals::new().map_err(StartError::Signals)?;
+    Ok(Bound {
+        app,
+        hangup,
+        notifier,
+        watchdog,
+        listeners,
+        admin,
+        signals,
+        persister,
+    })
+}
+
+/// With the redis backend, budgets are the fleet's: leases, synced in the background. The store
+/// need not be up to start: the failure mode applies until it is.
+fn fleet(config: &Config, policies: &PolicySet) -> Result<Option<Arc<Fleet>>, StartError> {
+    match config.state.backend {
+        StateBackend::Redis => {
+            let fleet = Fleet::new(&config.state).map_err(StartError::State)?;
+            policies.shared().use_fleet(fleet.clone());
+            Ok(Some(fleet))
+        }
+        StateBackend::Memory => Ok(None),
+    }
+}
+
+/// The memory backend's budgets, kept on disk and read back (`state.dir`); with either backend the
+/// usage ledger and the operators' quota limits.
+fn state_on_disk(
+    config: &Config,
+    policies: &PolicySet,
+    ledger: &Arc<Ledger>,
+) -> Result<Option<Persister>, StartError> {
+    let first_listen = config
+        .listen
+        .first()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    match (
+        config.state.backend,
+        config.state.dir.resolve(&first_listen),
+    ) {
+        (backend, Some(dir)) => {
+            let store = Arc::new(crate::store::Store::open(&dir)?);
+            let file = store.file().display().to_string();
+            let (buckets, windows) = policies.shared().use_store(store.clone())?;
+            ledger.use_store(store);
+            match backend {
+                StateBackend::Memory => tracing::info!(file, buckets, windows, flush_interval = ?config.state.flush_interval, "policy budgets and the usage ledger kept on disk"),
+                // The fleet's budgets are on its store; the usage ledger and the operators' quota
+                // limits of this sidecar are kept here.
+                StateBackend::Redis => tracing::info!(file, "the usage ledger and operators' quota limits kept on disk; budgets on the fleet's store"),
+            }
+            let persister = Persister::start(
+                policies.shared().clone(),
+                ledger.clone(),
+                config.state.flush_interval,
+            )
+            .map_err(StartError::Persister)?;
+            Ok(Some(persister))
+        }
+        (StateBackend::Memory, None) => {
+            tracing::warn!("state.dir is off: policy budgets live in memory only, and a restart or a crash gives every tenant a full budget again");
+            Ok(None)
+        }
+        (StateBackend::Redis, None) => Ok(None),
+    }
+}
+
+/// The client sockets: those systemd passed, else one bound for each `--listen`.
+async fn client_listeners(
+    cfg: &Config,
+    inherited: Vec<Listener>,
+) -> Result<Vec<Listener>, StartError> {
+    if !inherited.is_empty() {
+        let ignored: Vec<String> = cfg.listen.iter().map(ToString::to_string).collect();
+        tracing::info!(ignored = ?ignored, "client sockets inherited from systemd replace --listen");
+        return Ok(inherited);
+    }
+    let mut listeners = Vec::new();
+    for addr in &cfg.listen {
+        listeners.push(
+            Listener::bind(addr, cfg.socket_mode)
+                .await
+                .map_err(|error| StartError::Bind {
+                    flag: "--listen",
+                    error,
+                })?,
+        );
+    }
+    Ok(listeners)
+}
+
+/// The admin socket: the one systemd passed, else `--admin-listen`'s (none when off).
+async fn admin_listener(
+    cfg: &Config,
+    inherited: Option<Listener>,
+) -> Result<Option<Listener>, StartError> {
+    let (addr, mode) = match (inherited, &cfg.admin_listen) {
+        (Some(l), configured) => {
+            tracing::info!(ignored = %configured, "admin socket inherited from systemd replaces --admin-listen");
+            return Ok(Some(l));
+        }
+        (None, AdminAddr::Off) => return Ok(None),
+        (None, AdminAddr::Tcp(a)) => (ListenAddr::Tcp(*a), 0o660),
+        (None, AdminAddr::Unix(p)) => (ListenAddr::Unix(p.clone()), cfg.admin.socket_mode),
+    };
+    let listener = Listener::bind(&addr, mode)
+        .await
+        .map_err(|error| StartError::Bind {
+            flag: "--admin-listen",
+            error,
+        })?;
+    Ok(Some(listener))
+}
