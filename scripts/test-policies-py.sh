@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tests the Python policy kit natively: the unit tests of sdk-py/ and of every policy in
 # policies-py/ (against the SDK's fake host), then the project template as a user gets it: made
-# into a fresh folder outside the repository, with the WIT copied in as `slotgate policy wit`
-# would write it, its tests run and its build.sh run, to show it builds on its own.
+# into a fresh folder outside the repository, with the SDK and the WIT copied in as `slotgate
+# policy new` and `slotgate policy wit` would write them, its tests run and its build.sh run, to show it builds on its own.
 # Exits non-zero on the first failure. Needs python3 and PyPI (once, for componentize-py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -10,12 +10,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Tests must not leave __pycache__ folders in the work tree.
 export PYTHONDONTWRITEBYTECODE=1
 
-# The template carries its own copy of the SDK (a project has no repository to take it from): it
-# must be this one, and its build.sh must pin the same componentize-py.
-if ! diff -r -x __pycache__ sdk-py/slotgate_policy sdk-py/template/slotgate_policy >&2; then
-  echo "error: sdk-py/template/slotgate_policy differs from sdk-py/slotgate_policy: copy it over" >&2
-  exit 1
-fi
+# A new project gets a copy of the SDK (it has no repository to take it from): `slotgate policy new`
+# writes sdk-py/slotgate_policy into it beside the template's files. The template's build.sh must
+# pin the same componentize-py.
 pin() { sed -n 's/^COMPONENTIZE_PY_VERSION=//p' "$1"; }
 if [ "$(pin scripts/build-policies-py.sh)" != "$(pin sdk-py/template/build.sh)" ]; then
   echo "error: scripts/build-policies-py.sh and sdk-py/template/build.sh pin different componentize-py" >&2
@@ -45,6 +42,8 @@ name=py-policy-check
   sed "s/{{name}}/$name/g" "sdk-py/template/$file" >"$project/$file"
   [ ! -x "sdk-py/template/$file" ] || chmod +x "$project/$file"
 done
+mkdir -p "$project/slotgate_policy"
+cp sdk-py/slotgate_policy/*.py "$project/slotgate_policy/"
 mkdir -p "$project/wit"
 cp sdk/wit/policy.wit "$project/wit/policy.wit"
 # SLOTGATE names no program, so build.sh takes the WIT copied in, as with a slotgate that has no

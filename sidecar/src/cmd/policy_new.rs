@@ -175,8 +175,8 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The Python template (sdk-py/template; its `slotgate_policy/` is the SDK itself, kept equal by
-/// scripts/test-policies-py.sh).
+/// The Python template (sdk-py/template), with the SDK itself (sdk-py/slotgate_policy) in its
+/// `slotgate_policy/`: a project has no repository to take it from.
 const PYTHON: &[File] = &[
     (
         "README.md",
@@ -193,31 +193,31 @@ const PYTHON: &[File] = &[
     ),
     (
         "slotgate_policy/__init__.py",
-        include_str!("../../../sdk-py/template/slotgate_policy/__init__.py"),
+        include_str!("../../../sdk-py/slotgate_policy/__init__.py"),
     ),
     (
         "slotgate_policy/_records.py",
-        include_str!("../../../sdk-py/template/slotgate_policy/_records.py"),
+        include_str!("../../../sdk-py/slotgate_policy/_records.py"),
     ),
     (
         "slotgate_policy/decisions.py",
-        include_str!("../../../sdk-py/template/slotgate_policy/decisions.py"),
+        include_str!("../../../sdk-py/slotgate_policy/decisions.py"),
     ),
     (
         "slotgate_policy/identity.py",
-        include_str!("../../../sdk-py/template/slotgate_policy/identity.py"),
+        include_str!("../../../sdk-py/slotgate_policy/identity.py"),
     ),
     (
         "slotgate_policy/periods.py",
-        include_str!("../../../sdk-py/template/slotgate_policy/periods.py"),
+        include_str!("../../../sdk-py/slotgate_policy/periods.py"),
     ),
     (
         "slotgate_policy/settings.py",
-        include_str!("../../../sdk-py/template/slotgate_policy/settings.py"),
+        include_str!("../../../sdk-py/slotgate_policy/settings.py"),
     ),
     (
         "slotgate_policy/testing.py",
-        include_str!("../../../sdk-py/template/slotgate_policy/testing.py"),
+        include_str!("../../../sdk-py/slotgate_policy/testing.py"),
     ),
     (
         ".gitignore",
