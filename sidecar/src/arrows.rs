@@ -231,3 +231,97 @@ fn an_arrow_up_is_caught() {
     let grouped = uses("use crate::{admin, pipeline::x};");
     assert!(grouped.contains("admin") && grouped.contains("pipeline"));
 }
+
+/// docs/architecture.md, read at test time.
+fn architecture_doc() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The first fenced block after the heading `heading` of `doc`.
+fn block_after<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let at = doc
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no heading `{heading}`"));
+    let rest = &doc[at..];
+    let open = rest.find("```").expect("a fenced block after the heading");
+    let body = &rest[open..];
+    let body = &body[body.find('\n').unwrap_or(body.len())..];
+    &body[..body.find("```").expect("an unclosed fenced block")]
+}
+
+/// The rooms of the doc's arrow list, in order: `a → b → c`, over as many lines as it takes.
+fn doc_arrows(doc: &str) -> Vec<String> {
+    block_after(doc, "## The one-way arrows")
+        .split('→')
+        .map(|r| r.trim().to_owned())
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+/// The files the code map names: the first word of every line that does not start with a space.
+fn code_map(doc: &str) -> BTreeSet<String> {
+    block_after(doc, "## The code map")
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every file under `dir`, by its path relative to `src` with `/` between folders.
+fn every_file(src: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            every_file(src, &path, out);
+        } else {
+            let rel = path.strip_prefix(src).unwrap();
+            let parts: Vec<_> = rel.iter().map(|p| p.to_string_lossy()).collect();
+            out.insert(parts.join("/"));
+        }
+    }
+}
+
+/// What the code map lacks (files without a line) and what it names that is gone.
+fn code_map_gaps(map: &BTreeSet<String>, files: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+    let missing = files.difference(map).cloned().collect();
+    let stale = map.difference(files).cloned().collect();
+    (missing, stale)
+}
+
+#[test]
+fn the_docs_arrow_list_is_the_one_enforced() {
+    assert_eq!(
+        doc_arrows(&architecture_doc()),
+        ROOMS,
+        "docs/architecture.md's arrow list (## The one-way arrows) must equal ROOMS in arrows.rs"
+    );
+}
+
+#[test]
+fn the_code_map_names_every_file() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = BTreeSet::new();
+    every_file(&src, &src, &mut files);
+    let (missing, stale) = code_map_gaps(&code_map(&architecture_doc()), &files);
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/architecture.md's code map (## The code map), one line per file of sidecar/src/:\n\
+         files without a line: {missing:?}\nlines naming no file: {stale:?}"
+    );
+}
+
+#[test]
+fn a_drifted_doc_is_caught() {
+    let doc = "x\n## The one-way arrows\n\n```\ncmd → app\n  → error\n```\n\n\
+               ## The code map\n\n```\nmain.rs   parse\n          and dispatch\n\ncmd/run.rs  run\n```\n";
+    assert_eq!(doc_arrows(doc), ["cmd", "app", "error"]);
+    let map = code_map(doc);
+    let files: BTreeSet<String> = ["main.rs", "cmd/new.rs"].map(str::to_owned).into();
+    let (missing, stale) = code_map_gaps(&map, &files);
+    assert_eq!(
+        (missing, stale),
+        (vec!["cmd/new.rs".to_owned()], vec!["cmd/run.rs".to_owned()])
+    );
+}
