@@ -497,7 +497,99 @@ impl BoundedLabels {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    use metrics::{Key, KeyName, Metadata, Recorder, SharedString};
+
     use super::*;
+
+    /// Records the names `describe` describes; every handle it hands out is a no-op.
+    #[derive(Default)]
+    struct Names(Mutex<BTreeSet<String>>);
+
+    impl Names {
+        fn add(&self, key: KeyName) {
+            self.0.lock().unwrap().insert(key.as_str().to_owned());
+        }
+    }
+
+    impl Recorder for Names {
+        fn describe_counter(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key);
+        }
+        fn describe_gauge(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key);
+        }
+        fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key);
+        }
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    /// The metrics the binary exports: every name `describe` gives the exporter at start-up.
+    fn described() -> BTreeSet<String> {
+        let names = Names::default();
+        metrics::with_local_recorder(&names, describe);
+        names.0.into_inner().unwrap()
+    }
+
+    /// The names of the `pub const NAME: &str = "slotgate_…";` lines of this file.
+    fn declared(source: &str) -> BTreeSet<String> {
+        source
+            .lines()
+            .filter(|l| l.starts_with("pub const ") && l.contains(": &str = \"slotgate_"))
+            .filter_map(|l| l.split('"').nth(1))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Whether `doc` names `metric` as a whole word (not as a part of a longer name).
+    fn names(doc: &str, metric: &str) -> bool {
+        let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        doc.match_indices(metric).any(|(at, _)| {
+            !word(doc[..at].chars().next_back()) && !word(doc[at + metric.len()..].chars().next())
+        })
+    }
+
+    #[test]
+    fn every_exported_metric_is_described_and_in_observability_md() {
+        let described = described();
+        let undescribed: Vec<_> = declared(include_str!("metrics.rs"))
+            .into_iter()
+            .filter(|n| !described.contains(n))
+            .collect();
+        assert!(
+            undescribed.is_empty(),
+            "metric names declared in metrics.rs but not described: {undescribed:?}"
+        );
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/observability.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let missing: Vec<_> = described.iter().filter(|n| !names(&doc, n)).collect();
+        assert!(
+            missing.is_empty(),
+            "metrics exported but not in docs/observability.md: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn a_metric_missing_from_the_doc_is_caught() {
+        assert!(described().contains(REQUESTS_TOTAL));
+        assert!(declared("pub const X: &str = \"slotgate_x_total\";").contains("slotgate_x_total"));
+        let doc = "`slotgate_tenant_tokens_total{tenant}` and slotgate_queue_wait_seconds_bucket";
+        assert!(names(doc, "slotgate_tenant_tokens_total"));
+        assert!(!names(doc, "slotgate_tokens_total"));
+        assert!(!names(doc, "slotgate_queue_wait_seconds"));
+    }
 
     #[test]
     fn labels_beyond_the_cap_fold_into_other() {
