@@ -41,17 +41,23 @@ pub fn take(
 ) -> Result<Vec<u8>, LoadError> {
     let scratch = Arc::new(SharedState::default());
     let probe = Policy::link(engine, scratch, name, instrumented, limits)?;
-    let (verdict, snapshot) = probe.validate_settings_then(settings, |store, instance| {
-        let mut state = Running {
-            store,
-            instance: *instance,
-        };
-        ready(Wizer::new().snapshot(cx, &mut state))
-    })?;
+    let (verdict, (snapshot, refused)) =
+        probe.validate_settings_then(settings, |store, instance| {
+            let mut state = Running {
+                store,
+                instance: *instance,
+                refused: None,
+            };
+            let snapshot = ready(Wizer::new().snapshot(cx, &mut state));
+            (snapshot, state.refused)
+        })?;
     if !verdict.keeps_settings {
         return Err(LoadError::Compile(
             "the instrumented module did not keep its settings".into(),
         ));
+    }
+    if let Some(why) = refused {
+        return Err(LoadError::Compile(format!("snapshot: {why}")));
     }
     snapshot.map_err(|e| LoadError::Compile(format!("snapshot: {e:#}")))
 }
@@ -60,29 +66,47 @@ pub fn take(
 struct Running<'a> {
     store: &'a mut Store<HostState>,
     instance: Instance,
+    /// Why the instance cannot be snapshotted, found while Wizer read it. Wizer's callbacks cannot
+    /// fail, so each answers a stand-in and `take` turns this into its error.
+    refused: Option<String>,
+}
+
+impl Running<'_> {
+    fn refuse(&mut self, why: String) {
+        self.refused.get_or_insert(why);
+    }
 }
 
 impl InstanceState for Running<'_> {
     async fn global_get(&mut self, name: &str, _type_hint: ValType) -> SnapshotVal {
-        let global = self
-            .instance
-            .get_global(&mut *self.store, name)
-            .expect("the instrumented module exports every global");
+        let Some(global) = self.instance.get_global(&mut *self.store, name) else {
+            self.refuse(format!(
+                "the instrumented module does not export global `{name}`"
+            ));
+            return SnapshotVal::I32(0);
+        };
         match global.get(&mut *self.store) {
             Val::I32(x) => SnapshotVal::I32(x),
             Val::I64(x) => SnapshotVal::I64(x),
             Val::F32(x) => SnapshotVal::F32(x),
             Val::F64(x) => SnapshotVal::F64(x),
             Val::V128(x) => SnapshotVal::V128(x.as_u128()),
-            other => panic!("global `{name}` holds a reference ({other:?}), which Wizer refuses"),
+            other => {
+                self.refuse(format!(
+                    "global `{name}` holds a reference ({other:?}), which Wizer cannot snapshot"
+                ));
+                SnapshotVal::I32(0)
+            }
         }
     }
 
     async fn memory_contents(&mut self, name: &str, contents: impl FnOnce(&[u8]) + Send) {
-        let memory = self
-            .instance
-            .get_memory(&mut *self.store, name)
-            .expect("the instrumented module exports its memory");
+        let Some(memory) = self.instance.get_memory(&mut *self.store, name) else {
+            self.refuse(format!(
+                "the instrumented module does not export memory `{name}`"
+            ));
+            return contents(&[]);
+        };
         contents(memory.data(&*self.store));
     }
 }
@@ -96,5 +120,84 @@ fn ready<T>(future: impl Future<Output = T>) -> T {
         if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
             return out;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::engine::EngineLimits;
+
+    /// A policy that keeps its settings, with `extra` in its module.
+    fn keeping(extra: &str) -> String {
+        let answer = r#"{\"valid\":true,\"keeps_settings\":true}"#;
+        format!(
+            r#"(module
+  (memory (export "memory") 1)
+  (data (i32.const 100) "{answer}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const 1))
+  (func (export "slotgate_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "slotgate_validate_settings") (param i32 i32) (result i64)
+    (i64.or (i64.shl (i64.const 100) (i64.const 32)) (i64.const 36)))
+  (func (export "slotgate_evaluate") (param i32 i32) (result i64)
+    (i64.or (i64.shl (i64.const 100) (i64.const 32)) (i64.const 14)))
+  {extra})"#
+        )
+    }
+
+    /// What `take` makes of `module` instrumented as `plain` was: a module whose exports are not
+    /// what the instrumentation promised is an error, never a panic.
+    fn take_mismatched(plain: &str, module: &str) -> Result<Vec<u8>, LoadError> {
+        let engine = PolicyEngine::new(EngineLimits {
+            max_instances: 8,
+            max_memory_bytes: 16 << 20,
+        })
+        .unwrap();
+        let plain = wat::parse_str(plain).unwrap();
+        let (cx, _) = instrument(&plain).unwrap();
+        let module = Module::new(engine.engine(), wat::parse_str(module).unwrap()).unwrap();
+        let settings = serde_json::json!({});
+        take(
+            &engine,
+            "t",
+            &cx,
+            &module,
+            &settings,
+            PolicyLimits::default(),
+        )
+    }
+
+    #[test]
+    fn a_global_holding_a_reference_is_a_load_error() {
+        let plain = keeping("(global (mut i32) (i32.const 7))");
+        let holds_a_reference = keeping(
+            r#"(global (export "__wizer_global_0") (mut funcref) (ref.null func))
+               (export "__wizer_memory_0" (memory 0))"#,
+        );
+        let err = take_mismatched(&plain, &holds_a_reference).unwrap_err();
+        assert!(
+            matches!(&err, LoadError::Compile(m) if m.contains("holds a reference")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_global_or_memory_not_exported_is_a_load_error() {
+        let plain = keeping("(global (mut i32) (i32.const 7))");
+        let err = take_mismatched(&plain, &keeping("")).unwrap_err();
+        assert!(
+            matches!(&err, LoadError::Compile(m) if m.contains("does not export")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_module_as_instrumented_is_snapshotted() {
+        let plain = keeping("(global (mut i32) (i32.const 7))");
+        let instrumented = keeping(
+            r#"(global (export "__wizer_global_0") (mut i32) (i32.const 7))
+               (export "__wizer_memory_0" (memory 0))"#,
+        );
+        assert!(take_mismatched(&plain, &instrumented).is_ok());
     }
 }
