@@ -26,7 +26,7 @@
 //! deadline) leaves the queue.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -51,15 +51,6 @@ const TENANT_LABELS: usize = 50;
 #[derive(Clone)]
 pub struct Admission {
     shared: Arc<Shared>,
-}
-
-/// An [`Admission`] that does not keep its pool alive (what the turns hold of each pool).
-pub(crate) struct WeakAdmission(std::sync::Weak<Shared>);
-
-impl WeakAdmission {
-    pub(crate) fn upgrade(&self) -> Option<Admission> {
-        self.0.upgrade().map(|shared| Admission { shared })
-    }
 }
 
 /// How the queue shares itself between tenants and priorities.
@@ -99,12 +90,6 @@ struct Shared {
     shed_requeued: AtomicU64,
     shed_ended: AtomicU64,
     state: Mutex<State>,
-}
-
-/// The `model`-labelled gauges of one model's pool.
-struct ModelGauges {
-    depth: metrics::Gauge,
-    busy: metrics::Gauge,
 }
 
 struct State {
@@ -183,89 +168,6 @@ enum Grant {
 /// A sheddable request's registration (see [`Admission::enlist`]).
 type Enlisted = (u64, Box<shed::Yielding>);
 
-/// What one request in service holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Hold {
-    slots: usize,
-    kv: u64,
-    /// The band it counts against.
-    band: Option<usize>,
-    /// When it was taken: its tenant's cap counts it from then (see [`cap`]).
-    since: Instant,
-}
-
-/// One overload band of a pool now, for `/status`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BandStats {
-    pub name: Arc<str>,
-    pub priorities: (i64, i64),
-    pub slots_busy: usize,
-    pub slot_limit: Option<usize>,
-    pub waiting: usize,
-    pub queue_limit: Option<usize>,
-    /// Refused since start, its share of the queue full (over every pool).
-    pub refused: u64,
-}
-
-/// A point-in-time view for /status and for Retry-After.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct QueueStats {
-    pub slots: usize,
-    /// Slots held by the requests in service.
-    pub busy: usize,
-    /// Requests in service.
-    pub serving: usize,
-    /// KV pool tokens they hold, and the pool (`None`: a context per slot).
-    pub kv_reserved: u64,
-    pub kv_pool: Option<u64>,
-    pub depth: usize,
-    pub capacity: usize,
-    pub tenant_limit: Option<usize>,
-    pub service_seconds: f64,
-    /// Estimated wait for a request queued now (see `Admission::wait_seconds`).
-    pub wait_seconds: f64,
-    pub closed: bool,
-    /// Tokens reserved (claim costs) by the requests in service.
-    pub tokens_in_service: f64,
-    /// Waiters with a deadline of their own (see `Claim::deadline`).
-    pub with_deadline: usize,
-    /// Sheddable requests in service (see [`shed`]), and those told to yield still giving back.
-    pub sheddable: usize,
-    pub yielding: usize,
-    /// Requests shed since start: queued again before their first byte, ended after it.
-    pub shed_requeued: u64,
-    pub shed_ended: u64,
-}
-
-impl QueueStats {
-    /// Seconds until the work already admitted (in service and waiting) has drained.
-    pub fn drain_seconds(&self) -> f64 {
-        self.wait_seconds
-    }
-}
-
-impl TenantStats {
-    /// Orders tenants the next to be served first (lowest counter, then name), keeping `limit`.
-    pub fn next_served_first(all: &mut Vec<TenantStats>, limit: usize) {
-        all.sort_by(|a, b| {
-            a.counter
-                .total_cmp(&b.counter)
-                .then_with(|| a.tenant.cmp(&b.tenant))
-        });
-        all.truncate(limit);
-    }
-}
-
-/// One tenant's share of the queue, for /status.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TenantStats {
-    pub tenant: String,
-    /// Virtual tokens: tokens served divided by weight, including charges of requests in service.
-    pub counter: f64,
-    pub waiting: usize,
-    pub in_service: usize,
-}
-
 impl Admission {
     pub fn new(slots: usize, capacity: usize) -> Self {
         Self::with_fairness(slots, capacity, Fairness::default())
@@ -273,19 +175,6 @@ impl Admission {
 
     pub fn with_fairness(slots: usize, capacity: usize, fairness: Fairness) -> Self {
         Self::build(slots, capacity, fairness, None)
-    }
-
-    /// The pool of one model behind llama-server's router: it starts paused (the model is loaded
-    /// first), and has `model`-labelled gauges besides its part of the unlabelled ones.
-    pub fn for_model(slots: usize, capacity: usize, fairness: Fairness, model: &str) -> Self {
-        let gauges = ModelGauges {
-            depth: metrics::gauge!(m::MODEL_QUEUE_DEPTH, "model" => model.to_owned()),
-            busy: metrics::gauge!(m::MODEL_SLOTS_BUSY, "model" => model.to_owned()),
-        };
-        metrics::gauge!(m::MODEL_QUEUE_CAPACITY, "model" => model.to_owned()).set(capacity as f64);
-        let a = Self::build(slots, capacity, fairness, Some(gauges));
-        a.lock().paused = true;
-        a
     }
 
     fn build(
@@ -495,280 +384,7 @@ impl Admission {
         );
         // Urgent, it may have sheddable work yield to it (dispatch sheds and publishes).
         self.dispatch(&mut st);
-        Ok(Entry::Queued(Ticket {
-            admission: self.clone(),
-            seq,
-            claim,
-            queued: Instant::now(),
-            rx,
-            resolved: false,
-        }))
-    }
-
-    /// On a full queue, the waiter that gives way to `claim` when `claim`'s tenant is within its
-    /// share: of the tenant holding the most waiters beyond its share, the least urgent and most
-    /// recent one, provided it is not more urgent than `claim`.
-    fn over_share_victim(&self, st: &State, claim: &Claim, now: Instant) -> Option<u64> {
-        let limit = self.shared.fairness.tenant_limit?;
-        if st.tenants.waiting(&claim.tenant) >= limit {
-            return None;
-        }
-        st.waiters
-            .iter()
-            .filter_map(|(seq, w)| {
-                let held = st.tenants.waiting(&w.claim.tenant);
-                (held > limit).then(|| (held, self.effective(w, now), *seq))
-            })
-            .max()
-            .filter(|(_, urgency, _)| claim.priority <= *urgency)
-            .map(|(_, _, seq)| seq)
-    }
-
-    /// A waiter's priority after aging: one level more urgent for every `aging` waited.
-    fn effective(&self, w: &Waiter, now: Instant) -> i64 {
-        self.aged(w.claim.priority, now.saturating_duration_since(w.queued))
-    }
-
-    /// `priority` after waiting `waited`.
-    fn aged(&self, priority: i64, waited: Duration) -> i64 {
-        let Some(step) = self.shared.fairness.aging else {
-            return priority;
-        };
-        let levels = waited.as_nanos() / step.as_nanos();
-        priority.saturating_sub(i64::try_from(levels).unwrap_or(i64::MAX))
-    }
-
-    /// The waiter served next: the smallest [`Place`].
-    fn next_waiter(&self, st: &State, now: Instant) -> Option<u64> {
-        let least = Self::least_counter(st, |t| st.tenants.counter(t));
-        st.waiters
-            .iter()
-            // A waiter whose band holds its share of the slots, or whose tenant is at its cap, waits
-            // without blocking the others.
-            .filter(|(_, w)| !self.held_back(st, &w.claim))
-            .map(|(seq, w)| {
-                let counter = st.tenants.counter(&w.claim.tenant);
-                self.place(&w.claim, self.effective(w, now), counter, least, *seq)
-            })
-            .min_by(Place::cmp)
-            .map(|p| p.seq)
-    }
-
-    /// Whether a waiter that could start (its band within its share of the slots, its tenant below
-    /// its cap) would be served before `claim`, were it queued now.
-    fn anyone_before(&self, st: &State, claim: &Claim, now: Instant) -> bool {
-        if st.waiters.is_empty() {
-            return false;
-        }
-        let ahead = self.ahead_of(st, claim, now);
-        st.waiters
-            .values()
-            .any(|w| !self.held_back(st, &w.claim) && ahead(w))
-    }
-
-    /// Whether `claim` could not start now whatever is free: its band holds its share of the
-    /// slots, or its tenant is at its cap.
-    fn held_back(&self, st: &State, claim: &Claim) -> bool {
-        self.band_full(st, claim) || self.at_cap(st, claim)
-    }
-
-    /// Whether a waiter would be served before `claim`, were `claim` queued now.
-    fn ahead_of<'a>(
-        &'a self,
-        st: &'a State,
-        claim: &Claim,
-        now: Instant,
-    ) -> impl Fn(&Waiter) -> bool + 'a {
-        let counter = |w: &Waiter| st.tenants.counter(&w.claim.tenant);
-        let mine = st.tenants.counter(&claim.tenant);
-        let any_due =
-            claim.deadline.is_some() || st.waiters.values().any(|w| w.claim.deadline.is_some());
-        let least = match any_due {
-            true => st.waiters.values().map(counter).fold(mine, f64::min),
-            false => f64::MAX,
-        };
-        let me = self.place(claim, claim.priority, mine, least, st.next_seq);
-        // Every waiter came before it (a smaller sequence).
-        move |w: &Waiter| {
-            let p = self.place(&w.claim, self.effective(w, now), counter(w), least, 0);
-            p.cmp(&me).is_lt()
-        }
-    }
-
-    /// Where a claim stands in the service order, its tenant's counter at `counter` and the least
-    /// counter of any waiting tenant `least` (only looked at when some waiter has a deadline).
-    fn place(&self, claim: &Claim, effective: i64, counter: f64, least: f64, seq: u64) -> Place {
-        // A deadline counts while its tenant is no more than this request ahead of the least
-        // served: a tenant sending only short deadlines cannot take more than its share.
-        let due = claim.deadline.filter(|_| counter <= least + claim.charge());
-        Place {
-            priority: effective,
-            due,
-            counter,
-            seq,
-        }
-    }
-
-    /// The least counter of the tenants waiting with a deadline beside others (`f64::MAX`: no
-    /// waiter has a deadline, so none is compared).
-    fn least_counter(st: &State, counter: impl Fn(&str) -> f64) -> f64 {
-        if !st.waiters.values().any(|w| w.claim.deadline.is_some()) {
-            return f64::MAX;
-        }
-        st.waiters
-            .values()
-            .map(|w| counter(&w.claim.tenant))
-            .fold(f64::MAX, f64::min)
-    }
-
-    /// The slots requests are admitted to now.
-    pub fn slots(&self) -> usize {
-        self.shared.slots.load(Ordering::Relaxed)
-    }
-
-    /// Admits to `n` slots from now on (at least 1). More slots go at once to waiters; with fewer,
-    /// requests already in service finish and no new one is admitted until the rest fit.
-    pub fn set_slots(&self, n: usize) {
-        let mut st = self.lock();
-        self.shared.slots.store(n.max(1), Ordering::Relaxed);
-        self.dispatch(&mut st);
-    }
-
-    /// Tokens of the KV pool the slots share from now on (`None`: each slot its own context).
-    /// A larger pool goes at once to waiters; with a smaller one, what is in service finishes.
-    pub fn set_pool(&self, tokens: Option<u64>) {
-        let mut st = self.lock();
-        self.shared
-            .pool
-            .store(tokens.unwrap_or(0), Ordering::Relaxed);
-        self.dispatch(&mut st);
-    }
-
-    /// The pool, when the slots share one.
-    pub fn pool(&self) -> Option<u64> {
-        match self.shared.pool.load(Ordering::Relaxed) {
-            0 => None,
-            n => Some(n),
-        }
-    }
-
-    /// What `claim` holds if admitted now: its slots and pool tokens, neither more than there is
-    /// (alone, a request may use the whole server).
-    fn hold_of(&self, claim: &Claim) -> Hold {
-        Hold {
-            slots: claim.slots.clamp(1, self.slots()),
-            kv: self.pool().map_or(claim.kv, |p| claim.kv.min(p)),
-            band: claim.band,
-            since: Instant::now(),
-        }
-    }
-
-    /// Whether `claim` can be admitted beside what is in service; when it can, its start is
-    /// counted in the models' turns (the caller admits it).
-    fn try_start(&self, st: &State, claim: &Claim) -> bool {
-        if !self.fits_beside(st, claim, shed::Freed::default()) {
-            return false;
-        }
-        match self.shared.turn.get() {
-            Some(seat) => seat.start(st.serving, self.slots(), Self::oldest(st)),
-            None => true,
-        }
-    }
-
-    /// Whether `claim` could be admitted beside what is in service once `freed` has been given
-    /// back (see [`shed`]).
-    fn fits_beside(&self, st: &State, claim: &Claim, freed: shed::Freed) -> bool {
-        if st.paused || self.held_back(st, claim) {
-            return false;
-        }
-        let serving = st.serving.saturating_sub(freed.serving);
-        if let Some(seat) = self.shared.turn.get() {
-            if !seat.allows(serving, self.slots(), Self::oldest(st)) {
-                return false;
-            }
-        }
-        if serving == 0 {
-            return true;
-        }
-        let hold = self.hold_of(claim);
-        let (busy, kv) = (
-            st.busy.saturating_sub(freed.slots),
-            st.kv.saturating_sub(freed.kv),
-        );
-        busy + hold.slots <= self.slots() && self.pool().is_none_or(|p| kv + hold.kv <= p)
-    }
-
-    /// Whether `claim`'s band already holds its share of the slots, with some of it in service (a
-    /// band with nothing in service may start a request however many slots it takes).
-    fn band_full(&self, st: &State, claim: &Claim) -> bool {
-        let Some(b) = claim.band else {
-            return false;
-        };
-        let Some(limit) = self.bands().slot_limit(b, self.slots()) else {
-            return false;
-        };
-        let busy = st.band_busy.get(b).copied().unwrap_or(0);
-        busy > 0 && busy + self.hold_of(claim).slots > limit
-    }
-
-    /// The pool's overload bands (none until [`Admission::set_bands`]).
-    fn bands(&self) -> &Bands {
-        static NONE: std::sync::OnceLock<Bands> = std::sync::OnceLock::new();
-        self.shared
-            .bands
-            .get()
-            .unwrap_or_else(|| NONE.get_or_init(Bands::default))
-    }
-
-    /// Limits each band's share of the slots and queue places from now on (once).
-    pub fn set_bands(&self, bands: Bands) {
-        let _ = self.shared.bands.set(bands);
-    }
-
-    /// The band a request at `priority` belongs to, by name.
-    pub fn band_of(&self, priority: i64) -> Option<Arc<str>> {
-        let bands = self.bands();
-        bands.of(priority).map(|b| bands.get(b).name.clone())
-    }
-
-    /// Each band now: what it holds and may hold.
-    pub fn band_stats(&self) -> Vec<BandStats> {
-        let bands = self.bands();
-        let st = self.lock();
-        (0..bands.len())
-            .map(|b| {
-                let band = bands.get(b);
-                BandStats {
-                    name: band.name.clone(),
-                    priorities: band.priorities,
-                    slots_busy: st.band_busy.get(b).copied().unwrap_or(0),
-                    slot_limit: bands.slot_limit(b, self.slots()),
-                    waiting: st
-                        .waiters
-                        .values()
-                        .filter(|w| w.claim.band == Some(b))
-                        .count(),
-                    queue_limit: bands.queue_limit(b, self.shared.capacity),
-                    refused: bands.refused_total(b),
-                }
-            })
-            .collect()
-    }
-
-    /// Counts `hold` (of `claim`) as in service.
-    fn take(&self, st: &mut State, hold: Hold, claim: &Claim) {
-        if let Some(b) = hold.band {
-            if st.band_busy.len() <= b {
-                st.band_busy.resize(b + 1, 0);
-            }
-            st.band_busy[b] += hold.slots;
-        }
-        st.busy += hold.slots;
-        st.kv += hold.kv;
-        st.serving += 1;
-        st.drain.in_service += claim.cost as f64;
-        st.in_service
-            .start(&claim.tenant, claim.cap.in_service, hold.since);
+        Ok(Entry::Queued(Ticket::new(self.clone(), seq, claim, rx)))
     }
 
     /// Turns every waiter away and refuses new ones; slots already held drain normally.
@@ -783,138 +399,9 @@ impl Admission {
         self.publish(&mut st);
     }
 
-    /// Admits nobody from now on, whatever is free (its model is not loaded); arrivals queue.
-    /// Requests in service finish.
-    pub fn pause(&self) {
-        let mut st = self.lock();
-        st.paused = true;
-        self.publish(&mut st);
-    }
-
-    /// Takes turns with the other pools of `turns` (see `admission::turns`).
-    pub fn join_turns(&self, turns: &Turns) {
-        let _ = self.shared.turn.set(turns.seat(self));
-    }
-
-    pub(crate) fn downgrade(&self) -> WeakAdmission {
-        WeakAdmission(Arc::downgrade(&self.shared))
-    }
-
-    /// Looks at the waiters again (another pool's turn ended).
-    pub(crate) fn dispatch_now(&self) {
-        let mut st = self.lock();
-        self.dispatch(&mut st);
-    }
-
-    /// When its oldest waiter queued (the first by arrival).
-    fn oldest(st: &State) -> Option<Instant> {
-        st.waiters.first_key_value().map(|(_, w)| w.queued)
-    }
-
-    /// Pauses the pool only if nothing is in service or waiting: then its model may be unloaded
-    /// without any request losing it. Returns whether it did.
-    pub fn pause_if_idle(&self) -> bool {
-        let mut st = self.lock();
-        if st.serving > 0 || !st.waiters.is_empty() {
-            return false;
-        }
-        st.paused = true;
-        self.publish(&mut st);
-        true
-    }
-
-    /// Admits again (its model is loaded), at once to the waiters.
-    pub fn resume(&self) {
-        let mut st = self.lock();
-        st.paused = false;
-        st.ready_at = None;
-        self.dispatch(&mut st);
-    }
-
-    pub fn is_paused(&self) -> bool {
-        self.lock().paused
-    }
-
-    /// When a paused pool is expected to serve again: what every wait estimate adds (`None`: not
-    /// known).
-    pub fn set_ready_in(&self, after: Option<Duration>) {
-        self.lock().ready_at = after.map(|d| Instant::now() + d);
-    }
-
-    /// Turns every waiter away with a 503 naming `model` (it failed to load); new arrivals still
-    /// queue.
-    pub fn fail_waiters(&self, model: &str, reason: &str, retry_after: Duration) {
-        let mut st = self.lock();
-        let (model, reason): (Arc<str>, Arc<str>) = (model.into(), reason.into());
-        for (_, w) in std::mem::take(&mut st.waiters) {
-            st.tenants.dequeue(&w.claim.tenant);
-            let _ = w.tx.send(Grant::Unavailable {
-                model: model.clone(),
-                reason: reason.clone(),
-                retry_after,
-            });
-        }
-        self.publish(&mut st);
-    }
-
-    /// Whether nothing is in service or waiting.
-    pub fn is_idle(&self) -> bool {
-        let st = self.lock();
-        st.serving == 0 && st.waiters.is_empty()
-    }
-
     /// Whether the queue was closed (shutting down).
     pub fn is_closed(&self) -> bool {
         self.lock().closed
-    }
-
-    pub fn stats(&self) -> QueueStats {
-        self.stats_of(&self.lock())
-    }
-
-    fn stats_of(&self, st: &State) -> QueueStats {
-        QueueStats {
-            slots: self.slots(),
-            busy: st.busy,
-            serving: st.serving,
-            kv_reserved: st.kv,
-            kv_pool: self.pool(),
-            depth: st.waiters.len(),
-            capacity: self.shared.capacity,
-            tenant_limit: self.shared.fairness.tenant_limit,
-            service_seconds: st.service_ewma.unwrap_or(INITIAL_SERVICE_SECONDS),
-            wait_seconds: self.wait_seconds(st),
-            closed: st.closed,
-            tokens_in_service: st.drain.in_service,
-            with_deadline: st
-                .waiters
-                .values()
-                .filter(|w| w.claim.deadline.is_some())
-                .count(),
-            sheddable: st.sheddable.len(),
-            yielding: st.freeing.len(),
-            shed_requeued: self.shared.shed_requeued.load(Ordering::Relaxed),
-            shed_ended: self.shared.shed_ended.load(Ordering::Relaxed),
-        }
-    }
-
-    /// The tenants the scheduler knows (active, or remembered for a counter above the others'), the
-    /// next to be served first, at most `limit`.
-    pub fn tenants(&self, limit: usize) -> Vec<TenantStats> {
-        let st = self.lock();
-        let mut all: Vec<TenantStats> = st
-            .tenants
-            .iter()
-            .map(|(name, t)| TenantStats {
-                tenant: name.to_owned(),
-                counter: t.counter,
-                waiting: t.waiting,
-                in_service: t.in_service,
-            })
-            .collect();
-        drop(st);
-        TenantStats::next_served_first(&mut all, limit);
-        all
     }
 
     /// The guard of what `hold` took, already counted as in service and charged to `claim`'s tenant.
@@ -1016,168 +503,34 @@ impl Admission {
     }
 }
 
-/// Where a waiter stands in the service order, smallest first:
-///
-/// 1. its effective priority (after aging);
-/// 2. then, within a priority level, the waiters with a deadline (see [`Claim::deadline`]) by the
-///    earliest, while their tenant is within its fair share (no more than that request ahead of
-///    the least-served waiting tenant); the others after them;
-/// 3. then its tenant's virtual counter (the least served first);
-/// 4. then arrival.
-#[derive(Debug, Clone, Copy)]
-struct Place {
-    priority: i64,
-    due: Option<Instant>,
-    counter: f64,
-    seq: u64,
-}
-
-impl Place {
-    fn cmp(&self, other: &Place) -> std::cmp::Ordering {
-        // A deadline comes before none (`None` sorts first in `Option`'s order, so compare by hand).
-        let due = match (self.due, other.due) {
-            (Some(a), Some(b)) => a.cmp(&b),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (None, None) => std::cmp::Ordering::Equal,
-        };
-        self.priority
-            .cmp(&other.priority)
-            .then(due)
-            .then(self.counter.total_cmp(&other.counter))
-            .then(self.seq.cmp(&other.seq))
-    }
-}
-
 /// What [`Admission::enter`] gives: a slot now, or a place in the queue.
 pub enum Entry {
     Admitted(SlotGuard),
     Queued(Ticket),
 }
 
-/// A place in the queue. Dropping it unresolved leaves the queue (and hands on a slot granted meanwhile).
-pub struct Ticket {
-    admission: Admission,
-    seq: u64,
-    claim: Claim,
-    queued: Instant,
-    rx: oneshot::Receiver<Grant>,
-    resolved: bool,
-}
-
-impl Ticket {
-    /// Waits for the slot until `deadline`; returns it and how long the request queued in all.
-    ///
-    /// Cancel-safe: it may be dropped (e.g. in a `select!`) and called again; dropping the ticket
-    /// itself is what leaves the queue.
-    pub async fn wait(&mut self, deadline: Instant) -> Result<(SlotGuard, Duration), GateError> {
-        let grant = match tokio::time::timeout_at(deadline, &mut self.rx).await {
-            Ok(Ok(grant)) => grant,
-            // The sender is only dropped unsent by a leaked ticket; treat it like a shutdown.
-            Ok(Err(_)) => Grant::ShuttingDown { retry_after: 1 },
-            Err(_) => match self.leave() {
-                Some(grant) => grant,
-                None => return Err(self.timed_out(deadline)),
-            },
-        };
-        self.resolved = true;
-        match grant {
-            // Granted in the same instant as the deadline passed: the promise was "never forwarded
-            // after the timeout", so the slot goes straight on to the next waiter.
-            Grant::Slot(hold, enlisted) if Instant::now() > deadline => {
-                self.guard(hold, enlisted).settle(0);
-                Err(self.timed_out(deadline))
-            }
-            Grant::Slot(hold, enlisted) => Ok((self.guard(hold, enlisted), self.queued.elapsed())),
-            Grant::Displaced { retry_after } => Err(GateError::Displaced { retry_after }),
-            Grant::OverShare {
-                waiting,
-                retry_after,
-            } => Err(GateError::TenantQueueFull {
-                waiting,
-                retry_after,
-            }),
-            Grant::ShuttingDown { retry_after } => Err(GateError::ShuttingDown { retry_after }),
-            Grant::Unavailable {
-                model,
-                reason,
-                retry_after,
-            } => Err(GateError::ModelUnavailable {
-                model: model.to_string(),
-                reason: reason.to_string(),
-                retry_after,
-            }),
-        }
-    }
-
-    /// Its wait reached `deadline`: its own (504 `deadline_exceeded`) or the queue timeout.
-    fn timed_out(&self, deadline: Instant) -> GateError {
-        let waited = self.queued.elapsed();
-        match self.claim.deadline.is_some_and(|own| own <= deadline) {
-            true => GateError::DeadlineExceeded(waited),
-            false => GateError::QueueTimeout(waited),
-        }
-    }
-
-    /// Replaces the up-front cost of a request still waiting (its prompt was counted while it
-    /// waited): what its tenant is charged when it is admitted, and what the wait estimates of those
-    /// behind it count. A waiter already granted keeps the cost it was charged; its slot settles
-    /// from the real usage.
-    pub fn recost(&mut self, cost: u64, slots: usize, kv: u64) {
-        let mut st = self.admission.lock();
-        if let Some(w) = st.waiters.get_mut(&self.seq) {
-            w.claim.cost = cost;
-            w.claim.slots = slots;
-            w.claim.kv = kv;
-            self.claim = w.claim.clone();
-            // Smaller now, it may fit already.
-            self.admission.dispatch(&mut st);
-        }
-    }
-
-    /// Leaves the queue. Returns the grant if one arrived before we got the lock.
-    fn leave(&mut self) -> Option<Grant> {
-        let mut st = self.admission.lock();
-        if let Some(w) = st.waiters.remove(&self.seq) {
-            st.tenants.dequeue(&w.claim.tenant);
-            self.resolved = true;
-            // It may have been the waiter that held those behind it back (it did not fit yet).
-            self.admission.dispatch(&mut st);
-            return None;
-        }
-        drop(st);
-        self.rx.try_recv().ok()
-    }
-
-    /// What this ticket was granted (already in service and charged when the grant was sent).
-    fn guard(&self, hold: Hold, enlisted: Option<Enlisted>) -> SlotGuard {
-        self.admission.guard(&self.claim, hold, enlisted)
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        if self.resolved {
-            return;
-        }
-        if let Some(Grant::Slot(hold, enlisted)) = self.leave() {
-            // Never used: nothing was served, and the slot goes on to the next waiter.
-            self.guard(hold, enlisted).settle(0);
-        }
-    }
-}
-
+mod bands;
 mod cap;
 mod drain;
+mod model;
+mod order;
+mod pool;
 mod returns;
 mod shed;
 mod slot;
+mod stats;
+mod ticket;
 mod view;
 
 use drain::Drain;
+use model::ModelGauges;
+use pool::Hold;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use model::WeakAdmission;
 pub use shed::{Shed, MAX_REQUEUES, SHED_GUARD};
 pub use slot::SlotGuard;
+pub use stats::{BandStats, QueueStats, TenantStats};
+pub use ticket::Ticket;
 pub use view::WaiterView;

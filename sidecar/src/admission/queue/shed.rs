@@ -410,14 +410,7 @@ impl SlotGuard {
             .shed_requeued
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.release_after(grace);
-        Ok(Ticket {
-            admission,
-            seq: y.seq,
-            claim,
-            queued: Instant::now(),
-            rx,
-            resolved: false,
-        })
+        Ok(Ticket::new(admission, y.seq, claim, rx))
     }
 
     /// Shed after its first byte: its answer is being ended (counted).
