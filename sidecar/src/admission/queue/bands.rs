@@ -1,10 +1,12 @@
-//! The overload bands in the queue (see `admission::bands`): a waiter whose band holds its share of
+//! The overload bands in the queue (see `admission::bands`): an arrival whose band holds its share
+//! of the queue places is refused (429 `band_queue_full`); a waiter whose band holds its share of
 //! the slots is passed over without holding back those behind it, as one whose tenant is at its
 //! cap is; what each band holds now, for `/status`.
 
 use std::sync::Arc;
 
 use super::{Admission, BandStats, Bands, Claim, State};
+use crate::error::GateError;
 
 impl Admission {
     /// Whether `claim`'s band already holds its share of the slots, with some of it in service (a
@@ -18,6 +20,31 @@ impl Admission {
         };
         let busy = st.band_busy.get(b).copied().unwrap_or(0);
         busy > 0 && busy + self.hold_of(claim).slots > limit
+    }
+
+    /// At arrival: refuses `claim` (429 `band_queue_full`) when its band holds its share of the
+    /// queue places already: the rest are for the other bands.
+    pub(super) fn check_band_queue(&self, st: &mut State, claim: &Claim) -> Result<(), GateError> {
+        let Some(b) = claim.band else {
+            return Ok(());
+        };
+        let Some(limit) = self.bands().queue_limit(b, self.shared.capacity) else {
+            return Ok(());
+        };
+        let waiting = st
+            .waiters
+            .values()
+            .filter(|w| w.claim.band == Some(b))
+            .count();
+        if waiting < limit {
+            return Ok(());
+        }
+        self.bands().refused(b);
+        Err(GateError::BandQueueFull {
+            band: self.bands().get(b).name.to_string(),
+            waiting,
+            retry_after: self.retry_after(st, claim.cost),
+        })
     }
 
     /// The pool's overload bands (none until [`Admission::set_bands`]).

@@ -1,6 +1,7 @@
 //! The Retry-After model: how long the work ahead of a request takes to drain, measured in tokens
 //! (those charged to the requests in service and waiting, and to clients told to come back) over
-//! the token throughput measured per slot; and how many requests run at once (`lanes`).
+//! the token throughput measured per slot; and how many requests run at once (`lanes`). An arrival
+//! whose estimated wait already passes its deadline is refused by it rather than left to time out.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Admission, Claim, State, EWMA_ALPHA, INITIAL_SERVICE_SECONDS};
+use crate::error::GateError;
 
 /// Upper bound of any Retry-After we hand out.
 pub(super) const MAX_RETRY_AFTER_SECONDS: u64 = 3600;
@@ -216,6 +218,43 @@ impl Admission {
             (None, true) => Some(ready),
             (None, false) => None,
         }
+    }
+
+    /// At arrival (not admitted at once): refuses `claim` when its estimated wait already passes
+    /// its deadline: its own (429 `deadline_unreachable`) or, with `reject_doomed`, the queue's
+    /// (429 `estimated_wait_too_long`).
+    pub(super) fn check_doomed(
+        &self,
+        st: &mut State,
+        claim: &Claim,
+        deadline: Instant,
+    ) -> Result<(), GateError> {
+        // A request's own deadline is always held to: it said how long its answer is worth.
+        let own = claim.deadline.filter(|d| *d <= deadline);
+        if !self.shared.fairness.reject_doomed && own.is_none() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let by = own.unwrap_or(deadline);
+        let left = by.saturating_duration_since(now).as_secs_f64();
+        if let Some(estimate) = self.wait_before(st, claim, now) {
+            if estimate > left {
+                let retry_after = self.retry_after(st, claim.cost);
+                return Err(match own {
+                    Some(_) => GateError::DeadlineUnreachable {
+                        estimate: Duration::try_from_secs_f64(estimate).unwrap_or(Duration::MAX),
+                        deadline: Duration::try_from_secs_f64(left).unwrap_or_default(),
+                        retry_after,
+                    },
+                    None => GateError::WaitTooLong {
+                        estimate: estimate.ceil() as u64,
+                        limit: left.ceil() as u64,
+                        retry_after,
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 
     /// When a client turned away should find room: the wait for the work ahead (see

@@ -24,6 +24,13 @@
 //! Everything that must be given back is given back by a `Drop`: a [`SlotGuard`] releases (or hands
 //! on) its slot and ends its tenant's service, and a waiting [`Ticket`] that is dropped (client gone,
 //! deadline) leaves the queue.
+//!
+//! This file is the queue's face: the [`Admission`] and its state, how a request enters it (a slot
+//! at once, a place in the queue, or the refusal: [`Admission::enter`]), and how what is given back
+//! goes to the waiters (`dispatch`). Each concern has a file of its own: `order` (who is served
+//! next, who gives way), `pool` (what a request holds of the slots and the KV pool), `bands`,
+//! `cap`, `drain` (the Retry-After model), `returns`, `shed`, `model` (one router model's pool),
+//! `stats`, `view`, `slot` (the [`SlotGuard`]) and `ticket`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -255,121 +262,37 @@ impl Admission {
         }
         // A client back when it was told takes the place kept for it.
         let returning = self.take_booking(&mut st, &claim, arrived);
-        // At once when it fits and nobody who could start would be served before it (waiters held
-        // back by their band's share of the slots do not count: they could not take the slot).
-        if !self.anyone_before(&st, &claim, arrived) && self.try_start(&st, &claim) {
-            let hold = self.hold_of(&claim);
-            self.take(&mut st, hold, &claim);
-            st.tenants.admit(&claim.tenant, claim.charge());
-            let seq = st.next_seq;
-            st.next_seq += 1;
-            let enlisted = self.enlist(&mut st, &claim, hold, seq, Instant::now());
-            self.publish(&mut st);
-            return Ok(Entry::Admitted(self.guard(&claim, hold, enlisted)));
+        if let Some(slot) = self.start_at_once(&mut st, &claim, arrived) {
+            return Ok(Entry::Admitted(slot));
         }
         // Its tenant over its caps: refused before any estimate (its wait is its tenant's own).
         self.check_cap(&st, &claim)?;
-        // A request's own deadline is always held to: it said how long its answer is worth.
-        let own = claim.deadline.filter(|d| *d <= deadline);
-        if self.shared.fairness.reject_doomed || own.is_some() {
-            let now = Instant::now();
-            let by = own.unwrap_or(deadline);
-            let left = by.saturating_duration_since(now).as_secs_f64();
-            if let Some(estimate) = self.wait_before(&st, &claim, now) {
-                if estimate > left {
-                    let retry_after = self.retry_after(&mut st, claim.cost);
-                    return Err(match own {
-                        Some(_) => GateError::DeadlineUnreachable {
-                            estimate: Duration::try_from_secs_f64(estimate)
-                                .unwrap_or(Duration::MAX),
-                            deadline: Duration::try_from_secs_f64(left).unwrap_or_default(),
-                            retry_after,
-                        },
-                        None => GateError::WaitTooLong {
-                            estimate: estimate.ceil() as u64,
-                            limit: left.ceil() as u64,
-                            retry_after,
-                        },
-                    });
-                }
-            }
+        self.check_doomed(&mut st, &claim, deadline)?;
+        self.check_share(&mut st, &claim)?;
+        self.check_band_queue(&mut st, &claim)?;
+        self.make_room(&mut st, &claim, returning, arrived)?;
+        Ok(Entry::Queued(self.enqueue(&mut st, claim)))
+    }
+
+    /// A slot at once when `claim` fits and nobody who could start would be served before it
+    /// (waiters held back by their band's share of the slots do not count: they could not take the
+    /// slot).
+    fn start_at_once(&self, st: &mut State, claim: &Claim, arrived: Instant) -> Option<SlotGuard> {
+        if self.anyone_before(st, claim, arrived) || !self.try_start(st, claim) {
+            return None;
         }
-        if let Some(limit) = self.shared.fairness.tenant_limit {
-            // Alone, a tenant may use the whole queue; beside others, only its share.
-            let waiting = st.tenants.waiting(&claim.tenant);
-            if waiting >= limit && st.tenants.others_active(&claim.tenant) {
-                let retry_after = self.retry_after(&mut st, claim.cost);
-                self.book_return(&mut st, &claim, retry_after);
-                return Err(GateError::TenantQueueFull {
-                    waiting,
-                    retry_after,
-                });
-            }
-        }
-        if let Some(b) = claim.band {
-            // A band holding its share of the places: the rest are for the other bands.
-            if let Some(limit) = self.bands().queue_limit(b, self.shared.capacity) {
-                let waiting = st
-                    .waiters
-                    .values()
-                    .filter(|w| w.claim.band == Some(b))
-                    .count();
-                if waiting >= limit {
-                    self.bands().refused(b);
-                    return Err(GateError::BandQueueFull {
-                        band: self.bands().get(b).name.to_string(),
-                        waiting,
-                        retry_after: self.retry_after(&mut st, claim.cost),
-                    });
-                }
-            }
-        }
-        // The places kept for clients due back count as taken, except for those clients.
-        let held = match returning {
-            true => 0,
-            false => Self::held_places(&st, arrived),
-        };
-        if st.waiters.len() + held >= self.shared.capacity {
-            let now = Instant::now();
-            if let Some(seq) = self.over_share_victim(&st, &claim, now) {
-                // A tenant beyond its share gives up its newest place to one within its share.
-                if let Some(w) = st.waiters.remove(&seq) {
-                    let waiting = st.tenants.waiting(&w.claim.tenant);
-                    st.tenants.dequeue(&w.claim.tenant);
-                    let retry_after = self.retry_after(&mut st, w.claim.cost);
-                    self.book_return(&mut st, &w.claim, retry_after);
-                    let _ = w.tx.send(Grant::OverShare {
-                        waiting,
-                        retry_after,
-                    });
-                }
-            } else {
-                let victim = st
-                    .waiters
-                    .iter()
-                    .map(|(seq, w)| (self.effective(w, now), *seq))
-                    .max();
-                match victim {
-                    // Strictly more urgent: the least urgent, most recently queued waiter gives way.
-                    Some((urgency, seq)) if claim.priority < urgency => {
-                        if let Some(w) = st.waiters.remove(&seq) {
-                            st.tenants.dequeue(&w.claim.tenant);
-                            let retry_after = self.retry_after(&mut st, w.claim.cost);
-                            self.book_return(&mut st, &w.claim, retry_after);
-                            let _ = w.tx.send(Grant::Displaced { retry_after });
-                        }
-                    }
-                    _ => {
-                        let retry_after = self.retry_after(&mut st, claim.cost);
-                        self.book_return(&mut st, &claim, retry_after);
-                        return Err(GateError::QueueFull {
-                            depth: st.waiters.len(),
-                            retry_after,
-                        });
-                    }
-                }
-            }
-        }
+        let hold = self.hold_of(claim);
+        self.take(st, hold, claim);
+        st.tenants.admit(&claim.tenant, claim.charge());
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let enlisted = self.enlist(st, claim, hold, seq, Instant::now());
+        self.publish(st);
+        Some(self.guard(claim, hold, enlisted))
+    }
+
+    /// Gives `claim`, found a place, its place in the queue.
+    fn enqueue(&self, st: &mut State, claim: Claim) -> Ticket {
         let seq = st.next_seq;
         st.next_seq += 1;
         let (tx, rx) = oneshot::channel();
@@ -383,8 +306,8 @@ impl Admission {
             },
         );
         // Urgent, it may have sheddable work yield to it (dispatch sheds and publishes).
-        self.dispatch(&mut st);
-        Ok(Entry::Queued(Ticket::new(self.clone(), seq, claim, rx)))
+        self.dispatch(st);
+        Ticket::new(self.clone(), seq, claim, rx)
     }
 
     /// Turns every waiter away and refuses new ones; slots already held drain normally.

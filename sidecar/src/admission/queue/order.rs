@@ -1,14 +1,21 @@
-//! The service order: which waiter is served next (see [`Place`]), and whether a waiter that could
-//! start would be served before a newcomer. A waiter's priority improves by one level for every
-//! `aging` it has waited; a deadline goes first while its tenant is within its fair share; then the
-//! tenant with the lowest virtual counter; then arrival. A waiter its band or its tenant's cap holds
-//! back is passed over without holding back those behind it.
+//! Order and fairness: which waiter is served next, and who gives way when the queue is full.
+//!
+//! The next waiter is the smallest [`Place`]: its priority, improved by one level for every `aging`
+//! it has waited; then a deadline, while its tenant is within its fair share; then the tenant with
+//! the lowest virtual counter; then arrival. A waiter its band or its tenant's cap holds back is
+//! passed over without holding back those behind it.
+//!
+//! At arrival, a tenant holding its share of the queue is turned away while others are active, and
+//! a full queue makes room for a newcomer (a tenant beyond its share gives up its newest place,
+//! else a strictly more urgent arrival displaces the least urgent, most recent waiter) or refuses
+//! it.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Admission, Claim, State, Waiter};
+use super::{Admission, Claim, Grant, State, Waiter};
+use crate::error::GateError;
 
 /// Where a waiter stands in the service order, smallest first:
 ///
@@ -44,6 +51,84 @@ impl Place {
 }
 
 impl Admission {
+    /// At arrival: refuses `claim` (429 `tenant_queue_full`) when its tenant holds its share of
+    /// the queue while other tenants are active; alone, a tenant may use the whole queue.
+    pub(super) fn check_share(&self, st: &mut State, claim: &Claim) -> Result<(), GateError> {
+        let Some(limit) = self.shared.fairness.tenant_limit else {
+            return Ok(());
+        };
+        let waiting = st.tenants.waiting(&claim.tenant);
+        if waiting < limit || !st.tenants.others_active(&claim.tenant) {
+            return Ok(());
+        }
+        let retry_after = self.retry_after(st, claim.cost);
+        self.book_return(st, claim, retry_after);
+        Err(GateError::TenantQueueFull {
+            waiting,
+            retry_after,
+        })
+    }
+
+    /// At arrival, when the queue is full: a place for `claim`, or its refusal (429 `queue_full`).
+    /// A tenant beyond its share gives up its newest place to one within its share; else a
+    /// strictly more urgent arrival displaces the least urgent, most recent waiter. The places
+    /// kept for clients due back count as taken, except for those clients (`returning`).
+    pub(super) fn make_room(
+        &self,
+        st: &mut State,
+        claim: &Claim,
+        returning: bool,
+        arrived: Instant,
+    ) -> Result<(), GateError> {
+        let held = match returning {
+            true => 0,
+            false => Self::held_places(st, arrived),
+        };
+        if st.waiters.len() + held < self.shared.capacity {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if let Some(seq) = self.over_share_victim(st, claim, now) {
+            // A tenant beyond its share gives up its newest place to one within its share.
+            if let Some(w) = st.waiters.remove(&seq) {
+                let waiting = st.tenants.waiting(&w.claim.tenant);
+                st.tenants.dequeue(&w.claim.tenant);
+                let retry_after = self.retry_after(st, w.claim.cost);
+                self.book_return(st, &w.claim, retry_after);
+                let _ = w.tx.send(Grant::OverShare {
+                    waiting,
+                    retry_after,
+                });
+            }
+            return Ok(());
+        }
+        let victim = st
+            .waiters
+            .iter()
+            .map(|(seq, w)| (self.effective(w, now), *seq))
+            .max();
+        match victim {
+            // Strictly more urgent: the least urgent, most recently queued waiter gives way.
+            Some((urgency, seq)) if claim.priority < urgency => {
+                if let Some(w) = st.waiters.remove(&seq) {
+                    st.tenants.dequeue(&w.claim.tenant);
+                    let retry_after = self.retry_after(st, w.claim.cost);
+                    self.book_return(st, &w.claim, retry_after);
+                    let _ = w.tx.send(Grant::Displaced { retry_after });
+                }
+                Ok(())
+            }
+            _ => {
+                let retry_after = self.retry_after(st, claim.cost);
+                self.book_return(st, claim, retry_after);
+                Err(GateError::QueueFull {
+                    depth: st.waiters.len(),
+                    retry_after,
+                })
+            }
+        }
+    }
+
     /// On a full queue, the waiter that gives way to `claim` when `claim`'s tenant is within its
     /// share: of the tenant holding the most waiters beyond its share, the least urgent and most
     /// recent one, provided it is not more urgent than `claim`.
