@@ -153,15 +153,32 @@ impl Admission {
         let Some(w) = st.waiters.get(&seq) else {
             return;
         };
-        let claim = &w.claim;
-        if self.is_sheddable(claim.priority) {
+        if self.is_sheddable(w.claim.priority) {
             return;
         }
         // A victim back in the queue must come after it, or it would take its slots back.
         let urgent = self.effective(w, now);
+        match self.victims(st, &w.claim, urgent, now) {
+            Ok(victims) => self.tell_to_yield(st, victims),
+            // Not enough yields now: look again when a victim held back by its guard time may.
+            Err(Some(at)) => self.wake_at(st, at),
+            Err(None) => {}
+        }
+    }
+
+    /// The sheddable requests less urgent than `urgent` whose going lets `claim` fit: the least
+    /// harm first, and no more than it takes (none when it fits already). `Err` when those that may
+    /// yield now are not enough, with when one its guard time holds back may.
+    fn victims(
+        &self,
+        st: &State,
+        claim: &Claim,
+        urgent: i64,
+        now: Instant,
+    ) -> Result<Vec<(u64, Hold)>, Option<Instant>> {
         let mut freed = Self::freeing(st);
         if self.fits_beside(st, claim, freed) {
-            return;
+            return Ok(Vec::new());
         }
         let mut candidates: Vec<(&u64, &Running)> = st
             .sheddable
@@ -184,19 +201,19 @@ impl Admission {
             }
         }
         if !self.fits_beside(st, claim, freed) {
-            // Not enough yields now: look again when a victim held back by its guard time may.
-            let later = st
+            return Err(st
                 .sheddable
                 .values()
                 .filter(|r| r.not_before > now && r.aged > urgent)
                 .map(|r| r.not_before)
-                .min();
-            if let Some(at) = later {
-                self.wake_at(st, at);
-            }
-            return;
+                .min());
         }
-        // No more than it takes: one picked early whose share the later ones cover keeps its slot.
+        self.fewest(st, claim, &mut victims);
+        Ok(victims)
+    }
+
+    /// No more than it takes: one picked early whose share the later ones cover keeps its slot.
+    fn fewest(&self, st: &State, claim: &Claim, victims: &mut Vec<(u64, Hold)>) {
         let mut i = 0;
         while victims.len() > 1 && i < victims.len() {
             let without = victims.iter().enumerate().filter(|(j, _)| *j != i).fold(
@@ -213,6 +230,10 @@ impl Admission {
                 false => i += 1,
             }
         }
+    }
+
+    /// Tells `victims` to yield: what they hold counts as being freed from now on.
+    fn tell_to_yield(&self, st: &mut State, victims: Vec<(u64, Hold)>) {
         for (id, _) in victims {
             let Some(r) = st.sheddable.remove(&id) else {
                 continue;
