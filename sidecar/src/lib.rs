@@ -13,9 +13,10 @@
 //!              decide   the policy chain (policy: wasm on a fiber), allow | deny | fail
 //!              admit    what it holds (admission::demand: slots, KV pool), its claim, a slot
 //!                       at once or the fair priority queue (admission), or 429/504
-//!              forward  upstream client and pools, retried only while nothing was sent
-//!              reply    the answer with slotgate's headers, or its refusal (respond, dialect)
+//!              forward  upstream client and pools, retried only while nothing was sent; a
+//!                       shed request goes back to admit (admit::again) and is sent again
 //!              body     streams, reads usage in its dialect, then frees the slot
+//!              reply    the answer with slotgate's headers, or its refusal (respond, dialect)
 //!              access   one record per request; policy::complete tells the policies
 //!                          │
 //!                          ▼
@@ -36,9 +37,11 @@
 //!  leaves   respond, dialect, json_edit, metrics, error
 //! ```
 //!
-//! Dependencies run one way, down that list: `cmd → app → admin → pipeline → server → state →
-//! upstream → policy → fleet → store → admission → otel → live → log → config → leaves`. `arrows.rs` fails on an
-//! arrow back up; docs/architecture.md has the map and the invariants.
+//! Dependencies run one way, down that list: `fuzzing → cmd → app → admin → pipeline → server →
+//! state → upstream → policy → fleet → store → admission → otel → live → log → config → leaves`
+//! (`fuzzing`: the fuzz targets, with the `fuzzing` feature). Inside `pipeline`, a phase uses only
+//! the phases above it. `arrows.rs` fails on an arrow back up; docs/architecture.md has the map and
+//! the invariants.
 
 pub mod admin;
 pub mod admission;
