@@ -174,14 +174,14 @@ struct Kept {
 
 /// Whom a call is for, as [`Isolation::Caller`] keeps instances apart: the caller's hashed key,
 /// else its Unix uid and gid, else nobody in particular (anonymous).
-pub fn caller_of(api_key: Option<&str>, peer: Option<(u32, u32)>) -> u64 {
+pub fn caller_of(r: &t::Request) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
         std::sync::OnceLock::new();
     let mut h = SEED.get_or_init(Default::default).build_hasher();
-    match (api_key, peer) {
+    match (&r.api_key, &r.peer) {
         (Some(key), _) => (0u8, key).hash(&mut h),
-        (None, Some(ids)) => (1u8, ids).hash(&mut h),
+        (None, Some(p)) => (1u8, (p.uid, p.gid)).hash(&mut h),
         (None, None) => 2u8.hash(&mut h),
     }
     h.finish()
@@ -357,14 +357,9 @@ impl ComponentPolicy {
         input: &t::Evaluation,
         runs: Runs,
     ) -> Result<(Decision, Evaluation), EvalError> {
-        let r = &input.request;
-        let caller = caller_of(
-            r.api_key.as_deref(),
-            r.peer.as_ref().map(|p| (p.uid, p.gid)),
-        );
         let (decision, ev) = self
             .call(
-                caller,
+                caller_of(&input.request),
                 runs,
                 async |p: &wit::Policy, store: &mut Store<HostState>| {
                     p.call_evaluate(store, settings, input).await
@@ -390,14 +385,9 @@ impl ComponentPolicy {
         input: &t::Completion,
         runs: Runs,
     ) -> Result<Evaluation, EvalError> {
-        let r = &input.request;
-        let caller = caller_of(
-            r.api_key.as_deref(),
-            r.peer.as_ref().map(|p| (p.uid, p.gid)),
-        );
         let ((), ev) = self
             .call(
-                caller,
+                caller_of(&input.request),
                 runs,
                 async |p: &wit::Policy, store: &mut Store<HostState>| {
                     p.call_on_complete(store, settings, input).await
