@@ -16,6 +16,7 @@ const ROOMS: &[&str] = &[
     "server",
     "state",
     "upstream",
+    "router",
     "policy",
     "fleet",
     "store",

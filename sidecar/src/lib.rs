@@ -29,6 +29,8 @@
 //!  state    the `App` every request, the admin listener and the reloader share
 //!  upstream the client, health, capacity (/props, the command line), cors, tokenize, scrape,
 //!           quarantine
+//!  router   llama-server's router mode: its model list, a pool per model with its loads and
+//!           evictions, the models' turns on the CPUs
 //!  fleet    budgets shared by every sidecar, on Redis/Valkey
 //!  store    one sidecar's budgets on disk (state.dir), in an embedded database
 //!  otel     OpenTelemetry traces: the exporter, the request's spans, traceparent in and out
@@ -38,7 +40,7 @@
 //! ```
 //!
 //! Dependencies run one way, down that list: `fuzzing → cmd → app → admin → pipeline → server →
-//! state → upstream → policy → fleet → store → admission → otel → live → log → config → leaves`
+//! state → upstream → router → policy → fleet → store → admission → otel → live → log → config → leaves`
 //! (`fuzzing`: the fuzz targets, with the `fuzzing` feature). Inside `pipeline`, a phase uses only
 //! the phases above it. `arrows.rs` fails on an arrow back up; docs/architecture.md has the map and
 //! the invariants.
@@ -64,6 +66,7 @@ pub mod otel;
 pub mod pipeline;
 pub mod policy;
 pub mod respond;
+pub mod router;
 pub mod server;
 pub mod state;
 pub mod store;

@@ -13,9 +13,9 @@ use crate::fleet::Fleet;
 use crate::live::Live;
 use crate::metrics as m;
 use crate::policy::PolicySet;
+use crate::router::{Defaults, Models};
 use crate::upstream::capacity::Capacity;
 use crate::upstream::cors::Cors;
-use crate::upstream::models::{Defaults, Models};
 use crate::upstream::quarantine::Quarantine;
 use crate::upstream::tokenize::Counter;
 use crate::upstream::Upstream;
@@ -100,7 +100,7 @@ impl App {
         admission.set_bands(bands.clone());
         let capacity = Capacity::new(upstream.clone(), config.kv_pool, config.launch.clone());
         let models = Models::new(
-            upstream.clone(),
+            Arc::new(upstream.clone()),
             capacity.router.clone(),
             Defaults {
                 slots: config.slots,

@@ -7,14 +7,12 @@ mod claim;
 mod demand;
 mod fair;
 mod queue;
-mod turns;
 
 pub use bands::{Band, Bands};
 pub use cap::TenantCap;
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
 pub use queue::{
-    Admission, BandStats, Entry, Fairness, QueueStats, Shed, SlotGuard, TenantStats, Ticket,
-    WaiterView, MAX_REQUEUES, SHED_GUARD,
+    Admission, BandStats, Entry, Fairness, QueueStats, Shed, SlotGuard, TenantStats, Ticket, Turn,
+    WaiterView, WeakAdmission, MAX_REQUEUES, SHED_GUARD,
 };
-pub use turns::Turns;

@@ -100,7 +100,7 @@ pub struct Config {
     pub upstream_reuse_connections: bool,
     /// llama-server's `/metrics` is appended to the admin `/metrics`.
     pub upstream_metrics: bool,
-    /// In front of a router: whether its models take turns (see `admission::turns`).
+    /// In front of a router: whether its models take turns (see `router::turns`).
     pub model_turns: ModelTurns,
     pub reject_doomed_waits: bool,
     /// Requests of this priority or less urgent may be shed for more urgent ones; `None`: off.

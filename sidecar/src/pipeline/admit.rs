@@ -11,10 +11,10 @@ use tokio::time::Instant;
 use crate::admission::{Admission, Claim, Demand, Entry, SlotGuard, TenantCap, Ticket};
 use crate::error::GateError;
 use crate::live::Phase;
+use crate::router::Known;
+use crate::router::Pool;
 use crate::state::App;
-use crate::upstream::models::Pool;
 use crate::upstream::quarantine::ABANDON_GRACE;
-use crate::upstream::router::Known;
 use crate::upstream::tokenize;
 
 use super::access::Exchange;

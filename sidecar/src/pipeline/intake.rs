@@ -18,8 +18,8 @@ use crate::dialect::{self, Ask, DialectRef};
 use crate::error::GateError;
 use crate::json_edit;
 use crate::pipeline::routes::Handling;
+use crate::router::Pool;
 use crate::state::App;
-use crate::upstream::models::Pool;
 
 /// Request headers a policy may see (never credentials); names made once, so a look-up parses
 /// none.
@@ -259,7 +259,7 @@ pub fn hash_api_key(key: &str) -> String {
 
 impl Intake {
     /// In front of llama-server's router, the pool of the model the request names (see
-    /// `upstream::models`); `None` otherwise, or for a model it does not list (yet: the list may be
+    /// `router::models`); `None` otherwise, or for a model it does not list (yet: the list may be
     /// read again before admission). Looked up once, then carried with the request.
     pub fn model_pool(&self, app: &App) -> Option<Arc<Pool>> {
         if let Some(pool) = self.pool.get() {

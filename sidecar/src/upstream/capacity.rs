@@ -61,7 +61,7 @@ struct Learned {
 pub struct Capacity {
     upstream: Upstream,
     /// llama-server's router mode, when `/props` says so, and its models.
-    pub router: std::sync::Arc<super::router::Router>,
+    pub router: std::sync::Arc<crate::router::Router>,
     setting: KvPool,
     /// The command line of the llama-server `slotgate wrap` runs.
     wrapped: Option<Launch>,

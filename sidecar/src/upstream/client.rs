@@ -18,6 +18,7 @@ use super::scrape::Scrape;
 use crate::config::UpstreamAddr;
 use crate::metrics as m;
 use crate::respond::{self, Body, BodyError};
+use crate::router::{self, Control};
 
 /// Headers that describe one hop, not the message, and are never copied across (RFC 9110 §7.6.1),
 /// plus the framing and routing headers that hyper sets for the new hop itself.
@@ -469,6 +470,19 @@ fn base_of(target: &UpstreamAddr) -> (http::uri::Scheme, http::uri::Authority) {
             http::uri::Scheme::HTTP,
             http::uri::Authority::from_static("invalid"),
         ),
+    }
+}
+
+/// Router mode's loads, unloads and model lists go through the same client as everything else.
+impl Control for Upstream {
+    fn json<'a>(
+        &'a self,
+        method: Method,
+        path: &'a str,
+        body: Option<&'a serde_json::Value>,
+        timeout: Duration,
+    ) -> router::Answer<'a> {
+        Box::pin(Upstream::json(self, method, path, body, timeout))
     }
 }
 

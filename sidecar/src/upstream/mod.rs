@@ -3,18 +3,16 @@
 //! `/health` probe, ready or not, reached or never); `capacity` (`/props` and llama-server's
 //! command line: slots, context, KV pool) and `process` (the process behind `--upstream`); `cors`
 //! (llama-server's rule); `tokenize` (exact counts); `scrape` (the admin scrape's copy of its
-//! `/metrics`); `quarantine` (slots llama-server may still hold, until it lets them go); and, in
-//! front of a router, `router` and `models`.
+//! `/metrics`); and `quarantine` (slots llama-server may still hold, until it lets them go). Router
+//! mode is a room of its own (`crate::router`), which reaches llama-server through this client.
 
 pub mod capacity;
 mod client;
 pub mod cors;
 mod health;
-pub mod models;
 mod pool;
 pub mod process;
 pub mod quarantine;
-pub mod router;
 mod scrape;
 pub mod tokenize;
 

@@ -44,7 +44,6 @@ use super::bands::Bands;
 use super::cap::InService;
 use super::claim::Claim;
 use super::fair::Tenants;
-use super::turns::{Seat, Turns};
 use crate::error::GateError;
 use crate::metrics::{self as m, BoundedLabels};
 
@@ -89,8 +88,8 @@ struct Shared {
     /// The model this pool serves, in front of llama-server's router: its own gauges.
     model: Option<ModelGauges>,
     /// Its place in the turns the router's models take while their threads oversubscribe the
-    /// CPUs (see `admission::turns`).
-    turn: std::sync::OnceLock<Seat>,
+    /// CPUs (see `router::turns`).
+    turn: std::sync::OnceLock<Box<dyn Turn>>,
     /// Its overload bands (see `admission::bands`); none until set.
     bands: std::sync::OnceLock<Bands>,
     /// Requests shed since start: sent back to the queue before their first byte, and ended after.
@@ -451,7 +450,7 @@ use pool::Hold;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use model::WeakAdmission;
+pub use model::{Turn, WeakAdmission};
 pub use shed::{Shed, MAX_REQUEUES, SHED_GUARD};
 pub use slot::SlotGuard;
 pub use stats::{BandStats, QueueStats, TenantStats};

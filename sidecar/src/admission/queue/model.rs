@@ -1,22 +1,40 @@
 //! The pool of one model behind llama-server's router: it admits nobody while its model is not
 //! loaded (paused: arrivals queue, and every wait estimate counts the expected load time), turns its
 //! waiters away when the model fails to load, pauses for an eviction only when idle, and takes
-//! turns with the other models' pools while their threads oversubscribe the CPUs (see
-//! `admission::turns`).
+//! turns with the other models' pools while their threads oversubscribe the CPUs (a [`Turn`], which
+//! `router::turns` gives it).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Admission, Fairness, Grant, Shared, State, Turns};
+use super::{Admission, Fairness, Grant, Shared, State};
 use crate::metrics as m;
 
+/// A pool's place in the turns the models behind a router take (`router::turns`): whether it may
+/// start a request now, and what it tells the others. Without one, a pool starts whenever it has
+/// room.
+pub trait Turn: Send + Sync {
+    /// Whether the pool may start a request now, with `serving` in service on its `slots` and its
+    /// oldest waiter queued at `oldest` (an arrival with nobody waiting: now). Only a look: what
+    /// if questions ask it too.
+    fn allows(&self, serving: usize, slots: usize, oldest: Option<Instant>) -> bool;
+    /// Starts a request if [`Turn::allows`] it, counting it in the same step.
+    fn start(&self, serving: usize, slots: usize, oldest: Option<Instant>) -> bool;
+    /// The pool's state after a change: in service, its oldest waiter that only the turns hold
+    /// back, and when its work is expected to be done.
+    fn update(&self, serving: usize, oldest: Option<Instant>, done_at: Option<Instant>);
+    /// Seconds until the other pools' work, in service and waiting, is done (what an arrival
+    /// here waits behind).
+    fn ahead(&self, now: Instant) -> f64;
+}
+
 /// An [`Admission`] that does not keep its pool alive (what the turns hold of each pool).
-pub(crate) struct WeakAdmission(std::sync::Weak<Shared>);
+pub struct WeakAdmission(std::sync::Weak<Shared>);
 
 impl WeakAdmission {
-    pub(crate) fn upgrade(&self) -> Option<Admission> {
+    pub fn upgrade(&self) -> Option<Admission> {
         self.0.upgrade().map(|shared| Admission { shared })
     }
 }
@@ -49,17 +67,17 @@ impl Admission {
         self.publish(&mut st);
     }
 
-    /// Takes turns with the other pools of `turns` (see `admission::turns`).
-    pub fn join_turns(&self, turns: &Turns) {
-        let _ = self.shared.turn.set(turns.seat(self));
+    /// Takes turns with other pools from now on, in `seat` (see `router::turns`).
+    pub fn join_turns(&self, seat: Box<dyn Turn>) {
+        let _ = self.shared.turn.set(seat);
     }
 
-    pub(crate) fn downgrade(&self) -> WeakAdmission {
+    pub fn downgrade(&self) -> WeakAdmission {
         WeakAdmission(Arc::downgrade(&self.shared))
     }
 
     /// Looks at the waiters again (another pool's turn ended).
-    pub(crate) fn dispatch_now(&self) {
+    pub fn dispatch_now(&self) {
         let mut st = self.lock();
         self.dispatch(&mut st);
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{json, Value};
 
-use super::Upstream;
+use super::Control;
 
 /// Longest wait for `/models`.
 const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -126,11 +126,11 @@ impl Router {
     }
 
     /// Reads the router's `/models`. Keeps the last list when it cannot.
-    pub async fn refresh(&self, upstream: &Upstream) {
+    pub async fn refresh(&self, server: &dyn Control) {
         if !self.is_on() {
             return;
         }
-        let listed = match upstream
+        let listed = match server
             .json(Method::GET, "/models", None, MODELS_TIMEOUT)
             .await
         {
@@ -154,10 +154,7 @@ impl Router {
                 continue;
             }
             let path = format!("/props?model={}&autoload=false", query_escape(&m.id));
-            if let Ok(props) = upstream
-                .json(Method::GET, &path, None, MODELS_TIMEOUT)
-                .await
-            {
+            if let Ok(props) = server.json(Method::GET, &path, None, MODELS_TIMEOUT).await {
                 m.slots = props["total_slots"].as_u64().filter(|n| *n > 0);
                 m.n_ctx = props["default_generation_settings"]["n_ctx"]
                     .as_u64()

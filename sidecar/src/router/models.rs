@@ -13,7 +13,7 @@
 //! - A model that fails to load (`failed`, its exit code) turns its waiters away with 503 naming
 //!   it; a new load is tried on the next request after a backoff (1 s, doubling to 60 s).
 //! - While the loaded children's threads together exceed the CPUs (`--model-turns auto`), the
-//!   models take turns: one model decodes at a time (see `admission::turns`).
+//!   models take turns: one model decodes at a time (see `turns`).
 //! - A request outside the slots that names a model (`GET /props?model=`, `/tokenize`, the count
 //!   endpoints) waits the same way for its model to be loaded, holding no place in the queue, and
 //!   is forwarded with `?autoload=false` too.
@@ -27,9 +27,10 @@ use http::Method;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::router::{Model, Router};
-use super::Upstream;
-use crate::admission::{Admission, Fairness, SlotContext, Turns};
+use super::catalog::{Model, Router};
+use super::turns::Turns;
+use super::Control;
+use crate::admission::{Admission, Fairness, SlotContext};
 use crate::config::launch::{KvLayout, Launch};
 use crate::config::{ModelOverride, ModelTurns, Slots};
 use crate::error::GateError;
@@ -205,7 +206,8 @@ pub struct Models {
 }
 
 struct Inner {
-    upstream: Upstream,
+    /// llama-server, for loads and unloads.
+    server: Arc<dyn Control>,
     router: Arc<Router>,
     defaults: Defaults,
     pools: Mutex<HashMap<String, Arc<Pool>>>,
@@ -218,10 +220,10 @@ struct Inner {
 }
 
 impl Models {
-    pub fn new(upstream: Upstream, router: Arc<Router>, defaults: Defaults) -> Self {
+    pub fn new(server: Arc<dyn Control>, router: Arc<Router>, defaults: Defaults) -> Self {
         Models {
             inner: Arc::new(Inner {
-                upstream,
+                server,
                 router,
                 defaults,
                 pools: Mutex::new(HashMap::new()),
@@ -277,7 +279,7 @@ impl Models {
         metrics::gauge!(m::MODEL_LOADED, "model" => id.to_owned()).set(0.0);
         let admission = Admission::for_model(fixed_slots.unwrap_or(1), depth, fairness, id);
         if d.turns != ModelTurns::Off {
-            admission.join_turns(&self.inner.turns);
+            self.inner.turns.seat(&admission);
         }
         admission.set_bands(d.bands.clone());
         Pool {
@@ -352,11 +354,11 @@ impl Models {
 
     /// Loads `pool`'s model, making room first, until it is loaded, fails, or nobody waits.
     async fn load(&self, pool: &Arc<Pool>) {
-        let (router, upstream) = (&self.inner.router, &self.inner.upstream);
+        let (router, server) = (&self.inner.router, &*self.inner.server);
         let started = Instant::now();
         let mut asked: Option<Instant> = None;
         loop {
-            router.refresh(upstream).await;
+            router.refresh(server).await;
             if pool.lock().evicting {
                 tokio::time::sleep(POLL).await;
                 continue;
@@ -426,7 +428,7 @@ impl Models {
             }
             self.doing(pool, "loading", self.load_estimate(pool));
             let body = json!({ "model": pool.id });
-            match upstream
+            match server
                 .json(Method::POST, "/models/load", Some(&body), CONTROL_TIMEOUT)
                 .await
             {
@@ -449,7 +451,7 @@ impl Models {
     /// gone: true. With none idle, false (the caller waits and looks again); the waiters' estimate
     /// becomes the soonest a loaded model drains plus a load.
     async fn make_room(&self, pool: &Arc<Pool>) -> bool {
-        let (router, upstream) = (&self.inner.router, &self.inner.upstream);
+        let (router, server) = (&self.inner.router, &*self.inner.server);
         let Some(max) = router.max_instances() else {
             return true;
         };
@@ -505,7 +507,7 @@ impl Models {
         }
         tracing::info!(model = %pool.id, unloading = %victim.id, max_instances = max, "--models-max reached: unloading an idle model to load another");
         let body = json!({ "model": victim.id });
-        if let Err(e) = upstream
+        if let Err(e) = server
             .json(Method::POST, "/models/unload", Some(&body), CONTROL_TIMEOUT)
             .await
         {
@@ -515,7 +517,7 @@ impl Models {
         }
         let since = Instant::now();
         loop {
-            router.refresh(upstream).await;
+            router.refresh(server).await;
             let gone = router.model(&victim.id).is_none_or(|m| !m.is_running());
             if gone || since.elapsed() > LOAD_LIMIT {
                 break;
