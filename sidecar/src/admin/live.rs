@@ -1,7 +1,11 @@
-//! `GET /live`: what is inside slotgate now, for `slotgate top` and scripts (docs/live.md).
+//! `GET /live`: what is inside slotgate now, for `slotgate top` and scripts (docs/live.md), as the
+//! one type both read and write (`live::schema`).
 
-use serde_json::json;
+use std::collections::HashMap;
 
+use crate::admission::{TenantStats, WaiterView};
+use crate::live::schema::{self, Budget, Live, Queue, Slots, Tenant, Totals, Waiter};
+use crate::live::{Snapshot, TenantTotals};
 use crate::state::App;
 
 use super::status::{queues, tenant_stats, totals};
@@ -9,35 +13,53 @@ use super::status::{queues, tenant_stats, totals};
 /// Waiters listed in /live, the next to be served first.
 const LIVE_WAITERS: usize = 200;
 
-/// `GET /live`: what is inside slotgate now, for `slotgate top` and scripts (docs/live.md). Field
-/// names are stable; new ones may be added.
-pub fn live(app: &App) -> serde_json::Value {
+/// Budgets shown in `/live`, the emptiest first.
+const LIVE_BUDGETS: usize = 50;
+
+/// `GET /live`.
+pub fn live(app: &App) -> Live {
     let snap = app.live.snapshot();
     let q = totals(app);
-    let requests: Vec<serde_json::Value> = snap
-        .requests
-        .iter()
-        .map(|r| {
-            json!({
-                "request_id": r.request_id,
-                "method": r.method,
-                "path": r.path,
-                "tenant": r.tenant,
-                "phase": r.phase.label(),
-                "priority": r.priority,
-                "stream": r.stream,
-                "age_seconds": r.age_seconds,
-                "in_service_seconds": r.in_service_seconds,
-                "slots": r.slots,
-                "prompt_tokens": r.prompt_tokens,
-                "generated_tokens": r.generated_tokens,
-                "deadline_ms": r.deadline_ms,
-                "shed": r.shed,
-                "band": r.band,
-            })
-        })
-        .collect();
-    let waiters: Vec<serde_json::Value> = queues(app)
+    Live {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_seconds: snap.uptime.as_secs_f64(),
+        upstream: super::status::upstream(app),
+        models: app.models.status(),
+        slots: Slots {
+            total: q.slots as u64,
+            busy: q.busy as u64,
+            in_service: q.serving as u64,
+            kv_pool_tokens: q.kv_pool,
+            kv_reserved_tokens: q.kv_reserved,
+            sheddable: q.sheddable as u64,
+            shed_before_first_byte: q.shed_requeued,
+            shed_after_first_byte: q.shed_ended,
+        },
+        queue: Queue {
+            depth: q.depth as u64,
+            capacity: q.capacity as u64,
+            estimated_wait_seconds: q.wait_seconds,
+            draining: q.closed,
+            waiters: waiters(app),
+        },
+        requests: snap.requests.iter().map(schema::Request::from).collect(),
+        tenants: tenants(app, &snap),
+        budgets: budgets(app),
+        rates: snap.rates.clone(),
+        history: snap.history.clone(),
+        totals: Totals {
+            outcomes: (snap.outcomes.iter())
+                .filter(|o| o.1 > 0)
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            tokens: snap.tokens,
+        },
+    }
+}
+
+/// `queue.waiters`: every pool's, the next to be served first, at most [`LIVE_WAITERS`].
+fn waiters(app: &App) -> Vec<Waiter> {
+    queues(app)
         .into_iter()
         .flat_map(|(model, a)| {
             a.waiters(LIVE_WAITERS)
@@ -45,145 +67,100 @@ pub fn live(app: &App) -> serde_json::Value {
                 .map(move |w| (model.clone(), w))
         })
         .take(LIVE_WAITERS)
-        .map(|(model, w)| {
-            let r = app.live.request(w.tag);
-            json!({
-                "model": model,
-                "request_id": r.as_ref().map(|r| r.request_id.clone()),
-                "path": r.as_ref().map(|r| r.path.clone()),
-                "tenant": w.tenant,
-                "priority": w.priority,
-                "effective_priority": w.effective_priority,
-                "age_seconds": w.age_seconds,
-                "reserved_tokens": w.cost,
-                "slots": w.slots,
-                "kv_tokens": w.kv,
-                "expected_start_seconds": w.expected_start_seconds,
-                "deadline_in_seconds": w.deadline_in_seconds,
-                "band": w.band.as_deref(),
-            })
-        })
+        .map(|(model, w)| waiter(app, model, w))
+        .collect()
+}
+
+fn waiter(app: &App, model: Option<String>, w: WaiterView) -> Waiter {
+    let r = app.live.request(w.tag);
+    Waiter {
+        model,
+        request_id: r.as_ref().map(|r| r.request_id.clone()),
+        path: r.map(|r| r.path),
+        tenant: w.tenant,
+        priority: w.priority,
+        effective_priority: w.effective_priority,
+        age_seconds: w.age_seconds,
+        reserved_tokens: w.cost,
+        slots: w.slots as u64,
+        kv_tokens: w.kv,
+        expected_start_seconds: w.expected_start_seconds,
+        deadline_in_seconds: w.deadline_in_seconds,
+        band: w.band.as_deref().map(str::to_owned),
+    }
+}
+
+/// `tenants`: everyone seen since start or in the scheduler now, by name.
+fn tenants(app: &App, snap: &Snapshot) -> Vec<Tenant> {
+    let scheduler: HashMap<String, TenantStats> = tenant_stats(app, usize::MAX)
+        .into_iter()
+        .map(|t| (t.tenant.clone(), t))
         .collect();
-    let scheduler: std::collections::HashMap<String, crate::admission::TenantStats> =
-        tenant_stats(app, usize::MAX)
-            .into_iter()
-            .map(|t| (t.tenant.clone(), t))
-            .collect();
     let served: u64 = snap.tenants.iter().map(|t| t.1.served_tokens).sum();
     // Looked up by name: thousands of tenants are one pass, not a scan each.
-    let totals_of: std::collections::HashMap<&str, &crate::live::TenantTotals> =
+    let totals_of: HashMap<&str, &TenantTotals> =
         snap.tenants.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut names: Vec<&str> = totals_of.keys().copied().collect();
     names.extend(scheduler.keys().map(String::as_str));
     names.sort_unstable();
     names.dedup();
-    let tenants: Vec<serde_json::Value> = names
+    names
         .into_iter()
         .map(|name| {
             let totals = totals_of.get(name).copied();
             let now = scheduler.get(name);
             let served_tokens = totals.map_or(0, |t| t.served_tokens);
-            json!({
-                "tenant": name,
-                "requests": totals.map_or(0, |t| t.requests),
-                "served_tokens": served_tokens,
-                "share": if served > 0 { served_tokens as f64 / served as f64 } else { 0.0 },
-                "virtual_tokens": now.map(|t| t.counter),
-                "waiting": now.map_or(0, |t| t.waiting),
-                "in_service": now.map_or(0, |t| t.in_service),
-                "refused": totals.map(|t| json!(t.refused)).unwrap_or_else(|| json!({})),
-            })
+            Tenant {
+                tenant: name.to_owned(),
+                requests: totals.map_or(0, |t| t.requests),
+                served_tokens,
+                share: if served > 0 {
+                    served_tokens as f64 / served as f64
+                } else {
+                    0.0
+                },
+                virtual_tokens: now.map(|t| t.counter),
+                waiting: now.map_or(0, |t| t.waiting as u64),
+                in_service: now.map_or(0, |t| t.in_service as u64),
+                refused: totals.map_or_else(Default::default, |t| {
+                    t.refused.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+                }),
+            }
         })
-        .collect();
-    let r = &snap.rates;
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_seconds": snap.uptime.as_secs_f64(),
-        "upstream": {
-            "target": app.upstream.target().to_string(),
-            "ready": app.upstream.is_ready(),
-            "reached": app.upstream.reached(),
-            "last_error": app.upstream.last_error(),
-            "total_slots": app.capacity.upstream_slots(),
-            "role": if app.capacity.router.is_on() { "router" } else { "server" },
-            "router": app.capacity.router.status(),
-        },
-        "models": app.models.status(),
-        "slots": {
-            "total": q.slots,
-            "busy": q.busy,
-            "in_service": q.serving,
-            "kv_pool_tokens": q.kv_pool,
-            "kv_reserved_tokens": q.kv_reserved,
-            "sheddable": q.sheddable,
-            "shed_before_first_byte": q.shed_requeued,
-            "shed_after_first_byte": q.shed_ended,
-        },
-        "queue": {
-            "depth": q.depth,
-            "capacity": q.capacity,
-            "estimated_wait_seconds": q.wait_seconds,
-            "draining": q.closed,
-            "waiters": waiters,
-        },
-        "requests": requests,
-        "tenants": tenants,
-        "budgets": budgets(app),
-        "rates": {
-            "window_seconds": crate::live::RATE_SECONDS,
-            "requests_per_second": r.requests_per_second,
-            "tokens_per_second": r.tokens_per_second,
-            "refused_per_second": r.refused_per_second,
-            "queue_wait_window_seconds": crate::live::HISTORY_SECONDS,
-            "queue_waits": r.queue_waits,
-            "queue_wait_p50_seconds": r.queue_wait_p50_seconds,
-            "queue_wait_p95_seconds": r.queue_wait_p95_seconds,
-        },
-        "history": {
-            "seconds": crate::live::HISTORY_SECONDS,
-            "requests": snap.history.requests,
-            "tokens": snap.history.tokens,
-            "refused": snap.history.refused,
-        },
-        "totals": {
-            "outcomes": snap.outcomes.iter().filter(|o| o.1 > 0).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
-            "tokens": snap.tokens,
-        },
-    })
+        .collect()
 }
 
-/// Budgets shown in `/live`, the emptiest first.
-const LIVE_BUDGETS: usize = 50;
-
-/// `/live` → `budgets`: this sidecar's calendar quotas and token buckets with what is left, the
-/// emptiest (by share of its limit) first. A policy keys them as it likes; the example policies
-/// key by tenant (`uid:1000`, `tokens:uid:1000`), which is how `top` matches them to tenants.
-fn budgets(app: &App) -> Vec<serde_json::Value> {
+/// `budgets`: this sidecar's calendar quotas and token buckets with what is left, the emptiest (by
+/// share of its limit) first. A policy keys them as it likes; the example policies key by tenant
+/// (`uid:1000`, `tokens:uid:1000`), which is how `top` matches them to tenants.
+fn budgets(app: &App) -> Vec<Budget> {
     let shared = app.policies.shared();
     let (quotas, _) = shared.quota_levels(LIVE_BUDGETS);
     let (buckets, _) = shared.bucket_levels(LIVE_BUDGETS);
-    let mut all: Vec<(f64, serde_json::Value)> = quotas
+    let mut all: Vec<Budget> = quotas
         .into_iter()
-        .map(|q| {
-            let fill = q.limit.map_or(1.0, |l| q.left / l.max(1e-9));
-            let v = json!({
-                "policy": q.policy, "key": q.key, "kind": "quota", "period": q.period,
-                "left": q.left, "limit": q.limit,
-                "resets_at": super::status::rfc3339(q.window_end_ms),
-            });
-            (fill, v)
+        .map(|q| Budget {
+            policy: q.policy,
+            key: q.key,
+            kind: "quota".into(),
+            period: Some(q.period),
+            left: q.left,
+            limit: q.limit,
+            resets_at: Some(super::status::rfc3339(q.window_end_ms)),
+            refill_per_second: None,
         })
-        .chain(buckets.into_iter().map(|b| {
-            let fill = b.capacity.map_or(1.0, |c| b.level / c.max(1e-9));
-            let v = json!({
-                "policy": b.policy, "key": b.key, "kind": "bucket",
-                "left": b.level, "limit": b.capacity,
-                "refill_per_second": b.refill_per_second,
-            });
-            (fill, v)
+        .chain(buckets.into_iter().map(|b| Budget {
+            policy: b.policy,
+            key: b.key,
+            kind: "bucket".into(),
+            period: None,
+            left: b.level,
+            limit: b.capacity,
+            resets_at: None,
+            refill_per_second: b.refill_per_second,
         }))
         .collect();
-    all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    all.sort_by(|a, b| a.fill().total_cmp(&b.fill()));
     all.truncate(LIVE_BUDGETS);
-    all.into_iter().map(|(_, v)| v).collect()
+    all
 }

@@ -93,7 +93,7 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
             }
         }
         "/status" => respond::json(200, &status(app)),
-        "/live" => respond::json(200, &live(app)),
+        "/live" => respond::json(200, &serde_json::json!(live(app))),
         "/usage" => usage::usage(app, req.uri().query(), req.headers()),
         "/quotas" => quotas::list(app, req.uri().query()),
         _ => respond::json(

@@ -129,15 +129,7 @@ pub fn status(app: &App) -> serde_json::Value {
             },
         },
         "inflight": app.upstream.inflight(),
-        "upstream": {
-            "ready": app.upstream.is_ready(),
-            "target": app.upstream.target().to_string(),
-            "reached": app.upstream.reached(),
-            "last_error": app.upstream.last_error(),
-            "auth": app.upstream.auth_status(),
-            "role": if app.capacity.router.is_on() { "router" } else { "server" },
-            "router": app.capacity.router.status(),
-        },
+        "upstream": upstream_with_auth(app),
         "models": app.models.status(),
         "model_turns": app.models.turns_status(),
         "admin": admin_plane(app),
@@ -219,6 +211,27 @@ fn quotas(app: &App) -> serde_json::Value {
 }
 
 /// Unix milliseconds as an RFC 3339 UTC time.
+/// `/status` and `/live` → `upstream`: where llama-server is and how it answers.
+pub(super) fn upstream(app: &App) -> crate::live::schema::Upstream {
+    let router = &app.capacity.router;
+    crate::live::schema::Upstream {
+        target: app.upstream.target().to_string(),
+        ready: app.upstream.is_ready(),
+        reached: app.upstream.reached(),
+        last_error: app.upstream.last_error(),
+        total_slots: app.capacity.upstream_slots().map(|n| n as u64),
+        role: if router.is_on() { "router" } else { "server" }.into(),
+        router: router.status(),
+    }
+}
+
+/// `/status` → `upstream`: `/live`'s, and how slotgate's own calls authenticate.
+fn upstream_with_auth(app: &App) -> serde_json::Value {
+    let mut u = json!(upstream(app));
+    u["auth"] = json!(app.upstream.auth_status());
+    u
+}
+
 pub(super) fn rfc3339(ms: i64) -> String {
     jiff::Timestamp::from_millisecond(ms).map_or_else(|_| ms.to_string(), |t| t.to_string())
 }

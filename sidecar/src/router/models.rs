@@ -34,6 +34,7 @@ use crate::admission::{Admission, Fairness, SlotContext};
 use crate::config::launch::{KvLayout, Launch};
 use crate::config::{ModelOverride, ModelTurns, Slots};
 use crate::error::GateError;
+use crate::live::schema::{ModelLoad, ModelPool};
 use crate::metrics as m;
 
 /// How often a load in progress (or a wait for room) looks at the router's `/models`.
@@ -108,6 +109,46 @@ impl Pool {
     /// The context its requests are counted against, once its model has been loaded and seen.
     pub fn context(&self) -> Option<SlotContext> {
         self.lock().shape.and_then(|(_, ctx)| ctx)
+    }
+
+    /// How it stands, for `/status` and `/live`.
+    fn status(&self) -> ModelPool {
+        let q = self.admission.stats();
+        let l = self.lock();
+        let now = Instant::now();
+        let secs = |d: Duration| d.as_secs_f64();
+        ModelPool {
+            model: self.id.clone(),
+            admitting: !q.closed && !self.admission.is_paused(),
+            load: ModelLoad {
+                doing: l.doing.clone(),
+                for_seconds: l.since.map(|s| secs(now.saturating_duration_since(s))),
+                last_seconds: l.took.map(secs),
+                failures: u64::from(l.failures),
+                error: l.error.clone(),
+                retry_in_seconds: (l.retry_at)
+                    .map(|at| secs(at.saturating_duration_since(now)))
+                    .filter(|s| *s > 0.0),
+            },
+            slots: q.slots as u64,
+            slots_source: match self.fixed_slots {
+                Some(_) => "fixed",
+                None => "its child's total_slots",
+            }
+            .into(),
+            busy: q.busy as u64,
+            serving: q.serving as u64,
+            depth: q.depth as u64,
+            capacity: q.capacity as u64,
+            queue_timeout_seconds: self.queue_timeout.as_secs_f64(),
+            kv_pool_tokens: q.kv_pool,
+            kv_reserved_tokens: q.kv_reserved,
+            n_ctx_slot: l.shape.and_then(|(_, c)| c).map(|c| c.n_ctx),
+            estimated_wait_seconds: q.wait_seconds,
+            sheddable: q.sheddable as u64,
+            shed_before_first_byte: q.shed_requeued,
+            shed_after_first_byte: q.shed_ended,
+        }
     }
 
     /// A request for it arrived: refused at once while a failed load backs off, else noted (for
@@ -671,43 +712,8 @@ impl Models {
     }
 
     /// For `/status` and `/live`: each model's pool.
-    pub fn status(&self) -> Vec<Value> {
-        let mut pools: Vec<Arc<Pool>> = self.pools().values().cloned().collect();
-        pools.sort_by(|a, b| a.id.cmp(&b.id));
-        pools
-            .iter()
-            .map(|p| {
-                let q = p.admission.stats();
-                let l = p.lock();
-                let now = Instant::now();
-                json!({
-                    "model": p.id,
-                    "admitting": !q.closed && !p.admission.is_paused(),
-                    "load": {
-                        "doing": l.doing,
-                        "for_seconds": l.since.map(|s| now.saturating_duration_since(s).as_secs_f64()),
-                        "last_seconds": l.took.map(|d| d.as_secs_f64()),
-                        "failures": l.failures,
-                        "error": l.error,
-                        "retry_in_seconds": l.retry_at.map(|at| at.saturating_duration_since(now).as_secs_f64()).filter(|s| *s > 0.0),
-                    },
-                    "slots": q.slots,
-                    "slots_source": if p.fixed_slots.is_some() { "fixed" } else { "its child's total_slots" },
-                    "busy": q.busy,
-                    "serving": q.serving,
-                    "depth": q.depth,
-                    "capacity": q.capacity,
-                    "queue_timeout_seconds": p.queue_timeout.as_secs_f64(),
-                    "kv_pool_tokens": q.kv_pool,
-                    "kv_reserved_tokens": q.kv_reserved,
-                    "n_ctx_slot": l.shape.and_then(|(_, c)| c).map(|c| c.n_ctx),
-                    "estimated_wait_seconds": q.wait_seconds,
-                    "sheddable": q.sheddable,
-                    "shed_before_first_byte": q.shed_requeued,
-                    "shed_after_first_byte": q.shed_ended,
-                })
-            })
-            .collect()
+    pub fn status(&self) -> Vec<ModelPool> {
+        self.all().iter().map(|p| p.status()).collect()
     }
 
     /// For `/status`: `--model-turns` and whether the models take turns now.

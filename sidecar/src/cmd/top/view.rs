@@ -9,7 +9,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use ratatui::Frame;
 
-use super::model::{LlamaSlot, ModelPool, Picture, Request, Tenant, Waiter};
+use super::model::{model_state, LlamaSlot, ModelPool, Picture, Request, Tenant, Waiter};
 
 /// Which table the sort keys act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -430,7 +430,7 @@ fn models(f: &mut Frame, area: Rect, models: &[ModelPool], v: &ViewState) {
     let rows = models.iter().map(|m| {
         Row::new(vec![
             cut(&m.model, 14),
-            cut(&m.state(), 22),
+            cut(&model_state(m), 22),
             format!("{}/{}", m.busy, m.slots),
             format!("{}/{}", m.depth, m.capacity),
             dur(m.estimated_wait_seconds),

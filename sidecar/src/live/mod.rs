@@ -19,6 +19,10 @@ use tokio::time::Instant;
 
 use crate::error::Outcome;
 
+pub mod schema;
+
+pub use schema::{History, Rates};
+
 /// Seconds of history kept.
 pub const HISTORY_SECONDS: usize = 60;
 /// Seconds the rates are averaged over.
@@ -222,6 +226,28 @@ pub struct RequestView {
     pub band: Option<String>,
 }
 
+impl From<&RequestView> for schema::Request {
+    fn from(r: &RequestView) -> Self {
+        schema::Request {
+            request_id: r.request_id.clone(),
+            method: r.method.clone(),
+            path: r.path.clone(),
+            tenant: r.tenant.clone(),
+            phase: r.phase.label().to_owned(),
+            priority: r.priority,
+            stream: r.stream,
+            age_seconds: r.age_seconds,
+            in_service_seconds: r.in_service_seconds,
+            slots: r.slots as u64,
+            prompt_tokens: r.prompt_tokens,
+            generated_tokens: r.generated_tokens,
+            deadline_ms: r.deadline_ms,
+            shed: u64::from(r.shed),
+            band: r.band.clone(),
+        }
+    }
+}
+
 /// How one request ended, for the totals.
 #[derive(Debug, Clone, Copy)]
 pub struct Ended<'a> {
@@ -369,24 +395,6 @@ pub struct Snapshot {
     pub rates: Rates,
     /// The last [`HISTORY_SECONDS`] whole seconds, oldest first (the current one left out).
     pub history: History,
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Rates {
-    pub requests_per_second: f64,
-    pub tokens_per_second: f64,
-    pub refused_per_second: f64,
-    /// Of the requests given a slot in the last [`HISTORY_SECONDS`]; `None` without any.
-    pub queue_wait_p50_seconds: Option<f64>,
-    pub queue_wait_p95_seconds: Option<f64>,
-    pub queue_waits: u64,
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct History {
-    pub requests: Vec<u64>,
-    pub tokens: Vec<u64>,
-    pub refused: Vec<u64>,
 }
 
 impl Default for Live {
@@ -578,7 +586,10 @@ impl Live {
                 .rev()
                 .filter_map(|back| current.checked_sub(back))
         };
-        let mut history = History::default();
+        let mut history = History {
+            seconds: HISTORY_SECONDS as u64,
+            ..History::default()
+        };
         for back in (1..=HISTORY_SECONDS as u64).rev() {
             // Before start: nothing.
             let sec = current.checked_sub(back).and_then(at);
@@ -609,6 +620,8 @@ impl Live {
             })
         };
         let rates = Rates {
+            window_seconds: RATE_SECONDS as u64,
+            queue_wait_window_seconds: HISTORY_SECONDS as u64,
             requests_per_second: recent(|s| s.requests),
             tokens_per_second: self.generated_rate(&t),
             refused_per_second: recent(|s| s.refused),
