@@ -214,221 +214,264 @@ pub fn hot() -> &'static Hot {
     HOT.get_or_init(Hot::resolve)
 }
 
-fn describe() {
-    describe_counter!(REQUESTS_TOTAL, "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, drain_timeout: cut by the shutdown's drain timeout, policy_denied, policy_error, deadline_exceeded, band_queue_full, shed: a sheddable stream ended for a more urgent request, tenant_busy: its tenant at its concurrency cap).");
-    describe_gauge!(
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric's kind, unit and HELP text.
+struct Help(Kind, &'static str, Option<Unit>, &'static str);
+
+const fn counter(name: &'static str, help: &'static str) -> Help {
+    Help(Kind::Counter, name, None, help)
+}
+
+const fn gauge(name: &'static str, help: &'static str) -> Help {
+    Help(Kind::Gauge, name, None, help)
+}
+
+const fn histogram(name: &'static str, help: &'static str) -> Help {
+    Help(Kind::Histogram, name, None, help)
+}
+
+/// A histogram of seconds.
+const fn seconds(name: &'static str, help: &'static str) -> Help {
+    Help(Kind::Histogram, name, Some(Unit::Seconds), help)
+}
+
+/// Every metric, one row each: what `describe` tells the exporter.
+const HELP: &[Help] = &[
+    counter(
+        REQUESTS_TOTAL,
+        "Requests finished, by outcome (ok, bad_request, queue_full, tenant_queue_full, displaced, wait_too_long, queue_timeout, client_gone, client_stalled, upstream_error, upstream_timeout, upstream_5xx: llama-server answered 500 or more, upstream_4xx: llama-server refused the request itself, shutting_down, drain_timeout: cut by the shutdown's drain timeout, policy_denied, policy_error, deadline_exceeded, band_queue_full, shed: a sheddable stream ended for a more urgent request, tenant_busy: its tenant at its concurrency cap).",
+    ),
+    gauge(
         TENANTS_AT_CAP,
-        "Tenants with as many requests in service as their concurrency cap allows (--tenant-max-in-service, [tenants.NAME], a policy's max_in_service), over every pool."
-    );
-    describe_gauge!(
+        "Tenants with as many requests in service as their concurrency cap allows (--tenant-max-in-service, [tenants.NAME], a policy's max_in_service), over every pool.",
+    ),
+    gauge(
         BAND_SLOTS_BUSY,
-        "Slots held by the requests of this overload band ([bands.NAME]), over every pool; set per scrape."
-    );
-    describe_gauge!(
+        "Slots held by the requests of this overload band ([bands.NAME]), over every pool; set per scrape.",
+    ),
+    gauge(
         BAND_QUEUE_DEPTH,
-        "Requests of this overload band waiting, over every pool; set per scrape."
-    );
-    describe_counter!(
+        "Requests of this overload band waiting, over every pool; set per scrape.",
+    ),
+    counter(
         BAND_REFUSED_TOTAL,
-        "Requests of this overload band refused at arrival (band_queue_full: its share of the queue was full)."
-    );
-    describe_counter!(
+        "Requests of this overload band refused at arrival (band_queue_full: its share of the queue was full).",
+    ),
+    counter(
         SHED_TOTAL,
-        "Sheddable requests told to yield their slots to a more urgent one (--sheddable-priority), by stage: before_first_byte (sent back to their place in the queue, the client sent nothing) or after_first_byte (the stream ended with an error event; also counted as outcome shed)."
-    );
-    describe_gauge!(
+        "Sheddable requests told to yield their slots to a more urgent one (--sheddable-priority), by stage: before_first_byte (sent back to their place in the queue, the client sent nothing) or after_first_byte (the stream ended with an error event; also counted as outcome shed).",
+    ),
+    gauge(
         MODEL_QUEUE_DEPTH,
-        "In front of llama-server's router: requests waiting in this model's own queue (the model label is one of the router's /models ids)."
-    );
-    describe_gauge!(
+        "In front of llama-server's router: requests waiting in this model's own queue (the model label is one of the router's /models ids).",
+    ),
+    gauge(
         MODEL_QUEUE_CAPACITY,
-        "In front of llama-server's router: the places of this model's queue."
-    );
-    describe_gauge!(
+        "In front of llama-server's router: the places of this model's queue.",
+    ),
+    gauge(
         MODEL_SLOTS_BUSY,
-        "In front of llama-server's router: this model's slots held by requests in service."
-    );
-    describe_gauge!(
+        "In front of llama-server's router: this model's slots held by requests in service.",
+    ),
+    gauge(
         MODEL_SLOTS_TOTAL,
-        "In front of llama-server's router: the slots slotgate admits this model's requests to (its child's total_slots, or the per-model override)."
-    );
-    describe_gauge!(
+        "In front of llama-server's router: the slots slotgate admits this model's requests to (its child's total_slots, or the per-model override).",
+    ),
+    gauge(
         MODEL_LOADED,
-        "In front of llama-server's router: 1 while this model is loaded and admitting, 0 otherwise."
-    );
-    describe_counter!(
+        "In front of llama-server's router: 1 while this model is loaded and admitting, 0 otherwise.",
+    ),
+    counter(
         MODEL_LOADS_TOTAL,
-        "Model loads slotgate asked llama-server's router for, by model and result (loaded, failed)."
-    );
-    describe_counter!(
+        "Model loads slotgate asked llama-server's router for, by model and result (loaded, failed).",
+    ),
+    counter(
         MODEL_UNLOADS_TOTAL,
-        "Idle models slotgate unloaded to make room under --models-max, by model."
-    );
-    describe_histogram!(
+        "Idle models slotgate unloaded to make room under --models-max, by model.",
+    ),
+    seconds(
         MODEL_LOAD_SECONDS,
-        Unit::Seconds,
-        "Time from asking the router to load a model until it was loaded, by model."
-    );
-    describe_counter!(
+        "Time from asking the router to load a model until it was loaded, by model.",
+    ),
+    counter(
         MODEL_REQUESTS_TOTAL,
-        "In front of llama-server's router: requests finished, by model and outcome (the labels of slotgate_requests_total)."
-    );
-    describe_gauge!(
+        "In front of llama-server's router: requests finished, by model and outcome (the labels of slotgate_requests_total).",
+    ),
+    gauge(
         KV_POOL_TOKENS,
-        "Tokens of the KV pool llama-server's slots share (its default without -np, or --kv-unified), as slotgate admits by it; 0 when each slot has a context of its own."
-    );
-    describe_gauge!(
+        "Tokens of the KV pool llama-server's slots share (its default without -np, or --kv-unified), as slotgate admits by it; 0 when each slot has a context of its own.",
+    ),
+    gauge(
         KV_RESERVED_TOKENS,
-        "KV tokens reserved by the requests in service (prompt + the most each may generate, for the tasks that run at once)."
-    );
-    describe_gauge!(QUEUE_DEPTH, "Requests waiting for a slot.");
-    describe_gauge!(
+        "KV tokens reserved by the requests in service (prompt + the most each may generate, for the tasks that run at once).",
+    ),
+    gauge(
+        QUEUE_DEPTH,
+        "Requests waiting for a slot.",
+    ),
+    gauge(
         KV_CACHE_RESERVED_RATIO,
-        "Share of llama-server's KV cache (its shared pool, or n_ctx per slot x slots) reserved by the requests in service (prompt + the most each may generate): an upper bound of its use, for load-aware pickers such as the Gateway API Inference Extension. Updated at each scrape."
-    );
-    describe_counter!(
+        "Share of llama-server's KV cache (its shared pool, or n_ctx per slot x slots) reserved by the requests in service (prompt + the most each may generate): an upper bound of its use, for load-aware pickers such as the Gateway API Inference Extension. Updated at each scrape.",
+    ),
+    counter(
         CHILD_RESTARTS_TOTAL,
-        "Times the llama-server run by `slotgate wrap` exited and was started again."
-    );
-    describe_gauge!(
+        "Times the llama-server run by `slotgate wrap` exited and was started again.",
+    ),
+    gauge(
         UPSTREAM_SLOTS,
-        "Slots llama-server reports (total_slots in /props, its -np), read whenever it becomes ready."
-    );
-    describe_gauge!(
+        "Slots llama-server reports (total_slots in /props, its -np), read whenever it becomes ready.",
+    ),
+    gauge(
         SLOTS_MISMATCH,
-        "1 while a fixed --slots differs from llama-server's total_slots (requests wait in llama-server's own queue, or its slots idle), else 0."
-    );
-    describe_gauge!(
+        "1 while a fixed --slots differs from llama-server's total_slots (requests wait in llama-server's own queue, or its slots idle), else 0.",
+    ),
+    gauge(
         STATE_UP,
-        "1 while the fleet state store (state.backend = redis) is reachable, else 0."
-    );
-    describe_histogram!(
+        "1 while the fleet state store (state.backend = redis) is reachable, else 0.",
+    ),
+    seconds(
         STATE_SYNC_SECONDS,
-        Unit::Seconds,
-        "Round trips to the fleet state store, by kind: background (lease top-up, hand-back, settling) or fetch (a take the lease could not cover)."
-    );
-    describe_counter!(
+        "Round trips to the fleet state store, by kind: background (lease top-up, hand-back, settling) or fetch (a take the lease could not cover).",
+    ),
+    counter(
         STATE_ERRORS_TOTAL,
-        "Failed calls to the fleet state store, by kind (connect, heartbeat, sync, fetch; no_fetch_connection: a dry lease found no connection for its fetch, made again in the background)."
-    );
-    describe_gauge!(
+        "Failed calls to the fleet state store, by kind (connect, heartbeat, sync, fetch; no_fetch_connection: a dry lease found no connection for its fetch, made again in the background).",
+    ),
+    gauge(
         STATE_LEASE_TOKENS,
-        "Tokens this sidecar holds leased from fleet buckets."
-    );
-    describe_gauge!(
+        "Tokens this sidecar holds leased from fleet buckets.",
+    ),
+    gauge(
         INFLIGHT,
-        "Requests currently forwarded to the upstream (slot and passthrough)."
-    );
-    describe_gauge!(
+        "Requests currently forwarded to the upstream (slot and passthrough).",
+    ),
+    gauge(
         SLOTS_BUSY,
-        "Slots held by a request whose response has not finished streaming."
-    );
-    describe_gauge!(
+        "Slots held by a request whose response has not finished streaming.",
+    ),
+    gauge(
         SLOTS_TOTAL,
-        "Slots slotgate forwards to at once (--slots): the denominator of slotgate_slots_busy."
-    );
-    describe_gauge!(
+        "Slots slotgate forwards to at once (--slots): the denominator of slotgate_slots_busy.",
+    ),
+    gauge(
         QUEUE_CAPACITY,
-        "Requests that may wait for a slot (--queue-depth): the denominator of slotgate_queue_depth."
-    );
-    describe_histogram!(
+        "Requests that may wait for a slot (--queue-depth): the denominator of slotgate_queue_depth.",
+    ),
+    seconds(
         QUEUE_WAIT_SECONDS,
-        Unit::Seconds,
-        "Time a request waited for a slot."
-    );
-    describe_histogram!(
+        "Time a request waited for a slot.",
+    ),
+    seconds(
         UPSTREAM_SECONDS,
-        Unit::Seconds,
-        "Time from forwarding a request to the end of its response body."
-    );
-    describe_histogram!(
+        "Time from forwarding a request to the end of its response body.",
+    ),
+    seconds(
         TTFB_SECONDS,
-        Unit::Seconds,
-        "Time from forwarding a request to the first byte of its response body."
-    );
-    describe_counter!(
+        "Time from forwarding a request to the first byte of its response body.",
+    ),
+    counter(
         TOKENS_TOTAL,
-        "Tokens reported by the upstream's `usage`, by kind (prompt, completion)."
-    );
-    describe_histogram!(
+        "Tokens reported by the upstream's `usage`, by kind (prompt, completion).",
+    ),
+    seconds(
         RETRY_AFTER_SECONDS,
-        Unit::Seconds,
-        "Retry-After handed out, by error code (queue_full, tenant_queue_full, tenant_busy, displaced, ...)."
-    );
-    describe_counter!(
+        "Retry-After handed out, by error code (queue_full, tenant_queue_full, tenant_busy, displaced, ...).",
+    ),
+    counter(
         PROMPT_COUNTS_TOTAL,
-        "Prompts counted before admission, by source: upstream (llama-server's tokenizer), cache, estimate (characters / 4, when llama-server could not count), forwarded (a slot was free: sent at once on the estimate, settled from usage)."
-    );
-    describe_counter!(
+        "Prompts counted before admission, by source: upstream (llama-server's tokenizer), cache, estimate (characters / 4, when llama-server could not count), forwarded (a slot was free: sent at once on the estimate, settled from usage).",
+    ),
+    counter(
         TOKENS_RESERVED_TOTAL,
-        "Tokens reserved by admitted generation requests: prompt + the most each may generate within its slot."
-    );
-    describe_counter!(
+        "Tokens reserved by admitted generation requests: prompt + the most each may generate within its slot.",
+    ),
+    counter(
         TOKENS_REFUNDED_TOTAL,
-        "Reserved tokens given back when a request ended: its reservation minus the tokens it really used."
-    );
-    describe_histogram!(
+        "Reserved tokens given back when a request ended: its reservation minus the tokens it really used.",
+    ),
+    histogram(
         COST_ESTIMATE_ERROR_RATIO,
-        "The characters/4 estimate divided by the exact prompt tokens (1 = exact)."
-    );
-    describe_counter!(
+        "The characters/4 estimate divided by the exact prompt tokens (1 = exact).",
+    ),
+    counter(
         TENANT_TOKENS_TOTAL,
         "Tokens served per tenant (prompt + completion, from the upstream's usage), by tenant; \
-         after the first 50 tenants, the rest are counted under `other`."
-    );
-    describe_gauge!(
+         after the first 50 tenants, the rest are counted under `other`.",
+    ),
+    gauge(
         UPSTREAM_READY,
-        "1 while the upstream's /health answers 200, else 0."
-    );
-    describe_counter!(
+        "1 while the upstream's /health answers 200, else 0.",
+    ),
+    counter(
         UPSTREAM_RETRIES_TOTAL,
-        "Upstream attempts retried because the upstream was down or loading."
-    );
-    describe_histogram!(
+        "Upstream attempts retried because the upstream was down or loading.",
+    ),
+    seconds(
         POLICY_EVAL_SECONDS,
-        Unit::Seconds,
-        "Time one policy took to evaluate one request, by policy."
-    );
-    describe_histogram!(
+        "Time one policy took to evaluate one request, by policy.",
+    ),
+    histogram(
         POLICY_FUEL_CONSUMED,
-        "Wasm fuel one policy evaluation consumed, by policy."
-    );
-    describe_counter!(
+        "Wasm fuel one policy evaluation consumed, by policy.",
+    ),
+    counter(
         POLICY_DECISIONS_TOTAL,
-        "Policy evaluations, by policy and decision (allow, deny, error)."
-    );
-    describe_counter!(
+        "Policy evaluations, by policy and decision (allow, deny, error).",
+    ),
+    counter(
         POLICY_EVENTS_TOTAL,
         "Events a policy counted (host function `event`), by policy and event: a tenant past its \
-         quota's soft limit, say. At most 256 pairs; later ones count as event=\"other\"."
-    );
-    describe_counter!(
+         quota's soft limit, say. At most 256 pairs; later ones count as event=\"other\".",
+    ),
+    counter(
         POLICY_ERRORS_TOTAL,
-        "Policy evaluations that failed, by policy and kind (trap, timeout, fuel, memory, invalid_output); the policy's on-error then allowed or refused the request."
-    );
-    describe_counter!(
+        "Policy evaluations that failed, by policy and kind (trap, timeout, fuel, memory, invalid_output); the policy's on-error then allowed or refused the request.",
+    ),
+    counter(
         POLICY_RELOADS_TOTAL,
-        "Policy and configuration reloads, by policy and result (ok, error)."
-    );
-    describe_counter!(
+        "Policy and configuration reloads, by policy and result (ok, error).",
+    ),
+    counter(
         STATE_WRITES_TOTAL,
-        "Batches of changed policy budgets written to state.dir, by result (ok, error: the disk refused; they stay in memory and are tried again)."
-    );
-    describe_counter!(
+        "Batches of changed policy budgets written to state.dir, by result (ok, error: the disk refused; they stay in memory and are tried again).",
+    ),
+    counter(
         STATE_ROWS_WRITTEN_TOTAL,
         "Rows (buckets, windows, quota windows, ledger rows) written to state.dir by successful \
-         commits: with slotgate_state_writes_total, how much each commit carries."
-    );
-    describe_counter!(
+         commits: with slotgate_state_writes_total, how much each commit carries.",
+    ),
+    counter(
         ADMIN_ACTIONS_TOTAL,
-        "Audited admin actions (slot_save, slot_restore, slot_erase, slot_other, lora_set, props_set, model_add, model_load, model_unload, model_delete, other, reload), by result (ok, upstream_4xx, upstream_5xx, upstream_error, client_gone, bad_request, unauthenticated, forbidden; for a reload: swapped, unchanged, rejected)."
-    );
-    describe_counter!(
+        "Audited admin actions (slot_save, slot_restore, slot_erase, slot_other, lora_set, props_set, model_add, model_load, model_unload, model_delete, other, reload), by result (ok, upstream_4xx, upstream_5xx, upstream_error, client_gone, bad_request, unauthenticated, forbidden; for a reload: swapped, unchanged, rejected).",
+    ),
+    counter(
         UPSTREAM_CONNECTIONS_TOTAL,
-        "Connections opened to the upstream for requests (streams and slotgate's own calls each open one; whole answers reuse idle ones). The admin scrape's copy of llama-server's /metrics is not counted."
-    );
+        "Connections opened to the upstream for requests (streams and slotgate's own calls each open one; whole answers reuse idle ones). The admin scrape's copy of llama-server's /metrics is not counted.",
+    ),
+];
 
-    // Zero-initialise so dashboards and alerts see every series before the first event.
+fn describe() {
+    for &Help(kind, name, unit, help) in HELP {
+        match (kind, unit) {
+            (Kind::Counter, None) => describe_counter!(name, help),
+            (Kind::Counter, Some(unit)) => describe_counter!(name, unit, help),
+            (Kind::Gauge, None) => describe_gauge!(name, help),
+            (Kind::Gauge, Some(unit)) => describe_gauge!(name, unit, help),
+            (Kind::Histogram, None) => describe_histogram!(name, help),
+            (Kind::Histogram, Some(unit)) => describe_histogram!(name, unit, help),
+        }
+    }
+    zero_initialise();
+}
+
+/// Every series a dashboard or alert expects is there, at zero, before its first event.
+fn zero_initialise() {
     for outcome in Outcome::ALL {
         metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome.label()).absolute(0);
     }
