@@ -63,14 +63,59 @@ pub(super) fn tenant_stats(app: &App, limit: usize) -> Vec<crate::admission::Ten
     all
 }
 
+/// `GET /status`: how slotgate is set up and what it holds now (docs/operations.md).
 pub fn status(app: &App) -> serde_json::Value {
     let q = totals(app);
     let slots = app.slots_status();
+    json!({
+        "slots": {
+            "total": q.slots,
+            "busy": q.busy,
+            "configured": app.config.slots.to_string(),
+            "source": slots["source"],
+            "upstream_total_slots": slots["upstream_total_slots"],
+            "mismatch": slots["mismatch"],
+        },
+        "kv_pool": app.capacity.status(q.kv_reserved),
+        "requests_in_service": q.serving,
+        "queue": {
+            "depth": q.depth,
+            "capacity": q.capacity,
+            "tenant_limit": q.tenant_limit,
+            "with_deadline": q.with_deadline,
+        },
+        "fairness": fairness(app),
+        "inflight": app.upstream.inflight(),
+        "upstream": upstream_with_auth(app),
+        "models": app.models.status(),
+        "model_turns": app.models.turns_status(),
+        "admin": admin_plane(app),
+        "bands": bands(app),
+        "shedding": {
+            "sheddable_priority": app.config.sheddable_priority,
+            "sheddable_in_service": q.sheddable,
+            "yielding": q.yielding,
+            "shed_before_first_byte": q.shed_requeued,
+            "shed_after_first_byte": q.shed_ended,
+            "guard_seconds": crate::admission::SHED_GUARD.as_secs_f64(),
+            "max_requeues": crate::admission::MAX_REQUEUES,
+        },
+        "service_time_seconds": q.service_seconds,
+        "estimated_wait_seconds": q.wait_seconds,
+        "draining": q.closed,
+        "policies": policies(app),
+        "state": state(app),
+    })
+}
+
+/// `/status` → `fairness`: aging, the tenants next served, and the operator's caps.
+fn fairness(app: &App) -> serde_json::Value {
+    let caps = &app.config.tenant_caps;
     let tenants: Vec<serde_json::Value> = tenant_stats(app, STATUS_TENANTS)
         .into_iter()
         .map(|t| {
             // The operator's caps on it (a policy may cut them for a request).
-            let cap = app.config.tenant_caps.of(&t.tenant);
+            let cap = caps.of(&t.tenant);
             json!({
                 "tenant": t.tenant,
                 "virtual_tokens": t.counter,
@@ -81,6 +126,20 @@ pub fn status(app: &App) -> serde_json::Value {
             })
         })
         .collect();
+    json!({
+        "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),
+        "tenants": tenants,
+        "tenant_caps": {
+            "max_in_service": caps.default.max_in_service,
+            "max_waiting": caps.default.max_waiting,
+            "over_cap": caps.over_cap.to_string(),
+            "configured_tenants": caps.tenants.len(),
+        },
+    })
+}
+
+/// `/status` → `policies`: the chain in force, each policy as loaded.
+fn policies(app: &App) -> serde_json::Value {
     let chain = app.policies.current();
     let policies: Vec<serde_json::Value> = chain
         .policies()
@@ -102,71 +161,29 @@ pub fn status(app: &App) -> serde_json::Value {
         })
         .collect();
     json!({
-        "slots": {
-            "total": q.slots,
-            "busy": q.busy,
-            "configured": app.config.slots.to_string(),
-            "source": slots["source"],
-            "upstream_total_slots": slots["upstream_total_slots"],
-            "mismatch": slots["mismatch"],
-        },
-        "kv_pool": app.capacity.status(q.kv_reserved),
-        "requests_in_service": q.serving,
-        "queue": {
-            "depth": q.depth,
-            "capacity": q.capacity,
-            "tenant_limit": q.tenant_limit,
-            "with_deadline": q.with_deadline,
-        },
-        "fairness": {
-            "priority_aging_seconds": app.config.priority_aging.map_or(0.0, |d| d.as_secs_f64()),
-            "tenants": tenants,
-            "tenant_caps": {
-                "max_in_service": app.config.tenant_caps.default.max_in_service,
-                "max_waiting": app.config.tenant_caps.default.max_waiting,
-                "over_cap": app.config.tenant_caps.over_cap.to_string(),
-                "configured_tenants": app.config.tenant_caps.tenants.len(),
-            },
-        },
-        "inflight": app.upstream.inflight(),
-        "upstream": upstream_with_auth(app),
-        "models": app.models.status(),
-        "model_turns": app.models.turns_status(),
-        "admin": admin_plane(app),
-        "bands": bands(app),
-        "shedding": {
-            "sheddable_priority": app.config.sheddable_priority,
-            "sheddable_in_service": q.sheddable,
-            "yielding": q.yielding,
-            "shed_before_first_byte": q.shed_requeued,
-            "shed_after_first_byte": q.shed_ended,
-            "guard_seconds": crate::admission::SHED_GUARD.as_secs_f64(),
-            "max_requeues": crate::admission::MAX_REQUEUES,
-        },
-        "service_time_seconds": q.service_seconds,
-        "estimated_wait_seconds": q.wait_seconds,
-        "draining": q.closed,
-        "policies": {
-            "generation": chain.generation(),
-            "chain": policies,
-            "evaluated": if chain.runs_inline() { "inline" } else { "blocking_pool" },
-            "compile_cache": app.policies.cache_status(),
-        },
-        "state": app.fleet.as_ref().map_or_else(
-            || json!({
-                "backend": "memory",
-                "file": app.policies.shared().store_file().map(|f| f.display().to_string()),
-                "flush_interval_seconds": app.config.state.flush_interval.as_secs_f64(),
-                "buckets": buckets(app),
-                "quotas": quotas(app),
-            }),
-            |f| {
-                let mut s = f.status();
-                s["quotas"] = quotas(app);
-                s
-            },
-        ),
+        "generation": chain.generation(),
+        "chain": policies,
+        "evaluated": if chain.runs_inline() { "inline" } else { "blocking_pool" },
+        "compile_cache": app.policies.cache_status(),
     })
+}
+
+/// `/status` → `state`: where the policies' budgets live, and the emptiest of them.
+fn state(app: &App) -> serde_json::Value {
+    match &app.fleet {
+        None => json!({
+            "backend": "memory",
+            "file": app.policies.shared().store_file().map(|f| f.display().to_string()),
+            "flush_interval_seconds": app.config.state.flush_interval.as_secs_f64(),
+            "buckets": buckets(app),
+            "quotas": quotas(app),
+        }),
+        Some(f) => {
+            let mut s = f.status();
+            s["quotas"] = quotas(app);
+            s
+        }
+    }
 }
 
 /// Buckets listed in /status, the emptiest first.

@@ -84,24 +84,8 @@ pub async fn reload(
         "policy reload: reading the configuration and policy files"
     );
     let work = {
-        let app = app.clone();
-        let source = source.clone();
-        move || -> anyhow::Result<(Vec<PolicySpec>, Reload, AdminTokens)> {
-            let config = (source.load)()?;
-            let changed = changed_apart_from_policies(&app.config, &config);
-            if !changed.is_empty() {
-                tracing::warn!(
-                    changed = %changed.join(", "),
-                    "settings other than the policy chain changed; they take effect only on restart"
-                );
-            }
-            let outcome = app.policies.reload(&config.policies);
-            // Compiling freed megabytes into malloc's arenas: give them back (`memory::trim`).
-            if !matches!(outcome, Reload::Unchanged) {
-                crate::app::memory::trim();
-            }
-            Ok((config.policies, outcome, config.admin.tokens))
-        }
+        let (app, source) = (app.clone(), source.clone());
+        move || read_and_reload(&app, &source)
     };
     let audit = |result: &'static str, detail: String| {
         audit::record(&Entry {
@@ -133,31 +117,60 @@ pub async fn reload(
     if tokens_changed {
         tracing::info!(trigger, "admin tokens re-read: the new ones are in force");
     }
-    audit(
-        match (&outcome, tokens_changed) {
-            (Reload::Swapped { .. }, _) | (Reload::Unchanged, true) => "swapped",
-            (Reload::Unchanged, false) => "unchanged",
-            (Reload::Rejected(_), _) => "rejected",
-        },
-        match &outcome {
-            Reload::Unchanged => "policies unchanged".to_owned(),
-            Reload::Swapped {
-                generation,
-                changed,
-                removed,
-            } => format!(
-                "policies generation {generation}; changed {changed:?}; removed {removed:?}"
-            ),
-            Reload::Rejected(errors) => {
-                let names: Vec<&str> = errors.iter().map(|e| e.name.as_str()).collect();
-                format!("policies rejected: {names:?}")
-            }
-        } + if tokens_changed {
-            "; admin tokens replaced"
-        } else {
-            ""
-        },
-    );
+    let result = match (&outcome, tokens_changed) {
+        (Reload::Swapped { .. }, _) | (Reload::Unchanged, true) => "swapped",
+        (Reload::Unchanged, false) => "unchanged",
+        (Reload::Rejected(_), _) => "rejected",
+    };
+    audit(result, detail(&outcome, tokens_changed));
+    log_outcome(app, trigger, outcome);
+    Some(specs)
+}
+
+/// Off the runtime: reads the configuration and reloads the chain from it.
+fn read_and_reload(
+    app: &App,
+    source: &ConfigSource,
+) -> anyhow::Result<(Vec<PolicySpec>, Reload, AdminTokens)> {
+    let config = (source.load)()?;
+    let changed = changed_apart_from_policies(&app.config, &config);
+    if !changed.is_empty() {
+        tracing::warn!(
+            changed = %changed.join(", "),
+            "settings other than the policy chain changed; they take effect only on restart"
+        );
+    }
+    let outcome = app.policies.reload(&config.policies);
+    // Compiling freed megabytes into malloc's arenas: give them back (`memory::trim`).
+    if !matches!(outcome, Reload::Unchanged) {
+        crate::app::memory::trim();
+    }
+    Ok((config.policies, outcome, config.admin.tokens))
+}
+
+/// The audit record's words for a reload's outcome.
+fn detail(outcome: &Reload, tokens_changed: bool) -> String {
+    let policies = match outcome {
+        Reload::Unchanged => "policies unchanged".to_owned(),
+        Reload::Swapped {
+            generation,
+            changed,
+            removed,
+        } => format!("policies generation {generation}; changed {changed:?}; removed {removed:?}"),
+        Reload::Rejected(errors) => {
+            let names: Vec<&str> = errors.iter().map(|e| e.name.as_str()).collect();
+            format!("policies rejected: {names:?}")
+        }
+    };
+    if tokens_changed {
+        policies + "; admin tokens replaced"
+    } else {
+        policies
+    }
+}
+
+/// The log's words for a reload's outcome.
+fn log_outcome(app: &App, trigger: &str, outcome: Reload) {
     match outcome {
         Reload::Unchanged => tracing::info!(trigger, "policy reload: nothing changed"),
         Reload::Swapped {
@@ -185,7 +198,6 @@ pub async fn reload(
             }
         }
     }
-    Some(specs)
 }
 
 /// Whether `a` and `b` agree on every setting a reload cannot apply.

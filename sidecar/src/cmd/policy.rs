@@ -97,119 +97,126 @@ pub struct LimitArgs {
 
 pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
     match cmd {
-        PolicyCommand::Check(a) => {
-            let bytes = std::fs::read(&a.policy).unwrap_or_default();
-            if let Some(what) = not_wasm(&bytes) {
-                bail!("{}: not a slotgate policy: {what}", a.policy.display());
-            }
-            let set = load(&a.policy, a.settings.as_ref(), &a.limits)?;
-            let chain = set.current();
-            let p = chain.policies().next().context("the policy is loaded")?;
-            warn_about_cost(&bytes, p)?;
-            let speaks = match (Contract::of(&bytes), &p.policy) {
-                (Contract::V2Embedded, _) => "is a v2 policy (slotgate:policy@2.0.0; a core module carrying the contract, made a component on load)".to_owned(),
-                (_, Guest::Component(c)) if c.imports_wasi() => "is a v2 component (slotgate:policy@2.0.0; its WASI imports get an empty context: no files, sockets, environment or arguments)".to_owned(),
-                (_, Guest::Component(_)) => "is a v2 component (slotgate:policy@2.0.0)".to_owned(),
-                (_, Guest::Core(_)) => format!("speaks ABI v{ABI_VERSION}"),
-            };
-            println!(
-                "ok: {} {speaks}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}",
-                a.policy.display(),
-                hex(&p.sha256),
-                if p.policy.has_validate() {
-                    "passed"
-                } else {
-                    "not exported"
-                },
-                match (&p.policy, p.policy.has_on_complete()) {
-                    (Guest::Core(_), true) => "exported",
-                    (Guest::Core(_), false) => "not exported",
-                    (Guest::Component(_), true) => "wanted",
-                    (Guest::Component(_), false) => "not wanted",
-                },
-                if p.needs_prompt_tokens {
-                    "needed (every request is counted first)"
-                } else {
-                    "not needed"
-                },
-            );
-            Ok(())
-        }
-        PolicyCommand::Eval(a) => {
-            // Not `load`: a module that fails its canary should still show what it does with this
-            // input. The report says whether the sidecar would accept it.
-            let spec = spec(&a.policy, a.settings.as_ref(), &a.limits)?;
-            let settings = read_settings(a.settings.as_deref())?;
-            let limits = spec_limits(&spec);
-            // The sidecar's engine settings, so the compile cache serves both.
-            let engine = PolicyEngine::with_disk_cache(
-                EngineLimits::default(),
-                a.limits.cache_dir.as_deref(),
-            )
-            .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
-            let usable = |e: LoadError| {
-                anyhow::anyhow!("{}: not a usable slotgate policy: {e}", a.policy.display())
-            };
-            let bytes = std::fs::read(&a.policy)
-                .with_context(|| format!("reading {}", a.policy.display()))?;
-            if let Some(what) = not_wasm(&bytes) {
-                bail!("{}: not a slotgate policy: {what}", a.policy.display());
-            }
-            let module = Compiled::new(&engine, &bytes, limits).map_err(usable)?;
-            let name = spec.display_name();
-            let probe =
-                Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
-            probe.validate_settings(&settings).map_err(usable)?;
-            let canary = match probe.evaluate(&canary_input(&settings)) {
-                Ok(_) => "passed".to_owned(),
-                Err(e) => {
-                    eprintln!("warning: the canary evaluation failed ({e}): the sidecar would refuse this policy");
-                    format!("failed ({}): {e}", e.kind())
-                }
-            };
-            let policy =
-                Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
-            let input = read_input(&a.input, settings, a.api_key.as_deref())?;
-            let (decision, ev) = policy
-                .evaluate(&input)
-                .map_err(|e| anyhow::anyhow!("evaluation failed ({}): {e}", e.kind()))?;
-            let report = json!({
-                "decision": decision,
-                "fuel_consumed": ev.fuel_used,
-                "elapsed_us": ev.elapsed.as_micros() as u64,
-                "canary": canary,
-            });
-            println!("{}", serde_json::to_string_pretty(&report)?);
-            Ok(())
-        }
+        PolicyCommand::Check(a) => check(a),
+        PolicyCommand::Eval(a) => eval(a),
         PolicyCommand::New(a) => super::policy_new::run(a),
         PolicyCommand::Wit => {
             print!("{}", component::WIT);
             Ok(())
         }
-        PolicyCommand::Component(a) => {
-            let bytes = std::fs::read(&a.module)
-                .with_context(|| format!("reading {}", a.module.display()))?;
-            match Contract::of(&bytes) {
-                Contract::V2 => bail!("{} is a component already", a.module.display()),
-                Contract::V1 => bail!(
-                    "{}: not built against the v2 contract (no `component-type` section naming slotgate:policy): build it with slotgate-sdk's `v2` feature and `export_component!`",
-                    a.module.display()
-                ),
-                Contract::V2Embedded => {}
-            }
-            let wrapped = component::componentize(&bytes)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", a.module.display()))?;
-            std::fs::write(&a.output, &wrapped)
-                .with_context(|| format!("writing {}", a.output.display()))?;
-            println!(
-                "{}: a component of {} bytes",
-                a.output.display(),
-                wrapped.len()
-            );
-            Ok(())
-        }
+        PolicyCommand::Component(a) => componentize(a),
     }
+}
+
+/// `slotgate policy check`: loads it as the sidecar would (validation and canary) and says what
+/// it is.
+fn check(a: CheckArgs) -> anyhow::Result<()> {
+    let bytes = std::fs::read(&a.policy).unwrap_or_default();
+    if let Some(what) = not_wasm(&bytes) {
+        bail!("{}: not a slotgate policy: {what}", a.policy.display());
+    }
+    let set = load(&a.policy, a.settings.as_ref(), &a.limits)?;
+    let chain = set.current();
+    let p = chain.policies().next().context("the policy is loaded")?;
+    warn_about_cost(&bytes, p)?;
+    let speaks = match (Contract::of(&bytes), &p.policy) {
+        (Contract::V2Embedded, _) => "is a v2 policy (slotgate:policy@2.0.0; a core module carrying the contract, made a component on load)".to_owned(),
+        (_, Guest::Component(c)) if c.imports_wasi() => "is a v2 component (slotgate:policy@2.0.0; its WASI imports get an empty context: no files, sockets, environment or arguments)".to_owned(),
+        (_, Guest::Component(_)) => "is a v2 component (slotgate:policy@2.0.0)".to_owned(),
+        (_, Guest::Core(_)) => format!("speaks ABI v{ABI_VERSION}"),
+    };
+    println!(
+        "ok: {} {speaks}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}",
+        a.policy.display(),
+        hex(&p.sha256),
+        if p.policy.has_validate() {
+            "passed"
+        } else {
+            "not exported"
+        },
+        match (&p.policy, p.policy.has_on_complete()) {
+            (Guest::Core(_), true) => "exported",
+            (Guest::Core(_), false) => "not exported",
+            (Guest::Component(_), true) => "wanted",
+            (Guest::Component(_), false) => "not wanted",
+        },
+        if p.needs_prompt_tokens {
+            "needed (every request is counted first)"
+        } else {
+            "not needed"
+        },
+    );
+    Ok(())
+}
+
+/// `slotgate policy eval`: one evaluation of the input given, with what it cost.
+fn eval(a: EvalArgs) -> anyhow::Result<()> {
+    // Not `load`: a module that fails its canary should still show what it does with this
+    // input. The report says whether the sidecar would accept it.
+    let spec = spec(&a.policy, a.settings.as_ref(), &a.limits)?;
+    let settings = read_settings(a.settings.as_deref())?;
+    let limits = spec_limits(&spec);
+    // The sidecar's engine settings, so the compile cache serves both.
+    let engine =
+        PolicyEngine::with_disk_cache(EngineLimits::default(), a.limits.cache_dir.as_deref())
+            .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
+    let usable =
+        |e: LoadError| anyhow::anyhow!("{}: not a usable slotgate policy: {e}", a.policy.display());
+    let bytes =
+        std::fs::read(&a.policy).with_context(|| format!("reading {}", a.policy.display()))?;
+    if let Some(what) = not_wasm(&bytes) {
+        bail!("{}: not a slotgate policy: {what}", a.policy.display());
+    }
+    let module = Compiled::new(&engine, &bytes, limits).map_err(usable)?;
+    let name = spec.display_name();
+    let probe = Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
+    probe.validate_settings(&settings).map_err(usable)?;
+    let canary = match probe.evaluate(&canary_input(&settings)) {
+        Ok(_) => "passed".to_owned(),
+        Err(e) => {
+            eprintln!(
+                "warning: the canary evaluation failed ({e}): the sidecar would refuse this policy"
+            );
+            format!("failed ({}): {e}", e.kind())
+        }
+    };
+    let policy = Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
+    let input = read_input(&a.input, settings, a.api_key.as_deref())?;
+    let (decision, ev) = policy
+        .evaluate(&input)
+        .map_err(|e| anyhow::anyhow!("evaluation failed ({}): {e}", e.kind()))?;
+    let report = json!({
+        "decision": decision,
+        "fuel_consumed": ev.fuel_used,
+        "elapsed_us": ev.elapsed.as_micros() as u64,
+        "canary": canary,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// `slotgate policy component`: a core module carrying the v2 contract, made a component.
+fn componentize(a: ComponentArgs) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(&a.module).with_context(|| format!("reading {}", a.module.display()))?;
+    match Contract::of(&bytes) {
+        Contract::V2 => bail!("{} is a component already", a.module.display()),
+        Contract::V1 => bail!(
+            "{}: not built against the v2 contract (no `component-type` section naming slotgate:policy): build it with slotgate-sdk's `v2` feature and `export_component!`",
+            a.module.display()
+        ),
+        Contract::V2Embedded => {}
+    }
+    let wrapped = component::componentize(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.module.display()))?;
+    std::fs::write(&a.output, &wrapped)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    println!(
+        "{}: a component of {} bytes",
+        a.output.display(),
+        wrapped.len()
+    );
+    Ok(())
 }
 
 /// What a file that is no WebAssembly module (binary or WAT text) is, when it can be told.

@@ -302,23 +302,7 @@ impl Drop for Exchange {
             );
         }
         m::hot().requests(outcome).increment(1);
-        // What reached llama-server goes in the usage ledger, with what it reported.
-        if self.upstream.is_some() || self.usage.is_some() {
-            let u = self.usage.unwrap_or_default();
-            self.ledger.record(
-                crate::policy::state::wall_ms(),
-                self.tenant.as_deref().unwrap_or("anonymous"),
-                self.model
-                    .as_deref()
-                    .or(self.asked_model.as_deref())
-                    .unwrap_or("-"),
-                &LedgerUsage {
-                    requests: 1,
-                    prompt_tokens: u.prompt_tokens,
-                    completion_tokens: u.completion_tokens,
-                },
-            );
-        }
+        self.record_usage();
         if let Some(model) = &self.model {
             metrics::counter!(m::MODEL_REQUESTS_TOTAL, "model" => model.to_string(), "outcome" => outcome.label())
                 .increment(1);
@@ -337,6 +321,33 @@ impl Drop for Exchange {
             // Only a request given a slot queued (or not) for one.
             queue_wait: self.reserved.and(self.queue_wait),
         });
+        self.log_line(outcome);
+    }
+}
+
+impl Exchange {
+    /// What reached llama-server goes in the usage ledger, with what it reported.
+    fn record_usage(&self) {
+        if self.upstream.is_some() || self.usage.is_some() {
+            let u = self.usage.unwrap_or_default();
+            self.ledger.record(
+                crate::policy::state::wall_ms(),
+                self.tenant.as_deref().unwrap_or("anonymous"),
+                self.model
+                    .as_deref()
+                    .or(self.asked_model.as_deref())
+                    .unwrap_or("-"),
+                &LedgerUsage {
+                    requests: 1,
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                },
+            );
+        }
+    }
+
+    /// The access log's line for it, when the access log is on.
+    fn log_line(&self, outcome: Outcome) {
         // Absent values (no status yet, no peer on TCP) are left out of the line rather than faked,
         // and numbers stay numbers in JSON logs.
         let Some(format) = log::format() else { return };
