@@ -53,6 +53,16 @@ impl Workload for Llama {
     }
 }
 
+/// Every client of a run sends the same request (one prompt, one length), as a script or a test
+/// harness firing one request many times does.
+struct Same<'a>(&'a dyn Workload);
+
+impl Workload for Same<'_> {
+    fn body(&self, _tag: &str, _draw: f64) -> Value {
+        self.0.body("same", 0.5)
+    }
+}
+
 /// The fake: service time between 0.5x and 1.5x of `service`, usage in proportion.
 struct Fake {
     service: Duration,
@@ -101,6 +111,10 @@ async fn run() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(ROUNDS);
+    fresh_short_bursts(&llama, &short_burst, rounds).await;
+    if std::env::var("OVERLOAD_ONLY").as_deref() == Ok("short-burst") {
+        return;
+    }
     println!("== Retry-After hit rate ({rounds} bursts of {BURST}, 1 slot + 2 queue places, clients retry exactly at Retry-After)");
     let g = gate_for(Gate::new().slots(1).queue_depth(2).upstream(&fake)).await;
     let (hits, tries) = retry_rounds(&g, &fake_work, rounds).await;
@@ -234,6 +248,35 @@ async fn gate_for(g: Gate) -> RunningGate {
     g.start().await
 }
 
+/// The short-burst shape as a user first meets it: a slotgate just started (nothing measured
+/// yet), three bursts of 8 equal 0.3 s chats one after another, every client turned away sending
+/// its request again at its whole-second Retry-After; each client its own prompt, then every client
+/// the same one. Each run on a new slotgate; `rounds / 8` runs (at least 2) of each, added up.
+async fn fresh_short_bursts(llama: &RunningLlama, work: &dyn Workload, rounds: usize) {
+    let runs = (rounds / 8).max(2);
+    for (name, same) in [("each its own prompt", false), ("one prompt for all", true)] {
+        let (mut hits, mut tries) = (0, 0);
+        for _ in 0..runs {
+            let g = gate_for(
+                Gate::new()
+                    .slots(1)
+                    .queue_depth(2)
+                    .upstream_path(llama.socket()),
+            )
+            .await;
+            let same_work = Same(work);
+            let work: &dyn Workload = if same { &same_work } else { work };
+            let (h, t) = retry_bursts_from(&g, work, 3, None, BURST, Wait::Seconds, false).await;
+            hits += h;
+            tries += t;
+        }
+        println!(
+            "real llama-server, a new slotgate, 3 bursts of equal 0.3 s answers, {name} ({runs} runs): {hits} of {tries} retries got in ({:.1}%)",
+            pct(hits, tries)
+        );
+    }
+}
+
 fn pct(a: usize, b: usize) -> f64 {
     100.0 * a as f64 / b.max(1) as f64
 }
@@ -262,9 +305,22 @@ async fn retry_bursts(
     burst: usize,
     wait: Wait,
 ) -> (usize, usize) {
+    retry_bursts_from(gate, work, rounds, every, burst, wait, true).await
+}
+
+/// [`retry_bursts`], after teaching the drain estimate what a request costs (`warm`) or not.
+async fn retry_bursts_from(
+    gate: &RunningGate,
+    work: &dyn Workload,
+    rounds: usize,
+    every: Option<Duration>,
+    burst: usize,
+    wait: Wait,
+    warm: bool,
+) -> (usize, usize) {
     let client = gate.client();
     // Teach the drain estimate what a request costs.
-    for i in 0..3 {
+    for i in (0..3).filter(|_| warm) {
         let resp = client
             .post_json(CHAT, &work.body(&format!("warm{i}"), 0.5))
             .await;
