@@ -41,7 +41,7 @@ async fn gate(redis: Option<&RunningRedis>, settings: &str) -> (RunningUpstream,
         Some(r) => r.backend_for(g),
         None => g,
     };
-    let (up, gate) = g.start_with(FakeUpstream::instant()).await;
+    let (up, gate) = g.start_instant().await;
     if redis.is_some() {
         wait_connected(&gate).await;
     }

@@ -96,7 +96,7 @@ async fn measure(chain: &[PolicyFiles]) -> (f64, f64) {
             g = g.arg("--policy-settings").arg(s.to_str().unwrap());
         }
     }
-    let (_up, gate) = g.start_with(FakeUpstream::instant()).await;
+    let (_up, gate) = g.start_instant().await;
     let conn = gate.client().connect().await.expect("connect");
     timed(conn).await
 }

@@ -116,20 +116,14 @@ async fn run() {
         return;
     }
     println!("== Retry-After hit rate ({rounds} bursts of {BURST}, 1 slot + 2 queue places, clients retry exactly at Retry-After)");
-    let g = gate_for(Gate::new().slots(1).queue_depth(2).upstream(&fake)).await;
+    let g = gate_for(Gate::one_slot(2).upstream(&fake)).await;
     let (hits, tries) = retry_rounds(&g, &fake_work, rounds).await;
     println!(
         "fake llama-server : {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
     drop(g);
-    let g = gate_for(
-        Gate::new()
-            .slots(1)
-            .queue_depth(2)
-            .upstream_path(llama.socket()),
-    )
-    .await;
+    let g = gate_for(Gate::one_slot(2).upstream_path(llama.socket())).await;
     let (hits, tries) = retry_rounds(&g, &llama_work, rounds).await;
     println!(
         "real llama-server : {hits} of {tries} retries got in ({:.1}%)",
@@ -174,9 +168,7 @@ async fn run() {
         equal: false,
     };
     let g = gate_for(
-        Gate::new()
-            .slots(1)
-            .queue_depth(2)
+        Gate::one_slot(2)
             .queue_timeout("60s")
             .upstream_path(long_llama.socket()),
     )
@@ -206,15 +198,7 @@ async fn run() {
             Upstream::Llama(&llama),
         ),
     ] {
-        let g = gate_for(
-            up.gate(
-                Gate::new()
-                    .slots(1)
-                    .queue_depth(4)
-                    .queue_timeout(QUEUE_TIMEOUT),
-            ),
-        )
-        .await;
+        let g = gate_for(up.gate(Gate::one_slot(4).queue_timeout(QUEUE_TIMEOUT))).await;
         let service = mean_service(&g, work).await;
         let capacity = 1.0 / service.as_secs_f64();
         let one = goodput(&g, work, capacity, seconds).await;

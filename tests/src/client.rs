@@ -270,6 +270,12 @@ impl Client {
         answered("POST", path, sent)
     }
 
+    /// POSTs `req` (its body and its headers) to the chat path; panics on a transport error.
+    pub async fn post_chat(&self, req: &crate::request::Req) -> Response {
+        self.post_json_with_headers(crate::request::CHAT, &req.json(), req.headers())
+            .await
+    }
+
     /// POSTs raw bytes with a JSON content type (for malformed or oversized bodies).
     pub async fn post_raw(&self, path: &str, body: impl Into<Bytes>) -> Response {
         let sent = self
@@ -287,6 +293,11 @@ impl Client {
 
     pub async fn get(&self, path: &str) -> Response {
         self.request(Method::GET, path).await
+    }
+
+    /// `GET path` with these headers and no body; panics on a transport error.
+    pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        self.send_with(Method::GET, path, headers, "").await
     }
 
     /// Sends `method path` with exactly `body` and these headers (beside `host` and a JSON
@@ -322,6 +333,16 @@ impl Client {
     }
 
     /// [`Client::stream`] with extra request headers.
+    /// Streams `req` (its body and its headers) from the chat path; panics on a transport error.
+    pub async fn stream_chat(&self, req: &crate::request::Req) -> Streaming {
+        let path = crate::request::CHAT;
+        let sent = async {
+            let request = post_with_headers(path, &req.json(), req.headers());
+            self.connect().await?.send_streaming(request).await
+        };
+        answered("streaming POST", path, sent.await)
+    }
+
     pub async fn stream_with_headers(
         &self,
         path: &str,

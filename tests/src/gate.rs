@@ -7,7 +7,7 @@
 //! gate.assert_idle().await;
 //!
 //! // The same opening in one step, with a one-slot preset:
-//! let (up, gate) = Gate::one_slot(8).start_with(FakeUpstream::instant()).await;
+//! let (up, gate) = Gate::one_slot(8).start_instant().await;
 //! ```
 
 use std::net::{SocketAddr, TcpListener};
@@ -211,6 +211,11 @@ impl Gate {
         self.opt("--config", config.display())
     }
 
+    /// Runs with `--config path`.
+    pub fn config_file(self, path: impl AsRef<Path>) -> Self {
+        self.opt("--config", path.as_ref().display())
+    }
+
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
         self
@@ -409,6 +414,16 @@ impl Gate {
         let up = fake.start().await;
         let gate = self.upstream(&up).start().await;
         (up, gate)
+    }
+
+    /// [`Gate::start_with`] an instant fake upstream, one that answers at once: most scenarios' start.
+    pub async fn start_instant(self) -> (RunningUpstream, RunningGate) {
+        self.start_with(FakeUpstream::instant()).await
+    }
+
+    /// Points this gate at a real llama-server's socket and starts it.
+    pub async fn start_before(self, llama: &crate::llama::RunningLlama) -> RunningGate {
+        self.upstream_path(llama.socket()).start().await
     }
 
     /// Starts slotgate and waits until `/livez` answers 200 (and `/readyz` unless `no_wait_ready`).
@@ -691,6 +706,25 @@ impl RunningGate {
             want as f64,
         )
         .await;
+    }
+
+    /// What is left of the `kind` (`requests`, `tokens`) quota among `/status`'s emptiest quotas.
+    pub async fn quota_left(&self, kind: &str) -> f64 {
+        let s = self.status().await;
+        s["state"]["quotas"]["emptiest"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["key"].as_str().unwrap().starts_with(&format!("{kind}:")))
+            .unwrap_or_else(|| panic!("no {kind} quota in {s}"))["left"]
+            .as_f64()
+            .unwrap()
+    }
+
+    /// `slotgate_tokens_total{kind}` (`prompt`, `completion`) must reach `want`.
+    pub async fn wait_tokens(&self, kind: &str, want: f64) {
+        self.wait_metric("slotgate_tokens_total", &[("kind", kind)], want)
+            .await;
     }
 
     pub async fn readyz(&self) -> u16 {

@@ -52,6 +52,16 @@ impl Metrics {
         self.value(name, labels).unwrap_or(0.0)
     }
 
+    /// Asserts that the sample is `want` (a missing one reads as 0), showing the scrape if not.
+    pub fn assert_value(&self, name: &str, labels: &[(&str, &str)], want: f64) {
+        assert_eq!(self.value_or_zero(name, labels), want, "{}", self.text);
+    }
+
+    /// Asserts that the sample is present and is `want`, showing the scrape if not.
+    pub fn assert_present(&self, name: &str, labels: &[(&str, &str)], want: f64) {
+        assert_eq!(self.value(name, labels), Some(want), "{}", self.text);
+    }
+
     /// Sum over every sample named `name` whose labels include all of `labels`.
     pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.matching(name, labels).map(|s| s.value).sum()

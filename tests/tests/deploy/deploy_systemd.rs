@@ -44,7 +44,7 @@ async fn stop(gate: &mut RunningGate) {
 }
 
 async fn chat_ok(client: &Client, tag: &str) {
-    let resp = client.post_json(CHAT, &Req::chat(tag).json()).await;
+    let resp = client.post_chat(&Req::chat(tag)).await;
     assert_eq!(resp.status, 200, "{tag}: {}", resp.body);
     assert_eq!(resp.tag().as_deref(), Some(tag));
 }

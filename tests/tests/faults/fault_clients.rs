@@ -109,14 +109,14 @@ fn assert_whole_stream(resp: &RawResponse, tag: &str, chunks: usize) {
 
 /// A normal request is served after the fault: the gate kept working.
 async fn assert_still_serves(gate: &RunningGate, tag: &str) {
-    let resp = gate.client().post_json(CHAT, &Req::chat(tag).json()).await;
+    let resp = gate.client().post_chat(&Req::chat(tag)).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.tag().as_deref(), Some(tag));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_during_its_request_head_is_forgotten() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let whole = String::from_utf8(raw_chat(&Req::chat("head"), &[])).unwrap();
     let head_end = whole.find("\r\n\r\n").unwrap();
     // In the request line, in a header name, in a header value, just before the blank line.
@@ -136,7 +136,7 @@ async fn a_client_that_leaves_during_its_request_head_is_forgotten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_during_its_body_is_never_forwarded() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let body = Req::chat("body").set("padding", "x".repeat(2000)).json();
     let body = body.to_string();
     // Content-Length promises the whole body; a third of it arrives.
@@ -173,10 +173,7 @@ async fn a_client_that_leaves_during_its_policy_evaluation_is_never_forwarded() 
         ),
     )
     .unwrap();
-    let (up, gate) = Gate::one_slot(4)
-        .opt("--config", config.display())
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(4).config_file(&config).start_instant().await;
     let errors = || async {
         gate.metrics()
             .await
@@ -222,7 +219,7 @@ async fn a_client_that_leaves_during_its_policy_evaluation_is_never_forwarded() 
 /// counted `client_gone` if it was handed over at all, and the connection closed; nothing leaks. docs/failure.md says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_half_closed_client_is_taken_to_have_left() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     // Hold the slot, so the half-closed requests wait in the queue when the EOF arrives.
     let held = gate.hold_slot(&Req::chat("held").delay(ms(500))).await;
     for req in [
@@ -251,11 +248,7 @@ async fn a_half_closed_client_is_taken_to_have_left() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pipelined_requests_are_answered_in_order_one_at_a_time() {
     // Two slots: only the connection's own ordering keeps the requests apart.
-    let (up, gate) = Gate::new()
-        .slots(2)
-        .queue_depth(4)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(2).queue_depth(4).start_instant().await;
     let mut pipeline = raw_chat(&Req::chat("p0").delay(ms(100)), &[]);
     pipeline.extend(raw_chat(&Req::chat("p1").chunks(3, ms(30)), &[]));
     pipeline.extend(raw_chat(&Req::chat("p2"), &["Connection: close"]));
@@ -282,7 +275,7 @@ async fn pipelined_requests_are_answered_in_order_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn http_1_0_requests_are_answered_and_closed() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     // No Host, no keep-alive: HTTP/1.0 has neither by default.
     let raw_1_0 = |req: &Req| {
         let body = req.json().to_string();
@@ -313,7 +306,7 @@ async fn http_1_0_requests_are_answered_and_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_oversized_header_block_gets_431_and_a_close() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let big = format!("X-Big: {}", "x".repeat(100 * 1024));
     let many: Vec<String> = (0..500).map(|i| format!("X-Header-{i}: {i}")).collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
@@ -347,7 +340,7 @@ async fn an_oversized_header_block_gets_431_and_a_close() {
 /// after answering (RFC 9112, 6.3), so the hidden request is never parsed, let alone forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn content_length_with_chunked_never_smuggles_a_request() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let hidden = String::from_utf8(raw_chat(&Req::chat("smuggled"), &[])).unwrap();
     let outer = Req::chat("outer").json().to_string();
     let head = |framing: &str| {
@@ -398,7 +391,7 @@ async fn content_length_with_chunked_never_smuggles_a_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broken_chunked_bodies_get_400_or_a_close() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let body = Req::chat("broken").json().to_string();
     let (first, second) = body.split_at(body.len() / 2);
     let head = format!(
@@ -446,10 +439,7 @@ async fn broken_chunked_bodies_get_400_or_a_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expect_100_continue_is_honoured_and_a_too_large_body_is_refused_unsent() {
-    let (up, gate) = Gate::one_slot(4)
-        .max_body("1KiB")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(4).max_body("1KiB").start_instant().await;
 
     // The client sends its head and waits for `100 Continue` before its body.
     let whole = raw_chat(

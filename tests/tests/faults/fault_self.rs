@@ -49,7 +49,7 @@ impl Load {
                     while !stop.load(Ordering::Relaxed) {
                         let tag = format!("c{i}-{n}");
                         let outcome = if i % 2 == 0 {
-                            let resp = client.post_json(CHAT, &Req::chat(&tag).json()).await;
+                            let resp = client.post_chat(&Req::chat(&tag)).await;
                             Outcome {
                                 echoed: resp.status == 200 && resp.tag().as_deref() == Some(&tag),
                                 status: resp.status.as_u16(),
@@ -99,7 +99,7 @@ async fn a_sighup_storm_under_load_fails_no_request() {
         .slots(2)
         .queue_depth(64)
         .policies(&[(&live, None), (&guard, None)])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let load = Load::start(&gate, 4);
 
@@ -118,7 +118,7 @@ async fn a_sighup_storm_under_load_fails_no_request() {
         || {
             let client = client.clone();
             async move {
-                let resp = client.post_json(CHAT, &Req::chat("probe").json()).await;
+                let resp = client.post_chat(&Req::chat("probe")).await;
                 (resp.header("x-policy-version").as_deref() == Some("1")).then_some(())
             }
         },
@@ -162,12 +162,7 @@ async fn a_sighup_storm_under_load_fails_no_request() {
         "only {reloaded} reloads swapped a version in: the storm did no work\n{}",
         m.text
     );
-    assert_eq!(
-        m.value_or_zero("slotgate_policy_reloads_total", &[("result", "error")]),
-        0.0,
-        "{}",
-        m.text
-    );
+    m.assert_value("slotgate_policy_reloads_total", &[("result", "error")], 0.0);
     assert!(gate.try_exited().is_none(), "slotgate died in the storm");
     assert_eq!(gate.livez().await, 200);
     eprintln!(
@@ -195,17 +190,17 @@ async fn sigterm_with_a_full_queue_and_busy_streams_drains_within_the_deadline()
         .slots(SLOTS)
         .queue_depth(QUEUE)
         .drain_timeout("3s")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     let socket = gate.socket_path();
 
     // Every slot streams: one answer ends within the drain deadline (~1 s), one would take ~20 s.
     let mut short = client
-        .stream(CHAT, &Req::chat("short").chunks(10, ms(100)).json())
+        .stream_chat(&Req::chat("short").chunks(10, ms(100)))
         .await;
     let mut long = client
-        .stream(CHAT, &Req::chat("long").chunks(200, ms(100)).json())
+        .stream_chat(&Req::chat("long").chunks(200, ms(100)))
         .await;
     assert_eq!((short.status.as_u16(), long.status.as_u16()), (200, 200));
     short.first_event(Duration::from_secs(5)).await;
@@ -215,7 +210,7 @@ async fn sigterm_with_a_full_queue_and_busy_streams_drains_within_the_deadline()
     for i in 0..QUEUE {
         queued.push(gate.enqueue(&Req::chat(&format!("q{i}"))).await);
     }
-    let overflow = client.post_json(CHAT, &Req::chat("overflow").json()).await;
+    let overflow = client.post_chat(&Req::chat("overflow")).await;
     assert_error(&overflow, 429, "queue_full");
 
     gate.sigterm();

@@ -20,7 +20,7 @@ async fn accept_backs_off_when_file_descriptors_run_out() {
     let (up, mut gate) = Gate::new()
         .slots(1)
         .open_files_limit(OPEN_FILES)
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
 
@@ -58,7 +58,7 @@ async fn accept_backs_off_when_file_descriptors_run_out() {
     );
 
     drop(flood);
-    let resp = client.post_json(CHAT, &Req::chat("after").json()).await;
+    let resp = client.post_chat(&Req::chat("after")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.tag().as_deref(), Some("after"));
     assert_eq!(gate.livez().await, 200);

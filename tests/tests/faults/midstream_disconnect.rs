@@ -6,12 +6,12 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dropping_a_stream_cancels_upstream_and_frees_the_slot() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let client = gate.client();
 
     // 20 chunks 100 ms apart: about 2 s if nobody cancels it.
     let mut stream = client
-        .stream(CHAT, &Req::chat("long").chunks(20, ms(100)).json())
+        .stream_chat(&Req::chat("long").chunks(20, ms(100)))
         .await;
     assert_eq!(stream.status, 200);
     stream.first_event(Duration::from_secs(2)).await;
@@ -40,7 +40,7 @@ async fn dropping_a_stream_cancels_upstream_and_frees_the_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leaving_before_the_response_head_cancels_upstream_and_frees_the_slot() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let client = gate.client();
 
     // A long non-stream generation; the client gives up before any byte of the answer.
@@ -76,7 +76,7 @@ async fn leaving_before_the_response_head_cancels_upstream_and_frees_the_slot() 
 /// not its reservation and not zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_is_charged_only_what_was_generated() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let client = gate.client();
     // Forwarded at once (the slot is free), so its prompt is not counted: a leaver, which gets no
     // usage from llama-server, is charged the estimate (40 characters / 4).
@@ -120,7 +120,7 @@ async fn a_client_that_leaves_is_charged_only_what_was_generated() {
 /// usage, and its slot handed on at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_closes_right_after_done_got_the_whole_answer() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let body = Req::chat("done-then-close")
         .chunks(3, ms(5))
         .completion_tokens(3)
@@ -144,11 +144,10 @@ async fn a_client_that_closes_right_after_done_got_the_whole_answer() {
         "counted at once, not when the upstream's stream ended"
     );
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero("slotgate_requests_total", &[("outcome", "client_gone")]),
+    m.assert_value(
+        "slotgate_requests_total",
+        &[("outcome", "client_gone")],
         0.0,
-        "{}",
-        m.text
     );
     assert_eq!(
         m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]),

@@ -6,7 +6,7 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queued_client_that_leaves_is_dropped_from_the_queue() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let client = gate.client();
 
     let hold = gate.hold_slot(&Req::chat("hold").delay(ms(1500))).await;
@@ -28,7 +28,7 @@ async fn queued_client_that_leaves_is_dropped_from_the_queue() {
 
     let (held, _) = hold.await.unwrap();
     assert_eq!(held.status, 200);
-    let after = client.post_json(CHAT, &Req::chat("after").json()).await;
+    let after = client.post_chat(&Req::chat("after")).await;
     assert_eq!(after.status, 200, "{}", after.body);
 
     assert!(

@@ -56,14 +56,8 @@ async fn replaces_a_stale_socket() {
         "nobody listens on the stale socket"
     );
 
-    let (up, gate) = Gate::new()
-        .listen_unix(&path)
-        .start_with(FakeUpstream::instant())
-        .await;
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("fresh").json())
-        .await;
+    let (up, gate) = Gate::new().listen_unix(&path).start_instant().await;
+    let resp = gate.client().post_chat(&Req::chat("fresh")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     gate.assert_settled(&up, 1).await;
     drop(gate);

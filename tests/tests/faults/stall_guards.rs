@@ -43,7 +43,7 @@ async fn a_client_that_stops_reading_loses_its_slot_within_the_stall_timeout() {
     let stall = Duration::from_secs(2);
     let (up, gate) = Gate::one_slot(4)
         .opt("--client-stall-timeout", "2s")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
 
     // Reads the response head, then nothing more, keeping the connection open.
@@ -90,7 +90,7 @@ async fn a_client_that_stops_reading_loses_its_slot_within_the_stall_timeout() {
 async fn a_slow_reader_that_keeps_reading_is_never_cut() {
     let (up, gate) = Gate::one_slot(4)
         .opt("--client-stall-timeout", "1s")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     // ~600 KB, read at ~100 KB/s: 6 s in all, 6x the stall timeout, always making progress.
     let (mut sock, head) = read_head(&gate, &big_stream_request("slow", 3_000)).await;
@@ -134,7 +134,7 @@ async fn a_slow_reader_that_keeps_reading_is_never_cut() {
 async fn a_silent_upstream_before_its_answer_is_cut_by_the_first_byte_timeout() {
     let (up, gate) = Gate::one_slot(4)
         .opt("--upstream-first-byte-timeout", "1s")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     let hung = spawn_post(&client, CHAT, &Req::chat("hung").delay(ms(30_000)));
@@ -160,12 +160,12 @@ async fn a_silent_upstream_before_its_answer_is_cut_by_the_first_byte_timeout() 
 async fn an_upstream_silent_mid_stream_is_cut_by_the_idle_timeout() {
     let (up, gate) = Gate::one_slot(4)
         .opt("--upstream-idle-timeout", "1s")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     // The first token at once, the next only after 30 s.
     let stream = client
-        .stream(CHAT, &Req::chat("silent").chunks(3, ms(30_000)).json())
+        .stream_chat(&Req::chat("silent").chunks(3, ms(30_000)))
         .await;
     assert_eq!(stream.status, 200);
     let t0 = Instant::now();
@@ -188,7 +188,7 @@ async fn an_upstream_silent_mid_stream_is_cut_by_the_idle_timeout() {
     .await;
     gate.wait_outcome("upstream_timeout", 1).await;
     // The slot is free again.
-    let resp = client.post_json(CHAT, &Req::chat("after").json()).await;
+    let resp = client.post_chat(&Req::chat("after")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     gate.assert_settled(&up, 1).await;
 }
@@ -197,12 +197,12 @@ async fn an_upstream_silent_mid_stream_is_cut_by_the_idle_timeout() {
 async fn a_stream_with_steady_tokens_outlives_the_idle_timeout() {
     let (up, gate) = Gate::one_slot(4)
         .opt("--upstream-idle-timeout", "1s")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     // 8 tokens 400 ms apart: 3.2 s in all, never 1 s silent.
     let resp = gate
         .client()
-        .stream(CHAT, &Req::chat("steady").chunks(8, ms(400)).json())
+        .stream_chat(&Req::chat("steady").chunks(8, ms(400)))
         .await
         .read_sse(Duration::from_secs(10))
         .await;

@@ -29,7 +29,7 @@ async fn an_upstream_never_reached_gets_a_fast_503_naming_it_until_it_answers() 
     let client = gate.client();
 
     let t0 = Instant::now();
-    let resp = client.post_json(CHAT, &Req::chat("early").json()).await;
+    let resp = client.post_chat(&Req::chat("early")).await;
     let took = t0.elapsed();
     assert_error(&resp, 503, "upstream_unavailable");
     retry_after(&resp);
@@ -64,7 +64,7 @@ async fn an_upstream_never_reached_gets_a_fast_503_naming_it_until_it_answers() 
 
     let up = FakeUpstream::instant().at(&path).start().await;
     let resp = eventually(Duration::from_secs(5), "served once it answers", || async {
-        let r = client.post_json(CHAT, &Req::chat("late").json()).await;
+        let r = client.post_chat(&Req::chat("late")).await;
         (r.status == 200).then_some(r)
     })
     .await;
@@ -113,10 +113,7 @@ async fn loading_upstream_is_waited_for() {
         .start()
         .await;
 
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("early").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("early")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.tag().as_deref(), Some("early"));
     let seen = up.requests_seen();
@@ -173,7 +170,7 @@ async fn crash_mid_stream_is_never_a_clean_response() {
 
     let stream = gate
         .client()
-        .stream(CHAT, &Req::chat("crash").stream().json())
+        .stream_chat(&Req::chat("crash").stream())
         .await;
     assert_eq!(
         stream.status, 200,
@@ -211,10 +208,7 @@ async fn upstream_absent_for_the_whole_deadline_gets_503_or_504() {
     let gate = gate_before_upstream(&dir.join("never.sock"), "1s").await;
 
     let t0 = Instant::now();
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("nobody").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("nobody")).await;
     let took = t0.elapsed();
     match resp.status.as_u16() {
         503 => {
@@ -246,10 +240,7 @@ async fn connection_lost_after_sending_is_502_and_not_retried() {
         .await;
 
     let t0 = Instant::now();
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("once").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("once")).await;
     assert_error(&resp, 502, "upstream_error");
     assert!(
         t0.elapsed() < Duration::from_secs(2),

@@ -21,10 +21,7 @@ async fn sidecar(redis: &RunningRedis, settings: &str) -> (RunningUpstream, Runn
         .slots(4)
         .policies(&[(&wat::built("token-budget"), Some(settings))])
         .opt("--state-fleet", "model-a");
-    let (up, gate) = redis
-        .backend_for(gate)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = redis.backend_for(gate).start_instant().await;
     wait_connected(&gate).await;
     (up, gate)
 }
@@ -322,7 +319,7 @@ async fn two_sidecars_count_into_one_window(store: Store) {
     for _ in 0..2 {
         let (up, gate) = redis
             .backend_for(Gate::new().slots(4).policies(&[(&policy, None)]))
-            .start_with(FakeUpstream::instant())
+            .start_instant()
             .await;
         wait_connected(&gate).await;
         gates.push((up, gate));
@@ -333,7 +330,7 @@ async fn two_sidecars_count_into_one_window(store: Store) {
         let (_, gate) = &gates[i % 2];
         let resp = gate
             .client()
-            .post_json(CHAT, &Req::chat(&format!("w{i}")).json())
+            .post_chat(&Req::chat(&format!("w{i}")))
             .await;
         match resp.status.as_u16() {
             200 => allowed += 1,
@@ -364,10 +361,7 @@ async fn the_lease_settings_bound_what_a_sidecar_holds_and_for_how_long() {
         .opt("--state-lease-max-share", "0.02")
         .opt("--state-lease-idle", "300ms")
         .opt("--state-fetch-timeout", "20ms");
-    let (up, gate) = redis
-        .backend_for(gate)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = redis.backend_for(gate).start_instant().await;
     wait_connected(&gate).await;
     let status = gate.status().await;
     assert_eq!(status["state"]["fetch_timeout_ms"], 20.0, "{status}");
@@ -418,12 +412,8 @@ async fn a_store_over_tls_is_verified_and_shared() {
             .opt("--state-on-unavailable", "deny")
             .env("SSL_CERT_FILE", ca.to_str().unwrap())
     };
-    let (up1, g1) = over_tls(&redis.ca_file())
-        .start_with(FakeUpstream::instant())
-        .await;
-    let (up2, g2) = over_tls(&redis.ca_file())
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up1, g1) = over_tls(&redis.ca_file()).start_instant().await;
+    let (up2, g2) = over_tls(&redis.ca_file()).start_instant().await;
     wait_connected(&g1).await;
     wait_connected(&g2).await;
     let served = spend_all(&[&g1, &g2], "tenant-a").await;
@@ -435,9 +425,7 @@ async fn a_store_over_tls_is_verified_and_shared() {
     // A CA of its own, not the store's: the handshake fails and budgets follow `deny`.
     let other = slotgate_tests::wait::unique_dir("other-ca");
     let other_ca = slotgate_tests::redis::make_certificates(&other);
-    let (up3, g3) = over_tls(&other_ca)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up3, g3) = over_tls(&other_ca).start_instant().await;
     eventually(
         Duration::from_secs(5),
         "a failed TLS connect is counted",

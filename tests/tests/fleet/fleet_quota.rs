@@ -88,14 +88,14 @@ async fn one_sidecar_on_disk_and_two_on_a_shared_store_answer_alike(store: Store
     let dir = unique_dir("fleet-quota").join("state");
     let (up, alone) = quota_gate()
         .opt("--state-dir", dir.to_str().unwrap())
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let embedded = run(&[&alone]).await;
     alone.assert_settled(&up, 1).await;
 
     let redis = RunningRedis::start_on(store);
-    let (up1, g1) = redis.backend_for(quota_gate()).start_with(FakeUpstream::instant()).await;
-    let (up2, g2) = redis.backend_for(quota_gate()).start_with(FakeUpstream::instant()).await;
+    let (up1, g1) = redis.backend_for(quota_gate()).start_instant().await;
+    let (up2, g2) = redis.backend_for(quota_gate()).start_instant().await;
     wait_connected(&g1).await;
     wait_connected(&g2).await;
     let fleet = run(&[&g1, &g2]).await;

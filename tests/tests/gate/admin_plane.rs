@@ -59,7 +59,7 @@ fn audit_lines(log: &str) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_a_token_admin_routes_carry_only_the_callers_own_credentials() {
-    let (up, gate) = with_key("nokey").start_with(FakeUpstream::instant()).await;
+    let (up, gate) = with_key("nokey").start_instant().await;
     let admin = gate.admin();
     // No credentials: none reach llama-server (slotgate's key is not lent).
     let r = admin.get("/slots").await;
@@ -72,16 +72,11 @@ async fn without_a_token_admin_routes_carry_only_the_callers_own_credentials() {
     assert_eq!(seen_on(&up, "/slots/0"), (None, None));
     // The caller's own key goes as it came, whichever header it is in.
     admin
-        .send_with(
-            Method::GET,
-            "/slots",
-            &[("authorization", "Bearer mine")],
-            "",
-        )
+        .get_with("/slots", &[("authorization", "Bearer mine")])
         .await;
     assert_eq!(seen_on(&up, "/slots"), (Some("Bearer mine".into()), None));
     admin
-        .send_with(Method::GET, "/lora-adapters", &[("x-api-key", "mine")], "")
+        .get_with("/lora-adapters", &[("x-api-key", "mine")])
         .await;
     assert_eq!(seen_on(&up, "/lora-adapters"), (None, Some("mine".into())));
     // slotgate's own calls do carry its key.
@@ -130,10 +125,7 @@ async fn without_a_token_admin_routes_carry_only_the_callers_own_credentials() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_a_token_every_admin_route_but_the_probes_wants_it() {
-    let (up, gate) = with_key("token")
-        .admin_token(TOKEN)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = with_key("token").admin_token(TOKEN).start_instant().await;
     let bare = gate.admin().clone().without_bearer();
     assert_eq!(bare.get("/livez").await.status, 200);
     assert_eq!(bare.get("/readyz").await.status, 200);
@@ -163,27 +155,21 @@ async fn with_a_token_every_admin_route_but_the_probes_wants_it() {
         &format!("Bearer {TOKEN}\\n"),
         &format!("Basic {TOKEN}"),
     ] {
-        let r = bare
-            .send_with(Method::GET, "/status", &[("authorization", auth)], "")
-            .await;
+        let r = bare.get_with("/status", &[("authorization", auth)]).await;
         assert_eq!(r.status, 401, "{auth}: {}", r.body);
     }
     let r = bare
-        .send_with(
-            Method::GET,
+        .get_with(
             "/status",
             &[("authorization", "Bearer wrong-token-0123456789")],
-            "",
         )
         .await;
     assert_eq!(r.json()["error"]["message"], "Invalid admin token");
     // The scheme in any case; white space around the token is not part of it.
     let r = bare
-        .send_with(
-            Method::GET,
+        .get_with(
             "/status",
             &[("authorization", &format!("bearer  {TOKEN} "))],
-            "",
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -249,7 +235,7 @@ async fn a_read_only_token_reads_and_changes_nothing() {
     let (up, gate) = with_key("read")
         .admin_token(TOKEN)
         .opt("--admin-read-token-file", read_file.display())
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let reader = gate
         .admin()
@@ -300,7 +286,7 @@ async fn open_metrics_serves_the_scrape_and_nothing_else_without_the_token() {
     let (up, gate) = Gate::new()
         .admin_token(TOKEN)
         .arg("--admin-open-metrics")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let bare = gate.admin().clone().without_bearer();
     let r = bare.get("/metrics").await;
@@ -366,7 +352,7 @@ async fn a_new_token_takes_over_on_sighup_and_a_broken_file_keeps_the_old() {
         .admin_token(TOKEN)
         .arg("--policy-watch")
         .arg("0s")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let file = gate.dir().join("admin.token");
     let next = "next-admin-token-0123456789";
@@ -433,10 +419,7 @@ async fn a_unix_admin_socket_is_owner_only_and_keeps_to_its_allowed_uids() {
         0,
         "this test runs as root, to be another uid"
     );
-    let (up, gate) = Gate::new()
-        .admin_unix()
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().admin_unix().start_instant().await;
     let socket = gate.dir().join("admin.sock");
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "owner-only by default");
@@ -452,7 +435,7 @@ async fn a_unix_admin_socket_is_owner_only_and_keeps_to_its_allowed_uids() {
         .admin_unix()
         .opt("--admin-socket-mode", "0666")
         .opt("--admin-allow-uids", "4243")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     std::fs::set_permissions(gate.dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = gate.dir().join("admin.sock");
@@ -520,7 +503,7 @@ async fn audit_lines_can_go_to_a_file_of_their_own() {
     let (up, gate) = Gate::new()
         .admin_token(TOKEN)
         .opt("--audit-log", file.display())
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     gate.admin()
         .send_with(

@@ -6,7 +6,7 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_slot_serves_queue_in_arrival_order_and_rejects_overflow_fast() {
-    let (up, gate) = Gate::one_slot(3).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(3).start_instant().await;
     let client = gate.client();
 
     let mut handles = Vec::new();
@@ -65,11 +65,7 @@ async fn one_slot_serves_queue_in_arrival_order_and_rejects_overflow_fast() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_slots_forward_exactly_two_at_once() {
-    let (up, gate) = Gate::new()
-        .slots(2)
-        .queue_depth(8)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(2).queue_depth(8).start_instant().await;
     let client = gate.client();
 
     let handles = (0..6)
@@ -90,7 +86,7 @@ async fn two_slots_forward_exactly_two_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_depth_zero_rejects_while_the_slot_is_busy() {
-    let (up, gate) = Gate::one_slot(0).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(0).start_instant().await;
     let client = gate.client();
 
     let hold = gate.hold_slot(&Req::chat("hold").delay(ms(600))).await;

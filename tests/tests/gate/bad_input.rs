@@ -8,10 +8,7 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oversized_body_gets_413() {
-    let (up, gate) = Gate::new()
-        .max_body("1KiB")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().max_body("1KiB").start_instant().await;
     let client = gate.client();
 
     let big = Req::chat("big").set("padding", "x".repeat(2048));
@@ -49,10 +46,7 @@ fn body_of_len(tag: &str, len: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_body_boundary_is_inclusive() {
-    let (up, gate) = Gate::new()
-        .max_body("1KiB")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().max_body("1KiB").start_instant().await;
     let client = gate.client();
 
     let resp = client.post_raw(CHAT, body_of_len("exact", 1024)).await;
@@ -69,10 +63,7 @@ async fn max_body_boundary_is_inclusive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oversized_chunked_body_gets_413() {
-    let (up, gate) = Gate::new()
-        .max_body("1KiB")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().max_body("1KiB").start_instant().await;
 
     // No Content-Length: the limit must be enforced while the body streams in.
     let body = body_of_len("chunked", 3000);
@@ -124,7 +115,7 @@ fn assert_nothing_forwarded(up: &RunningUpstream) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn malformed_json_gets_400_and_is_never_forwarded() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     let client = gate.client();
 
     // A slot route's body is what admission reads: it must be a JSON object.
@@ -151,7 +142,7 @@ async fn malformed_json_gets_400_and_is_never_forwarded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unknown_path_gets_404_and_wrong_method_405() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     let client = gate.client();
 
     let resp = client
@@ -193,10 +184,7 @@ async fn stall(gate: &RunningGate, partial: &[u8]) -> Option<(Vec<u8>, Duration)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slowloris_headers_are_cut_off() {
-    let (up, gate) = Gate::new()
-        .header_timeout("500ms")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().header_timeout("500ms").start_instant().await;
 
     let (got, took) = stall(
         &gate,
@@ -222,10 +210,7 @@ async fn slowloris_headers_are_cut_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_body_gets_408_or_is_closed() {
-    let (up, gate) = Gate::new()
-        .body_timeout("500ms")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().body_timeout("500ms").start_instant().await;
 
     let (got, took) = stall(
         &gate,
@@ -253,10 +238,7 @@ async fn slow_body_gets_408_or_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_connections_holds_back_the_extra_connection() {
-    let (up, gate) = Gate::new()
-        .max_connections(2)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().max_connections(2).start_instant().await;
     let client = gate.client();
 
     let mut c1 = client.connect().await.unwrap();

@@ -8,11 +8,7 @@ use slotgate_tests::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn burst_accounting_adds_up() {
     const CLIENTS: usize = 40;
-    let (up, gate) = Gate::new()
-        .slots(2)
-        .queue_depth(5)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(2).queue_depth(5).start_instant().await;
     let client = gate.client();
 
     let handles = (0..CLIENTS)

@@ -115,10 +115,7 @@ async fn a_request_with_a_free_slot_is_forwarded_at_once_uncounted_and_settled_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(1).start_instant().await;
     let text = "twelve chars";
     let first = post_behind_busy_slot(&gate, &chat(text)).await;
     assert_eq!(first.status, 200, "{}", first.body);
@@ -170,7 +167,7 @@ async fn the_estimate_mode_asks_llama_server_nothing() {
     let (up, gate) = Gate::new()
         .slots(1)
         .opt("--cost-tokenizer", "estimate")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let resp = post_behind_busy_slot(&gate, &chat("hello there")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
@@ -301,7 +298,7 @@ async fn reservations_are_counted_and_what_was_not_used_is_refunded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_queue_answers_429_without_asking_llama_server_to_count() {
-    let (up, gate) = Gate::one_slot(1).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(1).start_instant().await;
     let held = gate
         .hold_slot(&Req::chat("busy").delay(std::time::Duration::from_millis(800)))
         .await;
@@ -330,10 +327,7 @@ async fn a_full_queue_answers_429_without_asking_llama_server_to_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chat_streams_always_ask_llama_server_for_usage() {
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(1).start_instant().await;
     let client = gate.client();
     let plain = Req::chat("plain").chunks(2, ms(5));
     let sse = client
@@ -351,7 +345,7 @@ async fn chat_streams_always_ask_llama_server_for_usage() {
         .read_sse(std::time::Duration::from_secs(3))
         .await;
     assert!(sse.complete(), "{sse:?}");
-    let whole = client.post_json(CHAT, &Req::chat("whole").json()).await;
+    let whole = client.post_chat(&Req::chat("whole")).await;
     assert_eq!(whole.status, 200, "{}", whole.body);
     let seen = up.requests_seen();
     let include = |tag: &str| {

@@ -15,7 +15,7 @@ async fn a_waiter_reaching_its_own_deadline_leaves_with_504_and_is_never_forward
     let (up, gate) = Gate::one_slot(4)
         .queue_timeout("30s")
         .opt("--log-format", "json")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     let slow = gate.hold_slot(&Req::chat("slow").delay(ms(1500))).await;
@@ -53,10 +53,7 @@ async fn a_waiter_reaching_its_own_deadline_leaves_with_504_and_is_never_forward
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn within_a_priority_the_earliest_deadline_is_served_first() {
-    let (up, gate) = Gate::one_slot(8)
-        .queue_timeout("30s")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(8).queue_timeout("30s").start_instant().await;
     let client = gate.client();
     let hold = gate.hold_slot(&Req::chat("hold").delay(ms(400))).await;
     // Three tenants, so that nobody is ahead of another's share: arrival order none, late, soon.
@@ -107,7 +104,7 @@ async fn within_a_priority_the_earliest_deadline_is_served_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_header_that_is_no_deadline_is_refused_and_a_passthrough_ignores_it() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     for bad in ["0", "-5", "2s", "1.5", ""] {
         let resp = gate
             .client()
@@ -143,7 +140,7 @@ async fn a_policy_sets_a_deadline_that_a_client_may_shorten_but_not_lengthen() {
     let (up, gate) = Gate::one_slot(4)
         .queue_timeout("30s")
         .policies(&[(&wat::built("tenant-priority"), Some(&settings))])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     let slow = gate.hold_slot(&Req::chat("slow").delay(ms(1500))).await;

@@ -9,7 +9,7 @@ use slotgate_tests::*;
 async fn urgent_arrival_displaces_the_newest_low_priority_waiter() {
     let (up, gate) = Gate::one_slot(2)
         .trust_client_priority()
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
 

@@ -22,7 +22,7 @@ async fn busy_gate(
     for (k, v) in extra {
         g = g.opt(k, v);
     }
-    let (up, gate) = g.start_with(FakeUpstream::instant()).await;
+    let (up, gate) = g.start_instant().await;
     gate.learn_service_time(SERVICE).await;
     let held = gate.hold_slot(&Req::chat("held").delay(SERVICE)).await;
     let queued = gate.enqueue(&Req::chat("queued").delay(SERVICE)).await;

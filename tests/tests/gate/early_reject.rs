@@ -40,10 +40,7 @@ async fn write_all_then_read(gate: &RunningGate, path: &str, len: usize) -> (u16
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_oversized_body_written_whole_gets_its_413() {
-    let (up, gate) = Gate::one_slot(2)
-        .max_body("8MiB")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(2).max_body("8MiB").start_instant().await;
     // 9 MiB against 8 MiB, as the new user sent it.
     let (status, body) = write_all_then_read(&gate, CHAT, 9 << 20).await;
     assert_eq!(status, 413, "{body}");
@@ -51,17 +48,14 @@ async fn an_oversized_body_written_whole_gets_its_413() {
     assert_eq!(up.count(), 0, "nothing reached llama-server");
     gate.wait_outcome("bad_request", 1).await;
     // Served again right after.
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("after").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("after")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     gate.assert_settled(&up, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unknown_path_with_a_body_gets_its_404() {
-    let (up, gate) = Gate::one_slot(2).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(2).start_instant().await;
     let (status, body) = write_all_then_read(&gate, "/v1/nope", 2 << 20).await;
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("not_found"), "{body}");
@@ -70,10 +64,7 @@ async fn an_unknown_path_with_a_body_gets_its_404() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lingering_is_bounded_in_bytes() {
-    let (up, gate) = Gate::one_slot(2)
-        .max_body("64KiB")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(2).max_body("64KiB").start_instant().await;
     // 64 KiB + 4 MiB is the most slotgate discards; a 64 MiB body is cut well before its end.
     let mut sock = gate.client().raw_unix().await;
     let head = format!(

@@ -85,12 +85,10 @@ fn tokens_before(served: &[(u64, Instant)], end: Instant) -> f64 {
 async fn a_flooding_tenant_delays_another_by_one_of_its_requests_at_most() {
     let _timing = slotgate_tests::wait::timing().await;
     const SERVICE_MS: u64 = 200;
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .queue_depth(32)
+    let (up, gate) = Gate::one_slot(32)
         // The share limit is a separate guard; this measures the scheduler alone.
         .opt("--tenant-queue-share", "1.0")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
 
@@ -165,11 +163,7 @@ async fn a_flooding_tenant_delays_another_by_one_of_its_requests_at_most() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn equal_demand_gets_equal_tokens_whatever_the_request_size() {
     let _timing = slotgate_tests::wait::timing().await;
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .queue_depth(16)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(16).start_instant().await;
     let client = gate.client();
 
     // Three tenants, two requests outstanding each, answers of 10 prompt + 20, 50 and 100 completion
@@ -219,7 +213,7 @@ fn waiting_by_tenant(st: &serde_json::Value) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_over_its_queue_share_is_refused_while_others_queue() {
     // Queue of 4, default share 0.5: beside another tenant, one tenant may hold 2 waiters.
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let a = |tag: &str| Req::chat(tag).api_key("key-a");
     let b = |tag: &str| Req::chat(tag).api_key("key-b");
 
@@ -250,7 +244,7 @@ async fn a_tenant_over_its_queue_share_is_refused_while_others_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn alone_a_tenant_may_fill_the_queue_until_another_needs_a_place() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let a = |tag: &str| Req::chat(tag).api_key("key-a");
 
     let mut handles = vec![gate.hold_slot(&a("hold").delay(ms(600))).await];
@@ -291,12 +285,10 @@ async fn a_weight_2_tenant_gets_twice_the_tokens() {
         &[("WEIGHT2", answer.as_str())],
         &wat::data(1024, decision),
     );
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .queue_depth(16)
+    let (up, gate) = Gate::one_slot(16)
         .arg("--policy")
         .arg(&policy.display().to_string())
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
 
@@ -325,12 +317,10 @@ async fn aging_lets_a_low_priority_request_through_a_stream_of_urgent_ones() {
     let _timing = slotgate_tests::wait::timing().await;
     const AGING_MS: u64 = 500;
     const SERVICE_MS: u64 = 150;
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .queue_depth(8)
+    let (up, gate) = Gate::one_slot(8)
         .trust_client_priority()
         .opt("--priority-aging", format!("{AGING_MS}ms"))
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
 

@@ -9,12 +9,8 @@ use slotgate_tests::*;
 async fn concurrency_covers_streamed_bodies() {
     let up = FakeUpstream::instant().start().await;
     let client = Client::unix(up.socket_path());
-    let a = client
-        .stream(CHAT, &Req::chat("a").chunks(5, ms(60)).json())
-        .await;
-    let b = client
-        .stream(CHAT, &Req::chat("b").chunks(5, ms(60)).json())
-        .await;
+    let a = client.stream_chat(&Req::chat("a").chunks(5, ms(60))).await;
+    let b = client.stream_chat(&Req::chat("b").chunks(5, ms(60))).await;
     assert_eq!(
         up.current(),
         2,
@@ -38,9 +34,7 @@ async fn concurrency_covers_streamed_bodies() {
 async fn dropped_stream_counts_as_cancelled() {
     let up = FakeUpstream::instant().start().await;
     let client = Client::unix(up.socket_path());
-    let mut s = client
-        .stream(CHAT, &Req::chat("a").chunks(50, ms(50)).json())
-        .await;
+    let mut s = client.stream_chat(&Req::chat("a").chunks(50, ms(50))).await;
     s.first_event(Duration::from_secs(1)).await;
     drop(s);
     eventually(Duration::from_secs(2), "cancelled == 1", || async {
@@ -83,15 +77,12 @@ async fn loading_answers_503_everywhere_then_serves() {
     let health = client.get("/health").await;
     assert_eq!(health.status, 503);
     assert_eq!(health.json()["error"]["message"], "Loading model");
-    assert_eq!(
-        client.post_json(CHAT, &Req::chat("x").json()).await.status,
-        503
-    );
+    assert_eq!(client.post_chat(&Req::chat("x")).await.status, 503);
     assert_eq!(up.rejected_while_loading(), 1);
     assert_eq!(up.count(), 0);
     tokio::time::sleep_until(up.ready_at().into()).await;
     assert_eq!(client.get("/health").await.status, 200);
-    let resp = client.post_json(CHAT, &Req::chat("x").json()).await;
+    let resp = client.post_chat(&Req::chat("x")).await;
     assert_eq!(resp.status, 200);
     assert_eq!(resp.json()["usage"]["prompt_tokens"], 10);
     assert_eq!(up.tags(), ["x"]);
@@ -102,7 +93,7 @@ async fn crash_breaks_the_body() {
     let up = FakeUpstream::crash_mid_stream(2).start().await;
     let client = Client::unix(up.socket_path());
     let sse = client
-        .stream(CHAT, &Req::chat("c").stream().json())
+        .stream_chat(&Req::chat("c").stream())
         .await
         .read_sse(Duration::from_secs(3))
         .await;
@@ -119,14 +110,12 @@ async fn one_request_per_connection_closes_after_a_complete_answer() {
     let client = Client::unix(up.socket_path());
     for i in 0..3 {
         // Fresh connections always work, and the answer is complete before the close.
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("f{i}")).json())
-            .await;
+        let resp = client.post_chat(&Req::chat(&format!("f{i}"))).await;
         assert_eq!(resp.status, 200);
         assert_eq!(resp.tag(), Some(format!("f{i}")));
     }
     let sse = client
-        .stream(CHAT, &Req::chat("s").chunks(3, ms(5)).json())
+        .stream_chat(&Req::chat("s").chunks(3, ms(5)))
         .await
         .read_sse(Duration::from_secs(2))
         .await;

@@ -9,7 +9,7 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_connection_carries_many_requests() {
-    let (up, gate) = Gate::one_slot(4).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(4).start_instant().await;
     let client = gate.client();
     let mut conn = client.connect().await.unwrap();
 
@@ -38,15 +38,13 @@ async fn one_connection_carries_many_requests() {
         Ok(resp) => assert_eq!(resp.status, 200, "{}", resp.body),
         // Closing after an error is allowed; the next connection must work.
         Err(_) => {
-            let resp = client.post_json(CHAT, &Req::chat("k3").json()).await;
+            let resp = client.post_chat(&Req::chat("k3")).await;
             assert_eq!(resp.status, 200, "{}", resp.body);
         }
     }
 
     // A stream on a kept-alive connection, then another request on a second one.
-    let stream = client
-        .stream(CHAT, &Req::chat("s").chunks(3, ms(10)).json())
-        .await;
+    let stream = client.stream_chat(&Req::chat("s").chunks(3, ms(10))).await;
     assert!(stream.read_sse(Duration::from_secs(3)).await.complete());
     assert_eq!(up.tags(), ["k0", "k1", "k2", "k3", "s"]);
     drop(conn);
@@ -65,7 +63,7 @@ async fn streams_get_their_own_upstream_connection_and_whole_answers_reuse_the_p
     let (up, gate) = Gate::new()
         .slots(1)
         .health_interval("1h")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     let opened = || async {
@@ -80,7 +78,7 @@ async fn streams_get_their_own_upstream_connection_and_whole_answers_reuse_the_p
     let metric_start = opened().await;
     for i in 0..5 {
         let sse = client
-            .stream(CHAT, &Req::chat(&format!("s{i}")).chunks(3, ms(5)).json())
+            .stream_chat(&Req::chat(&format!("s{i}")).chunks(3, ms(5)))
             .await
             .read_sse(Duration::from_secs(3))
             .await;
@@ -91,9 +89,7 @@ async fn streams_get_their_own_upstream_connection_and_whole_answers_reuse_the_p
     // Whole answers reuse a pooled connection, and so do passthroughs.
     let before = forwarding(&up);
     for i in 0..5 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("u{i}")).json())
-            .await;
+        let resp = client.post_chat(&Req::chat(&format!("u{i}"))).await;
         assert_eq!(resp.status, 200, "{}", resp.body);
         assert_eq!(client.get("/v1/models").await.status, 200);
     }
@@ -121,14 +117,12 @@ async fn with_reuse_off_every_generation_request_gets_its_own_upstream_connectio
         .slots(1)
         .health_interval("1h")
         .opt("--upstream-reuse-connections", "false")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     let start = forwarding(&up);
     for i in 0..5 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("u{i}")).json())
-            .await;
+        let resp = client.post_chat(&Req::chat(&format!("u{i}"))).await;
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
     assert_eq!(forwarding(&up), start + 5, "one connection per request");

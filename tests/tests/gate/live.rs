@@ -33,7 +33,7 @@ fn ids(list: &Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_lists_requests_waiters_in_service_order_and_tenant_totals() {
-    let (up, gate) = Gate::one_slot(2).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(2).start_instant().await;
     let client = gate.client();
     let (alice, bob) = (hash_key("alice-key"), hash_key("bob-key"));
 

@@ -28,7 +28,7 @@ const HISTOGRAMS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn counters_tokens_and_histograms_match_the_scenario() {
-    let (up, gate) = Gate::one_slot(1).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(1).start_instant().await;
     let client = gate.client();
 
     // a holds the slot, b queues, c overflows.
@@ -46,10 +46,7 @@ async fn counters_tokens_and_histograms_match_the_scenario() {
     // A malformed body, a stream (usage arrives in its last chunk) and an embedding.
     assert_error(&client.post_raw(CHAT, "{nope").await, 400, "invalid_json");
     let sse = client
-        .stream(
-            CHAT,
-            &Req::chat("s").chunks(4, ms(20)).prompt_tokens(13).json(),
-        )
+        .stream_chat(&Req::chat("s").chunks(4, ms(20)).prompt_tokens(13))
         .await
         .read_sse(Duration::from_secs(5))
         .await;
@@ -70,18 +67,8 @@ async fn counters_tokens_and_histograms_match_the_scenario() {
     let (prompt, completion) = up.usage_totals();
     assert_eq!(prompt, 7 + 11 + 13 + 3);
     assert_eq!(completion, 5 + 2 + 4);
-    gate.wait_metric(
-        "slotgate_tokens_total",
-        &[("kind", "prompt")],
-        prompt as f64,
-    )
-    .await;
-    gate.wait_metric(
-        "slotgate_tokens_total",
-        &[("kind", "completion")],
-        completion as f64,
-    )
-    .await;
+    gate.wait_tokens("prompt", prompt as f64).await;
+    gate.wait_tokens("completion", completion as f64).await;
 
     let m = gate.metrics().await;
     for h in HISTOGRAMS {
@@ -117,12 +104,9 @@ async fn counters_tokens_and_histograms_match_the_scenario() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_documented_metric_is_exposed_with_help_and_type() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     // One ordinary request first: the Prometheus exporter renders a histogram only once it has a sample.
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("one").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("one")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     gate.wait_outcome("ok", 1).await;
     let m = gate.metrics().await;

@@ -6,7 +6,7 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passthroughs_answer_while_the_only_slot_is_busy() {
-    let (up, gate) = Gate::one_slot(0).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(0).start_instant().await;
     let client = gate.client();
 
     let hold = gate.hold_slot(&Req::chat("hold").delay(ms(1000))).await;

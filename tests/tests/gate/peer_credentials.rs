@@ -8,11 +8,8 @@ use slotgate_tests::*;
 
 /// Starts `gate` in front of a fake and sends it one chat request over its Unix socket.
 async fn after_one_request(gate: Gate) -> (RunningUpstream, RunningGate) {
-    let (up, gate) = gate.start_with(FakeUpstream::instant()).await;
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("who").json())
-        .await;
+    let (up, gate) = gate.start_instant().await;
+    let resp = gate.client().post_chat(&Req::chat("who")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     (up, gate)
 }
@@ -109,10 +106,7 @@ async fn listen_socket_mode_defaults_to_0660_and_follows_the_flag() {
 
     let strict = Gate::new().upstream(&up).socket_mode("0600").start().await;
     assert_eq!(mode_of(&strict.socket_path()), 0o600, "--socket-mode 0600");
-    let resp = strict
-        .client()
-        .post_json(CHAT, &Req::chat("owner").json())
-        .await;
+    let resp = strict.client().post_chat(&Req::chat("owner")).await;
     assert_eq!(resp.status, 200, "the owner can still connect");
     strict.assert_settled(&up, 1).await;
     default.assert_settled(&up, 1).await;

@@ -9,7 +9,7 @@ async fn served_order(trust: bool) -> Vec<String> {
     if trust {
         gate = gate.trust_client_priority();
     }
-    let (up, gate) = gate.start_with(FakeUpstream::instant()).await;
+    let (up, gate) = gate.start_instant().await;
 
     let mut handles = vec![gate.hold_slot(&Req::chat("hold").delay(ms(600))).await];
     for p in [5, 1, 3] {
@@ -38,7 +38,7 @@ async fn untrusted_priority_keeps_arrival_order() {
 async fn equal_priorities_keep_arrival_order() {
     let (up, gate) = Gate::one_slot(8)
         .trust_client_priority()
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
 
     let mut handles = vec![gate.hold_slot(&Req::chat("hold").delay(ms(500))).await];

@@ -8,7 +8,7 @@ use slotgate_tests::*;
 async fn waiter_past_the_deadline_gets_504_and_is_never_forwarded() {
     let (up, gate) = Gate::one_slot(4)
         .queue_timeout("300ms")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
 

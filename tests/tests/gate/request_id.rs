@@ -27,7 +27,7 @@ async fn line_of(gate: &RunningGate, id: &str) -> serde_json::Value {
 async fn served_with_id(gate: &RunningGate, tag: &str, id: &str) -> Response {
     let resp = gate
         .client()
-        .post_json_with_headers(CHAT, &Req::chat(tag).json(), &[("x-request-id", id)])
+        .post_chat(&Req::chat(tag).header("x-request-id", id))
         .await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     resp
@@ -37,17 +37,13 @@ async fn served_with_id(gate: &RunningGate, tag: &str, id: &str) -> Response {
 async fn one_id_follows_a_request_to_llama_server_and_back_and_into_the_log() {
     let (up, gate) = Gate::new()
         .opt("--log-format", "json")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
 
     // The client's own id is kept.
     let resp = client
-        .post_json_with_headers(
-            CHAT,
-            &Req::chat("own").json(),
-            &[("x-request-id", "trace-7:abc")],
-        )
+        .post_chat(&Req::chat("own").header("x-request-id", "trace-7:abc"))
         .await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.header("x-request-id").as_deref(), Some("trace-7:abc"));
@@ -58,9 +54,9 @@ async fn one_id_follows_a_request_to_llama_server_and_back_and_into_the_log() {
     assert!(line["completion_tokens"].as_u64().is_some(), "{line}");
 
     // None, or one that cannot be carried safely: slotgate makes one.
-    let none = client.post_json(CHAT, &Req::chat("none").json()).await;
+    let none = client.post_chat(&Req::chat("none")).await;
     let bad = client
-        .post_json_with_headers(CHAT, &Req::chat("bad").json(), &[("x-request-id", "a b;c")])
+        .post_chat(&Req::chat("bad").header("x-request-id", "a b;c"))
         .await;
     let mut made = Vec::new();
     for resp in [&none, &bad] {
@@ -95,16 +91,12 @@ async fn one_id_follows_a_request_to_llama_server_and_back_and_into_the_log() {
 async fn a_refusal_names_its_reason_and_its_line_the_retry_after() {
     let (up, gate) = Gate::one_slot(0)
         .opt("--log-format", "json")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     let hold = gate.hold_slot(&Req::chat("hold").delay(ms(600))).await;
     let refused = client
-        .post_json_with_headers(
-            CHAT,
-            &Req::chat("extra").json(),
-            &[("x-request-id", "refused-1")],
-        )
+        .post_chat(&Req::chat("extra").header("x-request-id", "refused-1"))
         .await;
     assert_error(&refused, 429, "queue_full");
     assert_eq!(
@@ -136,7 +128,7 @@ async fn a_tcp_clients_line_carries_its_address() {
     let (up, gate) = Gate::new()
         .listen(format!("tcp:127.0.0.1:{}", free_port()))
         .opt("--log-format", "json")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     served_with_id(&gate, "tcp", "tcp-1").await;
     let line = line_of(&gate, "tcp-1").await;
@@ -155,7 +147,7 @@ async fn a_tcp_clients_line_carries_its_address() {
 async fn debug_logging_follows_a_request_through_its_phases() {
     let (up, gate) = Gate::new()
         .env("SLOTGATE_LOG", "slotgate=debug")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     served_with_id(&gate, "dbg", "dbg-1").await;
     gate.assert_settled(&up, 1).await;

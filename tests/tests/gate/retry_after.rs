@@ -52,11 +52,7 @@ struct Run {
 /// the wait `obey` names and try once more.
 async fn run(obey: Obey) -> Run {
     let _timing = slotgate_tests::wait::timing().await;
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .queue_depth(2)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(2).start_instant().await;
     let client = gate.client();
     // Teach the service-time average what a request costs.
     gate.learn_service_time(SERVICE).await;
@@ -170,10 +166,7 @@ async fn clients_retrying_at_retry_after_ms_mostly_get_in_and_never_too_early() 
 /// Whole-second waits (here the drain timeout of a shutdown) go out in both headers alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shutdown_answers_the_drain_timeout_in_both_headers() {
-    let (_up, mut gate) = Gate::one_slot(2)
-        .drain_timeout("3s")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (_up, mut gate) = Gate::one_slot(2).drain_timeout("3s").start_instant().await;
     let client = gate.client();
     let held = gate
         .hold_slot(&Req::chat("held").delay(Duration::from_millis(500)))
@@ -199,11 +192,7 @@ async fn a_shutdown_answers_the_drain_timeout_in_both_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn clients_sent_back_by_overlapping_bursts_find_their_places_kept() {
     let _timing = slotgate_tests::wait::timing().await;
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .queue_depth(2)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::one_slot(2).start_instant().await;
     let client = gate.client();
     gate.learn_service_time(SERVICE).await;
     let mut tasks = Vec::new();

@@ -8,10 +8,7 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_slot_path_is_forwarded_as_is() {
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(1).start_instant().await;
     let client = gate.client();
 
     for path in GENERATION_PATHS {
@@ -32,10 +29,7 @@ async fn every_slot_path_is_forwarded_as_is() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_long_fast_stream_arrives_complete_and_in_order() {
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(1).start_instant().await;
 
     let sse = gate
         .client()

@@ -17,7 +17,7 @@ async fn shedding_gate() -> (RunningUpstream, RunningGate) {
         .trust_client_priority()
         .opt("--sheddable-priority", 10)
         .opt("--log-format", "json")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await
 }
 
@@ -50,7 +50,7 @@ async fn stream_then_urgent(
     let reader = tokio::spawn(stream.read_sse(Duration::from_secs(30)));
     tokio::time::sleep(after).await;
     let urgent = client
-        .post_json(CHAT, &Req::chat("urgent").priority(priority).json())
+        .post_chat(&Req::chat("urgent").priority(priority))
         .await;
     assert_eq!(urgent.status, 200, "{}", urgent.body);
     (urgent, reader.await.unwrap())
@@ -89,10 +89,7 @@ async fn a_sheddable_stream_yields_to_an_urgent_request_with_the_documented_erro
         assert_eq!(gate.status().await["shedding"]["yielding"], 0);
 
         let urgent = client
-            .post_json(
-                CHAT,
-                &Req::chat(&format!("urgent-{round}")).priority(0).json(),
-            )
+            .post_chat(&Req::chat(&format!("urgent-{round}")).priority(0))
             .await;
         assert_eq!(urgent.status, 200, "{}", urgent.body);
         let waited = queue_wait_ms(&urgent);
@@ -218,7 +215,7 @@ async fn nothing_is_shed_without_the_setting() {
     let (up, gate) = Gate::one_slot(4)
         .queue_timeout("30s")
         .trust_client_priority()
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let bg = Req::chat("bg").chunks(30, ms(20)).priority(10);
     let (urgent, shed) = stream_then_urgent(&gate, bg, &[], Duration::ZERO, -10).await;

@@ -7,16 +7,13 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_drains_inflight_and_rejects_the_queue() {
-    let (up, mut gate) = Gate::one_slot(4)
-        .drain_timeout("5s")
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, mut gate) = Gate::one_slot(4).drain_timeout("5s").start_instant().await;
     let client = gate.client();
     let socket = gate.socket_path();
 
     // 10 chunks 100 ms apart: about 1 s of streaming.
     let mut stream = client
-        .stream(CHAT, &Req::chat("inflight").chunks(10, ms(100)).json())
+        .stream_chat(&Req::chat("inflight").chunks(10, ms(100)))
         .await;
     assert_eq!(stream.status, 200);
     stream.first_event(Duration::from_secs(2)).await;
@@ -126,11 +123,11 @@ async fn a_stream_cut_by_the_drain_timeout_is_logged_as_such() {
     let (up, mut gate) = Gate::new()
         .slots(1)
         .drain_timeout("500ms")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let mut stream = gate
         .client()
-        .stream(CHAT, &Req::chat("long").chunks(100, ms(100)).json())
+        .stream_chat(&Req::chat("long").chunks(100, ms(100)))
         .await;
     let first = stream.first_event(Duration::from_secs(3)).await;
     assert!(!first.is_empty());
@@ -204,15 +201,9 @@ async fn sigint_when_idle_exits_promptly_and_unlinks() {
 }
 
 async fn idle_shutdown(signal: &str) {
-    let (up, mut gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, mut gate) = Gate::new().start_instant().await;
     let socket = gate.socket_path();
-    assert_eq!(
-        gate.client()
-            .post_json(CHAT, &Req::chat("one").json())
-            .await
-            .status,
-        200
-    );
+    assert_eq!(gate.client().post_chat(&Req::chat("one")).await.status, 200);
     gate.assert_settled(&up, 1).await;
 
     gate.signal(signal);

@@ -8,7 +8,7 @@ async fn status_has_the_documented_shape_and_tracks_load() {
         .slots(2)
         .queue_depth(5)
         .admin_unix()
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
 
     let st = gate.status().await;

@@ -11,9 +11,7 @@ async fn second_request_waits_for_the_whole_stream() {
         .await;
     let client = gate.client();
 
-    let mut first = client
-        .stream(CHAT, &Req::chat("first").stream().json())
-        .await;
+    let mut first = client.stream_chat(&Req::chat("first").stream()).await;
     assert_eq!(first.status, 200);
     assert!(
         first

@@ -7,12 +7,9 @@ use slotgate_tests::*;
 async fn request_over_tcp_works() {
     let (up, gate) = Gate::new()
         .listen(format!("tcp:127.0.0.1:{}", free_port()))
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("tcp").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("tcp")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.tag().as_deref(), Some("tcp"));
     gate.assert_settled(&up, 1).await;
@@ -24,7 +21,7 @@ async fn unix_and_tcp_listeners_share_one_gate() {
     let (up, gate) = Gate::one_slot(4)
         .listen_unix(dir.join("sg.sock"))
         .listen(format!("tcp:127.0.0.1:{}", free_port()))
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let clients = gate.clients();
     assert_eq!(clients.len(), 2);

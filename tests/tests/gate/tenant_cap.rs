@@ -40,7 +40,7 @@ async fn refuse_a_tenant_at_its_cap_gets_429_tenant_busy_while_another_is_served
         .queue_depth(4)
         .opt("--tenant-max-in-service", 1)
         .opt("--tenant-over-cap", "refuse")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let a1 = gate.hold_slot(&a("a1").delay(ms(HOLD_MS))).await;
     gate.wait_metric("slotgate_tenants_at_cap", &[], 1.0).await;
@@ -77,7 +77,7 @@ async fn wait_a_tenant_at_its_cap_waits_while_another_is_served_then_runs_in_ord
         .slots(2)
         .queue_depth(4)
         .opt("--tenant-max-in-service", 1)
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let a1 = gate.hold_slot(&a("a1").delay(ms(HOLD_MS))).await;
     // A slot is free, but A is at its cap: its next requests wait, in their order.
@@ -124,8 +124,8 @@ async fn beyond_a_tenants_max_waiting_from_its_table_it_is_refused() {
     let (up, gate) = Gate::new()
         .slots(2)
         .queue_depth(8)
-        .opt("--config", config.display())
-        .start_with(FakeUpstream::instant())
+        .config_file(&config)
+        .start_instant()
         .await;
     let a1 = gate.hold_slot(&a("a1").delay(ms(HOLD_MS))).await;
     let a2 = gate.enqueue(&a("a2")).await;
@@ -167,7 +167,7 @@ async fn a_policys_max_in_service_caps_the_tenant_below_the_setting() {
         .queue_depth(4)
         .opt("--tenant-max-in-service", 3)
         .policies(&[(&policy, None)])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let a1 = gate.hold_slot(&a("a1").delay(ms(HOLD_MS))).await;
     let a2 = gate.enqueue(&a("a2")).await;

@@ -28,7 +28,7 @@ async fn a_request_is_one_trace_continuing_the_callers_through_to_llama_server()
     let (up, gate) = Gate::one_slot(1)
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp.endpoint())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     // One in service, so the traced request waits in the queue; a third is refused.
@@ -49,11 +49,7 @@ async fn a_request_is_one_trace_continuing_the_callers_through_to_llama_server()
     let traced = spawn_post(&client, CHAT, &traced);
     gate.wait_queue_depth(1).await;
     let refused = client
-        .post_json_with_headers(
-            CHAT,
-            &Req::chat("refused").json(),
-            &[("x-request-id", "refused-1")],
-        )
+        .post_chat(&Req::chat("refused").header("x-request-id", "refused-1"))
         .await;
     assert_eq!(refused.status, 429, "{}", refused.body);
     for (resp, _) in join_all(vec![first, traced]).await {
@@ -175,7 +171,7 @@ async fn a_request_is_one_trace_continuing_the_callers_through_to_llama_server()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn off_nothing_is_exported_and_the_callers_traceparent_goes_through() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     let resp = gate
         .client()
         .post_json_with_headers(CHAT, &Req::chat("x").json(), &[("traceparent", &caller())])

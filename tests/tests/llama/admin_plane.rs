@@ -95,8 +95,7 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
     let llama = llama_with_key(&slots_dir).await;
     let gate = Gate::new()
         .opt("--upstream-api-key-file", key_file().display())
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     gate.wait_status(Duration::from_secs(10), "slots learnt with the key", |s| {
         s["slots"]["total"] == 2
@@ -139,7 +138,7 @@ async fn without_a_token_slotgate_lends_llama_server_s_key_to_nobody() {
     // The caller's own valid key opens them, as it would llama-server itself.
     let bearer = format!("Bearer {KEY}");
     let r = admin
-        .send_with(Method::GET, "/slots", &[("authorization", &bearer)], "")
+        .get_with("/slots", &[("authorization", &bearer)])
         .await;
     no_secret_in(&r);
     assert_eq!(r.status, 200, "{}", r.body);
@@ -182,8 +181,7 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
         .admin_unix()
         .admin_token(TOKEN)
         .opt("--upstream-api-key-file", key_file().display())
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     warm_a_slot(&gate).await;
     let bare = gate.admin().clone().without_bearer();
@@ -203,12 +201,7 @@ async fn with_the_admin_token_the_operator_saves_a_slot_and_is_audited() {
         assert_eq!(r.json()["error"]["type"], "authentication_error");
         // llama-server's own key is no admin token either.
         let r = bare
-            .send_with(
-                Method::GET,
-                "/status",
-                &[("authorization", &format!("Bearer {KEY}"))],
-                "",
-            )
+            .get_with("/status", &[("authorization", &format!("Bearer {KEY}"))])
             .await;
         no_secret_in(&r);
         assert_eq!(r.status, 401, "{}", r.body);
@@ -323,8 +316,7 @@ async fn in_front_of_the_router_an_unload_without_credentials_unloads_nothing() 
         .admin_token(TOKEN)
         .opt("--upstream-api-key-file", key_file().display())
         .queue_timeout("60s")
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     let mut body = chat("hello", 4, false);
     body["model"] = json!("alpha");

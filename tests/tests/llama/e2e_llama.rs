@@ -30,10 +30,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// A fresh llama-server with one slot, and slotgate in front of it with one slot and three queue places.
 async fn llama_and_gate() -> (RunningLlama, RunningGate) {
     let llama = LlamaServer::start(1).await;
-    let gate = Gate::one_slot(3)
-        .upstream_path(llama.socket())
-        .start()
-        .await;
+    let gate = Gate::one_slot(3).start_before(&llama).await;
     (llama, gate)
 }
 
@@ -361,32 +358,12 @@ async fn burst_on_one_slot_runs_one_at_a_time_in_arrival_order_and_overflow_gets
 
     assert_all_served(&gate, &llama, 4).await;
     gate.wait_outcome("queue_full", 4).await;
-    gate.wait_metric(
-        "slotgate_tokens_total",
-        &[("kind", "completion")],
-        completion as f64,
-    )
-    .await;
-    gate.wait_metric(
-        "slotgate_tokens_total",
-        &[("kind", "prompt")],
-        prompt as f64,
-    )
-    .await;
+    gate.wait_tokens("completion", completion as f64).await;
+    gate.wait_tokens("prompt", prompt as f64).await;
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero("slotgate_queue_depth", &[]),
-        0.0,
-        "{}",
-        m.text
-    );
-    assert_eq!(
-        m.value_or_zero("slotgate_slots_busy", &[]),
-        0.0,
-        "{}",
-        m.text
-    );
-    assert_eq!(m.value_or_zero("slotgate_inflight", &[]), 0.0, "{}", m.text);
+    m.assert_value("slotgate_queue_depth", &[], 0.0);
+    m.assert_value("slotgate_slots_busy", &[], 0.0);
+    m.assert_value("slotgate_inflight", &[], 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -212,7 +212,6 @@ async fn budget_gate(llama: &RunningLlama, settings: &Value) -> RunningGate {
     let settings_path = dir.join("token-budget.json");
     std::fs::write(&settings_path, settings.to_string()).expect("write settings");
     Gate::new()
-        .upstream_path(llama.socket())
         .slots(1)
         .queue_depth(2)
         .opt("--policy", wat::built("token-budget").display())
@@ -220,7 +219,7 @@ async fn budget_gate(llama: &RunningLlama, settings: &Value) -> RunningGate {
         .opt("--log-format", "json")
         .opt("--cost-tokenizer", "estimate")
         .env("SLOTGATE_LOG", "info,slotgate::policy=debug")
-        .start()
+        .start_before(&llama)
         .await
 }
 

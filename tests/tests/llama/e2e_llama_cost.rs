@@ -18,11 +18,10 @@ const PROMPT_HEADER: &str = "x-slotgate-prompt-tokens";
 /// A gate that counts every prompt first (`--cost-count-first`), so each answer says what was counted.
 async fn gate_for(llama: &RunningLlama) -> RunningGate {
     Gate::new()
-        .upstream_path(llama.socket())
         .slots(1)
         .queue_depth(4)
         .arg("--cost-count-first")
-        .start()
+        .start_before(&llama)
         .await
 }
 
@@ -228,10 +227,9 @@ async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_p
     let _one = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
     let gate = Gate::new()
-        .upstream_path(llama.socket())
         .slots(1)
         .queue_depth(4)
-        .start()
+        .start_before(&llama)
         .await;
     wait_slot_context(&gate).await;
     let ok = json!({"messages": [{"role": "user", "content": "Tell me about lighthouses."}], "max_tokens": 4});
@@ -249,8 +247,7 @@ async fn by_default_a_free_slot_forwards_at_once_and_llama_servers_own_refusal_p
     );
     // Settled from llama-server's usage: the tenant is charged what llama-server reported.
     let used = u64_at(&resp.json(), "/usage/total_tokens") as f64;
-    gate.wait_metric("slotgate_tokens_total", &[("kind", "completion")], 4.0)
-        .await;
+    gate.wait_tokens("completion", 4.0).await;
     let charged: f64 = gate
         .metrics()
         .await

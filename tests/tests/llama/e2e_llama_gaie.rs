@@ -44,11 +44,7 @@ fn promtool_accepts(text: &str) {
 async fn one_scrape_has_the_queue_the_running_requests_the_kv_estimate_and_llama_servers_own() {
     let _serial = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(2).await;
-    let gate = Gate::new()
-        .upstream_path(llama.socket())
-        .queue_depth(8)
-        .start()
-        .await;
+    let gate = Gate::new().queue_depth(8).start_before(&llama).await;
     gate.wait_status(Duration::from_secs(5), "two slots from /props", |s| {
         s["slots"]["total"] == 2
     })
@@ -83,12 +79,7 @@ async fn one_scrape_has_the_queue_the_running_requests_the_kv_estimate_and_llama
     gate.wait_busy(2).await;
     gate.wait_queue_depth(1).await;
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value("slotgate_queue_depth", &[]),
-        Some(1.0),
-        "{}",
-        m.text
-    );
+    m.assert_present("slotgate_queue_depth", &[], 1.0);
     assert_eq!(m.value("slotgate_slots_busy", &[]), Some(2.0));
     assert_eq!(m.value("llamacpp:requests_deferred", &[]), Some(0.0));
     let kv = m
@@ -111,9 +102,8 @@ async fn one_scrape_has_the_queue_the_running_requests_the_kv_estimate_and_llama
 
     // Turned off, the scrape is slotgate's alone.
     let gate = Gate::new()
-        .upstream_path(llama.socket())
         .opt("--upstream-metrics", "false")
-        .start()
+        .start_before(&llama)
         .await;
     let m = gate.metrics().await;
     assert!(!m.text.contains("llamacpp:"), "{}", m.text);

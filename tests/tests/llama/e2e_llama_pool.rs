@@ -17,12 +17,11 @@ const CONNECTIONS: &str = "slotgate_upstream_connections_total";
 async fn gate_for(llama: &RunningLlama) -> RunningGate {
     // An hourly health probe: its connections would blur the count.
     Gate::new()
-        .upstream_path(llama.socket())
         .slots(2)
         .queue_depth(8)
         .queue_timeout("120s")
         .health_interval("1h")
-        .start()
+        .start_before(&llama)
         .await
 }
 

@@ -131,8 +131,7 @@ async fn llama_and_gate(gate: Gate) -> (RunningLlama, RunningGate, String) {
     let port = free_port();
     let gate = gate
         .listen(format!("tcp:127.0.0.1:{port}"))
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     (llama, gate, format!("http://127.0.0.1:{port}/v1"))
 }

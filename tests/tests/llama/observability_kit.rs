@@ -407,7 +407,7 @@ async fn gate_with_policies() -> (RunningUpstream, RunningGate) {
             (&wat::built("tenant-priority"), Some(&settings)),
             (&trap, None),
         ])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await
 }
 
@@ -445,7 +445,7 @@ async fn every_slotgate_metric_the_kit_reads_is_exported_after_real_traffic() {
         .await;
     assert!(sse.complete(), "{sse:?}");
     let trapped = client
-        .post_json(CHAT, &Req::chat("t").set("model", wat::MARKER).json())
+        .post_chat(&Req::chat("t").set("model", wat::MARKER))
         .await;
     assert_error(&trapped, 503, "policy_error");
 
@@ -550,7 +550,7 @@ fn histogram_bounds(m: &Metrics, family: &str) -> Vec<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_wait_and_ttft_are_histograms_from_milliseconds_to_minutes() {
     let _serial = slotgate_tests::llama::serial().await;
-    let (up, gate) = Gate::one_slot(1).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(1).start_instant().await;
     let a = gate.hold_slot(&Req::chat("a").delay(ms(400))).await;
     let b = gate.enqueue(&Req::chat("b")).await;
     for (resp, _) in join_all(vec![a, b]).await {
@@ -594,10 +594,7 @@ async fn queue_wait_and_ttft_are_histograms_from_milliseconds_to_minutes() {
 async fn every_llamacpp_metric_the_kit_reads_is_exported_by_the_real_llama_server() {
     let _serial = slotgate_tests::llama::serial().await;
     let llama = LlamaServer::start(1).await;
-    let gate = Gate::one_slot(1)
-        .upstream_path(llama.socket())
-        .start()
-        .await;
+    let gate = Gate::one_slot(1).start_before(&llama).await;
     let sse = gate
         .client()
         .stream(CHAT, &llama::chat(PROMPT, 8, true))
@@ -625,18 +622,12 @@ async fn every_llamacpp_metric_the_kit_reads_is_exported_by_the_real_llama_serve
     );
     // slotgate counted the real answer's tokens and its first byte.
     let g = gate.metrics().await;
-    assert_eq!(
-        g.value("slotgate_tokens_total", &[("kind", "completion")]),
-        Some(usage.completion as f64),
-        "{}",
-        g.text
+    g.assert_present(
+        "slotgate_tokens_total",
+        &[("kind", "completion")],
+        usage.completion as f64,
     );
-    assert_eq!(
-        g.value("slotgate_time_to_first_byte_seconds_count", &[]),
-        Some(1.0),
-        "{}",
-        g.text
-    );
+    g.assert_present("slotgate_time_to_first_byte_seconds_count", &[], 1.0);
 }
 
 /// `examples/prometheus/prometheus.yml` as written, pointed at `admin` with `token_file`, scraping
@@ -683,7 +674,7 @@ async fn prometheus_scrapes_a_slotgate_with_a_token_as_the_example_says() {
     let (_up, gate) = Gate::new()
         .admin_token("the-admin-token-0123456789")
         .opt("--admin-read-token-file", read_file.display())
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let admin = gate
         .admin_addr()

@@ -15,11 +15,7 @@ use slotgate_tests::*;
 async fn the_router_is_recognised_and_an_unknown_model_is_refused_at_once() {
     let _one = serial().await;
     let llama = LlamaServer::start_router(&["alpha", "beta"], 2, &[]).await;
-    let gate = Gate::new()
-        .queue_timeout("60s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
+    let gate = Gate::new().queue_timeout("60s").start_before(&llama).await;
     let s = gate
         .wait_status(Duration::from_secs(10), "the router and its models", |s| {
             s["upstream"]["router"]["models"]
@@ -131,11 +127,7 @@ fn spawn_chat(
 
 /// slotgate before `llama`'s router, waiting up to 120 s in the queue; `models` loaded through it.
 async fn gate_with_loaded(llama: &RunningLlama, models: &[&str]) -> RunningGate {
-    let gate = Gate::new()
-        .queue_timeout("120s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
+    let gate = Gate::new().queue_timeout("120s").start_before(&llama).await;
     for m in models {
         let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
         assert_eq!(resp.status, 200, "{}", resp.body);
@@ -184,11 +176,7 @@ async fn llama_gauge(llama: &slotgate_tests::llama::RunningLlama, model: &str, n
 async fn each_model_is_served_with_its_own_slots_once_slotgate_has_loaded_it() {
     let _one = serial().await;
     let llama = LlamaServer::start_router(&["alpha", "beta"], 2, &[]).await;
-    let gate = Gate::new()
-        .queue_timeout("60s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
+    let gate = Gate::new().queue_timeout("60s").start_before(&llama).await;
     gate.wait_status(Duration::from_secs(10), "the router's models", |s| {
         router_state(s, "beta") == "unloaded"
     })
@@ -407,11 +395,7 @@ async fn a_third_model_waits_for_an_idle_one_and_no_request_loses_its_model() {
 async fn a_model_that_cannot_load_is_a_503_naming_it_and_is_retried_after_a_backoff() {
     let _one = serial().await;
     let llama = LlamaServer::start_router_with(&["alpha"], &["broken"], 2, &[]).await;
-    let gate = Gate::new()
-        .queue_timeout("60s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
+    let gate = Gate::new().queue_timeout("60s").start_before(&llama).await;
     gate.wait_status(Duration::from_secs(10), "the router's models", |s| {
         router_state(s, "broken") == "unloaded"
     })
@@ -486,9 +470,8 @@ async fn one_model_flooded_does_not_delay_another_and_overrides_apply() {
     let gate = Gate::new()
         .queue_timeout("60s")
         .queue_depth(8)
-        .opt("--config", config.display())
-        .upstream_path(llama.socket())
-        .start()
+        .config_file(&config)
+        .start_before(&llama)
         .await;
     for m in ["alpha", "beta"] {
         let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
@@ -783,8 +766,7 @@ async fn a_models_urgent_request_sheds_only_that_models_sheddable_work() {
         .queue_timeout("120s")
         .trust_client_priority()
         .opt("--sheddable-priority", 10)
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     for m in ["alpha", "beta"] {
         let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;

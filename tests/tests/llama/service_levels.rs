@@ -23,8 +23,7 @@ async fn short_deadlines_go_first_or_are_refused_and_none_waits_past_its_deadlin
         .await;
     let gate = Gate::one_slot(16)
         .queue_timeout("60s")
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     // Measured first, so that the estimate behind each refusal at arrival is the real one.
     for _ in 0..3 {
@@ -115,9 +114,8 @@ async fn a_background_flood_within_its_band_leaves_room_for_interactive_work() {
     let gate = Gate::one_slot(8)
         .queue_timeout("60s")
         .trust_client_priority()
-        .opt("--config", config.display())
-        .upstream_path(llama.socket())
-        .start()
+        .config_file(&config)
+        .start_before(&llama)
         .await;
     let service = {
         let t0 = std::time::Instant::now();
@@ -198,8 +196,7 @@ async fn shedding_gate(llama: &slotgate_tests::llama::RunningLlama) -> RunningGa
         .queue_timeout("60s")
         .trust_client_priority()
         .opt("--sheddable-priority", 10)
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await
 }
 
@@ -371,8 +368,7 @@ async fn the_sdks_raise_the_documented_error_for_a_shed_stream() {
         .trust_client_priority()
         .opt("--sheddable-priority", 10)
         .listen(format!("tcp:127.0.0.1:{port}"))
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     for api in ["openai", "anthropic"] {
         let args = vec![
@@ -450,8 +446,7 @@ async fn on_llama_servers_defaults_with_a_key_only_what_the_urgent_request_needs
         .trust_client_priority()
         .opt("--sheddable-priority", 10)
         .opt("--upstream-api-key-file", key_file.display())
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     let s = gate
         .wait_status(Duration::from_secs(10), "the shared pool learnt", |s| {

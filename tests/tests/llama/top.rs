@@ -25,8 +25,7 @@ async fn top_shows_a_loaded_slotgate_before_llama_server_with_its_defaults() {
     let gate = Gate::new()
         .queue_depth(2)
         .queue_timeout("300s")
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     gate.wait_status(Duration::from_secs(10), "the pool learned", |s| {
         s["kv_pool"]["n_ctx_slot"].is_u64() && s["slots"]["total"] == 4

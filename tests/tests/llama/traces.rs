@@ -20,8 +20,7 @@ async fn a_streamed_chat_is_traced_with_llama_servers_own_usage() {
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp.endpoint())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env("OTEL_SERVICE_NAME", "slotgate-e2e")
-        .upstream_path(llama.socket())
-        .start()
+        .start_before(&llama)
         .await;
     let traceparent = format!("00-{TRACE}-b7ad6b7169203331-01");
     let stream = gate

@@ -17,14 +17,14 @@ async fn the_line_of_a_denied_request_names_the_policy_and_its_reason() {
     let (up, gate) = Gate::new()
         .opt("--log-format", "json")
         .policies(&[(&guard, None)])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let resp = gate
         .client()
-        .post_json_with_headers(
-            CHAT,
-            &Req::chat("x").set("model", wat::MARKER).json(),
-            &[("x-request-id", "denied-1")],
+        .post_chat(
+            &Req::chat("x")
+                .set("model", wat::MARKER)
+                .header("x-request-id", "denied-1"),
         )
         .await;
     assert_error_says(&resp, 403, "policy_denied", "blocked model");

@@ -19,7 +19,7 @@ async fn gate_with(
     for a in args {
         g = g.arg(a);
     }
-    g.start_with(FakeUpstream::instant()).await
+    g.start_instant().await
 }
 
 fn flag(p: &Path) -> [String; 2] {
@@ -41,10 +41,7 @@ async fn a_deny_answers_with_the_policys_status_message_and_retry_after() {
         r#"{"verdict":"deny","status":429,"message":"token budget exhausted","retry_after_seconds":7}"#,
     );
     let (up, gate) = gate_with(&flag(&deny)).await;
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("denied").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("denied")).await;
     assert_eq!(
         assert_error(&resp, 429, "policy_denied"),
         "rate_limit_error"
@@ -61,13 +58,10 @@ async fn a_deny_answers_with_the_policys_status_message_and_retry_after() {
     );
     gate.wait_outcome("policy_denied", 1).await;
     let metrics = gate.metrics().await;
-    assert!(
-        metrics.value(
-            "slotgate_policy_decisions_total",
-            &[("policy", "budget"), ("decision", "deny")]
-        ) == Some(1.0),
-        "{}",
-        metrics.text
+    metrics.assert_present(
+        "slotgate_policy_decisions_total",
+        &[("policy", "budget"), ("decision", "deny")],
+        1.0,
     );
     assert!(
         metrics.has_samples("slotgate_policy_eval_seconds"),
@@ -128,13 +122,10 @@ async fn a_failing_policy_fails_closed_by_default_and_open_when_configured() {
     assert_error(&resp, 503, "policy_error");
     assert!(up.tags().is_empty());
     let metrics = gate.metrics().await;
-    assert!(
-        metrics.value(
-            "slotgate_policy_errors_total",
-            &[("policy", "trap-long"), ("kind", "trap")]
-        ) == Some(1.0),
-        "{}",
-        metrics.text
+    metrics.assert_present(
+        "slotgate_policy_errors_total",
+        &[("policy", "trap-long"), ("kind", "trap")],
+        1.0,
     );
     gate.assert_settled(&up, 1).await;
     drop(gate);
@@ -179,9 +170,7 @@ async fn a_runaway_policy_is_cut_off_and_other_requests_keep_being_served() {
         .collect();
     // While the runaway evaluations are cut off, ordinary requests are answered.
     for i in 0..5 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("ok{i}")).json())
-            .await;
+        let resp = client.post_chat(&Req::chat(&format!("ok{i}"))).await;
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
     for (resp, took) in slotgate_tests::request::join_all(hostile).await {
@@ -192,13 +181,10 @@ async fn a_runaway_policy_is_cut_off_and_other_requests_keep_being_served() {
         );
     }
     let metrics = gate.metrics().await;
-    assert!(
-        metrics.value(
-            "slotgate_policy_errors_total",
-            &[("policy", "spin"), ("kind", "timeout")]
-        ) == Some(4.0),
-        "{}",
-        metrics.text
+    metrics.assert_present(
+        "slotgate_policy_errors_total",
+        &[("policy", "spin"), ("kind", "timeout")],
+        4.0,
     );
     gate.assert_settled(&up, 1).await;
 }
@@ -216,19 +202,13 @@ async fn monitor_mode_evaluates_but_never_decides() {
         deny.display()
     );
     let (up, gate) = gate_with(&config(&dir, &text)).await;
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("watched").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("watched")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     let metrics = gate.metrics().await;
-    assert!(
-        metrics.value(
-            "slotgate_policy_decisions_total",
-            &[("policy", "strict"), ("decision", "deny")]
-        ) == Some(1.0),
-        "{}",
-        metrics.text
+    metrics.assert_present(
+        "slotgate_policy_decisions_total",
+        &[("policy", "strict"), ("decision", "deny")],
+        1.0,
     );
     gate.assert_settled(&up, 1).await;
 }

@@ -20,7 +20,7 @@ async fn token_budget_is_refunded_from_actual_usage() {
     let (up, gate) = Gate::new()
         .slots(1)
         .policies(&[(&wat::built("token-budget"), BUDGET)])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     // Charged about 600 of the 1000 up front; the answer used 15 (10 prompt + 5 completion).
@@ -54,7 +54,7 @@ async fn a_later_policys_deny_gives_the_budget_back() {
     let (up, gate) = Gate::new()
         .slots(1)
         .policies(&[(&wat::built("token-budget"), BUDGET), (&guard, None)])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let client = gate.client();
     // Each blocked request is charged ~600 of the 1000 by token-budget, then denied by the guard.
@@ -99,8 +99,8 @@ async fn a_client_that_leaves_during_the_evaluation_gets_the_budget_back() {
     .unwrap();
     let (up, gate) = Gate::new()
         .slots(1)
-        .opt("--config", config.display())
-        .start_with(FakeUpstream::instant())
+        .config_file(&config)
+        .start_instant()
         .await;
     let client = gate.client();
     let leaver = spawn_post(

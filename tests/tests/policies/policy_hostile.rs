@@ -113,8 +113,8 @@ async fn start(dir: &Path, chain: &[&Entry], on_error: &str) -> (RunningUpstream
     Gate::new()
         .slots(SLOTS)
         .queue_depth(QUEUE)
-        .opt("--config", config.display())
-        .start_with(FakeUpstream::instant())
+        .config_file(&config)
+        .start_instant()
         .await
 }
 
@@ -256,10 +256,7 @@ async fn assert_policy_counters(gate: &RunningGate, chain: &[&Entry]) {
 
 /// How every scenario ends: still serving, settled, live, and not exited.
 async fn assert_settled_and_alive(gate: &mut RunningGate, up: &RunningUpstream) {
-    let after = gate
-        .client()
-        .post_json(CHAT, &Req::chat("after").json())
-        .await;
+    let after = gate.client().post_chat(&Req::chat("after")).await;
     assert_eq!(after.status, 200, "served after the storm: {}", after.body);
     gate.assert_settled(up, SLOTS).await;
     assert_eq!(gate.livez().await, 200);
@@ -390,7 +387,7 @@ async fn assert_refused(
     let started = Instant::now();
     let out = Gate::new()
         .listen_unix(&sock)
-        .opt("--config", config.display())
+        .config_file(&config)
         .run_to_exit(LOAD_BOUND)
         .await;
     assert!(
@@ -531,12 +528,7 @@ async fn ordinary_requests_are_served_while_a_runaway_evaluation_runs() {
         assert!(took < deadline * 10 + HOSTILE_BOUND, "took {took:?}");
     }
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero(ERRORS, &[("policy", "stuck"), ("kind", "timeout")]),
-        2.0,
-        "{}",
-        m.text
-    );
+    m.assert_value(ERRORS, &[("policy", "stuck"), ("kind", "timeout")], 2.0);
     assert_settled_and_alive(&mut gate, &up).await;
 }
 
@@ -586,12 +578,7 @@ async fn a_runaway_evaluation_moves_an_inline_chain_to_the_blocking_pool() {
         assert_error(&resp, 503, "policy_error");
     }
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero(ERRORS, &[("policy", "sometimes"), ("kind", "timeout")]),
-        3.0,
-        "{}",
-        m.text
-    );
+    m.assert_value(ERRORS, &[("policy", "sometimes"), ("kind", "timeout")], 3.0);
     assert_settled_and_alive(&mut gate, &up).await;
 }
 
@@ -808,7 +795,7 @@ async fn a_host_call_loop_runs_out_of_fuel() {
     assert_policy_counters(&gate, &[&entry]).await;
     let probed = gate
         .client()
-        .post_json(CHAT, &Req::chat("probe").set("model", "PROBE").json())
+        .post_chat(&Req::chat("probe").set("model", "PROBE"))
         .await;
     assert_eq!(
         probed.status, 200,

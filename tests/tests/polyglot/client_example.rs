@@ -224,7 +224,7 @@ async fn with_too_short_a_deadline_it_gives_up_at_once_over_tcp() {
     let port = free_port();
     let (up, gate) = Gate::one_slot(0)
         .listen(format!("tcp:127.0.0.1:{port}"))
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let args = [
         "--url".into(),

@@ -178,7 +178,7 @@ async fn token_budget_refuses_a_dry_tenant_with_retry_after() {
 
     // More than the bucket could ever hold: refused for good.
     let huge = client
-        .post_json(CHAT, &Req::chat("huge").set("max_tokens", 5000).json())
+        .post_chat(&Req::chat("huge").set("max_tokens", 5000))
         .await;
     assert_error_says(&huge, 403, "policy_denied", "lower max_tokens");
     assert_eq!(
@@ -214,7 +214,7 @@ async fn token_budget_is_refunded_from_actual_usage() {
 
     // 1000 - 15 - 601 now, 970 once the second is settled: never the 1000 this one needs.
     let whole = client
-        .post_json(CHAT, &Req::chat("whole").set("max_tokens", 999).json())
+        .post_chat(&Req::chat("whole").set("max_tokens", 999))
         .await;
     assert_error(&whole, 429, "policy_denied");
     assert_eq!(
@@ -253,7 +253,7 @@ async fn request_guard_refuses_what_its_settings_exclude_and_shapes_the_rest() {
         .await;
     refused(&completion, "/completion is not served here");
     let model = client
-        .post_json(CHAT, &Req::chat("model").set("model", "gpt-4o").json())
+        .post_chat(&Req::chat("model").set("model", "gpt-4o"))
         .await;
     refused(&model, "model `gpt-4o` is not served here");
     let long = Req::chat("long").set(
@@ -278,7 +278,7 @@ async fn request_guard_refuses_what_its_settings_exclude_and_shapes_the_rest() {
     assert_eq!(body["cache_prompt"], false, "{body}");
     assert!(body.get("id_slot").is_none(), "{body}");
     // A request that names no bound is bounded too.
-    let open = client.post_json(CHAT, &Req::chat("open").json()).await;
+    let open = client.post_chat(&Req::chat("open")).await;
     assert_eq!(open.status, 200, "{}", open.body);
     let body = up.request_with_tag("open").expect("forwarded").body;
     assert_eq!(body["max_tokens"], 100, "{body}");

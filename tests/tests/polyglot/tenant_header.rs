@@ -29,7 +29,7 @@ async fn each_caller_behind_one_key_has_a_budget(policy: &Path) {
     let settings = r#"{ capacity = 250, refill_per_second = 0, tenant_header = "x-tenant" }"#;
     let (up, gate) = Gate::one_slot(4)
         .policies(&[(policy, Some(settings))])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let mut served = std::collections::BTreeMap::new();
     for tenant in [Some("team-a"), Some("team-b"), None] {

@@ -19,7 +19,7 @@ fn assert_allows_origin(resp: &Response) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers() {
-    let (up, gate) = Gate::one_slot(0).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(0).start_instant().await;
     let client = gate.client();
     let preflight = |client: Client| async move {
         client
@@ -45,14 +45,12 @@ async fn preflights_and_slotgates_own_answers_carry_llama_servers_cors_headers()
     // slotgate's own refusal (a full queue) as llama-server would answer a browser.
     let held = gate.hold_slot(&Req::chat("held").delay(ms(300))).await;
     let refused = client
-        .post_json_with_headers(CHAT, &Req::chat("late").json(), &[("origin", ORIGIN)])
+        .post_chat(&Req::chat("late").header("origin", ORIGIN))
         .await;
     assert_error(&refused, 429, "queue_full");
     assert_allows_origin(&refused);
     held.await.unwrap();
-    let health = client
-        .send_with(Method::GET, "/health", &[("origin", ORIGIN)], "")
-        .await;
+    let health = client.get_with("/health", &[("origin", ORIGIN)]).await;
     assert_allows_origin(&health);
     gate.assert_settled(&up, 1).await;
 

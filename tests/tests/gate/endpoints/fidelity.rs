@@ -14,10 +14,7 @@ const TOOL_CHAT: &str = r#"{"model": "fake",  "stream":true, "tools": [{"type": 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_streamed_chat_reaches_llama_server_byte_for_byte_but_the_field_slotgate_adds() {
-    let (up, gate) = Gate::new()
-        .slots(1)
-        .start_with(FakeUpstream::instant())
-        .await;
+    let (up, gate) = Gate::new().slots(1).start_instant().await;
     let client = gate.client();
     let sse = client
         .connect()
@@ -51,7 +48,7 @@ async fn a_policy_cap_and_the_count_keep_the_clients_bytes() {
     let (up, gate) = Gate::new()
         .slots(1)
         .policies(&[(&guard, Some("{ max_tokens = 16 }"))])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await;
     let body = r#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"function":{"parameters":{"z":1,"a":2}}}],"max_tokens":500, "n_predict" : 9}"#;
     let held = gate
@@ -86,7 +83,7 @@ async fn llama_servers_own_errors_reach_the_client_unchanged() {
         ]))
         .await;
     for (want, tag) in [(400, "bad"), (500, "broken"), (503, "busy")] {
-        let resp = gate.client().post_json(CHAT, &Req::chat(tag).json()).await;
+        let resp = gate.client().post_chat(&Req::chat(tag)).await;
         assert_eq!(resp.status, want, "{}", resp.body);
         let v = resp.json();
         assert_eq!(v["fake_tag"], tag, "the fake's own body: {v}");

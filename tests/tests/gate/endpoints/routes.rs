@@ -8,7 +8,7 @@ use slotgate_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_answers_from_slotgates_readiness_in_llama_servers_shape() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     let client = gate.client();
     let checks_before = up.health_checks();
     for path in ["/health", "/v1/health"] {
@@ -48,7 +48,7 @@ async fn health_answers_from_slotgates_readiness_in_llama_servers_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn whole_server_endpoints_are_refused_to_clients_and_forwarded_on_the_admin_listener() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     for (method, path) in [
         (Method::GET, "/slots"),
         (Method::POST, "/slots/0?action=erase"),
@@ -85,7 +85,7 @@ async fn whole_server_endpoints_are_refused_to_clients_and_forwarded_on_the_admi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn host_endpoints_are_refused_unless_the_operator_enables_them() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     for (method, path) in [(Method::POST, "/tools"), (Method::GET, "/cors-proxy")] {
         let resp = gate.client().request(method, path).await;
         assert_error_says(&resp, 403, "host_endpoint", "--forward-host-endpoints");
@@ -106,7 +106,7 @@ async fn host_endpoints_are_refused_unless_the_operator_enables_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_route_llama_server_lacks_is_a_404_that_says_so_and_the_ui_is_forwarded() {
-    let (up, gate) = Gate::new().start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::new().start_instant().await;
     let resp = gate.client().get("/v1/files").await;
     assert_error_says(
         &resp,

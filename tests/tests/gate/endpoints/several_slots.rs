@@ -49,7 +49,7 @@ async fn more_completions_than_slots_are_refused_with_the_reason() {
     let (up, gate) = two_slots().await;
     let resp = gate
         .client()
-        .post_json(CHAT, &Req::chat("many").set("n", 3).json())
+        .post_chat(&Req::chat("many").set("n", 3))
         .await;
     assert_error(&resp, 400, "too_many_completions");
     assert!(

@@ -69,11 +69,10 @@ async fn a_conversation_left_by_its_client_keeps_its_slot_until_llama_server_is_
     // Recorded as the client's leaving, charged what llama-server really did.
     gate.wait_outcome("client_gone", 1).await;
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]),
+    m.assert_value(
+        "slotgate_tokens_total",
+        &[("kind", "completion")],
         (long + 4) as f64,
-        "{}",
-        m.text
     );
     assert_both_idle(&gate, &llama).await;
 }

@@ -199,11 +199,6 @@ async fn the_openai_sdks_responses_api_works_through_slotgate() {
         }
     }
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero("slotgate_tokens_total", &[("kind", "completion")]),
-        12.0,
-        "{}",
-        m.text
-    );
+    m.assert_value("slotgate_tokens_total", &[("kind", "completion")], 12.0);
     assert_both_idle(&gate, &llama).await;
 }

@@ -120,11 +120,7 @@ async fn embedding_batches_hold_a_slot_per_input_and_are_charged_for_every_input
     assert_eq!(ours.status, 200, "{}", ours.body);
     assert_eq!(ours.json()["usage"], theirs.json()["usage"]);
     let more = theirs.json()["usage"]["prompt_tokens"].as_f64().unwrap();
-    gate.wait_metric(
-        "slotgate_tokens_total",
-        &[("kind", "prompt")],
-        prompt_tokens as f64 + more,
-    )
-    .await;
+    gate.wait_tokens("prompt", prompt_tokens as f64 + more)
+        .await;
     assert_both_idle(&gate, &llama).await;
 }
