@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
+use slotgate_tests::fake_upstream::RunningUpstream;
 use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::redis::{connected, wait_connected, RunningRedis};
 use slotgate_tests::request::{Req, CHAT};

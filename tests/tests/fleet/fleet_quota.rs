@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::redis::{wait_connected, RunningRedis};
 use slotgate_tests::request::{Req, CHAT};

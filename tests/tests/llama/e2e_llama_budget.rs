@@ -219,7 +219,7 @@ async fn budget_gate(llama: &RunningLlama, settings: &Value) -> RunningGate {
         .opt("--log-format", "json")
         .opt("--cost-tokenizer", "estimate")
         .env("SLOTGATE_LOG", "info,slotgate::policy=debug")
-        .start_before(&llama)
+        .start_before(llama)
         .await
 }
 

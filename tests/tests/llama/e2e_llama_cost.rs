@@ -21,7 +21,7 @@ async fn gate_for(llama: &RunningLlama) -> RunningGate {
         .slots(1)
         .queue_depth(4)
         .arg("--cost-count-first")
-        .start_before(&llama)
+        .start_before(llama)
         .await
 }
 

@@ -21,7 +21,7 @@ async fn gate_for(llama: &RunningLlama) -> RunningGate {
         .queue_depth(8)
         .queue_timeout("120s")
         .health_interval("1h")
-        .start_before(&llama)
+        .start_before(llama)
         .await
 }
 

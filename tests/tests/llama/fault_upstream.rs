@@ -43,6 +43,14 @@ struct Sample {
     llama: Option<LlamaSample>,
 }
 
+/// A one-slot llama-server, `gate` before it, and a [`Sampler`] watching both.
+async fn watched(gate: Gate) -> (RunningLlama, RunningGate, Sampler) {
+    let llama = LlamaServer::start(1).await;
+    let gate = gate.start_before(&llama).await;
+    let sampler = Sampler::start(&gate, &llama);
+    (llama, gate, sampler)
+}
+
 /// Samples slotgate's `/status` and llama-server's load every 25 ms in a task of its own, so it runs
 /// through kills and restarts (it names llama-server by socket path, which a restart keeps).
 struct Sampler {
@@ -188,14 +196,8 @@ async fn assert_llama_settled(gate: &RunningGate, llama: &RunningLlama) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_killed_mid_stream_and_restarted_serves_the_queue() {
     let _serial = slotgate_tests::llama::serial().await;
-    let mut llama = LlamaServer::start(1).await;
     // Generous: the restart loads the model again, on a busy machine.
-    let gate = Gate::one_slot(4)
-        .queue_timeout("120s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
-    let sampler = Sampler::start(&gate, &llama);
+    let (mut llama, gate, sampler) = watched(Gate::one_slot(4).queue_timeout("120s")).await;
 
     let mut stream = gate.client().stream(CHAT, &chat(LONG, true)).await;
     assert_eq!(stream.status, 200);
@@ -257,13 +259,8 @@ async fn llama_killed_mid_stream_and_restarted_serves_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_stopped_before_its_first_byte_gets_504_then_recovers() {
     let _serial = slotgate_tests::llama::serial().await;
-    let llama = LlamaServer::start(1).await;
-    let gate = Gate::one_slot(4)
-        .opt("--upstream-first-byte-timeout", "2s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
-    let sampler = Sampler::start(&gate, &llama);
+    let (llama, gate, sampler) =
+        watched(Gate::one_slot(4).opt("--upstream-first-byte-timeout", "2s")).await;
 
     let frozen = llama.freeze();
     let t_sent = Instant::now();
@@ -316,13 +313,8 @@ async fn thaw_and_serve_next(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_stopped_mid_stream_is_cut_by_the_idle_timeout_then_recovers() {
     let _serial = slotgate_tests::llama::serial().await;
-    let llama = LlamaServer::start(1).await;
-    let gate = Gate::one_slot(4)
-        .opt("--upstream-idle-timeout", "4s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
-    let sampler = Sampler::start(&gate, &llama);
+    let (llama, gate, sampler) =
+        watched(Gate::one_slot(4).opt("--upstream-idle-timeout", "4s")).await;
 
     let mut stream = gate.client().stream(CHAT, &chat(LONG, true)).await;
     assert_eq!(stream.status, 200);
@@ -358,13 +350,7 @@ async fn llama_stopped_mid_stream_is_cut_by_the_idle_timeout_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn llama_socket_removed_gives_503_until_restarted() {
     let _serial = slotgate_tests::llama::serial().await;
-    let mut llama = LlamaServer::start(1).await;
-    let gate = Gate::one_slot(4)
-        .queue_timeout("2s")
-        .upstream_path(llama.socket())
-        .start()
-        .await;
-    let sampler = Sampler::start(&gate, &llama);
+    let (mut llama, gate, sampler) = watched(Gate::one_slot(4).queue_timeout("2s")).await;
 
     std::fs::remove_file(llama.socket()).expect("remove llama-server's socket");
     let removed = Instant::now();
@@ -501,9 +487,7 @@ async fn a_storm_of_500s_and_503s_is_passed_through_without_retry_amplification(
     // Still healthy, and serving normally.
     assert_eq!(gate.readyz().await, 200);
     for i in 0..4 {
-        let resp = client
-            .post_json(CHAT, &Req::chat(&format!("after{i}")).json())
-            .await;
+        let resp = client.post_chat(&Req::chat(&format!("after{i}"))).await;
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
     gate.assert_settled(&up, SLOTS).await;
@@ -568,11 +552,10 @@ async fn a_slow_tokenizer_falls_back_to_the_estimate_within_the_count_timeout() 
     )
     .await;
     let m = gate.metrics().await;
-    assert_eq!(
-        m.value_or_zero("slotgate_prompt_counts_total", &[("source", "upstream")]),
+    m.assert_value(
+        "slotgate_prompt_counts_total",
+        &[("source", "upstream")],
         0.0,
-        "{}",
-        m.text
     );
     // The holder went at once, uncounted.
     assert_eq!(

@@ -25,10 +25,7 @@ async fn a_chain_of_three_languages_denies_prioritises_and_settles_on_the_real_l
     let llama = LlamaServer::start(2).await;
     let dir = unique_dir("policies-v2-e2e");
     let hashed = slotgate_tests::gate::hash_key(KEY);
-    let priority = json!({
-        "tenants": { "chat-frontend": { "api_keys": [hashed], "priority": -5, "ceiling": -10 } },
-        "unknown": { "tenant": "public", "priority": 0, "ceiling": 0 },
-    });
+    let priority = frontend_priority(&hashed);
     let guard = json!({ "max_tokens": 64, "over_max_tokens": "deny", "cache_isolation": true });
     let budget = json!({ "capacity": 100000, "refill_per_second": 0, "default_max_tokens": 64 });
     let config = chain_config(
@@ -43,7 +40,7 @@ async fn a_chain_of_three_languages_denies_prioritises_and_settles_on_the_real_l
     let gate = Gate::new()
         .upstream_path(llama.socket())
         .slots(2)
-        .opt("--config", config.display())
+        .config_file(&config)
         .opt("--cost-tokenizer", "estimate")
         // Compiled once: a Python or JavaScript component takes seconds to compile.
         .env(
@@ -56,13 +53,7 @@ async fn a_chain_of_three_languages_denies_prioritises_and_settles_on_the_real_l
     let with_key = [("authorization", format!("Bearer {KEY}"))];
 
     // Allowed: the TypeScript policy's tenant and priority, the Rust policy's cost, reach the probe.
-    let body = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8});
-    let resp = client.post_json_with_headers(CHAT, &body, &with_key).await;
-    assert_eq!(resp.status, 200, "{}", resp.body);
-    let earlier = probe_earlier(&resp);
-    assert_eq!(earlier["policies"], 3, "{earlier}");
-    assert_eq!(earlier["tenant"], "chat-frontend", "{earlier}");
-    assert_eq!(earlier["priority"], -5, "{earlier}");
+    let (resp, earlier) = say_hello_as_the_frontend(&client, 3).await;
     let cost = earlier["cost"].as_u64().expect("token-budget's cost");
     assert!(cost > 8, "the estimate and max_tokens: {earlier}");
     let usage: Value = serde_json::from_str::<Value>(&resp.body).unwrap()["usage"].clone();
@@ -121,6 +112,29 @@ fn chain_config(dir: &std::path::Path, chain: &[(&str, Option<&Value>)]) -> std:
     config
 }
 
+/// tenant-priority's settings: the key hashed to `hashed` is `chat-frontend` at priority -5, any
+/// other caller `public` at 0.
+fn frontend_priority(hashed: &str) -> Value {
+    json!({
+        "tenants": { "chat-frontend": { "api_keys": [hashed], "priority": -5, "ceiling": -10 } },
+        "unknown": { "tenant": "public", "priority": 0, "ceiling": 0 },
+    })
+}
+
+/// A short chat sent with [`KEY`]: answered 200, with the probe (after `policies` others) seeing
+/// the tenant-priority policy's tenant and priority. The answer and what the probe saw.
+async fn say_hello_as_the_frontend(client: &Client, policies: u64) -> (client::Response, Value) {
+    let with_key = [("authorization", format!("Bearer {KEY}"))];
+    let body = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8});
+    let resp = client.post_json_with_headers(CHAT, &body, &with_key).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let earlier = probe_earlier(&resp);
+    assert_eq!(earlier["policies"], policies, "{earlier}");
+    assert_eq!(earlier["tenant"], "chat-frontend", "{earlier}");
+    assert_eq!(earlier["priority"], -5, "{earlier}");
+    (resp, earlier)
+}
+
 /// What the probe at the end of the chain saw of the policies before it.
 fn probe_earlier(resp: &client::Response) -> Value {
     serde_json::from_str(
@@ -169,10 +183,7 @@ async fn the_rust_examples_as_components_decide_on_the_real_llama_server() {
     let llama = LlamaServer::start(2).await;
     let dir = unique_dir("rust-v2-e2e");
     let hashed = slotgate_tests::gate::hash_key(KEY);
-    let priority = json!({
-        "tenants": { "chat-frontend": { "api_keys": [hashed], "priority": -5, "ceiling": -10 } },
-        "unknown": { "tenant": "public", "priority": 0, "ceiling": 0 },
-    });
+    let priority = frontend_priority(&hashed);
     let guard = json!({ "max_tokens": 64, "over_max_tokens": "deny" });
     let budget = json!({ "capacity": 100000, "refill_per_second": 0, "default_max_tokens": 64 });
     let quota =
@@ -188,22 +199,15 @@ async fn the_rust_examples_as_components_decide_on_the_real_llama_server() {
         ],
     );
     let gate = Gate::new()
-        .upstream_path(llama.socket())
         .slots(2)
-        .opt("--config", config.display())
+        .config_file(&config)
         .opt("--cost-tokenizer", "estimate")
-        .start()
+        .start_before(&llama)
         .await;
     let client = gate.client();
     let with_key = [("authorization", format!("Bearer {KEY}"))];
 
-    let body = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8});
-    let resp = client.post_json_with_headers(CHAT, &body, &with_key).await;
-    assert_eq!(resp.status, 200, "{}", resp.body);
-    let earlier = probe_earlier(&resp);
-    assert_eq!(earlier["policies"], 4, "{earlier}");
-    assert_eq!(earlier["tenant"], "chat-frontend", "{earlier}");
-    assert_eq!(earlier["priority"], -5, "{earlier}");
+    let (resp, _) = say_hello_as_the_frontend(&client, 4).await;
     assert_eq!(
         resp.header("x-ratelimit-remaining-requests").as_deref(),
         Some("99"),

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use slotgate_tests::gate::{free_port, Gate, RunningGate};
+use slotgate_tests::gate::{free_port, Gate};
 use slotgate_tests::llama::{chat, LlamaServer, PROMPT};
 use slotgate_tests::python::{arg, driver, python, Attempt};
 use slotgate_tests::wait::unique_dir;
@@ -26,6 +26,69 @@ struct Calls {
 
 /// Three requests a day per tenant.
 const THREE_A_DAY: &str = "{ period = \"day\", requests = 3, tokens = 1000000 }";
+
+/// The response headers `sdk` (`openai` or `anthropic`) reads the request allowance from: the limit
+/// and what is left of it.
+fn allowance_headers(sdk: &str) -> (&'static str, &'static str) {
+    match sdk {
+        "openai" => (
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+        ),
+        _ => (
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-requests-remaining",
+        ),
+    }
+}
+
+/// Five calls through `quota_calls.py` with `sdk` and `key`, the SDK's retries on, against the
+/// [`THREE_A_DAY`] quota: three answers, each with the allowance in its headers (and whatever `more`
+/// checks of them), then one refusal that the SDK sent once and raised as a `RateLimitError`, which
+/// is returned.
+async fn spend_three(
+    base_url: String,
+    key: &str,
+    sdk: &str,
+    more: impl Fn(&Value, &Value),
+) -> Value {
+    let run: Calls = driver(
+        "quota_calls.py",
+        &[
+            arg("--base-url"),
+            arg(base_url),
+            arg("--api-key"),
+            arg(key),
+            arg(sdk),
+            arg("--calls"),
+            arg(5),
+        ],
+    )
+    .await;
+    let (limit, remaining) = allowance_headers(sdk);
+    assert_eq!(run.calls.len(), 4, "{:#?}", run.calls);
+    for (i, c) in run.calls[..3].iter().enumerate() {
+        assert_eq!(c["status"], 200, "{c}");
+        let h = &c["headers"];
+        assert_eq!(h[limit], "3", "{c}");
+        assert_eq!(h[remaining], (2 - i).to_string(), "{c}");
+        more(h, c);
+    }
+    let refused = &run.calls[3];
+    assert_eq!(refused["status"], 429, "{refused}");
+    assert_eq!(refused["exception"], "RateLimitError", "{refused}");
+    let refusals = run
+        .attempts
+        .iter()
+        .filter(|a| a.status == Some(429))
+        .count();
+    assert_eq!(
+        refusals, 1,
+        "the SDK retried a spent quota: {:#?}",
+        run.attempts
+    );
+    refused.clone()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sdks_read_the_allowance_and_do_not_retry_a_spent_quota() {
@@ -41,29 +104,8 @@ async fn the_sdks_read_the_allowance_and_do_not_retry_a_spent_quota() {
         .await;
 
     // The OpenAI SDK, its default two retries on: three answers, then a refusal sent once.
-    let run: Calls = driver(
-        "quota_calls.py",
-        &[
-            arg("--base-url"),
-            arg(format!("http://127.0.0.1:{port}/v1")),
-            arg("--api-key"),
-            arg("sk-openai-tenant"),
-            arg("openai"),
-            arg("--calls"),
-            arg(5),
-        ],
-    )
-    .await;
-    assert_eq!(run.calls.len(), 4, "{:#?}", run.calls);
-    for (i, c) in run.calls[..3].iter().enumerate() {
-        assert_eq!(c["status"], 200, "{c}");
-        let h = &c["headers"];
-        assert_eq!(h["x-ratelimit-limit-requests"], "3", "{c}");
-        assert_eq!(
-            h["x-ratelimit-remaining-requests"],
-            (2 - i).to_string(),
-            "{c}"
-        );
+    let openai = format!("http://127.0.0.1:{port}/v1");
+    let refused = spend_three(openai, "sk-openai-tenant", "openai", |h, c| {
         assert!(
             h["x-ratelimit-reset-requests"]
                 .as_str()
@@ -72,68 +114,23 @@ async fn the_sdks_read_the_allowance_and_do_not_retry_a_spent_quota() {
             "{c}"
         );
         assert!(h["x-ratelimit-remaining-tokens"].as_str().is_some(), "{c}");
-    }
-    let refused = &run.calls[3];
-    assert_eq!(refused["status"], 429, "{refused}");
-    assert_eq!(refused["exception"], "RateLimitError", "{refused}");
+    })
+    .await;
     assert_eq!(refused["body"]["code"], "quota_exceeded", "{refused}");
     assert_eq!(refused["headers"]["x-should-retry"], "false", "{refused}");
-    let refusals = run
-        .attempts
-        .iter()
-        .filter(|a| a.status == Some(429))
-        .count();
-    assert_eq!(
-        refusals, 1,
-        "the SDK retried a spent quota: {:#?}",
-        run.attempts
-    );
 
     // The Anthropic SDK on the Messages API, another tenant (its own key): Anthropic's names.
-    let run: Calls = driver(
-        "quota_calls.py",
-        &[
-            arg("--base-url"),
-            arg(format!("http://127.0.0.1:{port}")),
-            arg("--api-key"),
-            arg("sk-ant-tenant"),
-            arg("anthropic"),
-            arg("--calls"),
-            arg(5),
-        ],
-    )
-    .await;
-    assert_eq!(run.calls.len(), 4, "{:#?}", run.calls);
-    for (i, c) in run.calls[..3].iter().enumerate() {
-        assert_eq!(c["status"], 200, "{c}");
-        let h = &c["headers"];
-        assert_eq!(h["anthropic-ratelimit-requests-limit"], "3", "{c}");
-        assert_eq!(
-            h["anthropic-ratelimit-requests-remaining"],
-            (2 - i).to_string(),
-            "{c}"
-        );
+    let anthropic = format!("http://127.0.0.1:{port}");
+    let refused = spend_three(anthropic, "sk-ant-tenant", "anthropic", |h, c| {
         let reset = h["anthropic-ratelimit-requests-reset"].as_str().unwrap();
         let reset: jiff::Timestamp = reset.parse().unwrap_or_else(|e| panic!("{reset}: {e}"));
         assert_eq!(reset.as_second() % 86_400, 0, "a UTC midnight: {c}");
         assert!(h.get("x-ratelimit-limit-requests").is_none(), "{c}");
-    }
-    let refused = &run.calls[3];
-    assert_eq!(refused["status"], 429, "{refused}");
-    assert_eq!(refused["exception"], "RateLimitError", "{refused}");
+    })
+    .await;
     assert_eq!(
         refused["body"]["error"]["type"], "rate_limit_error",
         "{refused}"
-    );
-    let refusals = run
-        .attempts
-        .iter()
-        .filter(|a| a.status == Some(429))
-        .count();
-    assert_eq!(
-        refusals, 1,
-        "the SDK retried a spent quota: {:#?}",
-        run.attempts
     );
 
     gate.wait_outcome("policy_denied", 2).await;
@@ -218,19 +215,6 @@ async fn a_quota_is_whole_again_exactly_at_midnight_in_its_zone() {
     llama.assert_idle().await;
 }
 
-/// Tokens left of the tenant's day, as `/status` shows them.
-async fn tokens_left(gate: &RunningGate) -> f64 {
-    let s = gate.status().await;
-    s["state"]["quotas"]["emptiest"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|q| q["key"].as_str().unwrap().starts_with("tokens:"))
-        .unwrap_or_else(|| panic!("no token quota in {s}"))["left"]
-        .as_f64()
-        .unwrap()
-}
-
 /// A day of 50,000 tokens.
 const TOKENS_A_DAY: &str = "{ period = \"day\", tokens = 50000 }";
 
@@ -277,7 +261,7 @@ async fn a_sigkill_during_a_burst_leaves_no_tenant_more_than_it_had() {
     }
     // Past a flush interval (100 ms) with nothing new admitted: what is left now is on disk.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = tokens_left(&gate).await;
+    let before = gate.quota_left("tokens").await;
     gate.signal("KILL");
     gate.wait_exit(Duration::from_secs(5)).await;
     for b in burst {
@@ -294,7 +278,7 @@ async fn a_sigkill_during_a_burst_leaves_no_tenant_more_than_it_had() {
     );
 
     let gate = gate_on().start().await;
-    let after = tokens_left(&gate).await;
+    let after = gate.quota_left("tokens").await;
     assert!(
         after <= before,
         "after the restart the tenant has {after} left, more than {before} before the kill"

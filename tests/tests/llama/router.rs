@@ -127,7 +127,7 @@ fn spawn_chat(
 
 /// slotgate before `llama`'s router, waiting up to 120 s in the queue; `models` loaded through it.
 async fn gate_with_loaded(llama: &RunningLlama, models: &[&str]) -> RunningGate {
-    let gate = Gate::new().queue_timeout("120s").start_before(&llama).await;
+    let gate = Gate::new().queue_timeout("120s").start_before(llama).await;
     for m in models {
         let resp = gate.client().post_json(CHAT, &chat_for(m, 4)).await;
         assert_eq!(resp.status, 200, "{}", resp.body);

@@ -196,7 +196,7 @@ async fn shedding_gate(llama: &slotgate_tests::llama::RunningLlama) -> RunningGa
         .queue_timeout("60s")
         .trust_client_priority()
         .opt("--sheddable-priority", 10)
-        .start_before(&llama)
+        .start_before(llama)
         .await
 }
 

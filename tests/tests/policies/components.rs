@@ -14,9 +14,8 @@ use slotgate::config::{PolicyIsolation, PolicySpec};
 use slotgate::policy::PolicySet;
 use slotgate_sdk::{Completion, Decision, Peer, RequestSummary};
 use slotgate_tests::errors::assert_error;
-use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::{run as slotgate, succeeded as ok, Gate};
-use slotgate_tests::request::{Req, CHAT};
+use slotgate_tests::request::Req;
 use slotgate_tests::wait::{eventually, unique_dir};
 use slotgate_tests::{wat, workspace};
 
@@ -29,6 +28,19 @@ fn example_settings(name: &str) -> Option<PathBuf> {
         .join(name)
         .join("settings.example.json");
     p.exists().then_some(p)
+}
+
+/// `slotgate policy check <module>` with token-budget's example settings, which must succeed.
+fn check_with_budget_settings(module: &str) -> String {
+    let settings = example_settings("token-budget").unwrap();
+    let settings = settings.display().to_string();
+    ok(&slotgate(&[
+        "policy",
+        "check",
+        module,
+        "--settings",
+        &settings,
+    ]))
 }
 
 #[test]
@@ -46,17 +58,7 @@ fn every_v2_port_passes_check_as_a_component() {
     }
     // The v1 modules still say what they are.
     let v1 = wat::built("token-budget").display().to_string();
-    let settings = example_settings("token-budget")
-        .unwrap()
-        .display()
-        .to_string();
-    let out = ok(&slotgate(&[
-        "policy",
-        "check",
-        &v1,
-        "--settings",
-        &settings,
-    ]));
+    let out = check_with_budget_settings(&v1);
     assert!(out.contains("speaks ABI v1"), "{out}");
 }
 
@@ -82,17 +84,7 @@ fn policy_wit_prints_the_contract_and_component_writes_one() {
     ]));
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(&bytes[..8], b"\0asm\x0d\0\x01\0", "a component's preamble");
-    let settings = example_settings("token-budget")
-        .unwrap()
-        .display()
-        .to_string();
-    let checked = ok(&slotgate(&[
-        "policy",
-        "check",
-        &out.display().to_string(),
-        "--settings",
-        &settings,
-    ]));
+    let checked = check_with_budget_settings(&out.display().to_string());
     assert!(checked.contains("is a v2 component"), "{checked}");
     // A v1 module is not made a component.
     let v1 = wat::built("token-budget").display().to_string();
@@ -346,13 +338,12 @@ path = "{v1}"
     std::fs::write(&config, toml).unwrap();
     let (up, gate) = Gate::new()
         .slots(2)
-        .arg("--config")
-        .arg(&config.display().to_string())
-        .start_with(FakeUpstream::instant())
+        .config_file(&config)
+        .start_instant()
         .await;
     let client = gate.client();
 
-    let resp = client.post_json(CHAT, &Req::chat("mixed").json()).await;
+    let resp = client.post_chat(&Req::chat("mixed")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     let earlier = |h: &str| -> Value {
         serde_json::from_str(&resp.header(h).unwrap_or_else(|| panic!("{h} missing"))).unwrap()
@@ -373,14 +364,12 @@ path = "{v1}"
         let client = gate.client();
         tokio::spawn(async move {
             client
-                .post_json(CHAT, &Req::chat("spin").set("model", "HOSTILE").json())
+                .post_chat(&Req::chat("spin").set("model", "HOSTILE"))
                 .await
         })
     };
     for i in 0..5 {
-        let ok = client
-            .post_json(CHAT, &Req::chat(&format!("beside-{i}")).json())
-            .await;
+        let ok = client.post_chat(&Req::chat(&format!("beside-{i}"))).await;
         assert_eq!(ok.status, 200, "{}", ok.body);
     }
     let hostile = hostile.await.unwrap();
@@ -411,15 +400,11 @@ async fn a_reload_from_v1_to_its_v2_port_under_load_loses_nothing_and_keeps_budg
     let config = wat::config(&dir, &[(&policy, Some(settings))]);
     let (up, gate) = Gate::new()
         .slots(2)
-        .arg("--config")
-        .arg(&config.display().to_string())
-        .start_with(FakeUpstream::instant())
+        .config_file(&config)
+        .start_instant()
         .await;
 
-    let one = gate
-        .client()
-        .post_json(CHAT, &Req::chat("probe-cost").json())
-        .await;
+    let one = gate.client().post_chat(&Req::chat("probe-cost")).await;
     assert_eq!(one.status, 200, "{}", one.body);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -430,9 +415,7 @@ async fn a_reload_from_v1_to_its_v2_port_under_load_loses_nothing_and_keeps_budg
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let r = client
-                        .post_json(CHAT, &Req::chat(&format!("c{i}-{n}")).json())
-                        .await;
+                    let r = client.post_chat(&Req::chat(&format!("c{i}-{n}"))).await;
                     seen.lock().unwrap().push(r.status.as_u16());
                     n += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;

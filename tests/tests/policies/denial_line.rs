@@ -4,9 +4,8 @@
 use std::time::Duration;
 
 use slotgate_tests::errors::assert_error_says;
-use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::Gate;
-use slotgate_tests::request::{Req, CHAT};
+use slotgate_tests::request::Req;
 use slotgate_tests::wait::{eventually, unique_dir};
 use slotgate_tests::wat;
 

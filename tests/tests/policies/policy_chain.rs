@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use slotgate_tests::errors::{assert_error, retry_after};
-use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::unique_dir;

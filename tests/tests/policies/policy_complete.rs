@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use slotgate_tests::budget::send_until_refunded;
 use slotgate_tests::errors::assert_error_says;
-use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::Gate;
 use slotgate_tests::request::{spawn_post, Req, CHAT};
 use slotgate_tests::wait::unique_dir;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use slotgate_tests::errors::{assert_error, assert_error_says};
-use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
+use slotgate_tests::fake_upstream::RunningUpstream;
 use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::request::{Req, CHAT};
 use slotgate_tests::wait::{eventually, unique_dir};
@@ -41,9 +41,7 @@ impl Load {
                 tokio::spawn(async move {
                     let mut n = 0;
                     while !stop.load(Ordering::Relaxed) {
-                        let resp = client
-                            .post_json(CHAT, &Req::chat(&format!("c{i}-{n}")).json())
-                            .await;
+                        let resp = client.post_chat(&Req::chat(&format!("c{i}-{n}"))).await;
                         let version = resp.header("x-policy-version");
                         seen.lock()
                             .unwrap()
@@ -131,7 +129,7 @@ async fn start(args: &[&str]) -> (RunningUpstream, RunningGate) {
     for a in args {
         g = g.arg(a);
     }
-    g.start_with(FakeUpstream::instant()).await
+    g.start_instant().await
 }
 
 /// Broken versions, each of which a reload must reject: (what, module text).
@@ -285,7 +283,7 @@ async fn sighup_rereads_the_config_file_and_keeps_the_old_chain_if_it_does_not_p
     let config_arg = config.display().to_string();
     let (up, gate) = start(&["--config", &config_arg]).await;
     let client = gate.client();
-    let resp = client.post_json(CHAT, &Req::chat("a").json()).await;
+    let resp = client.post_chat(&Req::chat("a")).await;
     assert_eq!(resp.header("x-policy-version").as_deref(), Some("1"));
 
     // A config file that does not parse: rejected, counted, the chain unchanged.
@@ -295,7 +293,7 @@ async fn sighup_rereads_the_config_file_and_keeps_the_old_chain_if_it_does_not_p
         (reloads(&gate, "(config)", "error").await >= 1.0).then_some(())
     })
     .await;
-    let resp = client.post_json(CHAT, &Req::chat("b").json()).await;
+    let resp = client.post_chat(&Req::chat("b")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.header("x-policy-version").as_deref(), Some("1"));
 
@@ -318,7 +316,7 @@ async fn sighup_rereads_the_config_file_and_keeps_the_old_chain_if_it_does_not_p
     assert_eq!(reloads(&gate, "gate", "ok").await, 1.0);
     let status = gate.status().await;
     assert_eq!(status["policies"]["chain"][0]["name"], "gate", "{status}");
-    let resp = client.post_json(CHAT, &Req::chat("d").json()).await;
+    let resp = client.post_chat(&Req::chat("d")).await;
     assert_error(&resp, 403, "policy_denied");
     assert!(
         !up.tags().contains(&"d".to_owned()),
@@ -366,7 +364,7 @@ async fn a_reload_keeps_every_tenants_budget() {
     })
     .await;
     let resp = client
-        .post_json(CHAT, &Req::chat("over").set("max_tokens", 500).json())
+        .post_chat(&Req::chat("over").set("max_tokens", 500))
         .await;
     assert_error(&resp, 429, "policy_denied");
     assert_eq!(up.tags(), ["big"]);
@@ -430,13 +428,7 @@ async fn compiled_modules_are_reused_from_memory_on_reload_and_from_disk_on_rest
         "compiled four times in all"
     );
     // The new settings are the ones in force: 60 tokens is over the new cap of 50.
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("capped").set("max_tokens", 60).json())
-        .await;
-    assert_eq!(resp.status, 200, "{}", resp.body);
-    assert_eq!(up.requests_seen()[0].body["max_tokens"], 50);
-    gate.assert_settled(&up, 2).await;
+    assert_capped_at_50(&up, &gate, Req::chat("capped").set("max_tokens", 60)).await;
     drop(gate);
     drop(up);
 
@@ -458,13 +450,16 @@ async fn compiled_modules_are_reused_from_memory_on_reload_and_from_disk_on_rest
         gate.stderr_text().contains("source=\"disk-cache\""),
         "the log says where the module came from"
     );
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("x").set("max_tokens", 500).json())
-        .await;
+    assert_capped_at_50(&up, &gate, Req::chat("x").set("max_tokens", 500)).await;
+}
+
+/// `req`, the first request this fresh gate forwards, is served with its `max_tokens` lowered to
+/// the cap of 50; then the gate settles.
+async fn assert_capped_at_50(up: &RunningUpstream, gate: &RunningGate, req: Req) {
+    let resp = gate.client().post_chat(&req).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(up.requests_seen()[0].body["max_tokens"], 50);
-    gate.assert_settled(&up, 2).await;
+    gate.assert_settled(up, 2).await;
 }
 
 /// Regular files under `dir`, recursively.

@@ -11,7 +11,7 @@ use serde_json::json;
 use slotgate_tests::errors::assert_error;
 use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::{Gate, RunningGate};
-use slotgate_tests::request::{Req, CHAT};
+use slotgate_tests::request::Req;
 use slotgate_tests::wait::unique_dir;
 use slotgate_tests::wat;
 
@@ -74,7 +74,7 @@ async fn a_quota_speaks_in_rate_limit_headers_and_refuses_until_midnight_without
     let client = gate.client();
 
     // Allowed: the allowance after this request, in OpenAI's names.
-    let resp = client.post_json(CHAT, &Req::chat("q1").json()).await;
+    let resp = client.post_chat(&Req::chat("q1")).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     let h = |name: &str| {
         resp.header(name)
@@ -93,7 +93,7 @@ async fn a_quota_speaks_in_rate_limit_headers_and_refuses_until_midnight_without
     );
     assert_eq!(resp.header("x-should-retry"), None, "only on a refusal");
 
-    let resp = client.post_json(CHAT, &Req::chat("q2").json()).await;
+    let resp = client.post_chat(&Req::chat("q2")).await;
     assert_eq!(resp.status, 200);
     assert_eq!(
         resp.header("x-ratelimit-remaining-requests").as_deref(),
@@ -101,7 +101,7 @@ async fn a_quota_speaks_in_rate_limit_headers_and_refuses_until_midnight_without
     );
 
     // Spent: 429 quota_exceeded until midnight, not to be retried before.
-    let resp = client.post_json(CHAT, &Req::chat("q3").json()).await;
+    let resp = client.post_chat(&Req::chat("q3")).await;
     assert_eq!(
         assert_error(&resp, 429, "quota_exceeded"),
         "rate_limit_error"
@@ -172,19 +172,6 @@ async fn a_quota_speaks_in_rate_limit_headers_and_refuses_until_midnight_without
     gate.assert_settled(&up, 1).await;
 }
 
-/// The request quota's `left` in `/status`.
-async fn requests_left(gate: &RunningGate) -> f64 {
-    let s = gate.status().await;
-    s["state"]["quotas"]["emptiest"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|q| q["key"].as_str().unwrap().starts_with("requests:"))
-        .unwrap_or_else(|| panic!("no request quota in {s}"))["left"]
-        .as_f64()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_spent_quota_stays_spent_across_a_sigkill() {
     let up = FakeUpstream::instant().start().await;
@@ -193,20 +180,21 @@ async fn a_spent_quota_stays_spent_across_a_sigkill() {
     let mut first = gate(dir).upstream(&up).start().await;
     let client = first.client();
     for tag in ["k1", "k2"] {
-        assert_eq!(
-            client.post_json(CHAT, &Req::chat(tag).json()).await.status,
-            200
-        );
+        assert_eq!(client.post_chat(&Req::chat(tag)).await.status, 200);
     }
-    assert_eq!(requests_left(&first).await, 0.0);
+    assert_eq!(first.quota_left("requests").await, 0.0);
     // Past a flush interval (100 ms), SIGKILL: nothing runs on the way out.
     tokio::time::sleep(Duration::from_millis(300)).await;
     first.signal("KILL");
     first.wait_exit(Duration::from_secs(5)).await;
 
     let gate = gate(dir).upstream(&up).start().await;
-    assert_eq!(requests_left(&gate).await, 0.0, "the same after the kill");
-    let resp = gate.client().post_json(CHAT, &Req::chat("k3").json()).await;
+    assert_eq!(
+        gate.quota_left("requests").await,
+        0.0,
+        "the same after the kill"
+    );
+    let resp = gate.client().post_chat(&Req::chat("k3")).await;
     assert_error(&resp, 429, "quota_exceeded");
     gate.assert_settled(&up, 1).await;
 }
@@ -252,13 +240,11 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
     let mut first = gate_on().upstream(&up).start().await;
     let client = first.client();
     for tag in ["a1", "a2"] {
-        let resp = client
-            .post_json(CHAT, &Req::chat(tag).completion_tokens(7).json())
-            .await;
+        let resp = client.post_chat(&Req::chat(tag).completion_tokens(7)).await;
         assert_eq!(resp.status, 200);
     }
     assert_error(
-        &client.post_json(CHAT, &Req::chat("a3").json()).await,
+        &client.post_chat(&Req::chat("a3")).await,
         429,
         "quota_exceeded",
     );
@@ -303,7 +289,7 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
     assert!(ok, "{err}");
     assert!(out.contains(": 3 left of 5"), "{out}");
     let resp = client
-        .post_json(CHAT, &Req::chat("a4").completion_tokens(7).json())
+        .post_chat(&Req::chat("a4").completion_tokens(7))
         .await;
     assert_eq!(resp.status, 200);
     assert_eq!(
@@ -417,19 +403,6 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
     gate.assert_settled(&up, 1).await;
 }
 
-/// Tokens left in the tenant's day, as `/status` shows them.
-async fn tokens_left(gate: &RunningGate) -> f64 {
-    let s = gate.status().await;
-    s["state"]["quotas"]["emptiest"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|q| q["key"].as_str().unwrap().starts_with("tokens:"))
-        .unwrap_or_else(|| panic!("no token quota in {s}"))["left"]
-        .as_f64()
-        .unwrap()
-}
-
 /// A clean stop waits for the last requests' settlements before the state is written: a request
 /// still answering when SIGTERM came is charged what it used, not its estimate, after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -441,25 +414,26 @@ async fn a_clean_stop_settles_the_requests_it_drained() {
     let client = first.client();
     let slow = tokio::spawn(async move {
         client
-            .post_json(
-                CHAT,
+            .post_chat(
                 &Req::chat("slow")
                     .set("max_tokens", 5000)
                     .prompt_tokens(10)
                     .completion_tokens(7)
-                    .delay(Duration::from_millis(800))
-                    .json(),
+                    .delay(Duration::from_millis(800)),
             )
             .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(tokens_left(&first).await < 95_000.0, "charged its estimate");
+    assert!(
+        first.quota_left("tokens").await < 95_000.0,
+        "charged its estimate"
+    );
     first.sigterm();
     assert_eq!(slow.await.unwrap().status, 200, "drained");
     first.wait_exit(Duration::from_secs(10)).await;
     let gate = gate(dir).upstream(&up).start().await;
     assert_eq!(
-        tokens_left(&gate).await,
+        gate.quota_left("tokens").await,
         100_000.0 - 17.0,
         "settled to its usage"
     );
@@ -485,17 +459,11 @@ async fn a_queue_refusal_after_the_quota_carries_the_allowance() {
     let client = gate.client();
     let holder = tokio::spawn(async move {
         client
-            .post_json(
-                CHAT,
-                &Req::chat("hold").delay(Duration::from_millis(800)).json(),
-            )
+            .post_chat(&Req::chat("hold").delay(Duration::from_millis(800)))
             .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let resp = gate
-        .client()
-        .post_json(CHAT, &Req::chat("turned-away").json())
-        .await;
+    let resp = gate.client().post_chat(&Req::chat("turned-away")).await;
     assert_error(&resp, 429, "queue_full");
     assert_eq!(
         resp.header("x-ratelimit-limit-requests").as_deref(),

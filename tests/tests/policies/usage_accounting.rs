@@ -18,24 +18,22 @@ async fn start_with_policy(name: &str, settings: &str) -> (RunningUpstream, Runn
     Gate::new()
         .slots(1)
         .policies(&[(&wat::built(name), Some(settings))])
-        .start_with(FakeUpstream::instant())
+        .start_instant()
         .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn timings_only_answers_are_counted_in_the_token_metrics() {
-    let (up, gate) = Gate::one_slot(1).start_with(FakeUpstream::instant()).await;
+    let (up, gate) = Gate::one_slot(1).start_instant().await;
     let client = gate.client();
 
     // A chat stream: 300 prompt tokens of which 280 came from the prompt cache, 6 generated.
     let sse = client
-        .stream(
-            CHAT,
+        .stream_chat(
             &Req::chat("chat-stream")
                 .chunks(6, ms(5))
                 .prompt_tokens(300)
-                .usage_in_timings_only(280)
-                .json(),
+                .usage_in_timings_only(280),
         )
         .await
         .read_sse(Duration::from_secs(5))
@@ -54,13 +52,11 @@ async fn timings_only_answers_are_counted_in_the_token_metrics() {
         .await;
     assert!(native.complete(), "{native:?}");
     let whole = client
-        .post_json(
-            CHAT,
+        .post_chat(
             &Req::chat("whole")
                 .prompt_tokens(40)
                 .completion_tokens(9)
-                .usage_in_timings_only(0)
-                .json(),
+                .usage_in_timings_only(0),
         )
         .await;
     assert_eq!(whole.status, 200, "{}", whole.body);
@@ -69,10 +65,8 @@ async fn timings_only_answers_are_counted_in_the_token_metrics() {
     gate.assert_settled(&up, 1).await;
     gate.wait_outcome("ok", 3).await;
     assert_eq!(up.usage_totals(), (300 + 21 + 40, 6 + 2 + 9));
-    gate.wait_metric("slotgate_tokens_total", &[("kind", "prompt")], 361.0)
-        .await;
-    gate.wait_metric("slotgate_tokens_total", &[("kind", "completion")], 17.0)
-        .await;
+    gate.wait_tokens("prompt", 361.0).await;
+    gate.wait_tokens("completion", 17.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -114,7 +108,7 @@ async fn token_budget_charges_a_stream_that_reported_only_timings() {
     // 10 tokens are left: a request that may cost 101 is refused. (Had the first stream been counted
     // as free, 709 would be left and it would pass.)
     let over = client
-        .post_json(CHAT, &Req::chat("over").set("max_tokens", 100).json())
+        .post_chat(&Req::chat("over").set("max_tokens", 100))
         .await;
     assert_error(&over, 429, "policy_denied");
     assert_eq!(
@@ -138,20 +132,13 @@ async fn policies_see_the_max_tokens_llama_server_obeys() {
     let sneaky = Req::chat("sneaky")
         .set("max_tokens", 1)
         .set("n_predict", 500);
-    assert_error(
-        &client.post_json(CHAT, &sneaky.json()).await,
-        403,
-        "policy_denied",
-    );
     // Builds differ on which OpenAI name wins; the larger one counts.
     let both = Req::chat("both")
         .set("max_completion_tokens", 1)
         .set("max_tokens", 500);
-    assert_error(
-        &client.post_json(CHAT, &both.json()).await,
-        403,
-        "policy_denied",
-    );
+    for denied in [sneaky, both] {
+        assert_error(&client.post_chat(&denied).await, 403, "policy_denied");
+    }
     assert_eq!(up.count(), 0, "denied requests never reach the upstream");
 
     // The other way round it generates at most 1 token and is let through; the guard's cap still

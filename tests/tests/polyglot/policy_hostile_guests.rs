@@ -9,9 +9,8 @@
 use std::path::Path;
 
 use serde_json::Value;
-use slotgate_tests::fake_upstream::FakeUpstream;
 use slotgate_tests::gate::Gate;
-use slotgate_tests::request::{Req, CHAT};
+use slotgate_tests::request::Req;
 use slotgate_tests::wait::unique_dir;
 use slotgate_tests::wat;
 

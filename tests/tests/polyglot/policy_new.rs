@@ -2,7 +2,7 @@
 //! repository, passes its own tests, builds with its language's toolchain from the registries, and
 //! passes `slotgate policy check` and `eval` as it is.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use slotgate_tests::gate::{run as slotgate, succeeded as ok};
@@ -65,16 +65,36 @@ fn check_and_eval(project: &Path, wasm: &Path, expect: &str) {
     let _ = project;
 }
 
+/// `build.sh` in `project` with `env`, which must build `<name>.wasm`, then [`check_and_eval`] of it.
+fn build_and_check(project: &Path, name: &str, env: &[(&str, String)], expect: &str) -> PathBuf {
+    let built = sh(project, "bash", &["build.sh"], env);
+    let wasm = format!("{name}.wasm");
+    assert!(built.contains(&wasm), "{built}");
+    let wasm = project.join(wasm);
+    check_and_eval(project, &wasm, expect);
+    wasm
+}
+
+/// `slotgate policy new --lang rust <name> --dir <dir>`, as it ended.
+fn new_rust_policy(dir: &Path, name: &str) -> std::process::Output {
+    slotgate(&[
+        "policy",
+        "new",
+        "--lang",
+        "rust",
+        name,
+        "--dir",
+        &dir.display().to_string(),
+    ])
+}
+
 #[test]
 fn a_new_rust_policy_builds_and_checks_outside_the_repository() {
     let project = new_project("rust", "my-rule");
     // Its own target directory, kept warm between runs (the SDK's dependencies compile once).
     let target = [("CARGO_TARGET_DIR", cache("policy-new-target"))];
     sh(&project, "cargo", &["test", "--quiet"], &target);
-    let built = sh(&project, "bash", &["build.sh"], &target);
-    assert!(built.contains("my-rule.wasm"), "{built}");
-    let wasm = project.join("my-rule.wasm");
-    check_and_eval(&project, &wasm, "is a v2 policy");
+    let wasm = build_and_check(&project, "my-rule", &target, "is a v2 policy");
     let report = ok(&slotgate(&[
         "policy",
         "eval",
@@ -94,13 +114,7 @@ fn a_new_python_policy_builds_and_checks_outside_the_repository() {
     let venv = [("SLOTGATE_PY_VENV", cache("venv-componentize-py"))];
     sh(&project, "bash", &["build.sh", "bindings"], &venv);
     sh(&project, "python3", &["-m", "unittest"], &venv);
-    let built = sh(&project, "bash", &["build.sh"], &venv);
-    assert!(built.contains("my-py-rule.wasm"), "{built}");
-    check_and_eval(
-        &project,
-        &project.join("my-py-rule.wasm"),
-        "is a v2 component",
-    );
+    build_and_check(&project, "my-py-rule", &venv, "is a v2 component");
 }
 
 #[test]
@@ -108,48 +122,18 @@ fn a_new_typescript_policy_builds_and_checks_outside_the_repository() {
     let project = new_project("ts", "my-ts-rule");
     let npm = [("npm_config_cache", cache("npm-ts-policies"))];
     sh(&project, "bash", &["build.sh", "test"], &npm);
-    let built = sh(&project, "bash", &["build.sh"], &npm);
-    assert!(built.contains("my-ts-rule.wasm"), "{built}");
-    check_and_eval(
-        &project,
-        &project.join("my-ts-rule.wasm"),
-        "is a v2 component",
-    );
+    build_and_check(&project, "my-ts-rule", &npm, "is a v2 component");
 }
 
 #[test]
 fn a_new_name_must_be_usable_and_new() {
     let dir = unique_dir("policy-new-bad");
-    let bad = slotgate(&[
-        "policy",
-        "new",
-        "--lang",
-        "rust",
-        "My Rule",
-        "--dir",
-        &dir.display().to_string(),
-    ]);
+    let bad = new_rust_policy(&dir, "My Rule");
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a usable policy name"));
-    let first = slotgate(&[
-        "policy",
-        "new",
-        "--lang",
-        "rust",
-        "twice",
-        "--dir",
-        &dir.display().to_string(),
-    ]);
+    let first = new_rust_policy(&dir, "twice");
     assert!(first.status.success());
-    let again = slotgate(&[
-        "policy",
-        "new",
-        "--lang",
-        "rust",
-        "twice",
-        "--dir",
-        &dir.display().to_string(),
-    ]);
+    let again = new_rust_policy(&dir, "twice");
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
 }

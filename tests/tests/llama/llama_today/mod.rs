@@ -32,7 +32,7 @@ pub(crate) async fn gate_before(llama: &RunningLlama, gate: Gate) -> (RunningGat
             unique_dir("sock").join("slotgate.sock").display()
         ))
         .listen(format!("tcp:127.0.0.1:{port}"))
-        .start_before(&llama)
+        .start_before(llama)
         .await;
     (gate, format!("http://127.0.0.1:{port}"))
 }
