@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::admission::{TenantStats, WaiterView};
-use crate::live::schema::{self, Budget, Live, Queue, Slots, Tenant, Totals, Waiter};
+use crate::live::schema::{Budget, Live, Queue, Slots, Tenant, Totals, Waiter};
 use crate::live::{Snapshot, TenantTotals};
 use crate::state::App;
 
@@ -18,7 +18,7 @@ const LIVE_BUDGETS: usize = 50;
 
 /// `GET /live`.
 pub fn live(app: &App) -> Live {
-    let snap = app.live.snapshot();
+    let mut snap = app.live.snapshot();
     let q = totals(app);
     Live {
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -42,7 +42,7 @@ pub fn live(app: &App) -> Live {
             draining: q.closed,
             waiters: waiters(app),
         },
-        requests: snap.requests.iter().map(schema::Request::from).collect(),
+        requests: std::mem::take(&mut snap.requests),
         tenants: tenants(app, &snap),
         budgets: budgets(app),
         rates: snap.rates.clone(),

@@ -174,15 +174,14 @@ impl Request {
     }
 
     /// What the live view shows of it now.
-    pub fn view(&self, now: Instant) -> RequestView {
+    pub fn view(&self, now: Instant) -> schema::Request {
         let admitted = self.admitted_after.load(Ordering::Relaxed);
-        RequestView {
-            key: self.key,
+        schema::Request {
             request_id: self.request_id.to_str().unwrap_or("-").to_owned(),
             method: self.method.as_str().to_owned(),
             path: self.path.clone(),
             tenant: self.tenant().map(|t| t.to_string()),
-            phase: self.phase(),
+            phase: self.phase().label().to_owned(),
             priority: self.priority.load(Ordering::Relaxed),
             age_seconds: now.saturating_duration_since(self.arrived).as_secs_f64(),
             in_service_seconds: (admitted > 0).then(|| {
@@ -191,59 +190,11 @@ impl Request {
             }),
             prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
             generated_tokens: self.generated.load(Ordering::Relaxed),
-            slots: self.slots.load(Ordering::Relaxed),
+            slots: self.slots.load(Ordering::Relaxed) as u64,
             stream: self.stream.load(Ordering::Relaxed),
             deadline_ms: Some(self.deadline_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0),
-            shed: self.shed.load(Ordering::Relaxed),
+            shed: u64::from(self.shed.load(Ordering::Relaxed)),
             band: self.band.get().map(|b| b.to_string()),
-        }
-    }
-}
-
-/// A request as the live view shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RequestView {
-    pub key: u64,
-    pub request_id: String,
-    pub method: String,
-    pub path: String,
-    pub tenant: Option<String>,
-    pub phase: Phase,
-    pub priority: i64,
-    pub age_seconds: f64,
-    /// Since it was given its slots; `None` before.
-    pub in_service_seconds: Option<f64>,
-    pub prompt_tokens: u64,
-    pub generated_tokens: u64,
-    /// Slots it holds (0: none, or not yet admitted).
-    pub slots: usize,
-    pub stream: bool,
-    /// Its own deadline, milliseconds after arrival (header or policy).
-    pub deadline_ms: Option<u64>,
-    /// Times it was shed before its first byte and queued again.
-    pub shed: u32,
-    /// Its overload band, when it is in one.
-    pub band: Option<String>,
-}
-
-impl From<&RequestView> for schema::Request {
-    fn from(r: &RequestView) -> Self {
-        schema::Request {
-            request_id: r.request_id.clone(),
-            method: r.method.clone(),
-            path: r.path.clone(),
-            tenant: r.tenant.clone(),
-            phase: r.phase.label().to_owned(),
-            priority: r.priority,
-            stream: r.stream,
-            age_seconds: r.age_seconds,
-            in_service_seconds: r.in_service_seconds,
-            slots: r.slots as u64,
-            prompt_tokens: r.prompt_tokens,
-            generated_tokens: r.generated_tokens,
-            deadline_ms: r.deadline_ms,
-            shed: u64::from(r.shed),
-            band: r.band.clone(),
         }
     }
 }
@@ -388,7 +339,8 @@ fn bin_seconds(bin: usize) -> f64 {
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub uptime: Duration,
-    pub requests: Vec<RequestView>,
+    /// Every request inside, oldest first.
+    pub requests: Vec<schema::Request>,
     pub outcomes: Vec<(&'static str, u64)>,
     pub tokens: u64,
     pub tenants: Vec<(String, TenantTotals)>,
@@ -450,7 +402,7 @@ impl Live {
     }
 
     /// The request with this key, while it is inside slotgate.
-    pub fn request(&self, key: u64) -> Option<RequestView> {
+    pub fn request(&self, key: u64) -> Option<schema::Request> {
         let now = Instant::now();
         self.inner.requests.get(&key).map(|r| r.view(now))
     }
@@ -550,9 +502,11 @@ impl Live {
     /// Everything, now.
     pub fn snapshot(&self) -> Snapshot {
         let now = Instant::now();
-        let mut requests: Vec<RequestView> =
-            self.inner.requests.iter().map(|r| r.view(now)).collect();
-        requests.sort_by_key(|r| r.key);
+        let mut by_arrival: Vec<(u64, schema::Request)> = (self.inner.requests.iter())
+            .map(|r| (r.key, r.view(now)))
+            .collect();
+        by_arrival.sort_by_key(|r| r.0);
+        let requests = by_arrival.into_iter().map(|r| r.1).collect();
         let uptime = self.inner.started.elapsed();
         let current = uptime.as_secs();
         let mut t = self.lock();
@@ -673,13 +627,14 @@ mod tests {
             panic!("{:?}", snap.requests)
         };
         assert_eq!(
-            (r.request_id.as_str(), r.tenant.as_deref(), r.phase),
-            ("abc", Some("team-a"), Phase::Answering)
+            (r.request_id.as_str(), r.tenant.as_deref(), r.phase.as_str()),
+            ("abc", Some("team-a"), Phase::Answering.label())
         );
         assert_eq!((r.prompt_tokens, r.generated_tokens, r.slots), (12, 5, 2));
         assert!((r.age_seconds - 0.5).abs() < 1e-3, "{r:?}");
         assert!((r.in_service_seconds.unwrap() - 0.2).abs() < 1e-3, "{r:?}");
-        assert_eq!(live.request(r.key).unwrap().request_id, "abc");
+        let key = tracked.request().key;
+        assert_eq!(live.request(key).unwrap().request_id, "abc");
         tracked.end(ended(Outcome::Ok, 200, "team-a", 17));
         drop(tracked);
         let snap = live.snapshot();
