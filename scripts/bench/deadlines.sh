@@ -9,21 +9,10 @@
 #   bash scripts/bench/deadlines.sh     # DEADLINE_REQUESTS (40), DEADLINE_SERVICE_MS (400), DEADLINE_ROUNDS (2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-eval "$(bash scripts/setup-llama.sh)"
-root="$(mktemp -d -t slotgate-deadlines.XXXXXX)"
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$root"
-}
-trap cleanup EXIT
-export LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-slotgate=target/release/slotgate
-[ -x "$slotgate" ] || slotgate=target/debug/slotgate
-[ -x "$slotgate" ] || { cargo build -q -p slotgate; slotgate=target/debug/slotgate; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source scripts/bench/lib.sh
+llama_env
+bench_root deadlines
+find_slotgate
 "$LLAMA_SERVER" -m "$LLAMA_MODEL" -np 1 -c 2048 --host "$root/llama.sock" --no-webui \
   >"$root/llama.log" 2>&1 &
 pids+=($!)
@@ -33,10 +22,7 @@ port="$(free_port)"
   --admin-listen "unix:$root/admin.sock" --slots 1 --queue-depth 64 --queue-timeout 60s \
   >"$root/slotgate.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 300); do
-  curl -sf --unix-socket "$root/admin.sock" http://localhost/readyz >/dev/null && break
-  sleep 0.1
-done
+wait_ready "$root/admin.sock" 300 || { echo "deadlines: slotgate never became ready" >&2; exit 1; }
 echo "deadlines: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
 python3 scripts/bench/deadlines.py "http://127.0.0.1:$port" --requests "${DEADLINE_REQUESTS:-40}" \
   --service-ms "${DEADLINE_SERVICE_MS:-400}" --rounds "${DEADLINE_ROUNDS:-2}"

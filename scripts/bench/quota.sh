@@ -17,7 +17,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/../.."
-target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+source "$here/lib.sh"
+target_dir="$(cargo_target_dir)"
 bin="${1:-$target_dir/release/slotgate}"
 [ -x "$bin" ] || cargo build --release -p slotgate >&2
 bash scripts/build-policies.sh >/dev/null
@@ -26,46 +27,19 @@ for tool in nginx wrk strace curl; do
   command -v "$tool" >/dev/null || { echo "quota.sh: needs $tool (apt-get install nginx-light wrk strace curl)" >&2; exit 2; }
 done
 
-root="$(mktemp -d -t slotgate-qb.XXXXXX)"
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$root"
-}
-trap cleanup EXIT
-
-user=""; [ "$(id -u)" = 0 ] && user="user root;"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-mkdir -p "$root/mock"
-mock_port="$(port)"
-sed -e "s|@DIR@|$root/mock|g" -e "s|@USER@|$user|g" -e "s|@BENCH@|$here|g" -e "s|@MOCK_PORT@|$mock_port|g" \
-  "$here/mock.conf.in" >"$root/mock/nginx.conf"
-nginx -p "$root/mock" -c "$root/mock/nginx.conf" -e "$root/mock/error.log" &
-pids+=($!)
+bench_root qb
+start_mock
 echo '{"capacity": 1000000000000, "refill_per_second": 1000000000}' >"$root/budget.json"
 echo '{"period": "day", "tokens": 1000000000000, "requests": 1000000000}' >"$root/quota.json"
 
 declare -A port_of pid_of
 start() { # NAME [args...]
-  local name="$1" p; shift
-  p="$(port)"
-  mkdir -p "$root/$name"
-  ${STRACE:+strace -f --seccomp-bpf -c -e trace=fsync,fdatasync -o "$STRACE"} \
-  "$bin" --listen "tcp:127.0.0.1:$p" --upstream "unix:$root/mock/mock.sock" \
-    --admin-listen "unix:$root/$name/admin.sock" --log-format json --slots 64 --queue-depth 1024 \
-    --state-dir "$root/$name/state" "$@" >"$root/$name/slotgate.log" 2>&1 &
-  pids+=($!)
-  pid_of[$name]=$!
-  local i
-  for i in $(seq 200); do
-    curl -sf --unix-socket "$root/$name/admin.sock" http://localhost/readyz >/dev/null && break
-    sleep 0.1
-  done
-  curl -sf --unix-socket "$root/$name/admin.sock" http://localhost/readyz >/dev/null \
-    || { echo "quota.sh: $name never became ready" >&2; tail -20 "$root/$name/slotgate.log" >&2; exit 1; }
-  port_of[$name]=$p
+  local name="$1"
+  shift
+  start_mock_gate "$name" ${STRACE:+strace -f --seccomp-bpf -c -e trace=fsync,fdatasync -o "$STRACE"} \
+    "$bin" --state-dir "$root/$name/state" "$@"
+  pid_of[$name]=$gate_pid
+  port_of[$name]=$gate_port
 }
 metric() { # NAME METRIC: its value (sum over label sets), 0 when absent
   curl -sf --unix-socket "$root/$1/admin.sock" http://localhost/metrics \
@@ -83,29 +57,11 @@ printf '%-6s %-14s %12s %10s\n' round system "c=64 rps" "c=1 p50"
 for r in $(seq "$rounds"); do
   for s in "${systems[@]}"; do
     url="http://127.0.0.1:${port_of[$s]}/v1/chat/completions"
-    out=$(TENANTS=1000 wrk -t2 -c64 -d"${secs}s" -s "$here/post-tenants.lua" "$url")
-    rps=$(awk '/Requests\/sec/{print $2}' <<<"$out")
-    p50=$(TENANTS=1000 wrk -t1 -c1 -d5s --latency -s "$here/post-tenants.lua" "$url" | awk '/ 50%/{print $2}')
+    read -r rps p50 < <(TENANTS=1000 rps_p50 "$url" post-tenants.lua)
     printf '%-6s %-14s %12s %10s\n' "$r" "$s" "$rps" "$p50" | tee -a "$root/rows"
   done
 done
-python3 - "$root/rows" <<'PY'
-import re, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    _, name, rps, p50 = line.split()
-    m = re.fullmatch(r"([\d.]+)(us|ms|s)", p50)
-    p50 = float(m[1]) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m[2]]
-    rows.setdefault(name, []).append((float(rps), p50))
-base = rows["no-policy"]
-b_rps = statistics.median(r for r, _ in base)
-b_p50 = statistics.median(p for _, p in base)
-print(f"\n{'system':<14} {'c=64 rps':>10} {'ratio':>6} {'c=1 p50 ms':>11} {'ratio':>6}")
-for name, v in rows.items():
-    rps = statistics.median(r for r, _ in v)
-    p50 = statistics.median(p for _, p in v)
-    print(f"{name:<14} {rps:>10.0f} {rps / b_rps:>6.3f} {p50:>11.3f} {p50 / b_p50:>6.3f}")
-PY
+medians "$root/rows" no-policy 14
 
 echo
 echo "== 2. the store under load (quota, c=64, 1000 tenants; fsyncs counted by strace, which started it with a seccomp filter: only those calls stop)"

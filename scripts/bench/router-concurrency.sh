@@ -12,7 +12,8 @@
 #   bash scripts/bench/router-concurrency.sh        # ROUTER_TOKENS (200), ROUTER_ROUNDS (3)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-eval "$(bash scripts/setup-llama.sh)"
+source scripts/bench/lib.sh
+llama_env
 root="$(mktemp -d -t slotgate-router.XXXXXX)"
 pid="" gate=""
 cleanup() {
@@ -24,12 +25,8 @@ trap cleanup EXIT
 mkdir -p "$root/models"
 cp "$LLAMA_MODEL" "$root/models/alpha.gguf"
 cp "$LLAMA_MODEL" "$root/models/beta.gguf"
-export LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port="$(free_port)"
-slotgate=target/release/slotgate
-[ -x "$slotgate" ] || slotgate=target/debug/slotgate
-[ -x "$slotgate" ] || { cargo build -q -p slotgate; slotgate=target/debug/slotgate; }
+find_slotgate
 echo "router-concurrency: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
 for threads in "" "--poll 0" "-t 1"; do
   # shellcheck disable=SC2086 # the setting is two words or none
@@ -48,10 +45,7 @@ for threads in "" "--poll 0" "-t 1"; do
         --admin-listen "unix:$root/admin.sock" --model-turns "$turns" --queue-timeout 600s \
         >"$root/slotgate.log" 2>&1 &
       gate=$!
-      for _ in $(seq 100); do
-        curl -sf --unix-socket "$root/admin.sock" http://localhost/readyz >/dev/null && break
-        sleep 0.1
-      done
+      wait_ready "$root/admin.sock" 100 || true
       echo "  through slotgate, --model-turns $turns:"
       python3 scripts/bench/router_concurrency.py "http://127.0.0.1:$gate_port" alpha beta \
         --tokens "${ROUTER_TOKENS:-200}" --rounds "${ROUTER_ROUNDS:-3}" | sed 's/^/  /'

@@ -9,21 +9,10 @@
 #   bash scripts/bench/shedding.sh     # SHED_ROUNDS (5), SHED_BACKGROUND_S (6)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-eval "$(bash scripts/setup-llama.sh)"
-root="$(mktemp -d -t slotgate-shedding.XXXXXX)"
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$root"
-}
-trap cleanup EXIT
-export LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-slotgate=target/release/slotgate
-[ -x "$slotgate" ] || slotgate=target/debug/slotgate
-[ -x "$slotgate" ] || { cargo build -q -p slotgate; slotgate=target/debug/slotgate; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source scripts/bench/lib.sh
+llama_env
+bench_root shedding
+find_slotgate
 "$LLAMA_SERVER" -m "$LLAMA_MODEL_LONG" -np 1 -c 16384 --host "$root/llama.sock" --no-webui \
   >"$root/llama.log" 2>&1 &
 pids+=($!)
@@ -35,12 +24,7 @@ start_gate() { # NAME PORT [FLAGS...]
     --admin-listen "unix:$root/$name.sock" --slots 1 --queue-depth 8 --queue-timeout 60s \
     --trust-client-priority "$@" >"$root/$name.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 300); do
-    curl -sf --unix-socket "$root/$name.sock" http://localhost/readyz >/dev/null && return
-    sleep 0.1
-  done
-  echo "slotgate $name did not become ready" >&2
-  exit 1
+  wait_ready "$root/$name.sock" 300 || { echo "slotgate $name did not become ready" >&2; exit 1; }
 }
 shed_port="$(free_port)"
 start_gate shed "$shed_port" --sheddable-priority 10
