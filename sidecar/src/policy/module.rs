@@ -709,6 +709,63 @@ fn host_str(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> wasmtime:
         .map_err(|_| wasmtime::Error::new(EvalError::Abi("host string is not UTF-8".into())))
 }
 
+/// Links `$name`, a host call on the policy's state: the guest passes the key (and for a quota
+/// the period) as a pointer and a length each, read as [`host_str`] reads them (fuel, limits),
+/// then the `$arg`s; the call answers what `SharedState::$method` does for the policy's state key,
+/// its own error a trap (see [`HostAnswer`]).
+macro_rules! link_state {
+    ($l:expr, $name:literal => $method:ident(key, period $(, $arg:ident: $ty:ty)*)) => {
+        $l.func_wrap(
+            IMPORT_MODULE,
+            $name,
+            |mut c: Caller<'_, HostState>, kp: i32, kl: i32, pp: i32, pl: i32 $(, $arg: $ty)*| {
+                let key = host_str(&mut c, kp, kl)?;
+                let period = host_str(&mut c, pp, pl)?;
+                let s = c.data();
+                s.shared.$method(&s.state_key, &key, &period $(, $arg)*).answer()
+            },
+        )
+    };
+    ($l:expr, $name:literal => $method:ident(key $(, $arg:ident: $ty:ty)*)) => {
+        $l.func_wrap(
+            IMPORT_MODULE,
+            $name,
+            |mut c: Caller<'_, HostState>, kp: i32, kl: i32 $(, $arg: $ty)*| {
+                let key = host_str(&mut c, kp, kl)?;
+                let s = c.data();
+                s.shared.$method(&s.state_key, &key $(, $arg)*).answer()
+            },
+        )
+    };
+}
+
+/// What a state call returns, as its host call answers it: a number as it is, the call's own
+/// error (a bad period, say) as the trap [`host_error`] makes of it.
+trait HostAnswer {
+    type Value;
+    fn answer(self) -> wasmtime::Result<Self::Value>;
+}
+
+/// Numbers, answered as they are.
+macro_rules! answer_as_is {
+    ($($t:ty),*) => {$(
+        impl HostAnswer for $t {
+            type Value = $t;
+            fn answer(self) -> wasmtime::Result<$t> {
+                Ok(self)
+            }
+        }
+    )*};
+}
+answer_as_is!(f64, i64);
+
+impl<T> HostAnswer for Result<T, String> {
+    type Value = T;
+    fn answer(self) -> wasmtime::Result<T> {
+        self.map_err(host_error)
+    }
+}
+
 fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadError> {
     let mut l = Linker::<HostState>::new(engine.engine());
     let wrap = |e: wasmtime::Error| LoadError::Abi(format!("linking host functions: {e:#}"));
@@ -737,48 +794,11 @@ fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadError> {
         },
     )
     .map_err(wrap)?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "bucket_take",
-        |mut c: Caller<'_, HostState>,
-         kp: i32,
-         kl: i32,
-         capacity: f64,
-         refill: f64,
-         amount: f64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let s = c.data();
-            Ok(s.shared
-                .bucket_take(&s.state_key, &key, capacity, refill, amount))
-        },
-    )
-    .map_err(wrap)?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "bucket_refund",
-        |mut c: Caller<'_, HostState>,
-         kp: i32,
-         kl: i32,
-         capacity: f64,
-         refill: f64,
-         amount: f64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let s = c.data();
-            Ok(s.shared
-                .bucket_refund(&s.state_key, &key, capacity, refill, amount))
-        },
-    )
-    .map_err(wrap)?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "window_add",
-        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, window_ms: i64, amount: i64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let s = c.data();
-            Ok(s.shared.window_add(&s.state_key, &key, window_ms, amount))
-        },
-    )
-    .map_err(wrap)?;
+    link_state!(l, "bucket_take" => bucket_take(key, capacity: f64, refill: f64, amount: f64))
+        .map_err(wrap)?;
+    link_state!(l, "bucket_refund" => bucket_refund(key, capacity: f64, refill: f64, amount: f64))
+        .map_err(wrap)?;
+    link_state!(l, "window_add" => window_add(key, window_ms: i64, amount: i64)).map_err(wrap)?;
     link_v1_additions(&mut l).map_err(wrap)?;
     Ok(l)
 }
@@ -792,15 +812,7 @@ fn host_error(e: String) -> wasmtime::Error {
 /// The imports added to ABI v1 after its first release (issue 33): optional, so modules built
 /// before them load unchanged. Each is a host call (fuel) like the others.
 fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    l.func_wrap(
-        IMPORT_MODULE,
-        "bucket_level",
-        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, capacity: f64, refill: f64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let s = c.data();
-            Ok(s.shared.bucket_level(&s.state_key, &key, capacity, refill))
-        },
-    )?;
+    link_state!(l, "bucket_level" => bucket_level(key, capacity: f64, refill: f64))?;
     l.func_wrap(
         IMPORT_MODULE,
         "wall_ms",
@@ -809,66 +821,10 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
             Ok(super::state::wall_ms())
         },
     )?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "quota_take",
-        |mut c: Caller<'_, HostState>,
-         kp: i32,
-         kl: i32,
-         pp: i32,
-         pl: i32,
-         limit: f64,
-         amount: f64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let period = host_str(&mut c, pp, pl)?;
-            let s = c.data();
-            s.shared
-                .quota_take(&s.state_key, &key, &period, limit, amount)
-                .map_err(host_error)
-        },
-    )?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "quota_refund",
-        |mut c: Caller<'_, HostState>,
-         kp: i32,
-         kl: i32,
-         pp: i32,
-         pl: i32,
-         limit: f64,
-         amount: f64,
-         at: i64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let period = host_str(&mut c, pp, pl)?;
-            let s = c.data();
-            s.shared
-                .quota_refund(&s.state_key, &key, &period, limit, amount, at)
-                .map_err(host_error)
-        },
-    )?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "quota_level",
-        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, pp: i32, pl: i32, limit: f64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let period = host_str(&mut c, pp, pl)?;
-            let s = c.data();
-            s.shared
-                .quota_level(&s.state_key, &key, &period, limit)
-                .map_err(host_error)
-        },
-    )?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "quota_limit",
-        |mut c: Caller<'_, HostState>, kp: i32, kl: i32, pp: i32, pl: i32, limit: f64| {
-            let key = host_str(&mut c, kp, kl)?;
-            let period = host_str(&mut c, pp, pl)?;
-            let s = c.data();
-            Ok(s.shared
-                .quota_limit_in_force(&s.state_key, &key, &period, limit))
-        },
-    )?;
+    link_state!(l, "quota_take" => quota_take(key, period, limit: f64, amount: f64))?;
+    link_state!(l, "quota_refund" => quota_refund(key, period, limit: f64, amount: f64, at: i64))?;
+    link_state!(l, "quota_level" => quota_level(key, period, limit: f64))?;
+    link_state!(l, "quota_limit" => quota_limit_in_force(key, period, limit: f64))?;
     l.func_wrap(
         IMPORT_MODULE,
         "quota_reset_ms",
