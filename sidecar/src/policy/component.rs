@@ -715,92 +715,35 @@ impl wit::slotgate::policy::clocks::Host for HostState {
     }
 }
 
+/// `fn $name(key, [period,] $arg...)`: a host call on the policy's state, counted and its key
+/// checked as every host call is, answering what `SharedState::$method` does for the policy's
+/// state key.
+macro_rules! state_call {
+    (fn $name:ident(key, period $(, $arg:ident: $ty:ty)*) -> $ret:ty = $method:ident) => {
+        fn $name(&mut self, key: String, period: String $(, $arg: $ty)*) -> wasmtime::Result<$ret> {
+            self.key(&key)?;
+            Ok(self.shared.$method(&self.state_key, &key, &period $(, $arg)*))
+        }
+    };
+    (fn $name:ident(key $(, $arg:ident: $ty:ty)*) -> $ret:ty = $method:ident) => {
+        fn $name(&mut self, key: String $(, $arg: $ty)*) -> wasmtime::Result<$ret> {
+            self.key(&key)?;
+            Ok(self.shared.$method(&self.state_key, &key $(, $arg)*))
+        }
+    };
+}
+
 impl wit::slotgate::policy::state::Host for HostState {
-    fn bucket_take(
-        &mut self,
-        key: String,
-        capacity: f64,
-        refill: f64,
-        amount: f64,
-    ) -> wasmtime::Result<f64> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .bucket_take(&self.state_key, &key, capacity, refill, amount))
-    }
-
-    fn bucket_refund(
-        &mut self,
-        key: String,
-        capacity: f64,
-        refill: f64,
-        amount: f64,
-    ) -> wasmtime::Result<f64> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .bucket_refund(&self.state_key, &key, capacity, refill, amount))
-    }
-
-    fn bucket_level(&mut self, key: String, capacity: f64, refill: f64) -> wasmtime::Result<f64> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .bucket_level(&self.state_key, &key, capacity, refill))
-    }
-
-    fn window_add(&mut self, key: String, window_ms: i64, amount: i64) -> wasmtime::Result<i64> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .window_add(&self.state_key, &key, window_ms, amount))
-    }
-
-    fn quota_take(
-        &mut self,
-        key: String,
-        period: String,
-        limit: f64,
-        amount: f64,
-    ) -> wasmtime::Result<Result<f64, String>> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .quota_take(&self.state_key, &key, &period, limit, amount))
-    }
-
-    fn quota_refund(
-        &mut self,
-        key: String,
-        period: String,
-        limit: f64,
-        amount: f64,
-        at: i64,
-    ) -> wasmtime::Result<Result<f64, String>> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .quota_refund(&self.state_key, &key, &period, limit, amount, at))
-    }
-
-    fn quota_level(
-        &mut self,
-        key: String,
-        period: String,
-        limit: f64,
-    ) -> wasmtime::Result<Result<f64, String>> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .quota_level(&self.state_key, &key, &period, limit))
-    }
-
-    fn quota_limit(&mut self, key: String, period: String, limit: f64) -> wasmtime::Result<f64> {
-        self.key(&key)?;
-        Ok(self
-            .shared
-            .quota_limit_in_force(&self.state_key, &key, &period, limit))
-    }
+    state_call!(fn bucket_take(key, capacity: f64, refill: f64, amount: f64) -> f64 = bucket_take);
+    state_call!(fn bucket_refund(key, capacity: f64, refill: f64, amount: f64) -> f64 = bucket_refund);
+    state_call!(fn bucket_level(key, capacity: f64, refill: f64) -> f64 = bucket_level);
+    state_call!(fn window_add(key, window_ms: i64, amount: i64) -> i64 = window_add);
+    state_call!(fn quota_take(key, period, limit: f64, amount: f64) -> Result<f64, String> = quota_take);
+    state_call!(
+        fn quota_refund(key, period, limit: f64, amount: f64, at: i64) -> Result<f64, String> = quota_refund
+    );
+    state_call!(fn quota_level(key, period, limit: f64) -> Result<f64, String> = quota_level);
+    state_call!(fn quota_limit(key, period, limit: f64) -> f64 = quota_limit_in_force);
 
     fn quota_reset_ms(&mut self, period: String) -> wasmtime::Result<Result<i64, String>> {
         self.host_call()?;
