@@ -1,7 +1,7 @@
 //! ABI v1 byte plumbing: copy JSON into a guest's memory, call an export, copy the answer out. The
 //! only code that touches guest memory; every pointer and length from the guest is bounds-checked.
 
-use wasmtime::{AsContext, AsContextMut, Instance, Memory};
+use wasmtime::{AsContext, AsContextMut, Instance, Memory, TypedFunc};
 
 use super::error::EvalError;
 
@@ -74,15 +74,11 @@ pub fn call_json(
     input: &[u8],
     max_output: usize,
 ) -> Result<Option<Vec<u8>>, wasmtime::Error> {
-    let mem = memory(&mut store, instance).map_err(wasmtime::Error::new)?;
-    let alloc = instance.get_typed_func::<i32, i32>(&mut store, EXPORT_ALLOC)?;
-    let len = i32::try_from(input.len())
-        .map_err(|_| wasmtime::Error::new(EvalError::Abi("input too large".into())))?;
-    let ptr = alloc.call(&mut store, len)?;
-    write_input(&mut store, &mem, ptr, input)?;
-    let func = instance.get_typed_func::<(i32, i32), i64>(&mut store, export)?;
-    let packed = func.call(&mut store, (ptr, len))?;
-    output(&store, &mem, packed, max_output)
+    let call = Call::new(&mut store, instance, export, input)?;
+    let ptr = call.alloc.call(&mut store, call.len)?;
+    write_input(&mut store, &call.mem, ptr, input)?;
+    let packed = call.func.call(&mut store, (ptr, call.len))?;
+    output(&store, &call.mem, packed, max_output)
 }
 
 /// [`call_json`] with the calls made on a fiber, so the deadline check may yield to the async
@@ -94,15 +90,41 @@ pub async fn call_json_async<T: Send>(
     input: &[u8],
     max_output: usize,
 ) -> Result<Option<Vec<u8>>, wasmtime::Error> {
-    let mem = memory(&mut store, instance).map_err(wasmtime::Error::new)?;
-    let alloc = instance.get_typed_func::<i32, i32>(&mut store, EXPORT_ALLOC)?;
-    let len = i32::try_from(input.len())
-        .map_err(|_| wasmtime::Error::new(EvalError::Abi("input too large".into())))?;
-    let ptr = alloc.call_async(&mut store, len).await?;
-    write_input(&mut store, &mem, ptr, input)?;
-    let func = instance.get_typed_func::<(i32, i32), i64>(&mut store, export)?;
-    let packed = func.call_async(&mut store, (ptr, len)).await?;
-    output(&store, &mem, packed, max_output)
+    let call = Call::new(&mut store, instance, export, input)?;
+    let ptr = call.alloc.call_async(&mut store, call.len).await?;
+    write_input(&mut store, &call.mem, ptr, input)?;
+    let packed = call.func.call_async(&mut store, (ptr, call.len)).await?;
+    output(&store, &call.mem, packed, max_output)
+}
+
+/// What a [`call_json`] needs from the instance before it calls: the guest's memory, its allocator,
+/// the export, and the input's length as the guest takes it.
+struct Call {
+    mem: Memory,
+    alloc: TypedFunc<i32, i32>,
+    func: TypedFunc<(i32, i32), i64>,
+    len: i32,
+}
+
+impl Call {
+    fn new(
+        mut store: impl AsContextMut,
+        instance: &Instance,
+        export: &str,
+        input: &[u8],
+    ) -> Result<Call, wasmtime::Error> {
+        let mem = memory(&mut store, instance).map_err(wasmtime::Error::new)?;
+        let alloc = instance.get_typed_func::<i32, i32>(&mut store, EXPORT_ALLOC)?;
+        let len = i32::try_from(input.len())
+            .map_err(|_| wasmtime::Error::new(EvalError::Abi("input too large".into())))?;
+        let func = instance.get_typed_func::<(i32, i32), i64>(&mut store, export)?;
+        Ok(Call {
+            mem,
+            alloc,
+            func,
+            len,
+        })
+    }
 }
 
 fn write_input(
