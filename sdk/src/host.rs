@@ -157,190 +157,63 @@ fn check_key(key: &str) {
 #[path = "host/component.rs"]
 mod imp;
 
+/// `fn $name([$s...] $arg...) -> $ret`: the import `slotgate.$name`, declared, and a safe
+/// function that calls it with each string `$s` as a pointer and a length. (The host only reads
+/// those bytes, borrowed for the call, and returns numbers.)
+#[cfg(all(target_arch = "wasm32", not(feature = "v2")))]
+macro_rules! imports {
+    ($(fn $name:ident([$($s:ident),*] $($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
+        mod ffi {
+            #[link(wasm_import_module = "slotgate")]
+            extern "C" {
+                $(pub fn $name($(_: str_ptr!($s), _: usize,)* $(_: $ty),*) $(-> $ret)?;)*
+            }
+        }
+
+        $(
+            #[allow(
+                unsafe_code,
+                reason = "calls the host functions the policy ABI imports"
+            )]
+            pub fn $name($($s: &str,)* $($arg: $ty),*) $(-> $ret)? {
+                // SAFETY: the host only reads each string's bytes, borrowed for the call, and
+                // returns numbers.
+                unsafe { ffi::$name($($s.as_ptr(), $s.len(),)* $($arg),*) }
+            }
+        )*
+    };
+}
+
+/// A string's pointer type, in the imports' declarations (one per string argument).
+#[cfg(all(target_arch = "wasm32", not(feature = "v2")))]
+macro_rules! str_ptr {
+    ($s:ident) => {
+        *const u8
+    };
+}
+
 #[cfg(all(target_arch = "wasm32", not(feature = "v2")))]
 mod imp {
+    imports! {
+        fn now_ms([]) -> i64;
+        fn wall_ms([]) -> i64;
+        fn bucket_take([key] capacity: f64, refill: f64, amount: f64) -> f64;
+        fn bucket_refund([key] capacity: f64, refill: f64, amount: f64) -> f64;
+        fn bucket_level([key] capacity: f64, refill: f64) -> f64;
+        fn window_add([key] window_ms: i64, amount: i64) -> i64;
+        fn quota_take([key, period] limit: f64, amount: f64) -> f64;
+        fn quota_refund([key, period] limit: f64, amount: f64, at_unix_ms: i64) -> f64;
+        fn quota_level([key, period] limit: f64) -> f64;
+        fn quota_limit([key, period] limit: f64) -> f64;
+        fn quota_reset_ms([period]) -> i64;
+        fn event([name]);
+    }
+
+    // `log` takes its level before its string.
     #[link(wasm_import_module = "slotgate")]
     extern "C" {
         #[link_name = "log"]
         fn host_log(level: i32, ptr: *const u8, len: usize);
-        #[link_name = "now_ms"]
-        fn host_now_ms() -> i64;
-        #[link_name = "bucket_take"]
-        fn host_bucket_take(
-            key_ptr: *const u8,
-            key_len: usize,
-            capacity: f64,
-            refill_per_sec: f64,
-            amount: f64,
-        ) -> f64;
-        #[link_name = "bucket_refund"]
-        fn host_bucket_refund(
-            key_ptr: *const u8,
-            key_len: usize,
-            capacity: f64,
-            refill_per_sec: f64,
-            amount: f64,
-        ) -> f64;
-        #[link_name = "window_add"]
-        fn host_window_add(key_ptr: *const u8, key_len: usize, window_ms: i64, amount: i64) -> i64;
-        #[link_name = "bucket_level"]
-        fn host_bucket_level(
-            key_ptr: *const u8,
-            key_len: usize,
-            capacity: f64,
-            refill_per_sec: f64,
-        ) -> f64;
-        #[link_name = "wall_ms"]
-        fn host_wall_ms() -> i64;
-        #[link_name = "quota_take"]
-        fn host_quota_take(
-            key_ptr: *const u8,
-            key_len: usize,
-            period_ptr: *const u8,
-            period_len: usize,
-            limit: f64,
-            amount: f64,
-        ) -> f64;
-        #[link_name = "quota_refund"]
-        fn host_quota_refund(
-            key_ptr: *const u8,
-            key_len: usize,
-            period_ptr: *const u8,
-            period_len: usize,
-            limit: f64,
-            amount: f64,
-            at_unix_ms: i64,
-        ) -> f64;
-        #[link_name = "quota_level"]
-        fn host_quota_level(
-            key_ptr: *const u8,
-            key_len: usize,
-            period_ptr: *const u8,
-            period_len: usize,
-            limit: f64,
-        ) -> f64;
-        #[link_name = "quota_limit"]
-        fn host_quota_limit(
-            key_ptr: *const u8,
-            key_len: usize,
-            period_ptr: *const u8,
-            period_len: usize,
-            limit: f64,
-        ) -> f64;
-        #[link_name = "quota_reset_ms"]
-        fn host_quota_reset_ms(period_ptr: *const u8, period_len: usize) -> i64;
-        #[link_name = "event"]
-        fn host_event(name_ptr: *const u8, name_len: usize);
-    }
-
-    // SAFETY (every call below): the host only reads the given strings' bytes, borrowed for the
-    // call, and returns numbers.
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn bucket_level(key: &str, capacity: f64, refill: f64) -> f64 {
-        // SAFETY: see above.
-        unsafe { host_bucket_level(key.as_ptr(), key.len(), capacity, refill) }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn wall_ms() -> i64 {
-        // SAFETY: see above.
-        unsafe { host_wall_ms() }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn quota_take(key: &str, period: &str, limit: f64, amount: f64) -> f64 {
-        // SAFETY: see above.
-        unsafe {
-            host_quota_take(
-                key.as_ptr(),
-                key.len(),
-                period.as_ptr(),
-                period.len(),
-                limit,
-                amount,
-            )
-        }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn quota_refund(key: &str, period: &str, limit: f64, amount: f64, at: i64) -> f64 {
-        // SAFETY: see above.
-        unsafe {
-            host_quota_refund(
-                key.as_ptr(),
-                key.len(),
-                period.as_ptr(),
-                period.len(),
-                limit,
-                amount,
-                at,
-            )
-        }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn quota_level(key: &str, period: &str, limit: f64) -> f64 {
-        // SAFETY: see above.
-        unsafe {
-            host_quota_level(
-                key.as_ptr(),
-                key.len(),
-                period.as_ptr(),
-                period.len(),
-                limit,
-            )
-        }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn quota_limit(key: &str, period: &str, limit: f64) -> f64 {
-        // SAFETY: see above.
-        unsafe {
-            host_quota_limit(
-                key.as_ptr(),
-                key.len(),
-                period.as_ptr(),
-                period.len(),
-                limit,
-            )
-        }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn quota_reset_ms(period: &str) -> i64 {
-        // SAFETY: see above.
-        unsafe { host_quota_reset_ms(period.as_ptr(), period.len()) }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn event(name: &str) {
-        // SAFETY: see above.
-        unsafe { host_event(name.as_ptr(), name.len()) }
     }
 
     #[allow(
@@ -350,42 +223,6 @@ mod imp {
     pub fn log(level: i32, msg: &str) {
         // SAFETY: the host only reads `msg.len()` bytes at `msg.as_ptr()`, borrowed for the call.
         unsafe { host_log(level, msg.as_ptr(), msg.len()) }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn now_ms() -> i64 {
-        // SAFETY: no arguments; the host only returns a number.
-        unsafe { host_now_ms() }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn bucket_take(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
-        // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
-        unsafe { host_bucket_take(key.as_ptr(), key.len(), capacity, refill, amount) }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn bucket_refund(key: &str, capacity: f64, refill: f64, amount: f64) -> f64 {
-        // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
-        unsafe { host_bucket_refund(key.as_ptr(), key.len(), capacity, refill, amount) }
-    }
-
-    #[allow(
-        unsafe_code,
-        reason = "calls the host functions the policy ABI imports"
-    )]
-    pub fn window_add(key: &str, window_ms: i64, amount: i64) -> i64 {
-        // SAFETY: the host only reads `key.len()` bytes at `key.as_ptr()`, borrowed for the call.
-        unsafe { host_window_add(key.as_ptr(), key.len(), window_ms, amount) }
     }
 }
 
