@@ -22,6 +22,28 @@ macro_rules! export_policy {
             let _ = assert_policy::<$policy>;
         };
     };
+    (@name) => {
+        /// The policy's own name (its crate's), in the custom section `slotgate.policy`: the host
+        /// keeps its budgets under it unless the operator names the policy, so renaming the module's
+        /// file loses nothing.
+        #[cfg(target_arch = "wasm32")]
+        #[allow(unsafe_code, reason = "a custom section is a #[link_section] static")]
+        #[link_section = "slotgate.policy"]
+        #[used]
+        static __SLOTGATE_POLICY_NAME: [u8; env!("CARGO_PKG_NAME").len()] =
+            $crate::__guest::name_bytes(env!("CARGO_PKG_NAME"));
+    };
+    // An export `fn $export(ptr, len) -> i64` over the input the host wrote, answered by
+    // `__guest::$handler` with the settings kept in `__SLOTGATE_SETTINGS`.
+    (@call $policy:ty, $export:ident => $handler:ident) => {
+        #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
+        #[no_mangle]
+        pub extern "C" fn $export(ptr: i32, len: i32) -> i64 {
+            // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
+            let input = unsafe { $crate::__guest::input(ptr, len) };
+            $crate::__guest::$handler::<$policy>(input, &__SLOTGATE_SETTINGS)
+        }
+    };
     ($policy:ty) => {
         $crate::export_policy!(@check $policy);
 
@@ -32,15 +54,7 @@ macro_rules! export_policy {
         static __SLOTGATE_SETTINGS: $crate::__guest::Kept<<$policy as $crate::Policy>::Settings> =
             $crate::__guest::Kept::new();
 
-        /// The policy's own name (its crate's), in the custom section `slotgate.policy`: the host
-        /// keeps its budgets under it unless the operator names the policy, so renaming the module's
-        /// file loses nothing.
-        #[cfg(target_arch = "wasm32")]
-        #[allow(unsafe_code, reason = "a custom section is a #[link_section] static")]
-        #[link_section = "slotgate.policy"]
-        #[used]
-        static __SLOTGATE_POLICY_NAME: [u8; env!("CARGO_PKG_NAME").len()] =
-            $crate::__guest::name_bytes(env!("CARGO_PKG_NAME"));
+        $crate::export_policy!(@name);
 
         #[cfg(target_arch = "wasm32")]
         const _: () = {
@@ -56,21 +70,9 @@ macro_rules! export_policy {
                 $crate::__guest::alloc(len)
             }
 
-            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
-            #[no_mangle]
-            pub extern "C" fn slotgate_evaluate(ptr: i32, len: i32) -> i64 {
-                // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
-                let input = unsafe { $crate::__guest::input(ptr, len) };
-                $crate::__guest::evaluate::<$policy>(input, &__SLOTGATE_SETTINGS)
-            }
+            $crate::export_policy!(@call $policy, slotgate_evaluate => evaluate);
 
-            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
-            #[no_mangle]
-            pub extern "C" fn slotgate_validate_settings(ptr: i32, len: i32) -> i64 {
-                // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
-                let input = unsafe { $crate::__guest::input(ptr, len) };
-                $crate::__guest::validate_settings::<$policy>(input, &__SLOTGATE_SETTINGS)
-            }
+            $crate::export_policy!(@call $policy, slotgate_validate_settings => validate_settings);
         };
     };
     ($policy:ty, on_complete) => {
@@ -78,13 +80,7 @@ macro_rules! export_policy {
 
         #[cfg(target_arch = "wasm32")]
         const _: () = {
-            #[allow(unsafe_code, reason = "the policy ABI's exports are #[no_mangle] functions over raw guest memory")]
-            #[no_mangle]
-            pub extern "C" fn slotgate_on_complete(ptr: i32, len: i32) -> i64 {
-                // SAFETY: the host passes a buffer from `slotgate_alloc` holding `len` bytes it wrote.
-                let input = unsafe { $crate::__guest::input(ptr, len) };
-                $crate::__guest::on_complete::<$policy>(input, &__SLOTGATE_SETTINGS)
-            }
+            $crate::export_policy!(@call $policy, slotgate_on_complete => on_complete);
         };
     };
 }
@@ -111,13 +107,7 @@ macro_rules! export_component {
     (@with $policy:ty, $completions:expr) => {
         $crate::export_policy!(@check $policy);
 
-        /// The policy's own name, in the custom section `slotgate.policy` (see `export_policy!`).
-        #[cfg(target_arch = "wasm32")]
-        #[allow(unsafe_code, reason = "a custom section is a #[link_section] static")]
-        #[link_section = "slotgate.policy"]
-        #[used]
-        static __SLOTGATE_POLICY_NAME: [u8; env!("CARGO_PKG_NAME").len()] =
-            $crate::__guest::name_bytes(env!("CARGO_PKG_NAME"));
+        $crate::export_policy!(@name);
 
         #[cfg(target_arch = "wasm32")]
         #[allow(unsafe_code, reason = "the component's exports are generated #[export_name] functions")]
