@@ -10,13 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/bench/lib.sh
-llama_env
-bench_root deadlines
-find_slotgate
-"$LLAMA_SERVER" -m "$LLAMA_MODEL" -np 1 -c 2048 --host "$root/llama.sock" --no-webui \
-  >"$root/llama.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 300); do [ -S "$root/llama.sock" ] && break; sleep 0.1; done
+llama_bench deadlines LLAMA_MODEL 2048
 port="$(free_port)"
 "$slotgate" --listen "tcp:127.0.0.1:$port" --upstream "unix:$root/llama.sock" \
   --admin-listen "unix:$root/admin.sock" --slots 1 --queue-depth 64 --queue-timeout 60s \

@@ -52,6 +52,19 @@ llama_env() {
   export LD_LIBRARY_PATH="$(dirname "$LLAMA_SERVER")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
+# llama_bench NAME MODEL CONTEXT: llama_env, bench_root NAME and find_slotgate, then llama-server
+# with the model in variable MODEL (LLAMA_MODEL, say: setup-llama.sh sets it), one slot and CONTEXT tokens of context on $root/llama.sock (its log
+# $root/llama.log); returns once the socket is there, or after 30 s.
+llama_bench() {
+  llama_env
+  bench_root "$1"
+  find_slotgate
+  "$LLAMA_SERVER" -m "${!2}" -np 1 -c "$3" --host "$root/llama.sock" --no-webui \
+    >"$root/llama.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 300); do [ -S "$root/llama.sock" ] && break; sleep 0.1; done
+}
+
 # start_mock: the nginx mock in $root/mock, on $root/mock/mock.sock and on 127.0.0.1:$mock_port.
 start_mock() {
   local user=""

@@ -10,13 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/bench/lib.sh
-llama_env
-bench_root shedding
-find_slotgate
-"$LLAMA_SERVER" -m "$LLAMA_MODEL_LONG" -np 1 -c 16384 --host "$root/llama.sock" --no-webui \
-  >"$root/llama.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 300); do [ -S "$root/llama.sock" ] && break; sleep 0.1; done
+llama_bench shedding LLAMA_MODEL_LONG 16384
 start_gate() { # NAME PORT [FLAGS...]
   local name="$1" port="$2"
   shift 2
