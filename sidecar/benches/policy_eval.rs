@@ -64,9 +64,7 @@ fn main() {
     println!("policy evaluation, {ITERATIONS} runs each (p50 / p99 in microseconds)\n");
 
     let empty = PolicySet::load(&[], None).expect("empty chain").current();
-    let base = percentiles(time_each(ITERATIONS, || {
-        std::hint::black_box(empty.evaluate(&request));
-    }));
+    let base = evaluations(&empty, &request);
     println!(
         "{:<22} p50 {:>7.2}   p99 {:>7.2}   (baseline: no policy)",
         "none", base.0, base.1
@@ -75,9 +73,7 @@ fn main() {
     let mut rust_p50 = Vec::new();
     for name in EXAMPLES {
         let chain = load(&dir, name);
-        let (p50, p99) = percentiles(time_each(ITERATIONS, || {
-            std::hint::black_box(chain.evaluate(&request));
-        }));
+        let (p50, p99) = evaluations(&chain, &request);
         println!(
             "{name:<22} p50 {p50:>7.2}   p99 {p99:>7.2}   adds {:>6.2} us at p50 ({:.0}x the baseline)",
             p50 - base.0,
@@ -92,9 +88,7 @@ fn main() {
             continue;
         }
         let chain = load(&dir, name);
-        let (p50, p99) = percentiles(time_each(ITERATIONS, || {
-            std::hint::black_box(chain.evaluate(&request));
-        }));
+        let (p50, p99) = evaluations(&chain, &request);
         let (rust, rust_fuel) = rust_p50
             .iter()
             .zip(&chains)
@@ -114,9 +108,7 @@ fn main() {
     ] {
         let all: Vec<PolicySpec> = names.iter().map(|n| spec(&dir, n)).collect();
         let chain = PolicySet::load(&all, None).expect("chain").current();
-        let (p50, p99) = percentiles(time_each(ITERATIONS, || {
-            std::hint::black_box(chain.evaluate(&request));
-        }));
+        let (p50, p99) = evaluations(&chain, &request);
         println!(
             "{what:<22} p50 {p50:>7.2}   p99 {p99:>7.2}   adds {:>6.2} us at p50",
             p50 - base.0
@@ -146,15 +138,9 @@ fn contracts(dir: &Path, request: &RequestSummary, base: f64) {
             load(dir, &v2),
             load_isolated(dir, &v2, PolicyIsolation::Call),
         );
-        let t1 = percentiles(time_each(ITERATIONS, || {
-            std::hint::black_box(c1.evaluate(request));
-        }));
-        let t2 = percentiles(time_each(ITERATIONS, || {
-            std::hint::black_box(c2.evaluate(request));
-        }));
-        let t2f = percentiles(time_each(ITERATIONS, || {
-            std::hint::black_box(c2f.evaluate(request));
-        }));
+        let t1 = evaluations(&c1, request);
+        let t2 = evaluations(&c2, request);
+        let t2f = evaluations(&c2f, request);
         println!(
             "{name:<16} v1 p50 {:>6.2} p99 {:>6.2} fuel {:>6}   v2 kept p50 {:>6.2} p99 {:>6.2} fuel {:>6}   v2 fresh p50 {:>6.2} p99 {:>6.2} fuel {:>6}   added at p50, v2 kept / v1 {:.2}x, fresh / v1 {:.2}x",
             t1.0,
@@ -186,15 +172,9 @@ fn contracts(dir: &Path, request: &RequestSummary, base: f64) {
         chain(&v2, None),
         chain(&v2, Some(PolicyIsolation::Call)),
     );
-    let t1 = percentiles(time_each(ITERATIONS, || {
-        std::hint::black_box(c1.evaluate(request));
-    }));
-    let t2 = percentiles(time_each(ITERATIONS, || {
-        std::hint::black_box(c2.evaluate(request));
-    }));
-    let t2f = percentiles(time_each(ITERATIONS, || {
-        std::hint::black_box(c2f.evaluate(request));
-    }));
+    let t1 = evaluations(&c1, request);
+    let t2 = evaluations(&c2, request);
+    let t2f = evaluations(&c2f, request);
     println!(
         "{:<16} v1 p50 {:>6.2} p99 {:>6.2}                v2 kept p50 {:>6.2} p99 {:>6.2}                v2 fresh p50 {:>6.2} p99 {:>6.2}                added at p50, v2 kept / v1 {:.2}x, fresh / v1 {:.2}x",
         "three in a chain",
@@ -343,31 +323,19 @@ fn inline_or_blocking(chain: &Arc<Chain>, request: &RequestSummary) {
         "{:<34} p50 {:>7.2}   p99 {:>7.2}",
         "inline, awaited from a task", inline.0, inline.1
     );
-    println!(
-        "{:<34} p50 {:>7.2}   p99 {:>7.2}   adds {:.2} us at p50 ({:.2}x)",
-        "on a fiber (yields at each tick)",
-        on_fiber.0,
-        on_fiber.1,
-        on_fiber.0 - inline.0,
-        on_fiber.0 / inline.0.max(0.01)
-    );
-    println!(
-        "{:<34} p50 {:>7.2}   p99 {:>7.2}   hand-off adds {:.2} us at p50 ({:.2}x)",
-        "spawn_blocking, awaited",
-        pool.0,
-        pool.1,
-        pool.0 - inline.0,
-        pool.0 / inline.0.max(0.01)
-    );
-
-    println!(
-        "{:<34} p50 {:>7.2}   p99 {:>7.2}   adds {:.2} us at p50 ({:.2}x)",
-        "block_in_place",
-        in_place.0,
-        in_place.1,
-        in_place.0 - inline.0,
-        in_place.0 / inline.0.max(0.01)
-    );
+    for (what, adds, t) in [
+        ("on a fiber (yields at each tick)", "adds", on_fiber),
+        ("spawn_blocking, awaited", "hand-off adds", pool),
+        ("block_in_place", "adds", in_place),
+    ] {
+        println!(
+            "{what:<34} p50 {:>7.2}   p99 {:>7.2}   {adds} {:.2} us at p50 ({:.2}x)",
+            t.0,
+            t.1,
+            t.0 - inline.0,
+            t.0 / inline.0.max(0.01)
+        );
+    }
 
     let runaway = runaway_chain();
     // Longer than the canary's input: the runaway policy loops on it.
@@ -623,6 +591,13 @@ fn time_each(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
 }
 
 /// p50 and p99 in microseconds.
+/// p50 and p99 of `chain` evaluating `request`, [`ITERATIONS`] times.
+fn evaluations(chain: &Chain, request: &RequestSummary) -> (f64, f64) {
+    percentiles(time_each(ITERATIONS, || {
+        std::hint::black_box(chain.evaluate(request));
+    }))
+}
+
 fn percentiles(mut t: Vec<Duration>) -> (f64, f64) {
     t.sort();
     let at = |q: f64| t[((t.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
