@@ -171,46 +171,27 @@ impl Store {
     }
 
     /// Every bucket and window kept.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, in a closure run once, at start"
+    )]
     pub fn load(&self) -> Result<(Vec<BucketRow>, Vec<WindowRow>), StoreError> {
-        let bad = |e: &dyn std::fmt::Display| StoreError::Unreadable {
-            file: self.file.clone(),
-            reason: e.to_string(),
-        };
-        let guard = self.db();
-        let db = guard.as_ref().ok_or_else(|| bad(&"not open"))?;
-        let tx = db.begin_read().map_err(|e| bad(&e))?;
-        let mut buckets = Vec::new();
-        for row in tx
-            .open_table(BUCKETS)
-            .map_err(|e| bad(&e))?
-            .iter()
-            .map_err(|e| bad(&e))?
-        {
-            let (k, v) = row.map_err(|e| bad(&e))?;
-            let ((policy, key), (level, updated_ms)) = (k.value(), v.value());
-            buckets.push(BucketRow {
+        self.with_read(|tx| {
+            let buckets = read_all(tx, BUCKETS, |(policy, key), (level, updated_ms)| {
+                BucketRow {
+                    policy: policy.to_owned(),
+                    key: key.to_owned(),
+                    level,
+                    updated_ms,
+                }
+            })?;
+            let windows = read_all(tx, WINDOWS, |(policy, key), events| WindowRow {
                 policy: policy.to_owned(),
                 key: key.to_owned(),
-                level,
-                updated_ms,
-            });
-        }
-        let mut windows = Vec::new();
-        for row in tx
-            .open_table(WINDOWS)
-            .map_err(|e| bad(&e))?
-            .iter()
-            .map_err(|e| bad(&e))?
-        {
-            let (k, v) = row.map_err(|e| bad(&e))?;
-            let (policy, key) = k.value();
-            windows.push(WindowRow {
-                policy: policy.to_owned(),
-                key: key.to_owned(),
-                events: decode_events(v.value()),
-            });
-        }
-        Ok((buckets, windows))
+                events: decode_events(events),
+            })?;
+            Ok((buckets, windows))
+        })
     }
 
     /// Writes `buckets` and `windows` (a window with no event is removed) and removes the `gone`
@@ -299,16 +280,12 @@ impl Store {
     )]
     pub fn load_limits(&self) -> Result<Vec<(LimitId, f64)>, StoreError> {
         self.with_read(|tx| {
-            let mut out = Vec::new();
-            for row in tx.open_table(LIMITS)?.iter()? {
-                let (k, v) = row?;
-                let (policy, key, period) = k.value();
-                out.push((
+            read_all(tx, LIMITS, |(policy, key, period), limit| {
+                (
                     (policy.to_owned(), key.to_owned(), period.to_owned()),
-                    v.value(),
-                ));
-            }
-            Ok(out)
+                    limit,
+                )
+            })
         })
     }
 
@@ -339,6 +316,24 @@ impl Store {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// Every row of `table`, each as `row` makes it of its key and value.
+#[allow(
+    clippy::result_large_err,
+    reason = "redb's own error, read once per table, off the request path"
+)]
+fn read_all<K: redb::Key + 'static, V: redb::Value + 'static, T>(
+    tx: &redb::ReadTransaction,
+    table: TableDefinition<K, V>,
+    row: impl for<'a> Fn(K::SelfType<'a>, V::SelfType<'a>) -> T,
+) -> Result<Vec<T>, redb::Error> {
+    let mut rows = Vec::new();
+    for r in tx.open_table(table)?.iter()? {
+        let (k, v) = r?;
+        rows.push(row(k.value(), v.value()));
+    }
+    Ok(rows)
 }
 
 fn encode_events(events: &[(u64, i64)]) -> Vec<u8> {
