@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{common, completions, text_chars, Ask, Count, Dialect, Output, OPENAI_OUTPUT_KEYS};
+use super::{endpoint_if, generating, text_chars, Ask, Count, Dialect, Output, OPENAI_OUTPUT_KEYS};
 
 pub static CHAT: &Chat = &Chat;
 
@@ -14,22 +14,11 @@ impl Dialect for Chat {
     }
 
     fn ask(&self, body: &Value) -> Ask {
-        let mut ask = common(body, &self.output());
-        ask.prompts = vec![text_chars(body.get("messages"))];
-        if let Some(o) = body.as_object() {
-            ask.completions = completions(o);
-        }
-        ask
+        generating(body, &self.output(), vec![text_chars(body.get("messages"))])
     }
 
     fn count<'a>(&self, body: &'a Value) -> Count<'a> {
-        match body.get("messages") {
-            Some(_) => Count::Endpoint {
-                path: "/v1/chat/completions/input_tokens",
-                chat_fallback: true,
-            },
-            None => Count::None,
-        }
+        endpoint_if(body, "messages", "/v1/chat/completions/input_tokens", true)
     }
 
     fn output(&self) -> Output {

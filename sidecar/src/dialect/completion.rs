@@ -4,8 +4,7 @@
 use serde_json::Value;
 
 use super::{
-    common, completions, piece, prompt_list, text_chars, Ask, Count, Dialect, Output,
-    OPENAI_OUTPUT_KEYS,
+    generating, piece, prompt_list, text_chars, Ask, Count, Dialect, Output, OPENAI_OUTPUT_KEYS,
 };
 
 /// llama-server's native `/completion`: `n_predict`, `content` events, `"stop": true` at the end.
@@ -26,16 +25,12 @@ impl Dialect for Completion {
     }
 
     fn ask(&self, body: &Value) -> Ask {
-        let mut ask = common(body, &self.output());
         let prompts = prompt_list(body.get("prompt"));
-        ask.prompts = match prompts.is_empty() {
+        let prompts = match prompts.is_empty() {
             true => vec![0],
             false => prompts.iter().map(|p| text_chars(Some(p))).collect(),
         };
-        if let Some(o) = body.as_object() {
-            ask.completions = completions(o);
-        }
-        ask
+        generating(body, &self.output(), prompts)
     }
 
     fn count<'a>(&self, body: &'a Value) -> Count<'a> {

@@ -3,9 +3,7 @@
 
 use serde_json::Value;
 
-use super::{
-    common, completions, text_chars, Ask, Count, Dialect, Output, Piece, OPENAI_OUTPUT_KEYS,
-};
+use super::{generating, text_chars, Ask, Count, Dialect, Output, Piece, OPENAI_OUTPUT_KEYS};
 
 pub static INFILL: &Infill = &Infill;
 
@@ -20,7 +18,6 @@ impl Dialect for Infill {
     }
 
     fn ask(&self, body: &Value) -> Ask {
-        let mut ask = common(body, &self.output());
         let extra: u64 = body
             .get("input_extra")
             .and_then(Value::as_array)
@@ -30,16 +27,11 @@ impl Dialect for Infill {
                     .map(|c| text_chars(c.get("text")) + text_chars(c.get("filename")))
                     .sum()
             });
-        ask.prompts = vec![
-            text_chars(body.get("input_prefix"))
-                + text_chars(body.get("input_suffix"))
-                + text_chars(body.get("prompt"))
-                + extra,
-        ];
-        if let Some(o) = body.as_object() {
-            ask.completions = completions(o);
-        }
-        ask
+        let prompt = text_chars(body.get("input_prefix"))
+            + text_chars(body.get("input_suffix"))
+            + text_chars(body.get("prompt"))
+            + extra;
+        generating(body, &self.output(), vec![prompt])
     }
 
     /// The parts tokenized one by one plus the three markers and the model's BOS (llama-server's

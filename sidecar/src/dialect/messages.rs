@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use super::{
-    common, contains, json_string, text_chars, usage_object, Ask, Count, Dialect, Output, Reported,
-    Trust,
+    common, contains, endpoint_if, json_string, text_chars, usage_object, Ask, Count, Dialect,
+    Output, Reported, Trust,
 };
 use crate::error::GateError;
 
@@ -41,13 +41,7 @@ impl Dialect for Messages {
     }
 
     fn count<'a>(&self, body: &'a Value) -> Count<'a> {
-        match body.get("messages") {
-            Some(_) => Count::Endpoint {
-                path: "/v1/messages/count_tokens",
-                chat_fallback: false,
-            },
-            None => Count::None,
-        }
+        endpoint_if(body, "messages", "/v1/messages/count_tokens", false)
     }
 
     fn output(&self) -> Output {

@@ -251,6 +251,34 @@ pub fn completions(body: &Map<String, Value>) -> u64 {
         .max(1)
 }
 
+/// A generating API's ask: [`common`], with `prompts`, and as many completions as `n_cmpl` or `n`
+/// ask for.
+pub fn generating(body: &Value, output: &Output, prompts: Vec<u64>) -> Ask {
+    let mut ask = common(body, output);
+    ask.prompts = prompts;
+    if let Some(o) = body.as_object() {
+        ask.completions = completions(o);
+    }
+    ask
+}
+
+/// A count by llama-server's endpoint `path` (see [`Count::Endpoint`]) when the body has `key`,
+/// else none.
+pub fn endpoint_if<'a>(
+    body: &Value,
+    key: &str,
+    path: &'static str,
+    chat_fallback: bool,
+) -> Count<'a> {
+    match body.get(key) {
+        Some(_) => Count::Endpoint {
+            path,
+            chat_fallback,
+        },
+        None => Count::None,
+    }
+}
+
 /// The fields every JSON dialect reads alike.
 pub fn common(body: &Value, output: &Output) -> Ask {
     let obj = body.as_object();

@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use super::{
-    common, completions, contains, text_chars, usage_object, Ask, Count, Dialect, Output, Reported,
-    Trust,
+    contains, endpoint_if, generating, text_chars, usage_object, Ask, Count, Dialect, Output,
+    Reported, Trust,
 };
 
 pub static RESPONSES: &Responses = &Responses;
@@ -19,22 +19,12 @@ impl Dialect for Responses {
     }
 
     fn ask(&self, body: &Value) -> Ask {
-        let mut ask = common(body, &self.output());
-        ask.prompts = vec![text_chars(body.get("instructions")) + text_chars(body.get("input"))];
-        if let Some(o) = body.as_object() {
-            ask.completions = completions(o);
-        }
-        ask
+        let prompt = text_chars(body.get("instructions")) + text_chars(body.get("input"));
+        generating(body, &self.output(), vec![prompt])
     }
 
     fn count<'a>(&self, body: &'a Value) -> Count<'a> {
-        match body.get("input") {
-            Some(_) => Count::Endpoint {
-                path: "/v1/responses/input_tokens",
-                chat_fallback: false,
-            },
-            None => Count::None,
-        }
+        endpoint_if(body, "input", "/v1/responses/input_tokens", false)
     }
 
     /// `n_predict` first; then `max_completion_tokens` beside `max_output_tokens` (which replaces
