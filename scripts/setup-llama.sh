@@ -10,8 +10,8 @@
 #                                                (/infill), for llama-server's default shared KV pool
 #   LLAMA_SOURCE=/.../llama.cpp                 the sdist's source (tools/server/server.cpp)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup-common.sh"
 
-cache="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}"
 bin_dir="$cache/llama/bin"
 model="$cache/tiny-llama.gguf"
 model_long="$cache/tiny-llama-fim-16k.gguf"
@@ -19,8 +19,6 @@ src_dir="$cache/llama/src"
 venv="$cache/venv"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$cache"
-
-log() { printf 'setup-llama: %s\n' "$*" >&2; }
 
 python_env() {
   if [ ! -x "$venv/bin/python" ]; then

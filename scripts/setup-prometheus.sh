@@ -7,8 +7,7 @@
 # should not run one: `systemctl disable --now prometheus`. Elsewhere, put promtool from a release
 # tarball (https://prometheus.io/download/) on PATH, or name it in $PROMTOOL.
 set -euo pipefail
-
-log() { printf 'setup-prometheus: %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/setup-common.sh"
 
 if [ -n "${PROMTOOL:-}" ] && [ -x "$PROMTOOL" ]; then exit 0; fi
 if command -v promtool >/dev/null 2>&1; then exit 0; fi

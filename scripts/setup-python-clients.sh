@@ -8,15 +8,13 @@
 # Prints nothing on stdout but the interpreter, as a shell assignment:
 #   SLOTGATE_PYTHON=/.../venv-clients/bin/python
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup-common.sh"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 requirements="$root/tests/python/requirements.txt"
-cache="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}"
 venv="$cache/venv-clients"
 python="$venv/bin/python"
 stamp="$venv/.requirements.sha256"
-
-log() { printf 'setup-python-clients: %s\n' "$*" >&2; }
 
 [ -f "$requirements" ] || { log "no $requirements"; exit 1; }
 want="$(sha256sum "$requirements" | cut -d' ' -f1)"

