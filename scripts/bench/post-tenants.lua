@@ -2,12 +2,7 @@
 -- in turn per thread, so slotgate keeps a budget and ledger row for each (`quota.sh`).
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 dofile(dir .. "post.lua")
-
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("id", threads)
-end
+dofile(dir .. "thread-ids.lua")
 
 local tenants = tonumber(os.getenv("TENANTS") or "1000")
 local n = 0

@@ -3,12 +3,7 @@
 -- (with post.lua's one fixed body, only the first request is counted upstream).
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 dofile(dir .. "post.lua")
-
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("id", threads)
-end
+dofile(dir .. "thread-ids.lua")
 
 local n = 0
 local prefix = '{"model":"m","messages":[{"role":"user","content":"hello there '
