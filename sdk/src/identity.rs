@@ -19,6 +19,28 @@ pub enum Identity<'a> {
     Anonymous,
 }
 
+/// Checks a tenant named in a policy's settings: a hashed key ([`is_hashed_key`]), `uid:<n>`,
+/// `anonymous`, or, when the policy has a `tenant_header` (`by_header`), `header:<value>`, as
+/// [`RequestSummary::tenant_key`] names them.
+pub fn check_tenant(tenant: &str, by_header: bool) -> Result<(), String> {
+    let known = is_hashed_key(tenant)
+        || by_header
+            && tenant
+                .strip_prefix("header:")
+                .is_some_and(|v| !v.is_empty())
+        || tenant == "anonymous"
+        || tenant
+            .strip_prefix("uid:")
+            .is_some_and(|n| n.parse::<u32>().is_ok());
+    if known {
+        return Ok(());
+    }
+    Err(format!(
+        "tenant `{tenant}` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), \
+         `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
+    ))
+}
+
 impl RequestSummary {
     /// The exact prompt tokens when slotgate could count them, else the estimate.
     pub fn prompt_tokens_best(&self) -> u64 {

@@ -122,7 +122,7 @@ pub mod __component;
 #[path = "guest.rs"]
 pub mod __guest;
 
-pub use identity::{check_tenant_header, is_hashed_key, Identity, TENANT_HEADERS};
+pub use identity::{check_tenant, check_tenant_header, is_hashed_key, Identity, TENANT_HEADERS};
 pub use policy::Policy;
 /// The v2 contract (`slotgate policy wit` prints it too).
 pub const WIT: &str = include_str!("../wit/policy.wit");

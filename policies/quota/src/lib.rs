@@ -11,7 +11,7 @@ use serde::Deserialize;
 use slotgate_sdk::calendar::{Period, Span};
 use slotgate_sdk::host::{self, Level};
 use slotgate_sdk::{
-    check_tenant_header, is_hashed_key, Completion, Decision, EvaluateInput, Policy, RateLimit,
+    check_tenant, check_tenant_header, Completion, Decision, EvaluateInput, Policy, RateLimit,
     RateLimits, RequestSummary, Verdict,
 };
 
@@ -233,19 +233,7 @@ impl Policy for Quota {
             check_tenant_header(h)?;
         }
         for tenant in s.tenants.keys() {
-            let known = is_hashed_key(tenant)
-                || (s.tenant_header.is_some() && tenant.len() > "header:".len())
-                    && tenant.starts_with("header:")
-                || tenant == "anonymous"
-                || tenant
-                    .strip_prefix("uid:")
-                    .is_some_and(|n| n.parse::<u32>().is_ok());
-            if !known {
-                return Err(format!(
-                    "tenant `{tenant}` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), \
-                     `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
-                ));
-            }
+            check_tenant(tenant, s.tenant_header.is_some())?;
         }
         let any = s.tokens.is_some()
             || s.requests.is_some()

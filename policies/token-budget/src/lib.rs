@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use slotgate_sdk::host::{self, Level};
 use slotgate_sdk::{
-    check_tenant_header, is_hashed_key, Completion, Decision, EvaluateInput, Policy,
-    RequestSummary, Verdict,
+    check_tenant, check_tenant_header, Completion, Decision, EvaluateInput, Policy, RequestSummary,
+    Verdict,
 };
 
 pub struct TokenBudget;
@@ -110,22 +110,7 @@ impl Policy for TokenBudget {
             check_tenant_header(h)?;
         }
         for (tenant, budget) in &s.tenants {
-            let by_header = s.tenant_header.is_some()
-                && tenant
-                    .strip_prefix("header:")
-                    .is_some_and(|v| !v.is_empty());
-            let known = is_hashed_key(tenant)
-                || by_header
-                || tenant == "anonymous"
-                || tenant
-                    .strip_prefix("uid:")
-                    .is_some_and(|n| n.parse::<u32>().is_ok());
-            if !known {
-                return Err(format!(
-                    "tenant `{tenant}` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), \
-                     `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
-                ));
-            }
+            check_tenant(tenant, s.tenant_header.is_some())?;
             budget.check(&format!("tenant `{tenant}`"))?;
         }
         Ok(())
