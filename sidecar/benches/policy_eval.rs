@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slotgate::config::{PolicyIsolation, PolicySpec};
-use slotgate::policy::{Chain, PolicySet};
+use slotgate::policy::{module, Chain, PolicySet};
 use slotgate_sdk::{Peer, QueueSnapshot, RequestSummary};
 
 const EXAMPLES: &[&str] = &[
@@ -437,23 +437,9 @@ fn runaway_chain() -> Arc<Chain> {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join("runaway.wat");
     // The canary must pass: loop only when the input is longer than the canary's.
-    std::fs::write(
-        &path,
-        r#"(module
-  (memory (export "memory") 1)
-  (global $next (mut i32) (i32.const 1024))
-  (data (i32.const 16) "{\"verdict\":\"allow\"}")
-  (func (export "slotgate_abi_version") (result i32) (i32.const 1))
-  (func (export "slotgate_alloc") (param $n i32) (result i32)
-    (local $p i32)
-    (local.set $p (global.get $next))
-    (global.set $next (i32.add (global.get $next) (local.get $n)))
-    (local.get $p))
-  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
-    (if (i32.gt_u (local.get $n) (i32.const 1000)) (then (loop $l (br $l))))
-    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 19))))"#,
-    )
-    .expect("write runaway policy");
+    let spin = "(if (i32.gt_u (local.get $n) (i32.const 1000)) (then (loop $l (br $l))))";
+    let wat = module::raw_v1_wat("", 1, 1024, r#"{"verdict":"allow"}"#, spin, "");
+    std::fs::write(&path, wat).expect("write runaway policy");
     let mut spec = PolicySpec::from_path(path, None);
     // Fuel high enough that the 20 ms wall-clock deadline is what stops it.
     spec.fuel = Some(u64::MAX / 2);

@@ -856,6 +856,41 @@ pub(super) fn monotonic_ms() -> i64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as i64
 }
 
+/// A hand-written ABI v1 module in WAT, for tests and benchmarks: `imports` (WAT import fields),
+/// ABI `version`, a bump allocator from `heap` on, and `slotgate_evaluate` answering `decision` (JSON,
+/// kept at offset 16) after running `evaluate_body` (WAT instructions, e.g. `(loop $l (br $l))`,
+/// to make hostile variants); `extra` adds module fields.
+#[doc(hidden)]
+pub fn raw_v1_wat(
+    imports: &str,
+    version: i32,
+    heap: u32,
+    decision: &str,
+    evaluate_body: &str,
+    extra: &str,
+) -> String {
+    let escaped = decision.replace('\\', "\\\\").replace('"', "\\\"");
+    format!(
+        r#"(module
+  {imports}
+  (memory (export "memory") 1)
+  (global $next (mut i32) (i32.const {heap}))
+  (data (i32.const 16) "{escaped}")
+  (func (export "slotgate_abi_version") (result i32) (i32.const {version}))
+  (func (export "slotgate_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (global.get $next) (local.get $n)))
+    (local.get $p))
+  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
+    {evaluate_body}
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const {len})))
+  {extra}
+)"#,
+        len = decision.len()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -864,23 +899,14 @@ mod tests {
     /// A bump allocator, the ABI version, and `evaluate` returning a fixed decision; `$body` is spliced
     /// into `evaluate` before it returns, to make hostile variants.
     fn wat(version: i32, body: &str, extra: &str) -> String {
-        format!(
-            r#"(module
-  (import "slotgate" "bucket_take" (func $take (param i32 i32 f64 f64 f64) (result f64)))
-  (memory (export "memory") 1)
-  (global $next (mut i32) (i32.const 1024))
-  (data (i32.const 16) "{{\"verdict\":\"allow\",\"cost\":7}}")
-  (func (export "slotgate_abi_version") (result i32) (i32.const {version}))
-  (func (export "slotgate_alloc") (param $n i32) (result i32)
-    (local $p i32)
-    (local.set $p (global.get $next))
-    (global.set $next (i32.add (global.get $next) (local.get $n)))
-    (local.get $p))
-  (func (export "slotgate_evaluate") (param $p i32) (param $n i32) (result i64)
-    {body}
-    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 28)))
-  {extra}
-)"#
+        let take = r#"(import "slotgate" "bucket_take" (func $take (param i32 i32 f64 f64 f64) (result f64)))"#;
+        raw_v1_wat(
+            take,
+            version,
+            1024,
+            r#"{"verdict":"allow","cost":7}"#,
+            body,
+            extra,
         )
     }
 
