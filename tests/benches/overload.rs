@@ -117,20 +117,20 @@ async fn run() {
     }
     println!("== Retry-After hit rate ({rounds} bursts of {BURST}, 1 slot + 2 queue places, clients retry exactly at Retry-After)");
     let g = gate_for(Gate::one_slot(2).upstream(&fake)).await;
-    let (hits, tries) = retry_rounds(&g, &fake_work, rounds).await;
+    let (hits, tries) = retry_bursts(&g, &fake_work, Bursts::of(rounds)).await;
     println!(
         "fake llama-server : {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
     drop(g);
     let g = gate_for(Gate::one_slot(2).upstream_path(llama.socket())).await;
-    let (hits, tries) = retry_rounds(&g, &llama_work, rounds).await;
+    let (hits, tries) = retry_bursts(&g, &llama_work, Bursts::of(rounds)).await;
     println!(
         "real llama-server : {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
     // The short-burst shape of issue 22: every answer about 0.3 s.
-    let (hits, tries) = retry_rounds(&g, &short_burst, rounds).await;
+    let (hits, tries) = retry_bursts(&g, &short_burst, Bursts::of(rounds)).await;
     println!(
         "real llama-server, equal 0.3 s answers: {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
@@ -138,20 +138,45 @@ async fn run() {
     // The same bursts one a second, each meeting the clients the one before sent back; clients
     // that wait the whole-second Retry-After, then clients that wait retry-after-ms.
     let every = Some(Duration::from_secs(1));
-    let (hits, tries) = retry_bursts(&g, &short_burst, rounds, every, BURST, Wait::Seconds).await;
+    let (hits, tries) = retry_bursts(
+        &g,
+        &short_burst,
+        Bursts {
+            every,
+            ..Bursts::of(rounds)
+        },
+    )
+    .await;
     println!(
         "real llama-server, equal 0.3 s answers, a burst every second: {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
-    let (hits, tries) = retry_bursts(&g, &short_burst, rounds, every, BURST, Wait::Millis).await;
+    let (hits, tries) = retry_bursts(
+        &g,
+        &short_burst,
+        Bursts {
+            every,
+            wait: Wait::Millis,
+            ..Bursts::of(rounds)
+        },
+    )
+    .await;
     println!(
         "real llama-server, equal 0.3 s answers, a burst every second, clients waiting retry-after-ms: {hits} of {tries} retries got in ({:.1}%)",
         pct(hits, tries)
     );
     // Large bursts (twice as many) of mixed answers, one every two seconds.
     let every = Some(Duration::from_secs(2));
-    let (hits, tries) =
-        retry_bursts(&g, &llama_work, rounds, every, 2 * BURST, Wait::Seconds).await;
+    let (hits, tries) = retry_bursts(
+        &g,
+        &llama_work,
+        Bursts {
+            every,
+            size: 2 * BURST,
+            ..Bursts::of(rounds)
+        },
+    )
+    .await;
     println!(
         "real llama-server, mixed answers, bursts of {} every 2 s: {hits} of {tries} retries got in ({:.1}%)",
         2 * BURST,
@@ -177,7 +202,15 @@ async fn run() {
         (Wait::Seconds, "Retry-After"),
         (Wait::Millis, "retry-after-ms"),
     ] {
-        let (hits, tries) = retry_bursts(&g, &long, rounds, None, BURST, wait).await;
+        let (hits, tries) = retry_bursts(
+            &g,
+            &long,
+            Bursts {
+                wait,
+                ..Bursts::of(rounds)
+            },
+        )
+        .await;
         println!(
             "real llama-server, long answers (about 2 s), clients waiting {how}: {hits} of {tries} retries got in ({:.1}%)",
             pct(hits, tries)
@@ -250,7 +283,15 @@ async fn fresh_short_bursts(llama: &RunningLlama, work: &dyn Workload, rounds: u
             .await;
             let same_work = Same(work);
             let work: &dyn Workload = if same { &same_work } else { work };
-            let (h, t) = retry_bursts_from(&g, work, 3, None, BURST, Wait::Seconds, false).await;
+            let (h, t) = retry_bursts(
+                &g,
+                work,
+                Bursts {
+                    warm: false,
+                    ..Bursts::of(3)
+                },
+            )
+            .await;
             hits += h;
             tries += t;
         }
@@ -273,35 +314,41 @@ enum Wait {
     Millis,
 }
 
-/// Bursts of `BURST` at once; the ones turned away sleep their Retry-After and try once more. Each
-/// burst starts once the one before is over.
-async fn retry_rounds(gate: &RunningGate, work: &dyn Workload, rounds: usize) -> (usize, usize) {
-    retry_bursts(gate, work, rounds, None, BURST, Wait::Seconds).await
-}
-
-/// [`retry_rounds`], or with `every` a new burst that often, whether or not the one before is over
-/// (its returning clients and the next burst then meet).
-async fn retry_bursts(
-    gate: &RunningGate,
-    work: &dyn Workload,
+/// A Retry-After run: `rounds` bursts of `size` at once; the clients turned away sleep their
+/// Retry-After (`wait`) and try once more. Each burst starts once the one before is over, or with
+/// `every` that often, whether or not the one before is over (its returning clients and the next
+/// burst then meet). `warm`: three requests first teach the drain estimate what one costs.
+#[derive(Clone, Copy)]
+struct Bursts {
     rounds: usize,
     every: Option<Duration>,
-    burst: usize,
-    wait: Wait,
-) -> (usize, usize) {
-    retry_bursts_from(gate, work, rounds, every, burst, wait, true).await
-}
-
-/// [`retry_bursts`], after teaching the drain estimate what a request costs (`warm`) or not.
-async fn retry_bursts_from(
-    gate: &RunningGate,
-    work: &dyn Workload,
-    rounds: usize,
-    every: Option<Duration>,
-    burst: usize,
+    size: usize,
     wait: Wait,
     warm: bool,
-) -> (usize, usize) {
+}
+
+impl Bursts {
+    /// `rounds` bursts of [`BURST`], each after the one before, clients waiting the whole second.
+    fn of(rounds: usize) -> Bursts {
+        Bursts {
+            rounds,
+            every: None,
+            size: BURST,
+            wait: Wait::Seconds,
+            warm: true,
+        }
+    }
+}
+
+/// Runs `b` against `gate`: how many retries got in, of how many.
+async fn retry_bursts(gate: &RunningGate, work: &dyn Workload, b: Bursts) -> (usize, usize) {
+    let Bursts {
+        rounds,
+        every,
+        size: burst,
+        wait,
+        warm,
+    } = b;
     let client = gate.client();
     // Teach the drain estimate what a request costs.
     for i in (0..3).filter(|_| warm) {

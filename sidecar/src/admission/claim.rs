@@ -64,13 +64,20 @@ impl Claim {
             Some(t) => Arc::from(t),
             None => Arc::from(request.identity().to_string()),
         };
+        let weight = decision
+            .and_then(|d| d.weight)
+            .filter(|w| w.is_finite() && *w > 0.0)
+            .unwrap_or(1.0);
+        let cost = Claim::cost_of(decision, charge);
+        Claim::fresh(tenant, cost, weight, priority, Claim::cap_of(decision))
+    }
+
+    /// A claim on one slot, not yet queued, shed or given a deadline, band or body.
+    fn fresh(tenant: Arc<str>, cost: u64, weight: f64, priority: i64, cap: TenantCap) -> Claim {
         Claim {
             tenant,
-            cost: Claim::cost_of(decision, charge),
-            weight: decision
-                .and_then(|d| d.weight)
-                .filter(|w| w.is_finite() && *w > 0.0)
-                .unwrap_or(1.0),
+            cost,
+            weight,
             priority,
             slots: 1,
             kv: 0,
@@ -80,7 +87,7 @@ impl Claim {
             shed: 0,
             shed_at: None,
             keeps_slot: false,
-            cap: Claim::cap_of(decision),
+            cap,
             body: bytes::Bytes::new(),
         }
     }
@@ -144,22 +151,7 @@ impl Claim {
     /// A claim with weight 1 and cost 1, for tests of the queue.
     #[cfg(test)]
     pub fn test(tenant: &str, priority: i64) -> Claim {
-        Claim {
-            tenant: Arc::from(tenant),
-            cost: 1,
-            weight: 1.0,
-            priority,
-            slots: 1,
-            kv: 0,
-            tag: 0,
-            deadline: None,
-            band: None,
-            shed: 0,
-            shed_at: None,
-            keeps_slot: false,
-            cap: TenantCap::default(),
-            body: bytes::Bytes::new(),
-        }
+        Claim::fresh(Arc::from(tenant), 1, 1.0, priority, TenantCap::default())
     }
 }
 

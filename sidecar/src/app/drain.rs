@@ -12,36 +12,25 @@ use super::serve::Serving;
 use crate::state::App;
 
 /// Shuts down what [`serve`](super::serve::serve) started, on `signal`.
-pub(super) async fn drain(serving: Serving, signal: &'static str) {
-    let Serving {
-        app,
-        notifier,
-        mut signals,
-        stop,
-        admin_stop,
-        conns,
-        accepting,
-        admin,
-        background,
-        persister,
-    } = serving;
+pub(super) async fn drain(mut s: Serving, signal: &'static str) {
+    let app = s.app;
     let cfg = &app.config;
     tracing::info!(signal, drain_timeout = ?cfg.drain_timeout, "shutting down: no new connections, queue turned away, draining in-flight responses");
-    notifier.stopping(&format!(
+    s.notifier.stopping(&format!(
         "{signal}: draining in-flight responses for at most {:?}",
         cfg.drain_timeout
     ));
     // A second signal during the drain: stop now.
     tokio::select! {
-        () = close_connections(&app, &stop, accepting, &conns) => {}
-        again = signals.next() => {
+        () = close_connections(&app, &s.stop, s.accepting, &s.conns) => {}
+        again = s.signals.next() => {
             crate::pipeline::access::cut_by_shutdown();
-            let _ = stop.send(true);
+            let _ = s.stop.send(true);
             app.admission.close(1);
             app.models.close(1);
             tracing::warn!(
                 signal = again,
-                still_open = cfg.max_connections - conns.available_permits(),
+                still_open = cfg.max_connections - s.conns.available_permits(),
                 "second signal: stopping at once, closing the remaining connections"
             );
         }
@@ -58,16 +47,16 @@ pub(super) async fn drain(serving: Serving, signal: &'static str) {
     if let Some(fleet) = &app.fleet {
         fleet.release_all(Duration::from_secs(1)).await;
     }
-    let _ = admin_stop.send(true);
-    if let Some(task) = admin {
+    let _ = s.admin_stop.send(true);
+    if let Some(task) = s.admin {
         let _ = task.await;
     }
-    for task in background {
+    for task in s.background {
         task.abort();
     }
     // Last, the budgets' final write (the persister's Drop), once nothing else runs.
     drop(app);
-    drop(persister);
+    drop(s.persister);
 }
 
 /// The graceful part: no new connections, the queue turned away, the open ones given the drain

@@ -41,17 +41,8 @@ pub(super) struct Serving {
 }
 
 /// Starts serving on what [`bind`](super::bind::bind) made; returns at once, with everything running.
-pub(super) fn serve(bound: Bound, source: ConfigSource, workers: &[Handle]) -> Serving {
-    let Bound {
-        app,
-        hangup,
-        notifier,
-        watchdog,
-        listeners,
-        admin,
-        signals,
-        persister,
-    } = bound;
+pub(super) fn serve(b: Bound, source: ConfigSource, workers: &[Handle]) -> Serving {
+    let app = b.app;
     let cfg = &app.config;
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
@@ -64,17 +55,15 @@ pub(super) fn serve(bound: Bound, source: ConfigSource, workers: &[Handle]) -> S
         linger_bytes: cfg.max_body as u64 + LINGER_EXTRA_BYTES,
         announce: true,
     };
-    let background = super::background::start(&app, source, hangup, watchdog);
+    let background = super::background::start(&app, source, b.hangup, b.watchdog);
     let mut accepting = Vec::new();
     let mut serving = Vec::new();
-    for listener in listeners {
+    for listener in b.listeners {
         serving.push(listener.describe());
         accepting.extend(accept_clients(&app, listener, &opts, workers));
     }
-    let admin_at = admin
-        .as_ref()
-        .map_or_else(|| "off".to_owned(), Listener::describe);
-    let admin = admin.map(|listener| serve_admin(&app, listener, admin_stop_rx));
+    let admin_at = (b.admin.as_ref()).map_or_else(|| "off".to_owned(), Listener::describe);
+    let admin = (b.admin).map(|listener| serve_admin(&app, listener, admin_stop_rx));
     tracing::info!(
         upstream = %cfg.upstream,
         slots = %cfg.slots,
@@ -82,22 +71,22 @@ pub(super) fn serve(bound: Bound, source: ConfigSource, workers: &[Handle]) -> S
         queue_timeout = ?cfg.queue_timeout,
         "slotgate started"
     );
-    notifier.ready(&format!(
+    b.notifier.ready(&format!(
         "serving {}; admin {admin_at}; upstream {}",
         serving.join(", "),
         cfg.upstream
     ));
     Serving {
         app,
-        notifier,
-        signals,
+        notifier: b.notifier,
+        signals: b.signals,
         stop,
         admin_stop,
         conns,
         accepting,
         admin,
         background,
-        persister,
+        persister: b.persister,
     }
 }
 
