@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use super::table::{Keys, Mode, Plain, UidList};
 use super::{invalid, ConfigError, Settings};
 
 /// The shortest token taken: anything shorter is guessed too easily over a socket that answers fast.
@@ -174,9 +175,24 @@ impl<'de> serde::Deserialize<'de> for Uids {
     }
 }
 
-impl AdminConfig {
-    /// The admin keys of `s`, checked, with the token files read.
-    pub fn from_settings(s: &Settings) -> Result<AdminConfig, ConfigError> {
+key_table! {
+    AdminConfig from Settings {
+        admin_token_file => token_file: Plain;
+        admin_read_token_file => read_token_file: Plain;
+        admin_open_metrics => open_metrics: Plain = false;
+        admin_socket_mode => socket_mode: Mode = 0o600;
+        admin_allow_uids => allow_uids: UidList = Vec::new();
+        audit_log: Plain = AuditLog::Stderr;
+    }
+    groups {
+        tokens: AdminTokens [];
+    }
+}
+
+/// The tokens the files hold, checked; the files are printed, never a token.
+impl Keys<Settings> for AdminTokens {
+    type Value = AdminTokens;
+    fn read(s: &Settings) -> Result<AdminTokens, ConfigError> {
         let full = s
             .admin_token_file
             .as_deref()
@@ -200,34 +216,35 @@ impl AdminConfig {
                 "holds the same token as admin-token-file: a read-only token must differ",
             ));
         }
-        let allow_uids = s.admin_allow_uids.clone().map_or_else(Vec::new, |u| u.0);
-        if !allow_uids.is_empty() {
-            match &s.admin_listen {
-                Some(super::AdminAddr::Unix(_) | super::AdminAddr::Off) => {}
-                tcp => {
-                    let at = tcp.as_ref().map_or_else(
-                        || "tcp:127.0.0.1:9464 (the default)".to_owned(),
-                        ToString::to_string,
-                    );
-                    return Err(invalid(
-                        "admin-allow-uids",
-                        format!(
-                            "the admin listener is {at}, and a TCP peer has no uid: use a unix: \
-                             admin socket, or the admin token"
-                        ),
-                    ));
-                }
-            }
+        Ok(AdminTokens { full, read })
+    }
+    fn write(_: &AdminTokens, _: &mut Settings) {}
+}
+
+impl AdminConfig {
+    /// A uid list wants a Unix admin socket (`listen`; `default`: no layer set it).
+    pub(super) fn check_listener(
+        &self,
+        listen: &super::AdminAddr,
+        default: bool,
+    ) -> Result<(), ConfigError> {
+        if self.allow_uids.is_empty() {
+            return Ok(());
         }
-        Ok(AdminConfig {
-            token_file: s.admin_token_file.clone(),
-            read_token_file: s.admin_read_token_file.clone(),
-            tokens: AdminTokens { full, read },
-            open_metrics: s.admin_open_metrics.unwrap_or(false),
-            socket_mode: s.admin_socket_mode.map_or(0o600, |m| m.0),
-            allow_uids,
-            audit_log: s.audit_log.clone().unwrap_or(AuditLog::Stderr),
-        })
+        if let super::AdminAddr::Unix(_) | super::AdminAddr::Off = listen {
+            return Ok(());
+        }
+        let at = match default {
+            true => format!("{listen} (the default)"),
+            false => listen.to_string(),
+        };
+        Err(invalid(
+            "admin-allow-uids",
+            format!(
+                "the admin listener is {at}, and a TCP peer has no uid: use a unix: admin socket, \
+                 or the admin token"
+            ),
+        ))
     }
 }
 
@@ -329,7 +346,7 @@ mod tests {
     fn a_uid_list_needs_a_unix_admin_socket() {
         let with = |toml_text: &str| {
             let s: Settings = toml::from_str(toml_text).unwrap();
-            AdminConfig::from_settings(&s).map(|a| a.allow_uids)
+            crate::config::Config::from_settings(s).map(|c| c.admin.allow_uids)
         };
         let err = with("admin-allow-uids = [1000]").unwrap_err().to_string();
         assert!(err.contains("(the default)"), "{err}");

@@ -2,8 +2,8 @@
 //! validated once into an immutable [`Config`].
 //!
 //! `settings` declares every key (flags, env, TOML); `values` their types; `policy` and `state` the
-//! policy chain and the budgets' store; this file applies the defaults and checks each value;
-//! `launch` reads llama-server's own command line.
+//! policy chain and the budgets' store; the key table in this file holds each key's default and
+//! checks (`table` makes both directions of it); `launch` reads llama-server's own command line.
 
 /// Implements `Display` + `FromStr` based serde (as a string) for a value type.
 macro_rules! string_serde {
@@ -42,6 +42,9 @@ impl<'de> serde::Deserialize<'de> for StringOrInt {
     }
 }
 
+#[macro_use]
+mod table;
+
 pub mod admin;
 pub mod launch;
 pub mod policy;
@@ -52,9 +55,13 @@ pub mod tenants;
 mod tests;
 pub mod values;
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use table::{secs, Bytes, Keys, Mode, NotASetting, Plain, Positive, Time, ZeroOff};
 
 pub use admin::*;
 pub use policy::*;
@@ -157,270 +164,175 @@ pub enum ConfigError {
     #[error("invalid config file {0}: {1}")]
     Parse(PathBuf, String),
     #[error("invalid setting `{key}`: {reason}")]
-    Invalid { key: &'static str, reason: String },
+    Invalid {
+        key: Cow<'static, str>,
+        reason: String,
+    },
 }
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+fn invalid(key: impl Into<Cow<'static, str>>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        key,
+        key: key.into(),
         reason: reason.into(),
     }
 }
 
 impl Config {
-    /// Applies defaults and checks every value.
+    /// Applies defaults and checks every value (the table below).
     pub fn from_settings(s: Settings) -> Result<Config, ConfigError> {
-        let admin = AdminConfig::from_settings(&s)?;
-        let listen = s.listen.unwrap_or_else(|| {
-            vec![ListenAddr::Unix(PathBuf::from(
-                "/run/slotgate/slotgate.sock",
-            ))]
-        });
-        if listen.is_empty() {
-            return Err(invalid("listen", "at least one listen address is required"));
-        }
-        let slots = s.slots.unwrap_or(Slots::Auto);
-        if slots == Slots::Fixed(0) {
-            return Err(invalid("slots", "must be at least 1 (or auto)"));
-        }
-        let max_connections = s.max_connections.unwrap_or(1024);
-        if max_connections == 0 {
-            return Err(invalid("max-connections", "must be at least 1"));
-        }
-        let max_body = s.max_body.map_or(8 << 20, |b| b.0);
-        if max_body == 0 {
-            return Err(invalid("max-body", "must be at least 1 byte"));
-        }
-        let tenant_queue_share = s.tenant_queue_share.unwrap_or(0.5);
-        if !(tenant_queue_share > 0.0 && tenant_queue_share <= 1.0) {
-            return Err(invalid(
-                "tenant-queue-share",
-                format!(
-                    "{tenant_queue_share} is not a fraction in (0, 1]; 1.0 turns the limit off"
-                ),
-            ));
-        }
-        let policy_denial_status = s.policy_denial_status.unwrap_or(429);
-        if !(400..=499).contains(&policy_denial_status) {
-            return Err(invalid(
-                "policy-denial-status",
-                format!("{policy_denial_status} is not a client-error status (400 to 499)"),
-            ));
-        }
-        let positive = |key: &'static str, d: Option<Dur>, default: Duration| match d {
-            Some(Dur(d)) if d.is_zero() => Err(invalid(key, "must be longer than zero")),
-            Some(Dur(d)) => Ok(d),
-            None => Ok(default),
-        };
-        Ok(Config {
-            admin,
-            listen,
-            socket_mode: s.socket_mode.map_or(0o660, |m| m.0),
-            upstream: s
-                .upstream
-                .unwrap_or_else(|| UpstreamAddr::Tcp("127.0.0.1:8080".into())),
-            upstream_api_key: match &s.upstream_api_key_file {
-                Some(path) => Some(read_key(path)?),
-                None => None,
-            },
-            upstream_api_key_file: s.upstream_api_key_file,
-            launch: None,
-            forward_host_endpoints: s.forward_host_endpoints.unwrap_or(false),
-            admin_listen: s
-                .admin_listen
-                .unwrap_or(AdminAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9464)))),
-            slots,
-            kv_pool: match s.kv_pool {
-                Some(KvPool::Tokens(0)) => {
-                    return Err(invalid(
-                        "kv-pool",
-                        "a pool of 0 tokens holds nothing; use auto, per-slot or a size",
-                    ))
-                }
-                other => other.unwrap_or(KvPool::Auto),
-            },
-            queue_depth: s.queue_depth.unwrap_or(8),
-            queue_timeout: positive("queue-timeout", s.queue_timeout, Duration::from_secs(60))?,
-            trust_client_priority: s.trust_client_priority.unwrap_or(false),
-            priority_aging: zero_is_off(s.priority_aging, Duration::from_secs(10)),
-            tenant_queue_share,
-            tenant_caps: TenantCaps::new(
-                TenantTable {
-                    max_in_service: s.tenant_max_in_service,
-                    max_waiting: s.tenant_max_waiting,
-                },
-                s.tenants.unwrap_or_default(),
-                s.tenant_over_cap.unwrap_or_default(),
-            )?,
-            max_body,
-            header_timeout: positive("header-timeout", s.header_timeout, Duration::from_secs(10))?,
-            body_timeout: positive("body-timeout", s.body_timeout, Duration::from_secs(30))?,
-            client_stall_timeout: zero_is_off(s.client_stall_timeout, Duration::from_secs(30)),
-            upstream_idle_timeout: zero_is_off(s.upstream_idle_timeout, Duration::from_secs(60)),
-            upstream_first_byte_timeout: zero_is_off(
-                s.upstream_first_byte_timeout,
-                Duration::from_secs(600),
-            ),
-            upstream_reuse_connections: s.upstream_reuse_connections.unwrap_or(true),
-            upstream_metrics: s.upstream_metrics.unwrap_or(true),
-            model_turns: s.model_turns.unwrap_or_default(),
-            reject_doomed_waits: s.reject_doomed_waits.unwrap_or(true),
-            sheddable_priority: s.sheddable_priority,
-            policy_denial_status,
-            max_connections,
-            drain_timeout: s.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
-            health_interval: positive(
-                "health-interval",
-                s.health_interval,
-                Duration::from_secs(1),
-            )?,
-            connect_timeout: positive(
-                "connect-timeout",
-                s.connect_timeout,
-                Duration::from_secs(2),
-            )?,
-            wrap_start_limit: s.wrap_start_limit.unwrap_or(5),
-            log_format: s.log_format.unwrap_or(LogFormat::Text),
-            tokenizer: s
-                .cost_tokenizer
-                .or(s.cost.as_ref().and_then(|c| c.tokenizer))
-                .unwrap_or(Tokenizer::Upstream),
-            count_first: s
-                .cost_count_first
-                .or(s.cost.as_ref().and_then(|c| c.count_first))
-                .unwrap_or(false),
-            policy_watch: zero_is_off(s.policy_watch, Duration::from_secs(2)),
-            policy_cache_dir: s.policy_cache_dir,
-            state: StateConfig::from_table(
-                StateTable {
-                    backend: s.state_backend,
-                    redis_url: s.state_redis_url,
-                    prefix: s.state_prefix,
-                    fleet: s.state_fleet,
-                    on_unavailable: s.state_on_unavailable,
-                    fetch_timeout: s.state_fetch_timeout,
-                    lease_horizon: s.state_lease_horizon,
-                    lease_max_share: s.state_lease_max_share,
-                    lease_idle: s.state_lease_idle,
-                    lease_max_age: s.state_lease_max_age,
-                    dir: s.state_dir,
-                    flush_interval: s.state_flush_interval,
-                    usage_retention_days: s.state_usage_retention_days,
-                }
-                .over(s.state.unwrap_or_default()),
-            )?,
-            policies: policy_chain(s.policy, s.policy_flags)?,
-            models: model_overrides(s.models.unwrap_or_default())?,
-            bands: bands_of(s.bands.unwrap_or_default())?,
-        })
+        let config = <Config as Keys<Settings>>::read(&s)?;
+        config
+            .admin
+            .check_listener(&config.admin_listen, s.admin_listen.is_none())?;
+        Ok(config)
     }
 
     /// The effective settings, every key filled in, in the config file's own format.
     pub fn effective(&self) -> Settings {
-        Settings {
-            listen: Some(self.listen.clone()),
-            socket_mode: Some(SocketMode(self.socket_mode)),
-            upstream: Some(self.upstream.clone()),
-            upstream_api_key_file: self.upstream_api_key_file.clone(),
-            forward_host_endpoints: Some(self.forward_host_endpoints),
-            admin_listen: Some(self.admin_listen.clone()),
-            admin_token_file: self.admin.token_file.clone(),
-            admin_read_token_file: self.admin.read_token_file.clone(),
-            admin_open_metrics: Some(self.admin.open_metrics),
-            admin_socket_mode: Some(SocketMode(self.admin.socket_mode)),
-            admin_allow_uids: (!self.admin.allow_uids.is_empty())
-                .then(|| Uids(self.admin.allow_uids.clone())),
-            audit_log: Some(self.admin.audit_log.clone()),
-            slots: Some(self.slots),
-            kv_pool: Some(self.kv_pool),
-            queue_depth: Some(self.queue_depth),
-            queue_timeout: Some(Dur(self.queue_timeout)),
-            trust_client_priority: Some(self.trust_client_priority),
-            priority_aging: Some(off_is_zero(self.priority_aging)),
-            tenant_queue_share: Some(self.tenant_queue_share),
-            tenant_max_in_service: self.tenant_caps.default.max_in_service,
-            tenant_max_waiting: self.tenant_caps.default.max_waiting,
-            tenant_over_cap: Some(self.tenant_caps.over_cap),
-            tenants: (!self.tenant_caps.tenants.is_empty())
-                .then(|| self.tenant_caps.tenants.clone()),
-            max_body: Some(ByteSize(self.max_body)),
-            header_timeout: Some(Dur(self.header_timeout)),
-            body_timeout: Some(Dur(self.body_timeout)),
-            client_stall_timeout: Some(off_is_zero(self.client_stall_timeout)),
-            upstream_idle_timeout: Some(off_is_zero(self.upstream_idle_timeout)),
-            upstream_first_byte_timeout: Some(off_is_zero(self.upstream_first_byte_timeout)),
-            upstream_reuse_connections: Some(self.upstream_reuse_connections),
-            upstream_metrics: Some(self.upstream_metrics),
-            model_turns: Some(self.model_turns),
-            reject_doomed_waits: Some(self.reject_doomed_waits),
-            sheddable_priority: self.sheddable_priority,
-            policy_denial_status: Some(self.policy_denial_status),
-            max_connections: Some(self.max_connections),
-            drain_timeout: Some(Dur(self.drain_timeout)),
-            health_interval: Some(Dur(self.health_interval)),
-            connect_timeout: Some(Dur(self.connect_timeout)),
-            wrap_start_limit: Some(self.wrap_start_limit),
-            log_format: Some(self.log_format),
-            cost_tokenizer: None,
-            cost_count_first: None,
-            cost: Some(CostTable {
-                tokenizer: Some(self.tokenizer),
-                count_first: Some(self.count_first),
-            }),
-            state_backend: None,
-            state_redis_url: None,
-            state_prefix: None,
-            state_fleet: None,
-            state_on_unavailable: None,
-            state_fetch_timeout: None,
-            state_lease_horizon: None,
-            state_lease_max_share: None,
-            state_lease_idle: None,
-            state_lease_max_age: None,
-            state_dir: None,
-            state_flush_interval: None,
-            state_usage_retention_days: None,
-            state: Some(self.state.table()),
-            policy_watch: Some(off_is_zero(self.policy_watch)),
-            policy_cache_dir: self.policy_cache_dir.clone(),
-            policy_paths: None,
-            policy_settings: None,
-            policy_flags: None,
-            policy: (!self.policies.is_empty()).then(|| self.policies.clone()),
-            bands: (!self.bands.is_empty()).then(|| {
-                self.bands
-                    .iter()
-                    .map(|b| {
-                        let table = BandTable {
-                            priorities: [b.priorities.0, b.priorities.1],
-                            slots: b.slots,
-                            queue: b.queue,
-                        };
-                        (b.name.clone(), table)
-                    })
-                    .collect()
-            }),
-            models: (!self.models.is_empty()).then(|| {
-                self.models
-                    .iter()
-                    .map(|(name, o)| {
-                        let table = ModelTable {
-                            slots: o.slots,
-                            queue_depth: o.queue_depth,
-                            queue_timeout: o.queue_timeout.map(Dur),
-                        };
-                        (name.clone(), table)
-                    })
-                    .collect()
-            }),
-        }
+        let mut s = Settings::default();
+        <Config as Keys<Settings>>::write(self, &mut s);
+        s
+    }
+}
+
+// Each key of `Settings`: its default and check, and so its effective value (see `table`).
+key_table! {
+    Config from Settings, every key {
+        listen: Plain = vec![ListenAddr::Unix("/run/slotgate/slotgate.sock".into())],
+            unless |l| l.is_empty() => "at least one listen address is required";
+        socket_mode: Mode = 0o660;
+        upstream: Plain = UpstreamAddr::Tcp("127.0.0.1:8080".into());
+        upstream_api_key_file: Plain;
+        forward_host_endpoints: Plain = false;
+        admin_listen: Plain = AdminAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9464)));
+        slots: Plain = Slots::Auto,
+            unless |n| *n == Slots::Fixed(0) => "must be at least 1 (or auto)";
+        kv_pool: Plain = KvPool::Auto, unless |p| *p == KvPool::Tokens(0)
+            => "a pool of 0 tokens holds nothing; use auto, per-slot or a size";
+        queue_depth: Plain = 8;
+        queue_timeout: Positive = secs(60);
+        trust_client_priority: Plain = false;
+        priority_aging: ZeroOff = Some(secs(10));
+        tenant_queue_share: Plain = 0.5, unless |f| !(*f > 0.0 && *f <= 1.0)
+            => format!("{f} is not a fraction in (0, 1]; 1.0 turns the limit off");
+        max_body: Bytes = 8 << 20, unless |b| *b == 0 => "must be at least 1 byte";
+        header_timeout: Positive = secs(10);
+        body_timeout: Positive = secs(30);
+        client_stall_timeout: ZeroOff = Some(secs(30));
+        upstream_idle_timeout: ZeroOff = Some(secs(60));
+        upstream_first_byte_timeout: ZeroOff = Some(secs(600));
+        upstream_reuse_connections: Plain = true;
+        upstream_metrics: Plain = true;
+        model_turns: Plain = ModelTurns::Auto;
+        reject_doomed_waits: Plain = true;
+        sheddable_priority: Plain;
+        policy_denial_status: Plain = 429, unless |s| !(400..=499).contains(s)
+            => format!("{s} is not a client-error status (400 to 499)");
+        max_connections: Plain = 1024, unless |n| *n == 0 => "must be at least 1";
+        drain_timeout: Time = secs(30);
+        health_interval: Positive = secs(1);
+        connect_timeout: Positive = secs(2);
+        wrap_start_limit: Plain = 5;
+        log_format: Plain = LogFormat::Text;
+        policy_watch: ZeroOff = Some(secs(2));
+        policy_cache_dir: Plain;
+    }
+    groups {
+        admin: AdminConfig [admin_token_file, admin_read_token_file, admin_open_metrics,
+            admin_socket_mode, admin_allow_uids, audit_log];
+        upstream_api_key: UpstreamKey [];
+        launch: NotASetting<launch::Launch> [];
+        tenant_caps: TenantCaps [tenant_max_in_service, tenant_max_waiting, tenant_over_cap,
+            tenants];
+        tokenizer: CostTokenizer [cost_tokenizer, cost];
+        count_first: CostCountFirst [cost_count_first];
+        state: StateConfig [state, state_backend, state_redis_url, state_prefix, state_fleet,
+            state_on_unavailable, state_fetch_timeout, state_lease_horizon, state_lease_max_share,
+            state_lease_idle, state_lease_max_age, state_dir, state_flush_interval,
+            state_usage_retention_days];
+        policies: policy::PolicyChain [policy, policy_flags, policy_paths, policy_settings];
+        models: Models [models];
+        bands: Bands [bands];
+    }
+}
+
+/// The key in the file `upstream-api-key-file` names; the file is printed, never the key.
+struct UpstreamKey;
+
+impl Keys<Settings> for UpstreamKey {
+    type Value = Option<Secret>;
+    fn read(s: &Settings) -> Result<Option<Secret>, ConfigError> {
+        s.upstream_api_key_file.as_deref().map(read_key).transpose()
+    }
+    fn write(_: &Option<Secret>, _: &mut Settings) {}
+}
+
+/// `--cost-tokenizer`, or `tokenizer` in `[cost]`.
+struct CostTokenizer;
+
+impl Keys<Settings> for CostTokenizer {
+    type Value = Tokenizer;
+    fn read(s: &Settings) -> Result<Tokenizer, ConfigError> {
+        let file = s.cost.as_ref().and_then(|c| c.tokenizer);
+        Ok(s.cost_tokenizer.or(file).unwrap_or(Tokenizer::Upstream))
+    }
+    fn write(v: &Tokenizer, s: &mut Settings) {
+        s.cost.get_or_insert_with(CostTable::default).tokenizer = Some(*v);
+    }
+}
+
+/// `--cost-count-first`, or `count-first` in `[cost]`.
+struct CostCountFirst;
+
+impl Keys<Settings> for CostCountFirst {
+    type Value = bool;
+    fn read(s: &Settings) -> Result<bool, ConfigError> {
+        let file = s.cost.as_ref().and_then(|c| c.count_first);
+        Ok(s.cost_count_first.or(file).unwrap_or(false))
+    }
+    fn write(v: &bool, s: &mut Settings) {
+        s.cost.get_or_insert_with(CostTable::default).count_first = Some(*v);
+    }
+}
+
+/// The `[bands.NAME]` tables.
+struct Bands;
+
+impl Keys<Settings> for Bands {
+    type Value = Vec<BandSpec>;
+    fn read(s: &Settings) -> Result<Vec<BandSpec>, ConfigError> {
+        bands_of(s.bands.clone().unwrap_or_default())
+    }
+    fn write(v: &Vec<BandSpec>, s: &mut Settings) {
+        let table = |b: &BandSpec| BandTable {
+            priorities: [b.priorities.0, b.priorities.1],
+            slots: b.slots,
+            queue: b.queue,
+        };
+        s.bands = (!v.is_empty()).then(|| v.iter().map(|b| (b.name.clone(), table(b))).collect());
+    }
+}
+
+/// The `[models."NAME"]` tables.
+struct Models;
+
+impl Keys<Settings> for Models {
+    type Value = BTreeMap<String, ModelOverride>;
+    fn read(s: &Settings) -> Result<Self::Value, ConfigError> {
+        model_overrides(s.models.clone().unwrap_or_default())
+    }
+    fn write(v: &Self::Value, s: &mut Settings) {
+        let table = |o: &ModelOverride| ModelTable {
+            slots: o.slots,
+            queue_depth: o.queue_depth,
+            queue_timeout: o.queue_timeout.map(Dur),
+        };
+        s.models = (!v.is_empty()).then(|| v.iter().map(|(n, o)| (n.clone(), table(o))).collect());
     }
 }
 
 /// The `[bands.NAME]` tables, checked: a range each, not overlapping another; shares in (0, 1].
-fn bands_of(
-    tables: std::collections::BTreeMap<String, BandTable>,
-) -> Result<Vec<BandSpec>, ConfigError> {
+fn bands_of(tables: BTreeMap<String, BandTable>) -> Result<Vec<BandSpec>, ConfigError> {
     let mut bands = Vec::new();
     for (name, t) in tables {
         let [lo, hi] = t.priorities;
@@ -468,8 +380,8 @@ fn bands_of(
 
 /// The `[models."NAME"]` tables, checked.
 fn model_overrides(
-    tables: std::collections::BTreeMap<String, ModelTable>,
-) -> Result<std::collections::BTreeMap<String, ModelOverride>, ConfigError> {
+    tables: BTreeMap<String, ModelTable>,
+) -> Result<BTreeMap<String, ModelOverride>, ConfigError> {
     tables
         .into_iter()
         .map(|(name, t)| {
@@ -522,19 +434,6 @@ fn read_key(path: &Path) -> Result<Secret, ConfigError> {
         ));
     }
     Ok(Secret(key))
-}
-
-/// A duration where `0s` means off; unset means `default`.
-fn zero_is_off(d: Option<Dur>, default: Duration) -> Option<Duration> {
-    match d {
-        Some(Dur(d)) if d.is_zero() => None,
-        Some(Dur(d)) => Some(d),
-        None => Some(default),
-    }
-}
-
-fn off_is_zero(d: Option<Duration>) -> Dur {
-    Dur(d.unwrap_or(Duration::ZERO))
 }
 
 impl Config {

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::table::Keys;
 use super::values::{ByteSize, Dur};
-use super::{invalid, ConfigError};
+use super::{invalid, ConfigError, Settings};
 
 /// One `[[policy]]` entry: a module, its settings, how its decisions count, and its limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,8 +98,22 @@ impl PolicySpec {
     }
 }
 
+/// The policy chain: the file's `[[policy]]` entries, then the `--policy` flags (paired with their
+/// settings by `cli::parse`); printed as `[[policy]]` entries.
+pub(super) struct PolicyChain;
+
+impl Keys<Settings> for PolicyChain {
+    type Value = Vec<PolicySpec>;
+    fn read(s: &Settings) -> Result<Vec<PolicySpec>, ConfigError> {
+        policy_chain(s.policy.clone(), s.policy_flags.clone())
+    }
+    fn write(v: &Vec<PolicySpec>, s: &mut Settings) {
+        s.policy = (!v.is_empty()).then(|| v.clone());
+    }
+}
+
 /// File entries first, then the `--policy` flags (already paired with their settings).
-pub(super) fn policy_chain(
+fn policy_chain(
     file: Option<Vec<PolicySpec>>,
     flags: Option<Vec<PolicySpec>>,
 ) -> Result<Vec<PolicySpec>, ConfigError> {

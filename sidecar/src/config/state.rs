@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::table::{millis, secs, Keys, Kind, Plain};
 use super::values::Dur;
-use super::{invalid, ConfigError};
+use super::{invalid, ConfigError, Settings};
 
 /// The `[state]` table.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -111,122 +112,128 @@ pub struct LeaseSettings {
     pub max_age: Duration,
 }
 
+/// What the table below gives when no layer sets a key.
 impl Default for LeaseSettings {
     fn default() -> Self {
-        LeaseSettings {
-            horizon: Duration::from_secs(1),
-            max_share: 0.1,
-            idle: Duration::from_secs(5),
-            max_age: Duration::from_secs(30),
-        }
+        <LeaseSettings as Keys<StateTable>>::read(&StateTable::default())
+            .expect("the lease defaults are valid")
     }
 }
 
-impl StateConfig {
-    pub(super) fn from_table(t: StateTable) -> Result<StateConfig, ConfigError> {
-        let backend = t.backend.unwrap_or(StateBackend::Memory);
-        let redis_url = t.redis_url.filter(|u| !u.is_empty());
-        if backend == StateBackend::Redis && redis_url.is_none() {
+// The `[state]` keys: their defaults and checks, and so their effective values (see `table`).
+key_table! {
+    StateConfig from StateTable, keys "state.", every key {
+        backend: Plain = StateBackend::Memory;
+        prefix: Name = "slotgate".to_owned();
+        fleet: Name = "default".to_owned();
+        on_unavailable: Plain = OnUnavailable::LocalShare;
+        fetch_timeout: Lasting = millis(5), unless |d| !(millis(1)..=secs(1)).contains(d) => format!(
+            "`{}` is outside 1ms to 1s: a take waits this long on the request path",
+            Dur(*d)
+        );
+        dir: Plain = StateDir::Auto;
+        flush_interval: Lasting = millis(100), unless |d| *d > secs(60)
+            => "at most 60s: a crash loses the charges of up to one interval";
+        usage_retention_days: Plain = 400, unless |n| *n == 0
+            => "at least 1: the ledger keeps today's usage at least";
+    }
+    groups {
+        redis_url: RedisUrl [redis_url];
+        lease: LeaseSettings [lease_horizon, lease_max_share, lease_idle, lease_max_age];
+    }
+}
+
+key_table! {
+    LeaseSettings from StateTable, keys "state." {
+        lease_horizon => horizon: Lasting = secs(1);
+        lease_max_share => max_share: Plain = 0.1, unless |f| !(*f > 0.0 && *f <= 1.0)
+            => format!("`{f}` must be a fraction of the capacity in (0, 1]");
+        lease_idle => idle: Lasting = secs(5);
+        lease_max_age => max_age: Lasting = secs(30);
+    }
+}
+
+/// The `--state-*` flags over the `[state]` table; printed as the table.
+impl Keys<Settings> for StateConfig {
+    type Value = StateConfig;
+    fn read(s: &Settings) -> Result<StateConfig, ConfigError> {
+        let flags = StateTable {
+            backend: s.state_backend,
+            redis_url: s.state_redis_url.clone(),
+            prefix: s.state_prefix.clone(),
+            fleet: s.state_fleet.clone(),
+            on_unavailable: s.state_on_unavailable,
+            fetch_timeout: s.state_fetch_timeout,
+            lease_horizon: s.state_lease_horizon,
+            lease_max_share: s.state_lease_max_share,
+            lease_idle: s.state_lease_idle,
+            lease_max_age: s.state_lease_max_age,
+            dir: s.state_dir.clone(),
+            flush_interval: s.state_flush_interval,
+            usage_retention_days: s.state_usage_retention_days,
+        };
+        let table = flags.over(s.state.clone().unwrap_or_default());
+        let state = <StateConfig as Keys<StateTable>>::read(&table)?;
+        if state.backend == StateBackend::Redis && state.redis_url.is_none() {
             return Err(invalid(
                 "state.redis-url",
                 "the redis backend needs the store's URL (redis://HOST:PORT, rediss://... or unix:///path/redis.sock)",
             ));
         }
-        if let Some(url) = &redis_url {
+        Ok(state)
+    }
+    fn write(v: &StateConfig, s: &mut Settings) {
+        let mut table = StateTable::default();
+        <StateConfig as Keys<StateTable>>::write(v, &mut table);
+        s.state = Some(table);
+    }
+}
+
+/// The store's URL, checked; empty is unset.
+struct RedisUrl;
+
+impl Keys<StateTable> for RedisUrl {
+    type Value = Option<String>;
+    fn read(t: &StateTable) -> Result<Option<String>, ConfigError> {
+        let url = t.redis_url.clone().filter(|u| !u.is_empty());
+        if let Some(url) = &url {
             redis::Client::open(url.as_str())
                 .map_err(|e| invalid("state.redis-url", format!("`{url}`: {e}")))?;
         }
-        let name = |key: &'static str, v: Option<String>, default: &str| {
-            let v = v.unwrap_or_else(|| default.to_owned());
-            if v.is_empty() || v.contains(char::is_whitespace) {
-                Err(invalid(
-                    key,
-                    format!("`{v}` must be a non-empty name without spaces"),
-                ))
-            } else {
-                Ok(v)
-            }
-        };
-        let positive = |key: &'static str, d: Option<Dur>, default: Duration| match d {
-            Some(Dur(d)) if d.is_zero() => Err(invalid(key, "must be longer than 0s")),
-            Some(Dur(d)) => Ok(d),
-            None => Ok(default),
-        };
-        let defaults = LeaseSettings::default();
-        let fetch_timeout = positive(
-            "state.fetch-timeout",
-            t.fetch_timeout,
-            Duration::from_millis(5),
-        )?;
-        if !(Duration::from_millis(1)..=Duration::from_secs(1)).contains(&fetch_timeout) {
-            return Err(invalid(
-                "state.fetch-timeout",
-                format!(
-                    "`{}` is outside 1ms to 1s: a take waits this long on the request path",
-                    Dur(fetch_timeout)
-                ),
-            ));
-        }
-        let max_share = t.lease_max_share.unwrap_or(defaults.max_share);
-        if !(max_share > 0.0 && max_share <= 1.0) {
-            return Err(invalid(
-                "state.lease-max-share",
-                format!("`{max_share}` must be a fraction of the capacity in (0, 1]"),
-            ));
-        }
-        let flush_interval = positive(
-            "state.flush-interval",
-            t.flush_interval,
-            Duration::from_millis(100),
-        )?;
-        if flush_interval > Duration::from_secs(60) {
-            return Err(invalid(
-                "state.flush-interval",
-                "at most 60s: a crash loses the charges of up to one interval",
-            ));
-        }
-        let usage_retention_days = t.usage_retention_days.unwrap_or(400);
-        if usage_retention_days == 0 {
-            return Err(invalid(
-                "state.usage-retention-days",
-                "at least 1: the ledger keeps today's usage at least",
-            ));
-        }
-        Ok(StateConfig {
-            dir: t.dir.unwrap_or(StateDir::Auto),
-            flush_interval,
-            usage_retention_days,
-            backend,
-            redis_url,
-            prefix: name("state.prefix", t.prefix, "slotgate")?,
-            fleet: name("state.fleet", t.fleet, "default")?,
-            on_unavailable: t.on_unavailable.unwrap_or(OnUnavailable::LocalShare),
-            fetch_timeout,
-            lease: LeaseSettings {
-                horizon: positive("state.lease-horizon", t.lease_horizon, defaults.horizon)?,
-                max_share,
-                idle: positive("state.lease-idle", t.lease_idle, defaults.idle)?,
-                max_age: positive("state.lease-max-age", t.lease_max_age, defaults.max_age)?,
-            },
-        })
+        Ok(url)
     }
+    fn write(v: &Option<String>, t: &mut StateTable) {
+        t.redis_url = v.clone();
+    }
+}
 
-    pub(super) fn table(&self) -> StateTable {
-        StateTable {
-            backend: Some(self.backend),
-            redis_url: self.redis_url.clone(),
-            prefix: Some(self.prefix.clone()),
-            fleet: Some(self.fleet.clone()),
-            on_unavailable: Some(self.on_unavailable),
-            fetch_timeout: Some(Dur(self.fetch_timeout)),
-            lease_horizon: Some(Dur(self.lease.horizon)),
-            lease_max_share: Some(self.lease.max_share),
-            lease_idle: Some(Dur(self.lease.idle)),
-            lease_max_age: Some(Dur(self.lease.max_age)),
-            dir: Some(self.dir.clone()),
-            flush_interval: Some(Dur(self.flush_interval)),
-            usage_retention_days: Some(self.usage_retention_days),
+/// A duration longer than zero.
+struct Lasting;
+
+impl Kind<Dur, Duration> for Lasting {
+    fn value(s: Dur) -> Result<Duration, String> {
+        match s.0.is_zero() {
+            true => Err("must be longer than 0s".into()),
+            false => Ok(s.0),
         }
+    }
+    fn setting(v: &Duration) -> Option<Dur> {
+        Some(Dur(*v))
+    }
+}
+
+/// A name in the store's keys: not empty, no white space.
+struct Name;
+
+impl Kind<String, String> for Name {
+    fn value(s: String) -> Result<String, String> {
+        match s.is_empty() || s.contains(char::is_whitespace) {
+            true => Err(format!("`{s}` must be a non-empty name without spaces")),
+            false => Ok(s),
+        }
+    }
+    fn setting(v: &String) -> Option<String> {
+        Some(v.clone())
     }
 }
 

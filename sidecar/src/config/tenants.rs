@@ -9,7 +9,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{invalid, ConfigError};
+use super::table::Keys;
+use super::{invalid, ConfigError, Settings};
 
 /// What a request of a tenant at its in-service cap gets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -115,5 +116,24 @@ impl TenantCaps {
     /// Whether any tenant is capped.
     pub fn any(&self) -> bool {
         self.default != TenantTable::default() || !self.tenants.is_empty()
+    }
+}
+
+/// `--tenant-*` and the `[tenants."NAME"]` tables.
+impl Keys<Settings> for TenantCaps {
+    type Value = TenantCaps;
+    fn read(s: &Settings) -> Result<TenantCaps, ConfigError> {
+        let default = TenantTable {
+            max_in_service: s.tenant_max_in_service,
+            max_waiting: s.tenant_max_waiting,
+        };
+        let tenants = s.tenants.clone().unwrap_or_default();
+        TenantCaps::new(default, tenants, s.tenant_over_cap.unwrap_or_default())
+    }
+    fn write(v: &TenantCaps, s: &mut Settings) {
+        s.tenant_max_in_service = v.default.max_in_service;
+        s.tenant_max_waiting = v.default.max_waiting;
+        s.tenant_over_cap = Some(v.over_cap);
+        s.tenants = (!v.tenants.is_empty()).then(|| v.tenants.clone());
     }
 }
