@@ -364,10 +364,9 @@ impl fmt::Display for Tokenizer {
 string_serde!(Tokenizer);
 
 /// Whether the models behind llama-server's router take turns (one model decoding at a time).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelTurns {
     /// While the loaded children's threads together exceed the CPUs.
-    #[default]
     Auto,
     /// Always, with two models or more loaded.
     On,
