@@ -136,6 +136,24 @@ impl<S, T> Keys<S> for NotASetting<T> {
     fn write(_: &Option<T>, _: &mut S) {}
 }
 
+/// A row's value: its setting's, or `default` when unset; an error names the row's key.
+pub(crate) fn or_default<K: Kind<S, V>, S, V>(
+    key: &dyn Fn() -> Cow<'static, str>,
+    setting: Option<S>,
+    default: V,
+) -> Result<V, ConfigError> {
+    Ok(optional::<K, S, V>(key, setting)?.unwrap_or(default))
+}
+
+/// The value of a row without a default: unset unless set.
+pub(crate) fn optional<K: Kind<S, V>, S, V>(
+    key: &dyn Fn() -> Cow<'static, str>,
+    setting: Option<S>,
+) -> Result<Option<V>, ConfigError> {
+    let value = setting.map(K::value).transpose();
+    value.map_err(|why| super::invalid(key(), why))
+}
+
 /// The key of a settings field, for errors: `state.` and `lease_idle` is `state.lease-idle`.
 pub(crate) fn key_name(prefix: &str, field: &str) -> Cow<'static, str> {
     Cow::Owned(format!("{prefix}{}", field.replace('_', "-")))
@@ -218,20 +236,10 @@ macro_rules! key_table {
             [$($done)* {$set $field $kind ($($default)?) ($(|$v| $bad => $why),*)}] $($rest)*);
     };
     (@value $key:ident, $setting:expr, $kind:ident) => {
-        match $setting {
-            Some(x) => Some(
-                <$kind as $crate::config::table::Kind<_, _>>::value(x)
-                    .map_err(|why| $crate::config::invalid($key(), why))?,
-            ),
-            None => None,
-        }
+        $crate::config::table::optional::<$kind, _, _>(&$key, $setting)?
     };
     (@value $key:ident, $setting:expr, $kind:ident, $default:expr) => {
-        match $setting {
-            Some(x) => <$kind as $crate::config::table::Kind<_, _>>::value(x)
-                .map_err(|why| $crate::config::invalid($key(), why))?,
-            None => $default,
-        }
+        $crate::config::table::or_default::<$kind, _, _>(&$key, $setting, $default)?
     };
     (@setting $v:expr, $kind:ident) => {
         $v.as_ref().and_then(<$kind as $crate::config::table::Kind<_, _>>::setting)
