@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::table::{millis, secs, Keys, Kind, Plain};
+use super::table::{millis, secs, Keys, Kind, Plain, Positive};
 use super::values::Dur;
 use super::{invalid, ConfigError, Settings};
 
@@ -127,12 +127,12 @@ key_table! {
         prefix: Name = "slotgate".to_owned();
         fleet: Name = "default".to_owned();
         on_unavailable: Plain = OnUnavailable::LocalShare;
-        fetch_timeout: Lasting = millis(5), unless |d| !(millis(1)..=secs(1)).contains(d) => format!(
+        fetch_timeout: Positive = millis(5), unless |d| !(millis(1)..=secs(1)).contains(d) => format!(
             "`{}` is outside 1ms to 1s: a take waits this long on the request path",
             Dur(*d)
         );
         dir: Plain = StateDir::Auto;
-        flush_interval: Lasting = millis(100), unless |d| *d > secs(60)
+        flush_interval: Positive = millis(100), unless |d| *d > secs(60)
             => "at most 60s: a crash loses the charges of up to one interval";
         usage_retention_days: Plain = 400, unless |n| *n == 0
             => "at least 1: the ledger keeps today's usage at least";
@@ -145,11 +145,11 @@ key_table! {
 
 key_table! {
     LeaseSettings from StateTable, keys "state." {
-        lease_horizon => horizon: Lasting = secs(1);
+        lease_horizon => horizon: Positive = secs(1);
         lease_max_share => max_share: Plain = 0.1, unless |f| !(*f > 0.0 && *f <= 1.0)
             => format!("`{f}` must be a fraction of the capacity in (0, 1]");
-        lease_idle => idle: Lasting = secs(5);
-        lease_max_age => max_age: Lasting = secs(30);
+        lease_idle => idle: Positive = secs(5);
+        lease_max_age => max_age: Positive = secs(30);
     }
 }
 
@@ -204,21 +204,6 @@ impl Keys<StateTable> for RedisUrl {
     }
     fn write(v: &Option<String>, t: &mut StateTable) {
         t.redis_url = v.clone();
-    }
-}
-
-/// A duration longer than zero.
-struct Lasting;
-
-impl Kind<Dur, Duration> for Lasting {
-    fn value(s: Dur) -> Result<Duration, String> {
-        match s.0.is_zero() {
-            true => Err("must be longer than 0s".into()),
-            false => Ok(s.0),
-        }
-    }
-    fn setting(v: &Duration) -> Option<Dur> {
-        Some(Dur(*v))
     }
 }
 

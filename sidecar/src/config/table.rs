@@ -50,16 +50,30 @@ impl<T: Clone> Kind<T, T> for Plain {
     }
 }
 
-/// A duration, zero included.
-pub(crate) struct Time;
+/// Kinds whose setting is a newtype around the value.
+macro_rules! wrapped {
+    ($($(#[$doc:meta])* $kind:ident: $setting:ident($value:ty);)*) => {$(
+        $(#[$doc])*
+        pub(crate) struct $kind;
 
-impl Kind<Dur, Duration> for Time {
-    fn value(s: Dur) -> Result<Duration, String> {
-        Ok(s.0)
-    }
-    fn setting(v: &Duration) -> Option<Dur> {
-        Some(Dur(*v))
-    }
+        impl Kind<$setting, $value> for $kind {
+            fn value(s: $setting) -> Result<$value, String> {
+                Ok(s.0)
+            }
+            fn setting(v: &$value) -> Option<$setting> {
+                Some($setting(*v))
+            }
+        }
+    )*};
+}
+
+wrapped! {
+    /// A duration, zero included.
+    Time: Dur(Duration);
+    /// A size in bytes.
+    Bytes: ByteSize(usize);
+    /// An octal file mode.
+    Mode: SocketMode(u32);
 }
 
 /// A duration longer than zero.
@@ -86,30 +100,6 @@ impl Kind<Dur, Option<Duration>> for ZeroOff {
     }
     fn setting(v: &Option<Duration>) -> Option<Dur> {
         Some(Dur(v.unwrap_or(Duration::ZERO)))
-    }
-}
-
-/// A size in bytes.
-pub(crate) struct Bytes;
-
-impl Kind<ByteSize, usize> for Bytes {
-    fn value(s: ByteSize) -> Result<usize, String> {
-        Ok(s.0)
-    }
-    fn setting(v: &usize) -> Option<ByteSize> {
-        Some(ByteSize(*v))
-    }
-}
-
-/// An octal file mode.
-pub(crate) struct Mode;
-
-impl Kind<SocketMode, u32> for Mode {
-    fn value(s: SocketMode) -> Result<u32, String> {
-        Ok(s.0)
-    }
-    fn setting(v: &u32) -> Option<SocketMode> {
-        Some(SocketMode(*v))
     }
 }
 

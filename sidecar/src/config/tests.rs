@@ -260,7 +260,7 @@ fn table_rows_check_values_and_name_their_key() {
         (
             "[state]\nlease-idle = \"0s\"",
             "`state.lease-idle`",
-            "longer than 0s",
+            "longer than zero",
         ),
         ("[state]\nfleet = \"a b\"", "`state.fleet`", "`a b` must be"),
         (
