@@ -73,10 +73,7 @@ pub async fn read(
     .await
     .map_err(|_| GateError::BodyTimeout(limits.body_timeout))?;
     let body = match collected {
-        // A body that came in one read is a slice of the connection's read buffer, which it would
-        // keep whole (and unshrunk) for as long as the request waits: copied out, it holds only
-        // its own bytes.
-        Ok(c) => Bytes::copy_from_slice(&c.to_bytes()),
+        Ok(c) => c.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return Err(GateError::BodyTooLarge {
                 limit: limits.max_body,
