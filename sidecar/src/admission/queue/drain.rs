@@ -275,14 +275,12 @@ impl Admission {
         let secs = (wait.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
         let exact = Duration::try_from_secs_f64(wait.min(MAX_RETRY_AFTER_SECONDS as f64))
             .unwrap_or(Duration::from_secs(secs));
-        // Once a throughput is known, the client's tokens count as coming back; before, there
-        // are no tokens to count them in, and only the calendar below spreads them.
-        if st.drain.rate.is_some() {
-            st.drain.returning += cost as f64;
+        if st.drain.rate.is_none() {
+            return exact;
         }
+        st.drain.returning += cost as f64;
         // Clients told the same second come back at the same instant, under overload to busy
-        // slots: only the queue's places are there for them then (see `returns`). So also before
-        // anything is measured, when every client of a burst is told the same estimate.
+        // slots: only the queue's places are there for them then (see `returns`).
         let places = match self.shared.capacity {
             0 => self.slots(),
             places => places,
