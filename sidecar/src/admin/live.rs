@@ -18,11 +18,19 @@ const LIVE_BUDGETS: usize = 50;
 
 /// `GET /live`.
 pub fn live(app: &App) -> Live {
-    let mut snap = app.live.snapshot();
+    let Snapshot {
+        uptime,
+        requests,
+        outcomes,
+        tokens,
+        tenants: ended,
+        rates,
+        history,
+    } = app.live.snapshot();
     let q = totals(app);
     Live {
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        uptime_seconds: snap.uptime.as_secs_f64(),
+        uptime_seconds: uptime.as_secs_f64(),
         upstream: super::status::upstream(app),
         models: app.models.status(),
         slots: Slots {
@@ -42,17 +50,17 @@ pub fn live(app: &App) -> Live {
             draining: q.closed,
             waiters: waiters(app),
         },
-        requests: std::mem::take(&mut snap.requests),
-        tenants: tenants(app, &snap),
+        requests,
+        tenants: tenants(app, &ended),
         budgets: budgets(app),
-        rates: snap.rates.clone(),
-        history: snap.history.clone(),
+        rates,
+        history,
         totals: Totals {
-            outcomes: (snap.outcomes.iter())
+            outcomes: (outcomes.into_iter())
                 .filter(|o| o.1 > 0)
-                .map(|(k, v)| (k.to_string(), *v))
+                .map(|(k, v)| (k.to_owned(), v))
                 .collect(),
-            tokens: snap.tokens,
+            tokens,
         },
     }
 }
@@ -91,15 +99,15 @@ fn waiter(app: &App, model: Option<String>, w: WaiterView) -> Waiter {
 }
 
 /// `tenants`: everyone seen since start or in the scheduler now, by name.
-fn tenants(app: &App, snap: &Snapshot) -> Vec<Tenant> {
+fn tenants(app: &App, ended: &[(String, TenantTotals)]) -> Vec<Tenant> {
     let scheduler: HashMap<String, TenantStats> = tenant_stats(app, usize::MAX)
         .into_iter()
         .map(|t| (t.tenant.clone(), t))
         .collect();
-    let served: u64 = snap.tenants.iter().map(|t| t.1.served_tokens).sum();
+    let served: u64 = ended.iter().map(|t| t.1.served_tokens).sum();
     // Looked up by name: thousands of tenants are one pass, not a scan each.
     let totals_of: HashMap<&str, &TenantTotals> =
-        snap.tenants.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        ended.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut names: Vec<&str> = totals_of.keys().copied().collect();
     names.extend(scheduler.keys().map(String::as_str));
     names.sort_unstable();
