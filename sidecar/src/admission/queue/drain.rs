@@ -3,7 +3,7 @@
 //! the token throughput measured per slot; and how many requests run at once (`lanes`). An arrival
 //! whose estimated wait already passes its deadline is refused by it rather than left to time out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -33,10 +33,69 @@ pub(super) struct Drain {
     /// How far one request's throughput strays from `rate`: EWMA of `|sample / rate - 1|`. On a real
     /// llama-server it moves with the machine's load; Retry-After leaves that much room.
     pub(super) spread: f64,
-    /// Clients told to come back, by the whole second (since `epoch`) they are due: no second gets
-    /// more of them than there are queue places, or the later ones would find it full.
-    pub(super) calendar: BTreeMap<u64, usize>,
-    pub(super) epoch: Option<Instant>,
+    /// Clients told to come back, by the whole second they are due.
+    pub(super) calendar: Calendar,
+}
+
+/// Clients told to come back, by the whole second (since `epoch`) they are due: no second gets more
+/// of them than there are queue places, or the later ones would find it full.
+///
+/// Bookings lapse like the places kept for them (`returns`): a second is forgotten once it has
+/// passed, and the calendar holds at most a bounded number of bookings, the oldest dropped first.
+/// So a flood of clients that never come back cannot fill an hour of seconds, and finding the first
+/// second with room is one descent into the tree and a walk over at most `most / places` full
+/// seconds after it.
+#[derive(Default)]
+pub(super) struct Calendar {
+    /// Clients due, by second.
+    due: BTreeMap<u64, usize>,
+    /// The seconds booked, in the order they were booked (the oldest booking first).
+    order: VecDeque<u64>,
+    epoch: Option<Instant>,
+}
+
+impl Calendar {
+    /// Books a return `secs` from `now`, moved later while that second already has `places` clients
+    /// due (at most to `max`); keeps at most `most` bookings. Returns the seconds to tell the client.
+    pub(super) fn book(
+        &mut self,
+        now: Instant,
+        secs: u64,
+        places: usize,
+        max: u64,
+        most: usize,
+    ) -> u64 {
+        let epoch = *self.epoch.get_or_insert(now);
+        let base = now.saturating_duration_since(epoch).as_secs();
+        // Seconds already past need no booking.
+        while let Some(past) = self.due.first_entry().filter(|e| *e.key() < base) {
+            past.remove();
+        }
+        while self.order.front().is_some_and(|s| *s < base) {
+            self.order.pop_front();
+        }
+        let mut at = base + secs;
+        for (second, n) in self.due.range(at..) {
+            if *second != at || *n < places || at >= base + max {
+                break;
+            }
+            at += 1;
+        }
+        *self.due.entry(at).or_default() += 1;
+        self.order.push_back(at);
+        while self.order.len() > most.max(1) {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(n) = self.due.get_mut(&oldest) {
+                *n -= 1;
+                if *n == 0 {
+                    self.due.remove(&oldest);
+                }
+            }
+        }
+        at - base
+    }
 }
 
 impl Drain {
@@ -51,26 +110,6 @@ impl Drain {
     /// client told to come back should find the work ahead drained even if it runs slower than usual.
     pub(super) fn cautious_seconds(&self, ahead: f64, lanes: f64) -> Option<f64> {
         Some(self.seconds(ahead, lanes)? * (1.0 + self.spread.min(1.0)))
-    }
-
-    /// Books a return `secs` from `now`, moved later while that second already has `places` clients
-    /// due. Returns the seconds to tell the client.
-    pub(super) fn book(&mut self, now: Instant, secs: u64, places: usize, max: u64) -> u64 {
-        let epoch = *self.epoch.get_or_insert(now);
-        let base = now.saturating_duration_since(epoch).as_secs();
-        // Seconds already past need no booking.
-        self.calendar = self.calendar.split_off(&base);
-        let mut secs = secs;
-        while secs < max
-            && self
-                .calendar
-                .get(&(base + secs))
-                .is_some_and(|n| *n >= places)
-        {
-            secs += 1;
-        }
-        *self.calendar.entry(base + secs).or_default() += 1;
-        secs
     }
 
     /// Ages the returning clients' tokens by the drain rate since they were last counted.
@@ -275,17 +314,23 @@ impl Admission {
         let secs = (wait.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECONDS);
         let exact = Duration::try_from_secs_f64(wait.min(MAX_RETRY_AFTER_SECONDS as f64))
             .unwrap_or(Duration::from_secs(secs));
-        if st.drain.rate.is_none() {
-            return exact;
+        // Once a throughput is known, the client's tokens count as coming back; before, there are
+        // no tokens to count them in, and only the calendar below spreads them.
+        if st.drain.rate.is_some() {
+            st.drain.returning += cost as f64;
         }
-        st.drain.returning += cost as f64;
         // Clients told the same second come back at the same instant, under overload to busy
-        // slots: only the queue's places are there for them then (see `returns`).
+        // slots: only the queue's places are there for them then (see `returns`). So also before
+        // anything is measured, when every client of a burst is told the same estimate.
         let places = match self.shared.capacity {
             0 => self.slots(),
             places => places,
         };
-        let booked = st.drain.book(now, secs, places, MAX_RETRY_AFTER_SECONDS);
+        let most = self.most_bookings();
+        let booked = st
+            .drain
+            .calendar
+            .book(now, secs, places, MAX_RETRY_AFTER_SECONDS, most);
         exact + Duration::from_secs(booked - secs)
     }
 }

@@ -52,12 +52,17 @@ impl Admission {
             from: due.checked_sub(HOLD_BEFORE).unwrap_or(now).max(now),
             until: now + whole.max(Duration::from_secs(1)) + HOLD_AFTER,
         });
-        // Bounded: many more than the places could ever be kept are dropped, the oldest first.
-        let most = 4 * (self.slots() + self.shared.capacity) + 64;
+        let most = self.most_bookings();
         if st.bookings.len() > most {
             let extra = st.bookings.len() - most;
             st.bookings.drain(..extra);
         }
+    }
+
+    /// How many clients told to come back are remembered (here and in the return calendar): many
+    /// more than the places could ever be kept for are dropped, the oldest first.
+    pub(super) fn most_bookings(&self) -> usize {
+        4 * (self.slots() + self.shared.capacity) + 64
     }
 
     /// Whether `claim` is a client coming back as it was told (its booking is taken); drops the

@@ -201,6 +201,53 @@ async fn no_second_gets_more_returning_clients_than_places() {
     assert_eq!(told, [1, 1, 2, 2, 3, 3]);
 }
 
+/// A slotgate just started has measured nothing: every client of its first burst gets the same
+/// estimate. The calendar spreads them all the same, no more a second than there are queue places,
+/// or they would all come back at once to a queue with room for two.
+#[tokio::test(start_paused = true)]
+async fn before_anything_is_measured_a_burst_is_still_spread_over_the_seconds() {
+    let adm = Admission::new(1, 2);
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let _waiting = adm.enter(c(0), far()).unwrap();
+    let _waiting2 = adm.enter(c(0), far()).unwrap();
+    let told: Vec<u64> = (0..5)
+        .map(|_| {
+            adm.enter(c(0), far())
+                .err()
+                .and_then(|e| e.retry_after())
+                .unwrap()
+        })
+        .collect();
+    // Three requests ahead at the 1 s guess on one slot: 3 s, two a second from there.
+    assert_eq!(told, [3, 3, 4, 4, 5]);
+}
+
+/// A flood of clients that never come back does not fill an hour of seconds: the calendar keeps a
+/// bounded number of bookings (the oldest dropped first), so a refusal stays cheap and a client
+/// turned away after the flood is told about the wait, not about the flood.
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_refusals_does_not_fill_the_calendar() {
+    let adm = Admission::new(1, 2);
+    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
+    let _waiting = adm.enter(c(0), far()).unwrap();
+    let _waiting2 = adm.enter(c(0), far()).unwrap();
+    let told: Vec<u64> = (0..10_000)
+        .map(|_| {
+            adm.enter(c(0), far())
+                .err()
+                .and_then(|e| e.retry_after())
+                .unwrap()
+        })
+        .collect();
+    // 4 * (1 slot + 2 places) + 64 = 76 bookings kept, two a second: never more than 38 s on.
+    let latest = *told.iter().max().unwrap();
+    assert!(
+        (3..=3 + 38).contains(&latest),
+        "latest Retry-After {latest}"
+    );
+    assert_eq!(told[..5], [3, 3, 4, 4, 5]);
+}
+
 /// A throughput that varies from request to request makes Retry-After leave room for it.
 #[tokio::test(start_paused = true)]
 async fn retry_after_leaves_room_for_a_varying_throughput() {
