@@ -304,10 +304,11 @@ async fn wait_for_slot(
                 }
                 return granted.map(|(slot, wait)| (slot, wait, demand));
             }
-            done = async {
+            // Boxed: the count's state is only needed while it runs, not for the rest of the wait.
+            done = Box::pin(async {
                 let _phase = crate::otel::phase(span, "count");
                 count_prompt(app, intake, Before::Slot).await
-            } => demand = done?,
+            }) => demand = done?,
         }
         if intake.prompt_counts.is_some() {
             ticket.recost(
@@ -317,10 +318,14 @@ async fn wait_for_slot(
             );
         }
     }
-    ticket
-        .wait(deadline)
-        .await
-        .map(|(slot, wait)| (slot, wait, demand))
+    // Counted (or never to be): nothing reads the parsed body until the slot is granted, so a
+    // waiting request keeps only its bytes, and the tree is parsed again when it goes on.
+    let parked = intake.park_tree();
+    let granted = ticket.wait(deadline).await;
+    if parked {
+        intake.unpark_tree()?;
+    }
+    granted.map(|(slot, wait)| (slot, wait, demand))
 }
 
 /// In front of llama-server's router, a request must name a model it serves (an id or an alias of

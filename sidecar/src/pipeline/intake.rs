@@ -322,6 +322,20 @@ impl Intake {
         Ok(())
     }
 
+    /// Drops the parsed body while the request waits for a slot (its bytes stay, and are what is
+    /// forwarded). Returns whether there was a tree to drop; [`Intake::unpark_tree`] parses it
+    /// again.
+    pub(super) fn park_tree(&mut self) -> bool {
+        self.json.take().is_some()
+    }
+
+    /// The parsed body again, after [`Intake::park_tree`]: the same bytes parsed a moment ago, so
+    /// this fails only if they were changed meanwhile (they are not).
+    pub(super) fn unpark_tree(&mut self) -> Result<(), GateError> {
+        self.json = parse_body(&self.parts.method, &self.body)?;
+        Ok(())
+    }
+
     /// The request names a conversation (`X-Conversation-Id`): llama-server finishes its answer
     /// into a session the client can resume (`GET /v1/stream`), whatever its connection.
     pub fn names_conversation(&self) -> bool {
@@ -535,6 +549,20 @@ mod tests {
             r#"{"stream":true,"max_tokens":1,"messages":[]}"#,
         );
         assert!(!i.ask_for_stream_usage().unwrap());
+    }
+
+    #[test]
+    fn a_parked_tree_comes_back_as_it_was() {
+        let body = r#"{"stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":9}"#;
+        let mut i = intake("/v1/chat/completions", body);
+        let before = i.json.clone();
+        assert!(i.park_tree());
+        assert!(i.json.is_none(), "a waiting request keeps no tree");
+        assert!(!i.park_tree(), "nothing left to park");
+        i.unpark_tree().unwrap();
+        assert_eq!(i.json, before);
+        // And what needs the tree works on it again.
+        assert!(i.ask_for_stream_usage().unwrap());
     }
 
     #[test]

@@ -166,7 +166,9 @@ async fn phases(
     // Forwarded until an answer begins; a sheddable request told to yield its slot first goes
     // back to the queue, and then again to llama-server, whole.
     let sent = loop {
-        match forward::attempt(app, &intake, going, admitted, ex).await {
+        // Boxed: a future takes the room of its largest state, and this was it, so every request
+        // (one waiting in the queue too) held room for an upstream exchange not yet begun.
+        match Box::pin(forward::attempt(app, &intake, going, admitted, ex)).await {
             Ok(Attempt::Answered(sent)) => break Ok(sent),
             Ok(Attempt::Shed(again, shed)) => {
                 going = again;
