@@ -31,8 +31,9 @@
 # (per target, default 60), BENCH_STACK_SHAPES (the stack's shapes to run, default
 # "multi current per-core"; each adds a proxy and a 429 row), BENCH_LOG (also write the report there;
 # `1` means bench-<date>.log in the current directory), BENCH_KEEP=1 (keep the temp dir and its
-# logs). With the defaults it takes about 13 minutes once the release binaries and llama-server are
-# built.
+# logs), BENCH_SLOTGATE (the slotgate binary to measure instead of this tree's release build: a
+# before-and-after is two invocations, one with the earlier commit's binary). With the defaults it
+# takes about 13 minutes once the release binaries and llama-server are built.
 set -euo pipefail
 secs="${BENCH_SECONDS:-10}"
 rounds="${BENCH_ROUNDS:-2}"
@@ -41,7 +42,7 @@ read -r -a stack_shapes <<<"${BENCH_STACK_SHAPES-multi current per-core}"
 for shape in "${stack_shapes[@]}"; do
   case "$shape" in multi | current | per-core) ;; *) echo "bench: unknown stack shape $shape" >&2; exit 2 ;; esac
 done
-command_line="BENCH_SECONDS=$secs BENCH_ROUNDS=$rounds TTFT_REQUESTS=$ttft_requests BENCH_STACK_SHAPES=\"${stack_shapes[*]}\" bash scripts/bench.sh"
+command_line="${BENCH_SLOTGATE:+BENCH_SLOTGATE=$BENCH_SLOTGATE }BENCH_SECONDS=$secs BENCH_ROUNDS=$rounds TTFT_REQUESTS=$ttft_requests BENCH_STACK_SHAPES=\"${stack_shapes[*]}\" bash scripts/bench.sh"
 started="$(date -u +%Y-%m-%dT%H:%M:%SZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 here="$PWD/scripts/bench"
@@ -68,7 +69,8 @@ cargo build --release -p slotgate --bin slotgate >&2
 cargo build --release -p slotgate-bench-stack --bins >&2
 bash scripts/build-policies.sh >/dev/null
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-slotgate="$target_dir/release/slotgate"
+slotgate="${BENCH_SLOTGATE:-$target_dir/release/slotgate}"
+[ -x "$slotgate" ] || { echo "bench: no slotgate binary at $slotgate" >&2; exit 2; }
 stack_proxy="$target_dir/release/stack-proxy"
 stack_429="$target_dir/release/stack-429"
 policies="$target_dir/policies"
