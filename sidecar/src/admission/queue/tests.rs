@@ -11,6 +11,32 @@ fn c(priority: i64) -> Claim {
     Claim::test("t", priority)
 }
 
+/// The one slot and both queue places of `Admission::new(1, 2)` taken by `make`'s claims, kept
+/// while the guards live.
+async fn one_held_two_waiting(
+    adm: &Admission,
+    make: impl Fn() -> Claim,
+) -> (SlotGuard, Entry, Entry) {
+    let (held, _) = adm.acquire(make(), far()).await.unwrap();
+    (
+        held,
+        adm.enter(make(), far()).unwrap(),
+        adm.enter(make(), far()).unwrap(),
+    )
+}
+
+/// The Retry-After each of `n` clients turned away in a row is told.
+fn refusals(adm: &Admission, n: usize, make: impl Fn() -> Claim) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            adm.enter(make(), far())
+                .err()
+                .and_then(|e| e.retry_after())
+                .expect("turned away with a Retry-After")
+        })
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn serves_by_priority_then_arrival_and_hands_slots_on() {
     let adm = Admission::new(1, 8);
@@ -187,17 +213,8 @@ async fn no_second_gets_more_returning_clients_than_places() {
     let adm = Admission::new(1, 2);
     // Cheap requests: 10 tokens in 10 ms, so the work ahead is far under a second.
     learn(&adm, 10, Duration::from_millis(10), 10).await;
-    let (_held, _) = adm.acquire(claim("a", 0, 10), far()).await.unwrap();
-    let _waiting = adm.enter(claim("a", 0, 10), far()).unwrap();
-    let _waiting2 = adm.enter(claim("a", 0, 10), far()).unwrap();
-    let told: Vec<u64> = (0..6)
-        .map(|_| {
-            adm.enter(claim("a", 0, 10), far())
-                .err()
-                .and_then(|e| e.retry_after())
-                .unwrap()
-        })
-        .collect();
+    let _full = one_held_two_waiting(&adm, || claim("a", 0, 10)).await;
+    let told = refusals(&adm, 6, || claim("a", 0, 10));
     assert_eq!(told, [1, 1, 2, 2, 3, 3]);
 }
 
@@ -207,17 +224,8 @@ async fn no_second_gets_more_returning_clients_than_places() {
 #[tokio::test(start_paused = true)]
 async fn before_anything_is_measured_a_burst_is_still_spread_over_the_seconds() {
     let adm = Admission::new(1, 2);
-    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
-    let _waiting = adm.enter(c(0), far()).unwrap();
-    let _waiting2 = adm.enter(c(0), far()).unwrap();
-    let told: Vec<u64> = (0..5)
-        .map(|_| {
-            adm.enter(c(0), far())
-                .err()
-                .and_then(|e| e.retry_after())
-                .unwrap()
-        })
-        .collect();
+    let _full = one_held_two_waiting(&adm, || c(0)).await;
+    let told = refusals(&adm, 5, || c(0));
     // Three requests ahead at the 1 s guess on one slot: 3 s, two a second from there.
     assert_eq!(told, [3, 3, 4, 4, 5]);
 }
@@ -228,17 +236,8 @@ async fn before_anything_is_measured_a_burst_is_still_spread_over_the_seconds() 
 #[tokio::test(start_paused = true)]
 async fn a_flood_of_refusals_does_not_fill_the_calendar() {
     let adm = Admission::new(1, 2);
-    let (_held, _) = adm.acquire(c(0), far()).await.unwrap();
-    let _waiting = adm.enter(c(0), far()).unwrap();
-    let _waiting2 = adm.enter(c(0), far()).unwrap();
-    let told: Vec<u64> = (0..10_000)
-        .map(|_| {
-            adm.enter(c(0), far())
-                .err()
-                .and_then(|e| e.retry_after())
-                .unwrap()
-        })
-        .collect();
+    let _full = one_held_two_waiting(&adm, || c(0)).await;
+    let told = refusals(&adm, 10_000, || c(0));
     // 4 * (1 slot + 2 places) + 64 = 76 bookings kept, two a second: never more than 38 s on.
     let latest = *told.iter().max().unwrap();
     assert!(
@@ -337,14 +336,7 @@ async fn retry_after_counts_tokens_ahead_and_spreads_a_burst() {
         "{:?}",
         adm.stats()
     );
-    let told: Vec<u64> = (0..3)
-        .map(|_| {
-            adm.enter(claim("b", 0, 200), far())
-                .err()
-                .and_then(|e| e.retry_after())
-                .expect("turned away with a Retry-After")
-        })
-        .collect();
+    let told = refusals(&adm, 3, || claim("b", 0, 200));
     // Each turned-away client's 200 (100 used) comes back: one second more for the next.
     assert_eq!(told, [7, 8, 9]);
 }
