@@ -117,39 +117,35 @@ async fn run() {
     }
     println!("== Retry-After hit rate ({rounds} bursts of {BURST}, 1 slot + 2 queue places, clients retry exactly at Retry-After)");
     let g = gate_for(Gate::one_slot(2).upstream(&fake)).await;
-    let (hits, tries) = retry_bursts(&g, &fake_work, Bursts::of(rounds)).await;
-    println!(
-        "fake llama-server : {hits} of {tries} retries got in ({:.1}%)",
-        pct(hits, tries)
+    report(
+        "fake llama-server ",
+        retry_bursts(&g, &fake_work, Bursts::of(rounds)).await,
     );
     drop(g);
     let g = gate_for(Gate::one_slot(2).upstream_path(llama.socket())).await;
-    let (hits, tries) = retry_bursts(&g, &llama_work, Bursts::of(rounds)).await;
-    println!(
-        "real llama-server : {hits} of {tries} retries got in ({:.1}%)",
-        pct(hits, tries)
+    report(
+        "real llama-server ",
+        retry_bursts(&g, &llama_work, Bursts::of(rounds)).await,
     );
     // The short-burst shape of issue 22: every answer about 0.3 s.
-    let (hits, tries) = retry_bursts(&g, &short_burst, Bursts::of(rounds)).await;
-    println!(
-        "real llama-server, equal 0.3 s answers: {hits} of {tries} retries got in ({:.1}%)",
-        pct(hits, tries)
+    report(
+        "real llama-server, equal 0.3 s answers",
+        retry_bursts(&g, &short_burst, Bursts::of(rounds)).await,
     );
     // The same bursts one a second, each meeting the clients the one before sent back; clients
     // that wait the whole-second Retry-After, then clients that wait retry-after-ms.
     let every = Some(Duration::from_secs(1));
-    let (hits, tries) = retry_bursts(
-        &g,
-        &short_burst,
-        Bursts {
-            every,
-            ..Bursts::of(rounds)
-        },
-    )
-    .await;
-    println!(
-        "real llama-server, equal 0.3 s answers, a burst every second: {hits} of {tries} retries got in ({:.1}%)",
-        pct(hits, tries)
+    report(
+        "real llama-server, equal 0.3 s answers, a burst every second",
+        retry_bursts(
+            &g,
+            &short_burst,
+            Bursts {
+                every,
+                ..Bursts::of(rounds)
+            },
+        )
+        .await,
     );
     let (hits, tries) = retry_bursts(
         &g,
@@ -161,26 +157,27 @@ async fn run() {
         },
     )
     .await;
-    println!(
-        "real llama-server, equal 0.3 s answers, a burst every second, clients waiting retry-after-ms: {hits} of {tries} retries got in ({:.1}%)",
-        pct(hits, tries)
+    report(
+        "real llama-server, equal 0.3 s answers, a burst every second, clients waiting retry-after-ms",
+        (hits, tries),
     );
     // Large bursts (twice as many) of mixed answers, one every two seconds.
     let every = Some(Duration::from_secs(2));
-    let (hits, tries) = retry_bursts(
-        &g,
-        &llama_work,
-        Bursts {
-            every,
-            size: 2 * BURST,
-            ..Bursts::of(rounds)
-        },
-    )
-    .await;
-    println!(
-        "real llama-server, mixed answers, bursts of {} every 2 s: {hits} of {tries} retries got in ({:.1}%)",
-        2 * BURST,
-        pct(hits, tries)
+    report(
+        &format!(
+            "real llama-server, mixed answers, bursts of {} every 2 s",
+            2 * BURST
+        ),
+        retry_bursts(
+            &g,
+            &llama_work,
+            Bursts {
+                every,
+                size: 2 * BURST,
+                ..Bursts::of(rounds)
+            },
+        )
+        .await,
     );
     drop(g);
     // Long answers (mixed, about 2 s each, on the 16k-token model): bursts of 8, clients waiting
@@ -202,18 +199,17 @@ async fn run() {
         (Wait::Seconds, "Retry-After"),
         (Wait::Millis, "retry-after-ms"),
     ] {
-        let (hits, tries) = retry_bursts(
-            &g,
-            &long,
-            Bursts {
-                wait,
-                ..Bursts::of(rounds)
-            },
-        )
-        .await;
-        println!(
-            "real llama-server, long answers (about 2 s), clients waiting {how}: {hits} of {tries} retries got in ({:.1}%)",
-            pct(hits, tries)
+        report(
+            &format!("real llama-server, long answers (about 2 s), clients waiting {how}"),
+            retry_bursts(
+                &g,
+                &long,
+                Bursts {
+                    wait,
+                    ..Bursts::of(rounds)
+                },
+            )
+            .await,
         );
     }
     drop(g);
@@ -295,15 +291,17 @@ async fn fresh_short_bursts(llama: &RunningLlama, work: &dyn Workload, rounds: u
             hits += h;
             tries += t;
         }
-        println!(
-            "real llama-server, a new slotgate, 3 bursts of equal 0.3 s answers, {name} ({runs} runs): {hits} of {tries} retries got in ({:.1}%)",
-            pct(hits, tries)
+        report(
+            &format!("real llama-server, a new slotgate, 3 bursts of equal 0.3 s answers, {name} ({runs} runs)"),
+            (hits, tries),
         );
     }
 }
 
-fn pct(a: usize, b: usize) -> f64 {
-    100.0 * a as f64 / b.max(1) as f64
+/// One Retry-After shape's line: `label`, and how many of the retries got in.
+fn report(label: &str, (hits, tries): (usize, usize)) {
+    let pct = 100.0 * hits as f64 / tries.max(1) as f64;
+    println!("{label}: {hits} of {tries} retries got in ({pct:.1}%)");
 }
 
 /// How a client turned away waits: the whole-second `Retry-After`, or `retry-after-ms` (what the
