@@ -319,13 +319,14 @@ async fn wait_for_slot(
         }
     }
     // Counted (or never to be): nothing reads the parsed body until the slot is granted, so a
-    // waiting request keeps only its bytes, and the tree is parsed again when it goes on.
+    // waiting request keeps only its bytes, and the tree is parsed again once it has its slot
+    // (one refused meanwhile never needs it).
     let parked = intake.park_tree();
-    let granted = ticket.wait(deadline).await;
+    let (slot, wait) = ticket.wait(deadline).await?;
     if parked {
         intake.unpark_tree()?;
     }
-    granted.map(|(slot, wait)| (slot, wait, demand))
+    Ok((slot, wait, demand))
 }
 
 /// In front of llama-server's router, a request must name a model it serves (an id or an alias of
