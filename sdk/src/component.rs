@@ -141,6 +141,13 @@ fn parse<P: Policy>(text: &str) -> Result<P::Settings, String> {
     serde_json::from_str::<P::Settings>(text).map_err(|e| format!("invalid settings: {e}"))
 }
 
+fn header(headers: &[(String, String)], name: &str) -> Option<String> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+}
+
 fn request(r: t::Request) -> RequestSummary {
     RequestSummary {
         method: r.method,
@@ -160,6 +167,10 @@ fn request(r: t::Request) -> RequestSummary {
             pid: p.pid,
         }),
         api_key: r.api_key,
+        // Contract 2.0.0 has no fields for them: the host lists them among the headers, by
+        // their generic names (docs/sessions.md).
+        agent_id: header(&r.headers, "x-agent-id"),
+        parent_agent_id: header(&r.headers, "x-parent-agent-id"),
         headers: r.headers.into_iter().collect::<BTreeMap<_, _>>(),
         queue: QueueSnapshot {
             depth: r.queue.depth as usize,

@@ -47,6 +47,12 @@ impl RequestSummary {
         self.prompt_tokens.unwrap_or(self.prompt_tokens_estimate)
     }
 
+    /// Whether an agent's subagent sent it: its client named the agent that started its own
+    /// (`parent_agent_id`, docs/sessions.md).
+    pub fn is_subagent(&self) -> bool {
+        self.parent_agent_id.is_some()
+    }
+
     /// The caller's [`Identity`]: API key, else uid, else anonymous.
     pub fn identity(&self) -> Identity<'_> {
         match (&self.api_key, &self.peer) {

@@ -95,9 +95,17 @@ pub struct RequestSummary {
     /// Size of the request body in bytes.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub body_bytes: u64,
-    /// The `X-Session-Id` header, when sent.
+    /// The session the request belongs to, when its client names one: `X-Session-Id`, or an
+    /// agent's own header for it (Claude Code's, the Codex CLI's, opencode's; docs/sessions.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
+    /// The agent that sent it, when its client names one: `X-Agent-Id`, or an agent's own header
+    /// (a Claude Code subagent's id, a Codex thread).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The agent that started the one that sent it: present only for a subagent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_agent_id: Option<String>,
     /// The `X-Conversation-Id` header, when sent (a resumable answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation_id: Option<String>,

@@ -37,9 +37,9 @@ const PHASES: &[&str] = &[
     "routes", "intake", "count", "decide", "admit", "forward", "body", "reply",
 ];
 
-/// What every phase may use and which uses no phase: the request's record, the usage stripper and
-/// the request id.
-const BESIDE_PHASES: &[&str] = &["access", "strip", "request_id"];
+/// What every phase may use and which uses no phase: the request's record, the usage stripper,
+/// the request id and its lineage.
+const BESIDE_PHASES: &[&str] = &["access", "strip", "request_id", "lineage"];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -42,6 +42,8 @@ interface Settings {
   denyUnknown: boolean;
   /** A response header that names the tenant, e.g. `x-tenant`. */
   tenantHeader?: string;
+  /** Added to the priority of a subagent's request (its client names a parent agent). */
+  subagentStep: bigint;
 }
 
 export function validateSettings(json: string): SettingsVerdict {
@@ -66,7 +68,9 @@ export function evaluate(json: string, input: Evaluation): Decision {
   const ceiling = p.ceiling ?? p.priority;
   // A hint may always ask to wait longer; it may not jump above the tenant's ceiling.
   const hint = request.priorityHint;
-  const priority = hint === undefined ? p.priority : hint > ceiling ? hint : ceiling;
+  const clamped = hint === undefined ? p.priority : hint > ceiling ? hint : ceiling;
+  // A subagent waits behind the agent that started it, whatever its hint asked.
+  const priority = isSubagent(request) ? saturating(clamped + s.subagentStep) : clamped;
   return allow({
     tenant: p.tenant,
     priority,
@@ -77,6 +81,20 @@ export function evaluate(json: string, input: Evaluation): Decision {
 
 export function onComplete(_settings: string, _completion: Completion): void {
   // Not called: validateSettings does not ask for completions.
+}
+
+/**
+ * Whether an agent's subagent sent it: contract 2.0.0 has no field for the parent agent, so the
+ * host lists it among the headers, as `x-parent-agent-id` (docs/sessions.md).
+ */
+function isSubagent(request: Request): boolean {
+  return request.headers.some(([name]) => name === 'x-parent-agent-id');
+}
+
+/** A 64-bit sum as Rust's `saturating_add`. */
+function saturating(n: bigint): bigint {
+  const max = 2n ** 63n - 1n;
+  return n > max ? max : n;
 }
 
 /** The tenant listing the request's API key, else the one listing its uid. */
@@ -111,6 +129,9 @@ function check(s: Settings): void {
   }
   if (s.unknown.tenant === '') throw new Error('unknown.tenant is empty');
   checkClass('unknown', s.unknown.priority, s.unknown.ceiling, s.unknown.deadlineMs);
+  if (s.subagentStep < 0n) {
+    throw new Error(`subagent_step ${s.subagentStep} would serve subagents before their root agent; give 0 or more`);
+  }
   const h = s.tenantHeader;
   if (h !== undefined && !/^[a-z0-9-]+$/.test(h)) {
     throw new Error(`tenant_header \`${h}\` is not a lower-case header name`);
@@ -133,7 +154,7 @@ function checkClass(what: string, priority: bigint, ceiling?: bigint, deadlineMs
 
 function readSettings(v: unknown): Settings {
   if (v === null) v = {};
-  const o = fields(v, 'settings', ['tenants', 'unknown', 'deny_unknown', 'tenant_header']);
+  const o = fields(v, 'settings', ['tenants', 'unknown', 'deny_unknown', 'tenant_header', 'subagent_step']);
   const tenants = o.tenants === undefined ? {} : fields(o.tenants, 'tenants');
   return {
     tenants: Object.keys(tenants)
@@ -142,6 +163,7 @@ function readSettings(v: unknown): Settings {
     unknown: readClass(o.unknown === undefined ? {} : o.unknown, 'unknown'),
     denyUnknown: o.deny_unknown === undefined ? false : bool(o.deny_unknown, 'deny_unknown'),
     tenantHeader: o.tenant_header == null ? undefined : str(o.tenant_header, 'tenant_header'),
+    subagentStep: o.subagent_step === undefined ? 0n : int(o.subagent_step, 'subagent_step'),
   };
 }
 

@@ -28,6 +28,7 @@ const settings = {
   },
   unknown: { tenant: 'public', priority: 5, ceiling: 0 },
   tenant_header: 'x-tenant',
+  subagent_step: 1,
 };
 
 function evaluate(r: Parameters<typeof request>[0], s: unknown = settings): Decision {
@@ -67,6 +68,13 @@ test('hints are clamped to the ceiling, but may always lower urgency', () => {
   assert.equal(hint(uid(1001), -100n), 10n, 'the ceiling defaults to the class');
   assert.equal(hint(uid(1001), 50n), 50n);
   assert.equal(hint({ stream: true }, -3n), 0n);
+});
+
+test('a subagent waits behind its root agent, whatever its hint', () => {
+  const parent = (id: string): Partial<Request> => ({ headers: [['x-parent-agent-id', id]] });
+  assert.equal(allowed({ ...uid(1000), sessionId: 's' }).priority, -5n);
+  assert.equal(allowed({ ...uid(1000), sessionId: 's', ...parent('a1') }).priority, -4n);
+  assert.equal(allowed({ ...uid(1000), ...parent('a1'), priorityHint: -100n }).priority, -9n, 'the ceiling, then the step');
 });
 
 test('a tenant class may carry a deadline', () => {
@@ -126,6 +134,7 @@ test('settings are validated', () => {
     [{ tenants: { a: { uids: [-1], priority: 0 } } }, /out of range/],
     [{ tenants: { a: { priority: 1.5 } } }, /expected an integer/],
     [{ deny_unknown: 'yes' }, /expected true or false/],
+    [{ subagent_step: -1 }, /would serve subagents before their root agent/],
     ['{"tenants": ', /JSON/],
   ];
   for (const [s, why] of bad) {

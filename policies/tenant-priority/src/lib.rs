@@ -23,6 +23,11 @@ pub struct Settings {
     /// A response header that names the tenant, e.g. `x-tenant`.
     #[serde(default)]
     pub tenant_header: Option<String>,
+    /// How much less urgent an agent's subagent is than its root agent: added to the priority of
+    /// a request whose client names a parent agent (docs/sessions.md). 0 (the default) ranks them
+    /// alike; 1 serves every root agent's waiting request before its subagents'.
+    #[serde(default)]
+    pub subagent_step: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,6 +169,12 @@ impl Policy for TenantPriority {
             s.unknown.ceiling,
             s.unknown.deadline_ms,
         )?;
+        if s.subagent_step < 0 {
+            return Err(format!(
+                "subagent_step {} would serve subagents before their root agent; give 0 or more",
+                s.subagent_step
+            ));
+        }
         if let Some(h) = &s.tenant_header {
             let token = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-';
             if h.is_empty() || !h.bytes().all(token) {
@@ -193,6 +204,11 @@ impl Policy for TenantPriority {
         let priority = match request.priority_hint {
             Some(hint) => hint.max(placement.ceiling),
             None => placement.priority,
+        };
+        // A subagent waits behind the agent that started it, whatever its hint asked.
+        let priority = match request.is_subagent() {
+            true => priority.saturating_add(s.subagent_step),
+            false => priority,
         };
         let mut decision = Decision {
             priority: Some(priority),
@@ -233,7 +249,8 @@ mod tests {
                     "batch": {{"uids": [1001], "priority": 10}}
                 }},
                 "unknown": {{"tenant": "public", "priority": 5, "ceiling": 0}},
-                "tenant_header": "x-tenant"
+                "tenant_header": "x-tenant",
+                "subagent_step": 1
             }}"#,
             key(1)
         )
@@ -284,6 +301,21 @@ mod tests {
     }
 
     #[test]
+    fn a_subagent_waits_behind_its_root_agent_whatever_its_hint() {
+        let root = eval(&format!(
+            r#"{UID_1000}, "session_id": "s", "agent_id": "a1""#
+        ));
+        let sub = eval(&format!(
+            r#"{UID_1000}, "session_id": "s", "agent_id": "a2", "parent_agent_id": "a1""#
+        ));
+        assert_eq!((root.priority, sub.priority), (Some(-5), Some(-4)));
+        let hinted = eval(&format!(
+            r#"{UID_1000}, "parent_agent_id": "a1", "priority_hint": -100"#
+        ));
+        assert_eq!(hinted.priority, Some(-9), "the ceiling, then the step");
+    }
+
+    #[test]
     fn a_tenant_class_may_carry_a_deadline() {
         assert_eq!(eval(UID_1000).deadline_ms, Some(2000));
         assert_eq!(eval(UID_1001).deadline_ms, None);
@@ -329,6 +361,7 @@ mod tests {
             r#"{"tenant_header": "X Tenant"}"#.into(),
             r#"{"tenants": {"a": {"uids": [7]}}}"#.into(),
             r#"{"tenant": {}}"#.into(),
+            r#"{"subagent_step": -1}"#.into(),
         ] {
             let v = testing::validate::<TenantPriority>(&bad);
             assert!(!v.valid, "{bad} passed");

@@ -111,6 +111,29 @@ pub struct Request {
     shed: AtomicU32,
     /// Its overload band, once scheduled in one.
     band: OnceLock<Arc<str>>,
+    /// Its session, agent, parent agent and conversation, when its client named any.
+    lineage: OnceLock<Box<Lineage>>,
+}
+
+/// Who in an agent run a request is, as its client's headers say (docs/sessions.md): the
+/// session it belongs to, the agent that sent it, the agent that started that one (none for a
+/// root agent), and the conversation it resumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lineage {
+    pub session: Option<Box<str>>,
+    pub agent: Option<Box<str>>,
+    pub parent: Option<Box<str>>,
+    pub conversation: Option<Box<str>>,
+}
+
+impl Lineage {
+    /// Whether the client named none of them.
+    pub fn is_empty(&self) -> bool {
+        self.session.is_none()
+            && self.agent.is_none()
+            && self.parent.is_none()
+            && self.conversation.is_none()
+    }
 }
 
 impl Request {
@@ -153,6 +176,17 @@ impl Request {
         let _ = self.band.set(band.clone());
     }
 
+    /// Its session, agent, parent and conversation; an empty lineage is not kept.
+    pub fn set_lineage(&self, lineage: Lineage) {
+        if !lineage.is_empty() {
+            let _ = self.lineage.set(Box::new(lineage));
+        }
+    }
+
+    pub fn lineage(&self) -> Option<&Lineage> {
+        self.lineage.get().map(|l| &**l)
+    }
+
     /// Shed before its first byte (`n` times in all): waiting again.
     pub fn set_shed(&self, n: u32) {
         self.shed.store(n, Ordering::Relaxed);
@@ -171,6 +205,11 @@ impl Request {
         self.admitted_after
             .store(u64::try_from(after).unwrap_or(u64::MAX), Ordering::Relaxed);
         self.set_phase(Phase::Upstream);
+    }
+
+    fn text_of(&self, field: impl Fn(&Lineage) -> &Option<Box<str>>) -> Option<String> {
+        self.lineage()
+            .and_then(|l| field(l).as_deref().map(str::to_owned))
     }
 
     /// What the live view shows of it now.
@@ -195,6 +234,10 @@ impl Request {
             deadline_ms: Some(self.deadline_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0),
             shed: u64::from(self.shed.load(Ordering::Relaxed)),
             band: self.band.get().map(|b| b.to_string()),
+            session: self.text_of(|l| &l.session),
+            agent: self.text_of(|l| &l.agent),
+            parent_agent: self.text_of(|l| &l.parent),
+            conversation: self.text_of(|l| &l.conversation),
         }
     }
 }
@@ -393,6 +436,7 @@ impl Live {
             deadline_ms: AtomicU64::new(0),
             shed: AtomicU32::new(0),
             band: OnceLock::new(),
+            lineage: OnceLock::new(),
         });
         self.inner.requests.insert(key, request.clone());
         Tracked {

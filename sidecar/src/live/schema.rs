@@ -144,6 +144,14 @@ pub struct Request {
     pub shed: u64,
     /// Its overload band, when it is in one.
     pub band: Option<String>,
+    /// The session its client named (docs/sessions.md).
+    pub session: Option<String>,
+    /// The agent that sent it.
+    pub agent: Option<String>,
+    /// The agent that started that agent; none for a root agent.
+    pub parent_agent: Option<String>,
+    /// `X-Conversation-Id`: the resumable answer it is.
+    pub conversation: Option<String>,
 }
 
 impl Request {

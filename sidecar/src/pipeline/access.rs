@@ -358,6 +358,7 @@ impl Exchange {
         }
         let ms = |d: Option<Duration>| d.map(|d| Field::Num(d.as_millis() as u64));
         let id = self.live.request_id.to_str().ok();
+        let lineage = self.live.lineage();
         let fields = [
             ("outcome", Some(Field::Str(outcome.label()))),
             ("status", self.status.map(|s| Field::Num(s.into()))),
@@ -370,6 +371,24 @@ impl Exchange {
             ("queue_wait_ms", ms(self.queue_wait)),
             ("deadline_ms", ms(self.deadline)),
             ("band", self.band.as_deref().map(Field::Str)),
+            (
+                "session",
+                lineage.and_then(|l| l.session.as_deref()).map(Field::Str),
+            ),
+            (
+                "agent",
+                lineage.and_then(|l| l.agent.as_deref()).map(Field::Str),
+            ),
+            (
+                "parent_agent",
+                lineage.and_then(|l| l.parent.as_deref()).map(Field::Str),
+            ),
+            (
+                "conversation",
+                lineage
+                    .and_then(|l| l.conversation.as_deref())
+                    .map(Field::Str),
+            ),
             (
                 "shed",
                 (self.shed > 0).then_some(Field::Num(self.shed.into())),

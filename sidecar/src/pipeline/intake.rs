@@ -17,6 +17,7 @@ use crate::config::Limits;
 use crate::dialect::{self, Ask, DialectRef};
 use crate::error::GateError;
 use crate::json_edit;
+use crate::pipeline::lineage;
 use crate::pipeline::routes::Handling;
 use crate::router::Pool;
 use crate::state::App;
@@ -148,6 +149,29 @@ pub(crate) fn summarize(
     let null = Value::Null;
     let j = json.unwrap_or(&null);
     let prompt_chars = ask.prompt_chars();
+    let lineage = lineage::of(&parts.headers);
+    let text = |id: &Option<Box<str>>| id.as_deref().map(str::to_owned);
+    let mut headers: std::collections::BTreeMap<String, String> = SUMMARY_HEADERS
+        .iter()
+        .filter_map(|name| {
+            Some((
+                name.as_str().to_owned(),
+                parts.headers.get(name)?.to_str().ok()?.to_owned(),
+            ))
+        })
+        .collect();
+    // The ids by their generic names, whichever header named them: what a policy of contract
+    // 2.0.0 (no fields for them) reads.
+    for (name, id) in [
+        (lineage::SESSION[0], &lineage.session),
+        (lineage::AGENT_HEADER, &lineage.agent),
+        (lineage::PARENT_HEADER, &lineage.parent),
+        (lineage::CONVERSATION, &lineage.conversation),
+    ] {
+        if let Some(id) = id {
+            headers.insert(name.to_owned(), id.to_string());
+        }
+    }
     RequestSummary {
         method: parts.method.to_string(),
         path: parts.uri.path().to_owned(),
@@ -169,28 +193,16 @@ pub(crate) fn summarize(
         deadline_ms: None,
         peer,
         api_key: api_key_hash(&parts.headers),
-        headers: SUMMARY_HEADERS
-            .iter()
-            .filter_map(|name| {
-                Some((
-                    name.as_str().to_owned(),
-                    parts.headers.get(name)?.to_str().ok()?.to_owned(),
-                ))
-            })
-            .collect(),
+        headers,
         queue: Default::default(),
         // Set by `Intake::new`, which knows them.
         dialect: None,
         body_bytes: 0,
-        session_id: header_text(&parts.headers, "x-session-id"),
-        conversation_id: header_text(&parts.headers, "x-conversation-id"),
+        session_id: text(&lineage.session),
+        agent_id: text(&lineage.agent),
+        parent_agent_id: text(&lineage.parent),
+        conversation_id: text(&lineage.conversation),
     }
-}
-
-/// A header's value as text, when it is text (at most 256 bytes: an id, not a payload).
-fn header_text(headers: &http::HeaderMap, name: &str) -> Option<String> {
-    let v = headers.get(name)?.to_str().ok()?;
-    (v.len() <= 256).then(|| v.to_owned())
 }
 
 /// The caller's key as llama-server reads it: `Authorization` (after `Bearer `), else Anthropic's

@@ -37,6 +37,7 @@ mod count;
 mod decide;
 mod forward;
 pub mod intake;
+pub mod lineage;
 mod reply;
 pub mod request_id;
 pub mod routes;
@@ -227,12 +228,20 @@ struct Shed {
     admitted: admit::Admitted,
 }
 
-/// What the request asks: its model on the record, and on its trace's server span the GenAI
-/// operation, model and max tokens.
+/// What the request asks: its model and lineage on the record, and on its trace's server span the
+/// GenAI operation, model and max tokens.
 fn traced_ask(ex: &mut Exchange, intake: &intake::Intake) {
     if let Some(model) = &intake.summary.model {
         ex.set_asked_model(model);
     }
+    let s = &intake.summary;
+    let id = |id: &Option<String>| id.as_deref().map(Box::from);
+    ex.live().set_lineage(crate::live::Lineage {
+        session: id(&s.session_id),
+        agent: id(&s.agent_id),
+        parent: id(&s.parent_agent_id),
+        conversation: id(&s.conversation_id),
+    });
     let span = ex.span();
     if span.is_disabled() {
         return;

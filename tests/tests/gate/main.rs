@@ -28,6 +28,7 @@ mod readiness;
 mod request_id;
 mod retry_after;
 mod routes;
+mod sessions;
 mod shedding;
 mod shutdown;
 mod slots_auto;
