@@ -327,6 +327,20 @@ impl GateError {
         self.row().code
     }
 
+    /// The server as a whole is too busy for it (as opposed to its tenant's own share, a policy's
+    /// budget or a fault): what Anthropic's API answers 529 `overloaded_error` for.
+    pub fn is_overload(&self) -> bool {
+        matches!(
+            self,
+            GateError::QueueFull { .. }
+                | GateError::BandQueueFull { .. }
+                | GateError::Displaced { .. }
+                | GateError::WaitTooLong { .. }
+                | GateError::DeadlineUnreachable { .. }
+                | GateError::Shed { .. }
+        )
+    }
+
     pub fn outcome(&self) -> Outcome {
         self.row().outcome
     }

@@ -41,7 +41,7 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
         (_, Some(d)) => d.error_body(e),
         (_, None) => dialect::openai_error(e),
     };
-    let mut resp = json_bytes(e.status(), body);
+    let mut resp = json_bytes(status(e, dialect), body);
     if let Some(secs) = e.retry_after() {
         crate::metrics::retry_after(e.code()).record(secs as f64);
         resp.headers_mut()
@@ -63,6 +63,11 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
         }
     }
     resp
+}
+
+/// The status slotgate answers `e` with on `dialect`'s API (Anthropic's overload is 529).
+pub fn status(e: &GateError, dialect: Option<DialectRef>) -> u16 {
+    dialect.map_or(e.status(), |d| d.error_status(e))
 }
 
 /// The error event that ends a stream slotgate cuts short (a shed request's): the error in the

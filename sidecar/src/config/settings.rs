@@ -7,6 +7,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::admin::{AuditLog, Uids};
+use super::hints::TierPriorities;
 use super::policy::PolicySpec;
 use super::state::{OnUnavailable, StateBackend, StateDir, StateTable};
 use super::tenants::{OverCap, TenantTable};
@@ -149,7 +150,9 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_timeout: Option<Dur>,
 
-    /// Take priority from the body's `priority` field (lower is served earlier, as in vLLM).
+    /// Take priority from the client's hint: the body's `priority` field (lower is served earlier, as
+    /// in vLLM), else its `service_tier` by --service-tier-priority. Without it a hint reaches only
+    /// the policies (which clamp it to what the tenant may ask).
     #[arg(long, env = "SLOTGATE_TRUST_CLIENT_PRIORITY", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust_client_priority: Option<bool>,
@@ -171,6 +174,23 @@ pub struct Settings {
     /// The largest fraction of the queue one tenant may hold (at least one place); its further
     /// requests get 429 `tenant_queue_full` while other tenants can still queue. `1.0` turns the
     /// limit off. [default: 0.5]
+    /// The priority hint each `service_tier` of a request body stands for (OpenAI's `priority`,
+    /// `default`, `auto`, `scale`, `flex`; Anthropic's `auto`, `standard_only`), used when the body
+    /// has no `priority` field; `none` maps no tier. A hint only reaches the queue through
+    /// --trust-client-priority or a policy (docs/sessions.md).
+    /// [default: priority=-1,default=0,auto=0,standard_only=0,scale=0,flex=10]
+    #[arg(long, env = "SLOTGATE_SERVICE_TIER_PRIORITY", value_name = "TIER=P,...|none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier_priority: Option<TierPriorities>,
+
+    /// Take `x-slo-ttft-ms` (the Gateway API Inference Extension's time-to-first-token objective,
+    /// in milliseconds) as the request's deadline, as `X-Slotgate-Deadline-Ms` is: it must start
+    /// within it or leave the queue (504), and is refused at once (429) when the wait is already
+    /// longer. The shorter of the two wins. [default: false]
+    #[arg(long, env = "SLOTGATE_SLO_TTFT_DEADLINE", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_ttft_deadline: Option<bool>,
+
     #[arg(long, env = "SLOTGATE_TENANT_QUEUE_SHARE", value_name = "FRACTION")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_queue_share: Option<f64>,

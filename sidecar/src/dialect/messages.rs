@@ -86,6 +86,16 @@ impl Dialect for Messages {
         contains(data, b"\"type\":\"message_stop\"")
     }
 
+    /// Anthropic's own status for an overloaded server, 529 (`overloaded_error`), for every
+    /// refusal made because the server is too busy; the Anthropic SDKs retry it, honouring
+    /// `retry-after-ms`. A tenant's own limit or a policy's budget stays a 429.
+    fn error_status(&self, e: &GateError) -> u16 {
+        match e.is_overload() {
+            true => 529,
+            false => e.status(),
+        }
+    }
+
     /// `{"type":"error","error":{"type","message"}}`, with Anthropic's error types, so the
     /// Anthropic SDKs raise their typed errors (`RateLimitError` for a 429, ...) and retry where
     /// they should.
@@ -96,7 +106,7 @@ impl Dialect for Messages {
         out.extend_from_slice(b"{\"error\":{\"message\":");
         json_string(&mut out, &message);
         out.extend_from_slice(b",\"type\":");
-        json_string(&mut out, anthropic_type(e.status()));
+        json_string(&mut out, anthropic_type(self.error_status(e)));
         out.extend_from_slice(b"},\"type\":\"error\"}");
         out
     }
@@ -153,7 +163,12 @@ mod tests {
         };
         let body: Value = serde_json::from_slice(&MESSAGES.error_body(&e)).unwrap();
         assert_eq!(body["type"], "error");
-        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(
+            MESSAGES.error_status(&e),
+            529,
+            "a full queue is an overload"
+        );
+        assert_eq!(body["error"]["type"], "overloaded_error");
         assert!(body["error"]["message"]
             .as_str()
             .unwrap()
@@ -161,12 +176,21 @@ mod tests {
         // The very text a JSON value of it would print.
         let want = json!({
             "type": "error",
-            "error": { "type": "rate_limit_error", "message": e.to_string() }
+            "error": { "type": "overloaded_error", "message": e.to_string() }
         });
         assert_eq!(
             String::from_utf8(MESSAGES.error_body(&e)).unwrap(),
             want.to_string()
         );
+        // A tenant's own share is its rate limit, not the server's overload.
+        let tenant = GateError::TenantBusy {
+            in_service: 1,
+            waiting: 0,
+            retry_after: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(MESSAGES.error_status(&tenant), 429);
+        let body: Value = serde_json::from_slice(&MESSAGES.error_body(&tenant)).unwrap();
+        assert_eq!(body["error"]["type"], "rate_limit_error");
         assert_eq!(anthropic_type(503), "overloaded_error");
         assert_eq!(anthropic_type(400), "invalid_request_error");
         assert_eq!(anthropic_type(502), "api_error");

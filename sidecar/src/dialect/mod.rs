@@ -81,6 +81,11 @@ pub trait Dialect: Send + Sync + 'static {
         openai_error(e)
     }
 
+    /// The status of an error slotgate answers on this API.
+    fn error_status(&self, e: &GateError) -> u16 {
+        e.status()
+    }
+
     /// Whether the body is JSON (otherwise it is forwarded as it came, never parsed).
     fn json_body(&self) -> bool {
         true

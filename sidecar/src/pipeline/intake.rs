@@ -13,7 +13,7 @@ use slotgate_sdk::{Mutations, Peer, RequestSummary};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::config::Limits;
+use crate::config::{Limits, TierPriorities};
 use crate::dialect::{self, Ask, DialectRef};
 use crate::error::GateError;
 use crate::json_edit;
@@ -234,15 +234,23 @@ fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
 /// The client's own deadline, `X-Slotgate-Deadline-Ms`: milliseconds from arrival, a whole number
 /// from 1. Anything else is a 400 `invalid_deadline` (a typo must not silently mean "no deadline").
 fn deadline_of(headers: &http::HeaderMap) -> Result<Option<u64>, GateError> {
-    let Some(value) = headers.get(super::DEADLINE_HEADER) else {
+    millis_of(headers, super::DEADLINE_HEADER)
+}
+
+/// The Gateway API Inference Extension's time-to-first-token objective, in milliseconds.
+pub const SLO_TTFT_HEADER: &str = "x-slo-ttft-ms";
+
+/// A header of milliseconds from arrival, a whole number from 1; anything else is a 400
+/// `invalid_deadline` naming the header.
+fn millis_of(headers: &http::HeaderMap, name: &str) -> Result<Option<u64>, GateError> {
+    let Some(value) = headers.get(name) else {
         return Ok(None);
     };
     let text = value.to_str().unwrap_or("").trim();
     match text.parse::<u64>() {
         Ok(ms) if ms > 0 => Ok(Some(ms)),
         _ => Err(GateError::InvalidDeadline(format!(
-            "{}: `{}` is not a deadline; give the milliseconds from now the answer is worth waiting for, a whole number from 1 (it is capped by the queue timeout)",
-            super::DEADLINE_HEADER,
+            "{name}: `{}` is not a deadline; give the milliseconds from now the answer is worth waiting for, a whole number from 1 (it is capped by the queue timeout)",
             String::from_utf8_lossy(value.as_bytes())
         ))),
     }
@@ -270,6 +278,29 @@ pub fn hash_api_key(key: &str) -> String {
 }
 
 impl Intake {
+    /// The client's hints, read by the operator's rules (docs/sessions.md): a body without a
+    /// `priority` field hints by its `service_tier`, and with `slo_ttft` an `x-slo-ttft-ms` is a
+    /// deadline (the shorter of it and `X-Slotgate-Deadline-Ms`).
+    pub fn take_hints(&mut self, tiers: &TierPriorities, slo_ttft: bool) -> Result<(), GateError> {
+        if self.dialect.is_none() {
+            return Ok(());
+        }
+        if self.summary.priority_hint.is_none() {
+            self.summary.priority_hint = self
+                .json
+                .as_ref()
+                .and_then(|j| j.get("service_tier")?.as_str())
+                .and_then(|tier| tiers.of(tier));
+        }
+        if slo_ttft {
+            if let Some(ms) = millis_of(&self.parts.headers, SLO_TTFT_HEADER)? {
+                let d = &mut self.summary.deadline_ms;
+                *d = Some(d.map_or(ms, |own| own.min(ms)));
+            }
+        }
+        Ok(())
+    }
+
     /// In front of llama-server's router, the pool of the model the request names (see
     /// `router::models`); `None` otherwise, or for a model it does not list (yet: the list may be
     /// read again before admission). Looked up once, then carried with the request.

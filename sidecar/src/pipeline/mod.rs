@@ -153,6 +153,12 @@ async fn phases(
     let mut intake = intake::read(req, &app.limits, peer, handling)
         .await
         .map_err(Refusal::reading)?;
+    intake
+        .take_hints(
+            &app.config.service_tier_priority,
+            app.config.slo_ttft_deadline,
+        )
+        .map_err(Refusal::reading)?;
     drop(phase);
     traced_ask(ex, &intake);
     tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");

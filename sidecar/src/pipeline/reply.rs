@@ -118,7 +118,7 @@ impl<'a> Reply<'a> {
                 w.mark_unread_body();
             }
         }
-        ex.set_status(e.status());
+        ex.set_status(respond::status(e, self.dialect));
         ex.refused(e);
         ex.finish(e.outcome());
         if e.outcome() == Outcome::UpstreamError {

@@ -17,6 +17,7 @@ mod early_reject;
 mod endpoints;
 mod fairness;
 mod fake_upstream_selftest;
+mod hints;
 mod keep_alive;
 mod live;
 mod metrics;

@@ -1,7 +1,7 @@
 //! The SDKs clients run against llama-server, from PyPI, through slotgate to the real llama-server:
 //! the Anthropic SDK (messages, a stream, `count_tokens`, a burst on a saturated slot that its own
-//! retries carry through, honouring slotgate's `retry-after-ms`, and its typed errors with
-//! slotgate's words) and the OpenAI SDK's Responses API, whole and streamed.
+//! retries of slotgate's 529s carry through, honouring slotgate's `retry-after-ms`, and its typed
+//! errors with slotgate's words) and the OpenAI SDK's Responses API, whole and streamed.
 
 use std::time::Duration;
 
@@ -95,11 +95,13 @@ async fn the_anthropic_sdk_works_through_slotgate_and_its_retries_honour_retry_a
     )
     .await;
     held.await.unwrap();
-    assert_eq!(raised["raised"], "RateLimitError", "{raised}");
-    assert_eq!(raised["status"], 429, "{raised}");
+    // Anthropic's own answer for an overloaded server: 529 `overloaded_error`, which the SDK
+    // raises as its `OverloadedError` (and retries, as the burst below shows).
+    assert_eq!(raised["raised"], "OverloadedError", "{raised}");
+    assert_eq!(raised["status"], 529, "{raised}");
     assert_eq!(raised["body"]["type"], "error", "{raised}");
     assert_eq!(
-        raised["body"]["error"]["type"], "rate_limit_error",
+        raised["body"]["error"]["type"], "overloaded_error",
         "{raised}"
     );
     assert!(
@@ -119,8 +121,8 @@ async fn the_anthropic_sdk_works_through_slotgate_and_its_retries_honour_retry_a
     no_queue.assert_idle().await;
     drop(no_queue);
 
-    // A burst: most are turned away at first; the SDK's retries carry every one through, none sent
-    // before the retry-after-ms it was given.
+    // A burst: most are turned away at first (529); the SDK's retries carry every one through, none
+    // sent before the retry-after-ms it was given.
     let tokens = llama
         .tokens_for(Duration::from_millis(250), (16, 200))
         .await;
@@ -147,9 +149,9 @@ async fn the_anthropic_sdk_works_through_slotgate_and_its_retries_honour_retry_a
         assert_eq!(c.usage.as_ref().unwrap()["output_tokens"], tokens);
         for pair in c.attempts.windows(2) {
             let (refused, retry) = (&pair[0], &pair[1]);
-            assert_eq!(refused.status, Some(429), "{:#?}", c.attempts);
+            assert_eq!(refused.status, Some(529), "{:#?}", c.attempts);
             refusals += 1;
-            let told = refused.retry_after_ms.expect("retry-after-ms on every 429");
+            let told = refused.retry_after_ms.expect("retry-after-ms on every 529");
             let waited = retry.sent_ms - refused.received_ms.unwrap();
             assert!(
                 waited >= told - 2.0,
