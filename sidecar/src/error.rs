@@ -8,7 +8,7 @@ use std::time::Duration;
 pub enum GateError {
     #[error("no such endpoint: {method} {path} (slotgate forwards every route llama-server serves; see docs/endpoints.md)")]
     NotFound { method: String, path: String },
-    #[error("slotgate serves {method} {path} on its admin listener only: it shows or changes the whole llama-server, not one request")]
+    #[error("slotgate serves {method} {path} on its admin listener only: it shows or changes the whole llama-server, not one request; its group in --client-admin-routes forwards it here too (docs/endpoints.md)")]
     AdminOnly { method: String, path: String },
     #[error("slotgate refuses {method} {path}: llama-server's built-in tools and CORS proxy act on the host (read and write files, run commands, fetch URLs); start slotgate with --forward-host-endpoints to forward them")]
     HostEndpoint { method: String, path: String },

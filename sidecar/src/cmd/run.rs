@@ -14,13 +14,25 @@ use crate::config::{Config, LogFormat, Settings};
 /// llama-server as the upstream when `slotgate wrap` started one.
 pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
     // Wrapped, the upstream is the child's private socket, on every (re)load, and what its command
-    // line says (the KV pool, its API key) is known.
+    // line says (the KV pool, its API key, where its clients reach it) is known.
     let upstream = wrapped.as_ref().map(crate::cmd::wrap::Wrap::upstream);
     let launch = wrapped.as_ref().map(crate::cmd::wrap::Wrap::launch);
+    let clients = wrapped
+        .as_ref()
+        .and_then(|w| w.clients().map(<[_]>::to_vec));
+    // Without --upstream, where llama-server answers: looked for once, at the first load.
+    let discovered = std::sync::Arc::new(std::sync::OnceLock::new());
+    let found = discovered.clone();
     let load = move |args: ConfigArgs| {
-        load(args).map(|mut config| {
+        load(args).map(|(mut config, set)| {
             if let Some(up) = &upstream {
                 config.upstream = up.clone();
+            } else if !set.upstream && !check {
+                let window = config.connect_timeout;
+                config.upstream = discovered.get_or_init(|| discover(window)).0.clone();
+            }
+            if let (Some(clients), false) = (&clients, set.listen) {
+                config.listen = clients.clone();
             }
             if let Some(launch) = &launch {
                 if config.upstream_api_key.is_none() {
@@ -69,6 +81,16 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some((upstream, found)) = found.get() {
+        match found {
+            true => {
+                tracing::info!(%upstream, "no --upstream: llama-server answers here; forwarding to it")
+            }
+            false => {
+                tracing::warn!(%upstream, "no --upstream, and no llama-server answered on 127.0.0.1:9931 or 127.0.0.1:8080; forwarding to 8080, its default before 9931 (set --upstream to choose)")
+            }
+        }
+    }
     let served = serve(config, source, wrapped);
     // What the exporter still holds goes out before the process ends.
     if let Some(t) = traces {
@@ -87,12 +109,36 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
     }
 }
 
-fn load(args: ConfigArgs) -> anyhow::Result<Config> {
+/// Which keys with a default some layer (flag, environment, file) set.
+struct Set {
+    upstream: bool,
+    listen: bool,
+}
+
+fn load(args: ConfigArgs) -> anyhow::Result<(Config, Set)> {
     let file = match &args.config {
         Some(path) => Settings::from_file(path)?,
         None => Settings::default(),
     };
-    Ok(Config::from_settings(args.settings.over(file))?)
+    let settings = args.settings.over(file);
+    let set = Set {
+        upstream: settings.upstream.is_some(),
+        listen: settings.listen.is_some(),
+    };
+    Ok((Config::from_settings(settings)?, set))
+}
+
+/// The llama-server on this host's default ports, 9931 first, else 8080 (its default until it
+/// moves), and whether one answered (logged once logging is up).
+fn discover(window: std::time::Duration) -> (crate::config::UpstreamAddr, bool) {
+    use crate::upstream::discover;
+    let candidates = discover::default_candidates();
+    let found = discover::find(&candidates, window);
+    let addr = found.unwrap_or(candidates[candidates.len() - 1]);
+    (
+        crate::config::UpstreamAddr::Tcp(addr.to_string()),
+        found.is_some(),
+    )
 }
 
 fn serve(

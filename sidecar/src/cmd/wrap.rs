@@ -2,6 +2,11 @@
 //! slotgate chooses, its output passed through line by line with a prefix, restarted with backoff
 //! when it dies (requests meanwhile wait as during a model load) until it has failed
 //! `--wrap-start-limit` starts in a row, and stopped only after slotgate has drained.
+//!
+//! A `--host` or `--port` in the command says where its clients reach it: slotgate listens there
+//! instead (unless `--listen` is set) and the child gets its private socket. A `--host` without a
+//! `--port` means the child's own default port, read from its `--help` (8080 until llama.cpp
+//! moves it to 9931).
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -13,7 +18,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::UpstreamAddr;
+use crate::config::{ListenAddr, UpstreamAddr};
 use crate::metrics as m;
 
 /// First wait before a restart; doubled after each quick death, up to [`MAX_BACKOFF`].
@@ -28,8 +33,10 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 pub enum WrapError {
     #[error("wrap needs the llama-server command after `--`, e.g. `slotgate wrap -- llama-server -m model.gguf -np 2`")]
     NoCommand,
-    #[error("`{0}` in the wrapped command: wrap gives llama-server a private Unix socket itself (--host); drop it")]
-    ChoosesAddress(String),
+    #[error("`{0}` in the wrapped command needs a value")]
+    NoValue(String),
+    #[error("`--port {0}` in the wrapped command is not a port")]
+    BadPort(String),
     #[error("cannot create the private socket directory {0}: {1}")]
     Dir(PathBuf, std::io::Error),
     #[error("cannot start `{0}`: {1}")]
@@ -48,6 +55,8 @@ type Tail = std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>
 #[derive(Debug)]
 pub struct Wrap {
     argv: Vec<String>,
+    /// Where the command's `--host`/`--port` said its clients reach it.
+    clients: Option<Vec<ListenAddr>>,
     dir: PathBuf,
     socket: PathBuf,
     tail: Tail,
@@ -60,12 +69,17 @@ impl Wrap {
         if argv.is_empty() {
             return Err(WrapError::NoCommand);
         }
-        if let Some(flag) = argv[1..].iter().find(|a| {
-            let name = a.split('=').next().unwrap_or(a);
-            matches!(name, "--host" | "--port")
-        }) {
-            return Err(WrapError::ChoosesAddress(flag.clone()));
-        }
+        let (argv, host, port) = take_address(argv)?;
+        let clients = match (host, port) {
+            (None, None) => None,
+            (host, port) => {
+                let port = match port {
+                    Some(p) => p,
+                    None => default_port(&argv[0]),
+                };
+                Some(listen_addrs(host.as_deref().unwrap_or("127.0.0.1"), port))
+            }
+        };
         let base = std::env::var_os("XDG_RUNTIME_DIR")
             .map(PathBuf::from)
             .filter(|p| p.is_dir())
@@ -82,6 +96,7 @@ impl Wrap {
         let socket = dir.join("llama.sock");
         Ok(Wrap {
             argv,
+            clients,
             dir,
             socket,
             tail: Tail::default(),
@@ -91,6 +106,12 @@ impl Wrap {
     /// Where slotgate forwards to: the child's socket.
     pub fn upstream(&self) -> UpstreamAddr {
         UpstreamAddr::Unix(self.socket.clone())
+    }
+
+    /// Where slotgate listens unless `--listen` says otherwise: where the command's own `--host` and
+    /// `--port` said its clients reach it.
+    pub fn clients(&self) -> Option<&[ListenAddr]> {
+        self.clients.as_deref()
     }
 
     /// The child's command line as llama-server will read it (it inherits slotgate's environment).
@@ -211,6 +232,74 @@ impl Wrap {
     }
 }
 
+/// llama-server's port before it moves to 9931, when its `--help` does not say.
+const LLAMA_DEFAULT_PORT: u16 = 8080;
+
+/// `argv` without its `--host` and `--port` (each `--x V` or `--x=V`), and their values.
+type Address = (Vec<String>, Option<String>, Option<u16>);
+
+fn take_address(argv: Vec<String>) -> Result<Address, WrapError> {
+    let (mut kept, mut host, mut port) = (Vec::with_capacity(argv.len()), None, None);
+    let mut args = argv.into_iter();
+    kept.extend(args.next());
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
+            None => (arg.clone(), None),
+        };
+        if name != "--host" && name != "--port" {
+            kept.push(arg);
+            continue;
+        }
+        let value = inline
+            .or_else(|| args.next())
+            .ok_or_else(|| WrapError::NoValue(name.clone()))?;
+        match name.as_str() {
+            "--host" => host = Some(value),
+            _ => port = Some(value.parse().map_err(|_| WrapError::BadPort(value))?),
+        }
+    }
+    Ok((kept, host, port))
+}
+
+/// The addresses llama-server's `--host` names (comma-separated; a name ending in `.sock` is a Unix
+/// socket; `localhost` is 127.0.0.1) on `port`.
+fn listen_addrs(host: &str, port: u16) -> Vec<ListenAddr> {
+    host.split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| match h {
+            h if h.ends_with(".sock") => ListenAddr::Unix(h.into()),
+            "localhost" => ListenAddr::Tcp(([127, 0, 0, 1], port).into()),
+            h => match h.parse::<std::net::IpAddr>() {
+                Ok(ip) => ListenAddr::Tcp((ip, port).into()),
+                // Not an address slotgate can bind: `--listen` will say so.
+                Err(_) => ListenAddr::Tcp(([127, 0, 0, 1], port).into()),
+            },
+        })
+        .collect()
+}
+
+/// The port `program` listens on without `--port`, as its `--help` prints it (`port to listen
+/// (default: N)`), else [`LLAMA_DEFAULT_PORT`].
+fn default_port(program: &str) -> u16 {
+    let help = std::process::Command::new(program)
+        .arg("--help")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let text = help.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    text.ok()
+        .and_then(|t| help_default_port(&t))
+        .unwrap_or(LLAMA_DEFAULT_PORT)
+}
+
+fn help_default_port(help: &str) -> Option<u16> {
+    let at = help.find("port to listen (default: ")? + "port to listen (default: ".len();
+    let rest = &help[at..];
+    rest[..rest.find(')')?].trim().parse().ok()
+}
+
 /// Resolves once `stop` is true (or its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
@@ -281,18 +370,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_command_is_needed_and_may_not_choose_its_address() {
+    fn the_commands_address_becomes_slotgates() {
         assert!(matches!(Wrap::prepare(vec![]), Err(WrapError::NoCommand)));
-        for flag in ["--host", "--port=8080"] {
-            let argv = vec![
-                "llama-server".into(),
-                "-m".into(),
-                "m.gguf".into(),
-                flag.into(),
-            ];
-            let err = Wrap::prepare(argv).unwrap_err();
-            assert!(matches!(err, WrapError::ChoosesAddress(_)), "{err}");
-        }
+        let argv = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let w = Wrap::prepare(argv("llama-server -m m.gguf --port 9931 -np 2")).unwrap();
+        assert_eq!(w.argv, argv("llama-server -m m.gguf -np 2"));
+        assert_eq!(
+            w.clients().unwrap(),
+            [ListenAddr::Tcp("127.0.0.1:9931".parse().unwrap())]
+        );
+        std::fs::remove_dir_all(&w.dir).unwrap();
+        let w = Wrap::prepare(argv("llama-server --host=127.0.0.1,::1 --port=8081")).unwrap();
+        assert_eq!(w.argv, argv("llama-server"));
+        assert_eq!(
+            w.clients().unwrap(),
+            [
+                ListenAddr::Tcp("127.0.0.1:8081".parse().unwrap()),
+                ListenAddr::Tcp("[::1]:8081".parse().unwrap())
+            ]
+        );
+        std::fs::remove_dir_all(&w.dir).unwrap();
+        let w = Wrap::prepare(argv("llama-server -m m")).unwrap();
+        assert!(w.clients().is_none());
+        std::fs::remove_dir_all(&w.dir).unwrap();
+        assert!(matches!(
+            Wrap::prepare(argv("llama-server --port")),
+            Err(WrapError::NoValue(_))
+        ));
+        assert!(matches!(
+            Wrap::prepare(argv("llama-server --port x")),
+            Err(WrapError::BadPort(_))
+        ));
+    }
+
+    #[test]
+    fn the_default_port_is_read_from_the_help() {
+        let help = "--port PORT                             port to listen (default: 9931)\n";
+        assert_eq!(help_default_port(help), Some(9931));
+        assert_eq!(help_default_port("nothing"), None);
+        // A program that prints no help: llama-server's default before the move.
+        assert_eq!(
+            default_port("/nonexistent/llama-server"),
+            LLAMA_DEFAULT_PORT
+        );
     }
 
     #[test]

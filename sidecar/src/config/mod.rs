@@ -84,6 +84,8 @@ pub struct Config {
     /// The llama-server command line `slotgate wrap` runs (not a setting).
     pub launch: Option<crate::config::launch::Launch>,
     pub forward_host_endpoints: bool,
+    /// llama-server's admin routes the client listener forwards (`client-admin-routes`).
+    pub client_admin_routes: Option<Vec<AdminRoutes>>,
     pub admin_listen: AdminAddr,
     /// Who may use the admin listener, and where its audit lines go.
     pub admin: AdminConfig,
@@ -210,6 +212,7 @@ key_table! {
         upstream: Plain = UpstreamAddr::Tcp("127.0.0.1:8080".into());
         upstream_api_key_file: Plain;
         forward_host_endpoints: Plain = false;
+        client_admin_routes: Plain;
         admin_listen: Plain = AdminAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 9464)));
         slots: Plain = Slots::Auto,
             unless |n| *n == Slots::Fixed(0) => "must be at least 1 (or auto)";

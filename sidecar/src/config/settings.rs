@@ -54,7 +54,10 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_mode: Option<SocketMode>,
 
-    /// The llama-server: `http://HOST:PORT` or `unix:/path/llama.sock`. [default: http://127.0.0.1:8080]
+    /// The llama-server: `http://HOST:PORT` or `unix:/path/llama.sock`. Unset, the first of
+    /// 127.0.0.1:9931 (llama-server's default port from the release that moves it) and
+    /// 127.0.0.1:8080 (its default before) that answers its `/health`, within --connect-timeout;
+    /// 8080 when neither does (`slotgate check` prints that). [default: http://127.0.0.1:8080]
     #[arg(long, env = "SLOTGATE_UPSTREAM", value_name = "URL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamAddr>,
@@ -73,6 +76,20 @@ pub struct Settings {
     #[arg(long, env = "SLOTGATE_FORWARD_HOST_ENDPOINTS", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forward_host_endpoints: Option<bool>,
+
+    /// llama-server's admin routes the client listener forwards as they came, with the caller's
+    /// own credentials, instead of 403 `admin_endpoint`: `slots` (every slot's prompt and output,
+    /// another tenant's included; saving and erasing them), `metrics`, `models` (the router's
+    /// loads, unloads and deletes), `lora-adapters`, `props` (`POST`), or `all`. Comma-separated;
+    /// they stay served on the admin listener. [default: none]
+    #[arg(
+        long,
+        env = "SLOTGATE_CLIENT_ADMIN_ROUTES",
+        value_delimiter = ',',
+        value_name = "GROUP,..."
+    )]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_admin_routes: Option<Vec<AdminRoutes>>,
 
     /// Admin endpoints (/metrics, /livez, /readyz, /status): `HOST:PORT`, `tcp:HOST:PORT`, `unix:PATH` or `off`. [default: tcp:127.0.0.1:9464]
     #[arg(long, env = "SLOTGATE_ADMIN_LISTEN", value_name = "ADDR")]

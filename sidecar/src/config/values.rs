@@ -397,6 +397,61 @@ impl fmt::Display for ModelTurns {
 }
 string_serde!(ModelTurns);
 
+/// A group of llama-server's admin routes (`docs/endpoints.md`) the client listener may forward
+/// (`client-admin-routes`), each as llama-server groups them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminRoutes {
+    /// Every group below.
+    All,
+    /// `GET /slots` (every slot's prompt and output so far) and `POST /slots/:id` (save, restore,
+    /// erase a slot's cache).
+    Slots,
+    /// `GET /metrics`: llama-server's own series.
+    Metrics,
+    /// The router's `/models` changes and `/models/sse`: add, load, unload, delete models.
+    Models,
+    /// `/lora-adapters`: the adapters every request uses.
+    LoraAdapters,
+    /// `POST /props`: the server's global properties.
+    Props,
+}
+
+impl AdminRoutes {
+    /// Every group, `all` first.
+    pub const NAMES: &[(&str, AdminRoutes)] = &[
+        ("all", AdminRoutes::All),
+        ("slots", AdminRoutes::Slots),
+        ("metrics", AdminRoutes::Metrics),
+        ("models", AdminRoutes::Models),
+        ("lora-adapters", AdminRoutes::LoraAdapters),
+        ("props", AdminRoutes::Props),
+    ];
+}
+
+impl FromStr for AdminRoutes {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        AdminRoutes::NAMES
+            .iter()
+            .find(|(name, _)| *name == s.trim())
+            .map(|(_, g)| *g)
+            .ok_or_else(|| {
+                format!("`{s}` is not a group of admin routes; use all, slots, metrics, models, lora-adapters or props")
+            })
+    }
+}
+
+impl fmt::Display for AdminRoutes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = AdminRoutes::NAMES
+            .iter()
+            .find(|(_, g)| g == self)
+            .map_or("?", |(n, _)| n);
+        f.write_str(name)
+    }
+}
+string_serde!(AdminRoutes);
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {

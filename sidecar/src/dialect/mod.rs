@@ -28,7 +28,7 @@ pub use completion::{COMPLETION, OAI_COMPLETIONS};
 pub use embeddings::{EMBEDDINGS, OAI_EMBEDDINGS};
 pub use infill::INFILL;
 pub use messages::MESSAGES;
-pub use opaque::{DECISION, TRANSCRIPTION};
+pub use opaque::{DECISION, PREDICT, TRANSCRIPTION};
 pub use rerank::RERANK;
 pub use responses::RESPONSES;
 

@@ -135,13 +135,8 @@ async fn phases(
     ex: &mut Exchange,
 ) -> Result<Answer, Refusal> {
     let ctx = Ctx::of(&req, &found, arrived);
-    let handling = routes::allowed(
-        found,
-        req.method(),
-        req.uri().path(),
-        app.config.forward_host_endpoints,
-    )
-    .map_err(Refusal::body_unread)?;
+    let handling = routes::allowed(found, req.method(), req.uri().path(), &app.config)
+        .map_err(Refusal::body_unread)?;
     // `debug` logging: a line per phase passed, each with the request's id (its end is the access
     // line). Off, each costs a level check.
     let id = match tracing::enabled!(tracing::Level::DEBUG) {

@@ -6,6 +6,7 @@
 
 use http::Method;
 
+use crate::config::{AdminRoutes, Config};
 use crate::dialect::{self, DialectRef};
 use crate::error::GateError;
 
@@ -67,7 +68,7 @@ const fn r(method: &'static str, path: &'static str, handling: Handling) -> Rout
 
 use dialect::{
     CHAT, COMPLETION, DECISION, EMBEDDINGS, INFILL, MESSAGES, OAI_COMPLETIONS, OAI_EMBEDDINGS,
-    RERANK, RESPONSES, TRANSCRIPTION,
+    PREDICT, RERANK, RESPONSES, TRANSCRIPTION,
 };
 use Handling::{Admin, Health, Host, Passthrough, Slot};
 
@@ -130,12 +131,71 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/tools", Host),
 ];
 
+/// Vertex AI's routes, which llama-server registers beside the table's when its environment has
+/// `AIP_MODE=PREDICTION` (`register_gcp_compat` in `server-http.cpp`): `POST` on
+/// `AIP_PREDICT_ROUTE` (`/predict` unless set) runs a batch of requests to other routes on the
+/// slots; `AIP_HEALTH_ROUTE`, when set, is `/health` under another name. slotgate reads the same
+/// variables: Vertex sets them for the container, and a wrapped llama-server inherits slotgate's.
+#[derive(Debug, PartialEq)]
+pub struct Vertex {
+    predict: String,
+    health: Option<String>,
+}
+
+/// The predict route's path when `AIP_PREDICT_ROUTE` is unset, as `server-http.cpp` has it.
+pub const VERTEX_PREDICT_DEFAULT: &str = "/predict";
+
+impl Vertex {
+    /// The routes of slotgate's own environment, read once.
+    pub fn get() -> Option<&'static Vertex> {
+        static VERTEX: std::sync::OnceLock<Option<Vertex>> = std::sync::OnceLock::new();
+        VERTEX
+            .get_or_init(|| Vertex::from_env(|k| std::env::var(k).ok()))
+            .as_ref()
+    }
+
+    /// As llama-server reads them: an empty variable is unset, a path gets its leading `/`.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Option<Vertex> {
+        let var = |k: &str| {
+            env(k)
+                .filter(|v| !v.is_empty())
+                .map(|v| match v.starts_with('/') {
+                    true => v,
+                    false => format!("/{v}"),
+                })
+        };
+        (env("AIP_MODE").as_deref() == Some("PREDICTION")).then(|| Vertex {
+            predict: var("AIP_PREDICT_ROUTE").unwrap_or_else(|| VERTEX_PREDICT_DEFAULT.into()),
+            health: var("AIP_HEALTH_ROUTE"),
+        })
+    }
+
+    /// How `method path` is handled, when the path is one of these routes.
+    fn find(&self, method: &Method, path: &str) -> Option<Result<Handling, GateError>> {
+        let (want, handling) = match path {
+            p if p == self.predict => (Method::POST, Slot(PREDICT)),
+            p if self.health.as_deref() == Some(p) => (Method::GET, Health),
+            _ => return None,
+        };
+        Some(match *method == want {
+            true => Ok(handling),
+            false => Err(GateError::MethodNotAllowed {
+                method: method.to_string(),
+                path: path.to_owned(),
+            }),
+        })
+    }
+}
+
 /// How slotgate handles `method path` on the client listener: the route's handling, `Passthrough`
 /// for a CORS preflight (`OPTIONS`, which llama-server answers for any path without looking at a
 /// key) and for the web UI's pages (`GET /` and files), else 404 or 405.
 pub fn find(method: &Method, path: &str) -> Result<Handling, GateError> {
     if method == Method::OPTIONS {
         return Ok(Passthrough);
+    }
+    if let Some(found) = Vertex::get().and_then(|v| v.find(method, path)) {
+        return found;
     }
     let mut path_known = false;
     for route in ROUTES {
@@ -161,25 +221,53 @@ pub fn find(method: &Method, path: &str) -> Result<Handling, GateError> {
 }
 
 /// What the client listener does with a route it found: llama-server's admin routes are served
-/// only on the admin listener, the host's (`/tools`, `/cors-proxy`) only when forwarded on purpose.
+/// only on the admin listener unless their group is in `client-admin-routes`, the host's (`/tools`,
+/// `/cors-proxy`) only when forwarded on purpose (`forward-host-endpoints`); either, forwarded,
+/// is a passthrough.
 pub fn allowed(
     found: Result<Handling, GateError>,
     method: &Method,
     path: &str,
-    forward_host: bool,
+    config: &Config,
 ) -> Result<Handling, GateError> {
     let named = || (method.to_string(), path.to_owned());
     match found? {
+        Handling::Admin
+            if forwarded(
+                config.client_admin_routes.as_deref().unwrap_or_default(),
+                admin_group(path),
+            ) =>
+        {
+            Ok(Handling::Passthrough)
+        }
         Handling::Admin => {
             let (method, path) = named();
             Err(GateError::AdminOnly { method, path })
         }
-        Handling::Host if !forward_host => {
+        Handling::Host if !config.forward_host_endpoints => {
             let (method, path) = named();
             Err(GateError::HostEndpoint { method, path })
         }
         h => Ok(h),
     }
+}
+
+/// Which group of `client-admin-routes` an admin route's `path` is in.
+pub fn admin_group(path: &str) -> AdminRoutes {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match first {
+        "slots" => AdminRoutes::Slots,
+        "metrics" => AdminRoutes::Metrics,
+        "models" => AdminRoutes::Models,
+        "lora-adapters" => AdminRoutes::LoraAdapters,
+        "props" => AdminRoutes::Props,
+        // An admin route of no group (none today): only `all` forwards it.
+        _ => AdminRoutes::All,
+    }
+}
+
+fn forwarded(groups: &[AdminRoutes], group: AdminRoutes) -> bool {
+    groups.iter().any(|g| *g == AdminRoutes::All || *g == group)
 }
 
 /// The route `method path` matches in the table, if any.
@@ -241,6 +329,85 @@ mod tests {
         assert_eq!(handling(Method::GET, "/v1/chat/completions"), Err(405));
         assert_eq!(handling(Method::GET, "/nope"), Err(404));
         assert_eq!(handling(Method::POST, "/bundle.js"), Err(404));
+    }
+
+    #[test]
+    fn vertex_routes_follow_llama_servers_environment() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(Vertex::from_env(env(&[("AIP_PREDICT_ROUTE", "/p")])), None);
+        let v = Vertex::from_env(env(&[("AIP_MODE", "PREDICTION")])).unwrap();
+        let label = |m: Method, p: &str| {
+            v.find(&m, p)
+                .map(|f| f.map(|h| h.label()).map_err(|e| e.status()))
+        };
+        assert_eq!(label(Method::POST, "/predict"), Some(Ok("slot")));
+        assert_eq!(label(Method::GET, "/predict"), Some(Err(405)));
+        assert_eq!(label(Method::GET, "/health"), None);
+        let v = Vertex::from_env(env(&[
+            ("AIP_MODE", "PREDICTION"),
+            ("AIP_PREDICT_ROUTE", "v1/endpoints/e:predict"),
+            ("AIP_HEALTH_ROUTE", "/ping"),
+        ]))
+        .unwrap();
+        assert_eq!(v.predict, "/v1/endpoints/e:predict");
+        assert_eq!(
+            v.find(&Method::GET, "/ping").unwrap().unwrap().label(),
+            "health"
+        );
+    }
+
+    #[test]
+    fn client_admin_routes_lift_one_group_each() {
+        let config = |groups: &str| {
+            let s = crate::config::Settings {
+                client_admin_routes: Some(
+                    groups
+                        .split(',')
+                        .filter(|g| !g.is_empty())
+                        .map(|g| g.parse().unwrap())
+                        .collect(),
+                ),
+                ..Default::default()
+            };
+            Config::from_settings(s).unwrap()
+        };
+        let label = |c: &Config, m: Method, p: &str| {
+            allowed(find(&m, p), &m, p, c)
+                .map(|h| h.label())
+                .map_err(|e| e.status())
+        };
+        let none = config("");
+        assert_eq!(label(&none, Method::GET, "/slots"), Err(403));
+        assert_eq!(label(&none, Method::GET, "/metrics"), Err(403));
+        let slots = config("slots");
+        assert_eq!(label(&slots, Method::GET, "/slots"), Ok("passthrough"));
+        assert_eq!(label(&slots, Method::POST, "/slots/0"), Ok("passthrough"));
+        assert_eq!(label(&slots, Method::GET, "/metrics"), Err(403));
+        assert_eq!(label(&slots, Method::POST, "/tools"), Err(403));
+        let all = config("all");
+        for r in ROUTES.iter().filter(|r| matches!(r.handling, Admin)) {
+            let path = r.path.replace(":id_slot", "0");
+            assert_ne!(
+                admin_group(&path),
+                AdminRoutes::All,
+                "{} has no group",
+                r.path
+            );
+            let m = Method::from_bytes(r.method.as_bytes()).unwrap();
+            assert_eq!(
+                label(&all, m, &path),
+                Ok("passthrough"),
+                "{} {}",
+                r.method,
+                r.path
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! slotgate's route table, and the table names no route llama-server lacks: the next llama.cpp
 //! release cannot silently 404 through slotgate.
 
-use slotgate::pipeline::routes::{lookup, ROUTES};
+use slotgate::pipeline::routes::{lookup, Vertex, ROUTES, VERTEX_PREDICT_DEFAULT};
 use slotgate_tests::llama::LlamaPaths;
 
 /// `(METHOD, path)` of every `ctx_http.get|post|put|del("path", ...)` registration in `source`.
@@ -96,4 +96,28 @@ fn a_new_route_in_the_source_fails_the_check() {
         ]
     );
     assert_eq!(unclassified(source), ["POST /v1/brand-new"]);
+}
+
+/// Vertex AI's predict route is registered apart (`register_gcp_compat` in `server-http.cpp`, under
+/// `AIP_MODE=PREDICTION`), at `AIP_PREDICT_ROUTE` or a default slotgate must share.
+#[test]
+fn the_vertex_predict_route_is_where_llama_server_puts_it() {
+    let path = LlamaPaths::get()
+        .source
+        .join("tools/server/server-http.cpp");
+    let source = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        source.contains("getenv(\"AIP_MODE\", \"\") == \"PREDICTION\""),
+        "{} no longer turns the Vertex routes on with AIP_MODE=PREDICTION",
+        path.display()
+    );
+    let default = format!("getenv(\"AIP_PREDICT_ROUTE\", \"{VERTEX_PREDICT_DEFAULT}\"");
+    assert!(
+        source.contains(&default),
+        "{} no longer defaults the predict route to {VERTEX_PREDICT_DEFAULT}",
+        path.display()
+    );
+    assert!(source.contains("post(gcp.path_predict"));
+    assert!(source.contains("getenv(\"AIP_HEALTH_ROUTE\""));
+    assert!(Vertex::from_env(|k| (k == "AIP_MODE").then(|| "PREDICTION".to_owned())).is_some());
 }
