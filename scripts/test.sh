@@ -160,4 +160,10 @@ done
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"
 
+step "llama.cpp's own server tests through slotgate wrap (direct once per sdist version, cached)"
+# Only in a whole run: ARGS narrow the cargo tests, and a narrowed run is after something else.
+if [ $# -eq 0 ]; then
+  SLOTGATE_BIN="$target_dir/debug/slotgate" bash scripts/test-llama-suite.sh all
+fi
+
 printf '\nfull run: passed in %s\n' "$(elapsed)"
