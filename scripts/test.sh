@@ -161,10 +161,11 @@ step "cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"
 
 step "llama.cpp's own server tests through slotgate wrap (direct once per sdist version, cached)"
-# Only in a whole run: ARGS narrow the cargo tests, and a narrowed run is after something else.
-if [ $# -eq 0 ]; then
-  # Reported, not yet held: the CORS differences of issue 36 item 6 are still open. Make it
-  # fatal once a defaults run shows only protections.txt's failures.
+# Only in a whole run (ARGS narrow the cargo tests, and a narrowed run is after something else),
+# and for now only when asked (SLOTGATE_LLAMA_SUITE=1): issue 36 item 6 is still open (CORS, a
+# cancelled request), so the step could only report, and it costs 15-30 minutes. Make it a
+# held step of every run once a defaults run shows only protections.txt's failures.
+if [ $# -eq 0 ] && [ "${SLOTGATE_LLAMA_SUITE:-0}" = 1 ]; then
   SLOTGATE_BIN="$target_dir/debug/slotgate" bash scripts/test-llama-suite.sh all ||
     echo "llama.cpp's suite through slotgate: differences above (not yet fatal)"
 fi

@@ -1,5 +1,6 @@
 //! What a client's priority fields mean (docs/sessions.md#priority-and-slo-hints): each API's
-//! `service_tier` mapped to a priority hint by a rule the operator may change.
+//! `service_tier` mapped to a priority hint by a rule the operator may change; and when a router in
+//! front is told the load (`load-report`, docs/observability.md).
 
 use std::fmt;
 use std::str::FromStr;
@@ -80,6 +81,41 @@ impl fmt::Display for TierPriorities {
     }
 }
 string_serde!(TierPriorities);
+
+/// When a response carries an ORCA load report (`endpoint-load-metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadReport {
+    Never,
+    /// When the request asks for one (`endpoint-load-metrics-format`), as vLLM answers.
+    Asked,
+    /// On every response of a slot route (Envoy reads them without asking).
+    Always,
+}
+
+impl FromStr for LoadReport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "never" => Ok(LoadReport::Never),
+            "asked" => Ok(LoadReport::Asked),
+            "always" => Ok(LoadReport::Always),
+            _ => Err(format!(
+                "`{s}` is not a load report setting; use never, asked or always"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LoadReport::Never => "never",
+            LoadReport::Asked => "asked",
+            LoadReport::Always => "always",
+        })
+    }
+}
+string_serde!(LoadReport);
 
 #[cfg(test)]
 mod tests {

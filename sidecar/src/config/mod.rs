@@ -65,7 +65,7 @@ use std::time::Duration;
 use table::{secs, Bytes, Keys, Mode, NotASetting, Plain, Positive, Time, ZeroOff};
 
 pub use admin::*;
-pub use hints::TierPriorities;
+pub use hints::{LoadReport, TierPriorities};
 pub use policy::*;
 pub use settings::*;
 pub use state::*;
@@ -94,12 +94,14 @@ pub struct Config {
     pub queue_depth: usize,
     pub queue_timeout: Duration,
     pub trust_client_priority: bool,
-    /// One priority level gained per this much waiting; `None` when off.
-    pub priority_aging: Option<Duration>,
     /// The priority hint each `service_tier` stands for.
     pub service_tier_priority: TierPriorities,
     /// `x-slo-ttft-ms` is taken as the request's deadline.
     pub slo_ttft_deadline: bool,
+    /// When responses carry an ORCA load report.
+    pub load_report: LoadReport,
+    /// One priority level gained per this much waiting; `None` when off.
+    pub priority_aging: Option<Duration>,
     /// Fraction of the queue one tenant may hold, in `(0, 1]`; 1 is no limit.
     pub tenant_queue_share: f64,
     /// Per-tenant concurrency caps, and what a request at its tenant's cap gets.
@@ -221,11 +223,12 @@ key_table! {
         queue_depth: Plain = 8;
         queue_timeout: Positive = secs(60);
         trust_client_priority: Plain = false;
+        service_tier_priority: Plain = TierPriorities::default();
+        slo_ttft_deadline: Plain = false;
+        load_report: Plain = LoadReport::Asked;
         priority_aging: ZeroOff = Some(secs(10));
         tenant_queue_share: Plain = 0.5, unless |f| !(*f > 0.0 && *f <= 1.0)
             => format!("{f} is not a fraction in (0, 1]; 1.0 turns the limit off");
-        service_tier_priority: Plain = TierPriorities::default();
-        slo_ttft_deadline: Plain = false;
         max_body: Bytes = 8 << 20, unless |b| *b == 0 => "must be at least 1 byte";
         header_timeout: Positive = secs(10);
         body_timeout: Positive = secs(30);

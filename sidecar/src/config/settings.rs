@@ -7,7 +7,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::admin::{AuditLog, Uids};
-use super::hints::TierPriorities;
+use super::hints::{LoadReport, TierPriorities};
 use super::policy::PolicySpec;
 use super::state::{OnUnavailable, StateBackend, StateDir, StateTable};
 use super::tenants::{OverCap, TenantTable};
@@ -174,23 +174,6 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust_client_priority: Option<bool>,
 
-    /// Waiting this long makes a queued request one priority level more urgent (repeatedly), so less
-    /// urgent requests still run once more urgent ones let up. `0s` turns aging off. [default: 10s]
-    #[arg(long, env = "SLOTGATE_PRIORITY_AGING", value_name = "DURATION")]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority_aging: Option<Dur>,
-
-    /// Requests of priority P or less urgent (P and above) are sheddable: when a more urgent request
-    /// waits and every slot it needs is busy, a sheddable request holding one yields it. Before its
-    /// first byte it goes back to its place in the queue, unanswered; after it, its stream ends
-    /// with an error event (`shed`) telling it when to retry. Off unless set (docs/scheduling.md).
-    #[arg(long, env = "SLOTGATE_SHEDDABLE_PRIORITY", value_name = "P", allow_negative_numbers = true)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sheddable_priority: Option<i64>,
-
-    /// The largest fraction of the queue one tenant may hold (at least one place); its further
-    /// requests get 429 `tenant_queue_full` while other tenants can still queue. `1.0` turns the
-    /// limit off. [default: 0.5]
     /// The priority hint each `service_tier` of a request body stands for (OpenAI's `priority`,
     /// `default`, `auto`, `scale`, `flex`; Anthropic's `auto`, `standard_only`), used when the body
     /// has no `priority` field; `none` maps no tier. A hint only reaches the queue through
@@ -208,6 +191,32 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_ttft_deadline: Option<bool>,
 
+    /// When a response of a slot route carries an ORCA load report for a router in front
+    /// (`endpoint-load-metrics`: slots in use, requests waiting, KV pool use, expected wait;
+    /// docs/observability.md): `asked` when the request sends `endpoint-load-metrics-format` (TEXT
+    /// or JSON), as vLLM does; `always` on every one (Envoy reads them unasked); `never`.
+    /// [default: asked]
+    #[arg(long, env = "SLOTGATE_LOAD_REPORT", value_name = "never|asked|always")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_report: Option<LoadReport>,
+
+    /// Waiting this long makes a queued request one priority level more urgent (repeatedly), so less
+    /// urgent requests still run once more urgent ones let up. `0s` turns aging off. [default: 10s]
+    #[arg(long, env = "SLOTGATE_PRIORITY_AGING", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_aging: Option<Dur>,
+
+    /// Requests of priority P or less urgent (P and above) are sheddable: when a more urgent request
+    /// waits and every slot it needs is busy, a sheddable request holding one yields it. Before its
+    /// first byte it goes back to its place in the queue, unanswered; after it, its stream ends
+    /// with an error event (`shed`) telling it when to retry. Off unless set (docs/scheduling.md).
+    #[arg(long, env = "SLOTGATE_SHEDDABLE_PRIORITY", value_name = "P", allow_negative_numbers = true)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sheddable_priority: Option<i64>,
+
+    /// The largest fraction of the queue one tenant may hold (at least one place); its further
+    /// requests get 429 `tenant_queue_full` while other tenants can still queue. `1.0` turns the
+    /// limit off. [default: 0.5]
     #[arg(long, env = "SLOTGATE_TENANT_QUEUE_SHARE", value_name = "FRACTION")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_queue_share: Option<f64>,

@@ -38,6 +38,7 @@ mod decide;
 mod forward;
 pub mod intake;
 pub mod lineage;
+pub mod orca;
 mod reply;
 pub mod request_id;
 pub mod routes;

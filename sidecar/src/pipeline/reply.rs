@@ -19,6 +19,7 @@ use super::access::Exchange;
 use super::body::GuardedBody;
 use super::forward::Sent;
 use super::intake::Intake;
+use super::orca;
 use super::routes::Handling;
 use super::strip::StripUsage;
 use super::{Response, PROMPT_TOKENS_HEADER, QUEUE_WAIT_HEADER, REASON_HEADER};
@@ -96,18 +97,29 @@ pub(super) struct Reply<'a> {
     dialect: Option<DialectRef>,
     origin: Option<HeaderValue>,
     watch: Option<WriteWatch>,
+    /// The load report its answer carries, for a slot route (`--load-report`).
+    load: Option<orca::Format>,
 }
 
 impl<'a> Reply<'a> {
     pub fn to(app: &'a App, req: &Request<Incoming>, found: &Result<Handling, GateError>) -> Self {
+        let dialect = match found {
+            Ok(Handling::Slot(d)) => Some(*d),
+            _ => None,
+        };
         Reply {
             app,
-            dialect: match found {
-                Ok(Handling::Slot(d)) => Some(*d),
-                _ => None,
-            },
+            dialect,
             origin: req.headers().get(header::ORIGIN).cloned(),
             watch: req.extensions().get::<WriteWatch>().cloned(),
+            load: dialect.and_then(|_| orca::wanted(app.config.load_report, req.headers())),
+        }
+    }
+
+    /// The load report of `admission` (the request's pool), when its answer carries one.
+    fn report_load(&self, admission: &crate::admission::Admission, headers: &mut http::HeaderMap) {
+        if let Some(format) = self.load {
+            headers.insert(orca::LOAD_HEADER, orca::report(&admission.stats(), format));
         }
     }
 
@@ -135,6 +147,8 @@ impl<'a> Reply<'a> {
         }
         resp.headers_mut()
             .insert(REASON_HEADER, HeaderValue::from_static(e.outcome().label()));
+        // Refused before its pool was known: the gate's load (all of it, behind a router).
+        self.report_load(&self.app.admission, resp.headers_mut());
         self.app
             .cors
             .apply(self.origin.as_ref(), resp.headers_mut());
@@ -190,6 +204,11 @@ impl<'a> Reply<'a> {
             ms => HeaderValue::from(ms),
         };
         out.headers_mut().insert(QUEUE_WAIT_HEADER, waited);
+        if self.load.is_some() {
+            let pool = intake.model_pool(self.app);
+            let admission = pool.as_ref().map_or(&self.app.admission, |p| &p.admission);
+            self.report_load(admission, out.headers_mut());
+        }
         if let Some(n) = intake.summary.prompt_tokens.filter(|_| slot_route) {
             out.headers_mut()
                 .insert(PROMPT_TOKENS_HEADER, HeaderValue::from(n));

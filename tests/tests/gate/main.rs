@@ -20,6 +20,7 @@ mod fake_upstream_selftest;
 mod hints;
 mod keep_alive;
 mod live;
+mod load_report;
 mod metrics;
 mod passthrough;
 mod peer_credentials;

@@ -21,7 +21,7 @@ pub struct BandStats {
 }
 
 /// A point-in-time view for /status and for Retry-After.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct QueueStats {
     pub slots: usize,
     /// Slots held by the requests in service.
