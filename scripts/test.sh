@@ -4,8 +4,9 @@
 #   bash scripts/test.sh [ARGS...]       everything: formatting, lints, every unit, integration and
 #                                        end-to-end test. The README's and CI's command. On a fresh
 #                                        machine it first builds llama-server and the tiny model and
-#                                        installs Redis, Valkey, promtool, the Kubernetes validator and
-#                                        the Python clients (all cached in ~/.cache/slotgate). ARGS go to
+#                                        installs Redis, Valkey, promtool, the Kubernetes validator, the
+#                                        Python clients and the coding agents (all cached in
+#                                        ~/.cache/slotgate). ARGS go to
 #                                        `cargo test --workspace --no-fail-fast` as they are, e.g.
 #                                        `-- some_filter` or `--test llama -- e2e_llama::`.
 #   bash scripts/test.sh fast [ARGS...]  what needs only Rust: fmt, clippy, the bins and the Rust wasm
@@ -127,6 +128,11 @@ step "Python clients: the OpenAI SDK and LiteLLM's proxy (PyPI, pinned in tests/
 eval "$(bash scripts/setup-python-clients.sh)"
 export SLOTGATE_PYTHON
 export LITELLM="$(dirname "$SLOTGATE_PYTHON")/litellm"
+
+step "coding agents: Claude Code, the Codex CLI and opencode (npm, pinned, cached; docs/agents.md)"
+eval "$(bash scripts/setup-agents.sh)"
+export CLAUDE_CODE CODEX OPENCODE
+echo "agents: $CLAUDE_CODE $CODEX $OPENCODE"
 
 step "build the slotgate binary the tests drive"
 cargo build --workspace --bins
