@@ -15,6 +15,7 @@
 //! - [`otlp`]: an OTLP/HTTP trace receiver that decodes what slotgate exports, for the trace tests.
 //! - [`metrics`]: a small Prometheus text parser for asserting counters, gauges and histograms.
 //! - [`errors`]: the OpenAI error shape every slotgate-made response must have.
+//! - [`agents`]: Claude Code, the Codex CLI and opencode run headless against slotgate or llama-server.
 //! - [`budget`]: waiting out the token-budget policy's refusals until a refund has landed.
 //! - [`redis`]: a real redis-server per test, on a Unix socket, for the fleet state.
 //! - [`soak`]: long mixed traffic against a real llama-server, with RSS, fds and invariants.
@@ -22,6 +23,7 @@
 //! - [`tmux`]: a terminal of a given size for `slotgate top`: keys in, the screen out as text.
 //! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
 
+pub mod agents;
 pub mod budget;
 pub mod client;
 pub mod errors;
