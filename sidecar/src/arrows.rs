@@ -38,8 +38,15 @@ const PHASES: &[&str] = &[
 ];
 
 /// What every phase may use and which uses no phase: the request's record, the usage stripper,
-/// the request id, its lineage and the load report.
-const BESIDE_PHASES: &[&str] = &["access", "strip", "request_id", "lineage", "orca"];
+/// the request id, its lineage, the load report and a waiting stream's early answer.
+const BESIDE_PHASES: &[&str] = &[
+    "access",
+    "strip",
+    "request_id",
+    "lineage",
+    "orca",
+    "waiting",
+];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -89,6 +89,9 @@ pub enum GateError {
     },
     #[error("{0}")]
     InvalidDeadline(String),
+    /// One of slotgate's request headers that is not what it must be (other than a deadline).
+    #[error("{0}")]
+    InvalidHeader(String),
     // Only ever the body of the error event that ends a shed stream (the status line went out
     // with the answer's beginning).
     #[error(
@@ -268,6 +271,7 @@ impl GateError {
             E::BodyRead(_) => row(400, INVALID, "body_read_error", O::BadRequest),
             E::InvalidJson(_) => row(400, INVALID, "invalid_json", O::BadRequest),
             E::InvalidDeadline(_) => row(400, INVALID, "invalid_deadline", O::BadRequest),
+            E::InvalidHeader(_) => row(400, INVALID, "invalid_header", O::BadRequest),
             E::ContextTooLong { .. } => row(
                 400,
                 "exceed_context_size_error",

@@ -74,25 +74,50 @@ pub fn status(e: &GateError, dialect: Option<DialectRef>) -> u16 {
 /// dialect's shape, as llama-server sends its own mid-stream errors: Anthropic's `event: error`,
 /// else a `data:` line with `{"error": ...}` (what the OpenAI SDKs raise as `APIError`).
 pub fn error_event(e: &GateError, dialect: Option<DialectRef>) -> Bytes {
-    let mut body = match dialect {
+    let body = match dialect {
         Some(d) => d.error_body(e),
         None => dialect::openai_error(e),
     };
-    // The status line is gone: when to retry travels in the event (`error.retry_after_ms`).
-    if let Some(ms) = e.retry_after_ms() {
-        if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&body) {
-            if let Some(err) = v.get_mut("error").and_then(|e| e.as_object_mut()) {
+    error_event_of(&body, status(e, dialect), e.retry_after_ms(), dialect)
+}
+
+/// The error event of an error answer already written (`body`, with `status`): slotgate's own
+/// refusal or llama-server's error, for a stream whose status line is gone. A body that is not a
+/// JSON error is carried as one's message. When to retry travels in the event
+/// (`error.retry_after_ms`).
+pub fn error_event_of(
+    body: &[u8],
+    status: u16,
+    retry_after_ms: Option<u64>,
+    dialect: Option<DialectRef>,
+) -> Bytes {
+    let parsed = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .filter(|v| v.get("error").is_some_and(|e| e.is_object()));
+    // An error as it was written keeps its bytes (and key order) unless it gains a field.
+    let body = match (parsed, retry_after_ms) {
+        (Some(_), None) => String::from_utf8_lossy(body).into_owned(),
+        (parsed, ms) => {
+            let mut v = parsed.unwrap_or_else(|| {
+                serde_json::json!({"error": {
+                    "code": status,
+                    "message": String::from_utf8_lossy(body).trim(),
+                    "type": "server_error",
+                }})
+            });
+            if let (Some(ms), Some(err)) = (ms, v.get_mut("error").and_then(|e| e.as_object_mut()))
+            {
                 err.insert("retry_after_ms".into(), ms.into());
-                body = v.to_string().into_bytes();
             }
+            v.to_string()
         }
-    }
+    };
     let mut out = Vec::with_capacity(body.len() + 24);
     if dialect.is_some_and(|d| d.name() == "messages") {
         out.extend_from_slice(b"event: error\n");
     }
     out.extend_from_slice(b"data: ");
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body.as_bytes());
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
 }

@@ -111,6 +111,8 @@ pub struct Config {
     pub body_timeout: Duration,
     /// `None` when the guard is off.
     pub client_stall_timeout: Option<Duration>,
+    /// A waiting stream's comment interval; `None` when off.
+    pub stream_keepalive: Option<Duration>,
     pub upstream_idle_timeout: Option<Duration>,
     pub upstream_first_byte_timeout: Option<Duration>,
     /// Non-streamed generation requests may reuse idle upstream connections.
@@ -233,6 +235,7 @@ key_table! {
         header_timeout: Positive = secs(10);
         body_timeout: Positive = secs(30);
         client_stall_timeout: ZeroOff = Some(secs(30));
+        stream_keepalive: ZeroOff = None;
         upstream_idle_timeout: ZeroOff = Some(secs(60));
         upstream_first_byte_timeout: ZeroOff = Some(secs(600));
         upstream_reuse_connections: Plain = true;

@@ -264,6 +264,16 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_stall_timeout: Option<Dur>,
 
+    /// A streaming request that has to wait for a slot is answered at once (200,
+    /// `text/event-stream`) and sent an SSE comment at this interval with its place in the queue
+    /// and expected start, until its own answer's events follow; a proxy in front with an idle
+    /// timeout no longer cuts it while it waits. A refusal after that point is an error event in
+    /// the API's shape, not a status. A request's `X-Slotgate-Keepalive-Ms` sets its own (0: none).
+    /// `0s` turns it off (docs/scheduling.md#waiting-streams). [default: 0s]
+    #[arg(long, env = "SLOTGATE_STREAM_KEEPALIVE", value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_keepalive: Option<Dur>,
+
     /// Longest silence from llama-server once its answer has begun (between streamed tokens); then
     /// the client's response is aborted and the slot released. `0s` turns it off. [default: 60s]
     #[arg(long, env = "SLOTGATE_UPSTREAM_IDLE_TIMEOUT", value_name = "DURATION")]

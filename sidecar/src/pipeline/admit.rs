@@ -21,6 +21,7 @@ use super::access::Exchange;
 use super::count::{count_prompt, demand_of, Before};
 use super::decide::Decided;
 use super::intake::Intake;
+use super::waiting::{Queued, Signal};
 use super::{Ctx, Shed};
 
 /// An admitted request: its slot (a slot route's), how long it waited, and by when it must have
@@ -138,6 +139,7 @@ async fn admit_to_slot(
         admission,
         pool: pool.as_ref(),
         deadline,
+        waiting: ctx.waiting.as_deref(),
     };
     let (slot, queue_wait, demand) =
         take_place(app, intake, decided, claim, demand, place, ex).await?;
@@ -159,6 +161,8 @@ struct Place<'a> {
     admission: &'a Admission,
     pool: Option<&'a Arc<Pool>>,
     deadline: Instant,
+    /// Told when a stream joins the queue, for its answer to begin early (see `waiting`).
+    waiting: Option<&'a Signal>,
 }
 
 /// A slot at once, or the request's place in the queue until one is granted (or it times out).
@@ -175,6 +179,7 @@ async fn take_place(
         admission,
         pool,
         deadline,
+        waiting,
     } = place;
     let queue = crate::otel::phase(ex.span(), "queue");
     let decision = decided.decision.as_ref();
@@ -190,6 +195,13 @@ async fn take_place(
         // that gets a slot at once never needs it, while every request's future is moved whole.
         Entry::Queued(ticket) => {
             ex.live().set_phase(Phase::Queued);
+            if let Some(signal) = waiting.filter(|_| intake.ask.stream) {
+                signal.queued(Queued {
+                    tag: ex.live().key,
+                    pool: pool.cloned(),
+                    dialect: intake.dialect,
+                });
+            }
             if let Some(p) = pool {
                 app.models.ensure_loaded(p);
             }

@@ -285,6 +285,8 @@ impl Intake {
         if self.dialect.is_none() {
             return Ok(());
         }
+        // A typo must not silently mean "no keep-alive" (see `waiting`).
+        super::waiting::asked(&self.parts.headers).map_err(GateError::InvalidHeader)?;
         if self.summary.priority_hint.is_none() {
             self.summary.priority_hint = self
                 .json

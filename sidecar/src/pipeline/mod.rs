@@ -43,6 +43,7 @@ mod reply;
 pub mod request_id;
 pub mod routes;
 pub mod strip;
+pub mod waiting;
 
 use std::sync::Arc;
 
@@ -82,14 +83,23 @@ struct Ctx {
     /// A CORS preflight: it carries no credentials and does nothing, so no policy judges it and
     /// it is answered at once.
     preflight: bool,
+    /// Told when a streaming request joins a queue, for its answer to begin early (see
+    /// `waiting`).
+    waiting: Option<Arc<waiting::Signal>>,
 }
 
 impl Ctx {
-    fn of(req: &Request<Incoming>, found: &Result<Handling, GateError>, arrived: Instant) -> Ctx {
+    fn of(
+        req: &Request<Incoming>,
+        found: &Result<Handling, GateError>,
+        arrived: Instant,
+        waiting: Option<Arc<waiting::Signal>>,
+    ) -> Ctx {
         Ctx {
             arrived,
             slot_route: matches!(found, Ok(Handling::Slot(_))),
             preflight: req.method() == http::Method::OPTIONS,
+            waiting,
         }
     }
 }
@@ -115,9 +125,16 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
             &id,
             span,
         );
-        match phases(&app, req, peer, found, arrived, &mut ex).await {
-            Ok(answer) => reply.answer(ex, answer),
-            Err(refusal) => reply.refuse(ex, refusal),
+        let keep_alive = match found {
+            Ok(Handling::Slot(_)) => waiting::interval(app.config.stream_keepalive, req.headers()),
+            _ => None,
+        };
+        match keep_alive {
+            Some(every) => kept_alive(&app, req, peer, found, arrived, ex, every).await,
+            None => match phases(&app, req, peer, found, arrived, None, &mut ex).await {
+                Ok(answer) => reply.answer(ex, answer),
+                Err(refusal) => reply.refuse(ex, refusal),
+            },
         }
     };
     resp.headers_mut().insert(request_id::REQUEST_ID, id);
@@ -126,6 +143,50 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
 
 type Response = http::Response<Body>;
 
+/// A slot route's request whose stream, if it has to wait, is kept alive (see `waiting`): its
+/// phases run as a task of their own, and its answer begins as soon as it joins a queue, or is
+/// its own answer when it never waits.
+async fn kept_alive(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+    peer: Option<Peer>,
+    found: Result<Handling, GateError>,
+    arrived: Instant,
+    ex: Exchange,
+    every: std::time::Duration,
+) -> Response {
+    let origin = req.headers().get(http::header::ORIGIN).cloned();
+    let (signal, queued) = waiting::Signal::new();
+    let task = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let mut ex = ex;
+            let reply = Reply::to(&app, &req, &found);
+            let signal = Some(Arc::new(signal));
+            match phases(&app, req, peer, found, arrived, signal, &mut ex).await {
+                Ok(answer) => reply.answer(ex, answer),
+                Err(refusal) => reply.refuse(ex, refusal),
+            }
+        }
+    });
+    let mut task = waiting::Phases(task);
+    let failed = || {
+        crate::respond::error(
+            &GateError::Upstream("the request's task failed".into()),
+            None,
+        )
+    };
+    tokio::select! {
+        biased;
+        done = &mut task.0 => done.unwrap_or_else(|_| failed()),
+        Ok(queued) = queued => {
+            let mut resp = waiting::early(app.clone(), task, queued, every);
+            app.cors.apply(origin.as_ref(), resp.headers_mut());
+            resp
+        }
+    }
+}
+
 /// The request path, phase by phase.
 async fn phases(
     app: &Arc<App>,
@@ -133,9 +194,10 @@ async fn phases(
     peer: Option<Peer>,
     found: Result<Handling, GateError>,
     arrived: Instant,
+    waiting: Option<Arc<waiting::Signal>>,
     ex: &mut Exchange,
 ) -> Result<Answer, Refusal> {
-    let ctx = Ctx::of(&req, &found, arrived);
+    let ctx = Ctx::of(&req, &found, arrived, waiting);
     let handling = routes::allowed(found, req.method(), req.uri().path(), &app.config)
         .map_err(Refusal::body_unread)?;
     // `debug` logging: a line per phase passed, each with the request's id (its end is the access

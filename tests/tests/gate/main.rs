@@ -39,3 +39,4 @@ mod stream_holds_slot;
 mod tcp_listener;
 mod tenant_cap;
 mod traces;
+mod waiting_streams;

@@ -11,6 +11,7 @@ mod pool;
 mod resumable;
 mod sdks;
 mod several;
+mod waiting;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
