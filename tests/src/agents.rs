@@ -137,12 +137,17 @@ impl Agent {
     pub async fn run(self, target: &Target) -> Outcome {
         let dir = unique_dir("agent");
         let mut cmd = headless::command(self, &dir, &target.base, &target.key);
-        for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-            cmd.env(var, &target.proxy)
-                .env(var.to_lowercase(), &target.proxy);
-        }
-        for var in ["NO_PROXY", "no_proxy"] {
-            cmd.env(var, "127.0.0.1,localhost,::1");
+        // Not Claude Code: with a proxy set it leaves out the `HEAD /` it sends its base URL first,
+        // which slotgate must answer as llama-server does. Its one switch for other traffic
+        // (`CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`) was checked under `strace` (docs/agents.md).
+        if self != Agent::ClaudeCode {
+            for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+                cmd.env(var, &target.proxy)
+                    .env(var.to_lowercase(), &target.proxy);
+            }
+            for var in ["NO_PROXY", "no_proxy"] {
+                cmd.env(var, "127.0.0.1,localhost,::1");
+            }
         }
         cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -182,7 +187,8 @@ impl Agent {
 }
 
 /// Where a run sends its requests: a base URL (`http://127.0.0.1:PORT`), the key it presents, and
-/// the proxy it is given for every other host ([`Sentinel`]).
+/// the proxy it is given for every other host ([`Sentinel`]; all but Claude Code, see
+/// [`Agent::run`]).
 #[derive(Debug, Clone)]
 pub struct Target {
     pub base: String,

@@ -51,10 +51,11 @@ impl Drop for Relay {
     }
 }
 
-/// The agents' `HTTP(S)_PROXY` and `ALL_PROXY` (with loopback exempt): anything an agent sends
-/// elsewhere (telemetry, an update check, a package install) comes here instead, is recorded by its
-/// first line (`CONNECT host:443 HTTP/1.1`) and refused. An agent that ignores proxies and resolves
-/// a host itself is not seen here; each was also checked once under `strace` (docs/agents.md).
+/// The agents' `HTTP(S)_PROXY` and `ALL_PROXY` (with loopback exempt; Claude Code gets none, see
+/// [`super::Agent::run`]): anything an agent sends elsewhere (telemetry, an update check, a package
+/// install) comes here instead, is recorded by its first line (`CONNECT host:443 HTTP/1.1`) and
+/// refused. An agent that ignores proxies and resolves a host itself is not seen here; each was also
+/// checked once under `strace` (docs/agents.md).
 pub struct Sentinel {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,

@@ -37,8 +37,8 @@ async fn served(stage: &Stage, runs: &[Agent]) -> Vec<Access> {
     .await
 }
 
-/// Every request the agents sent besides their prompts (`HEAD /` first, whatever else they probe):
-/// slotgate answered it as llama-server answers it direct.
+/// Every request the agents sent besides their prompts (Claude Code's `HEAD /` first, whatever else
+/// they probe): slotgate answered it as llama-server answers it direct.
 async fn probes_answered_as_direct(stage: &Stage, log: &[Access]) {
     let direct = Client::unix(stage.llama.socket());
     let prompts = Agent::ALL.map(Agent::route);

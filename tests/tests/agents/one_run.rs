@@ -8,7 +8,7 @@ use super::{probes_answered_as_direct, served, KEY};
 
 /// Each agent once direct and once through slotgate on one slot: both exit 0 with the grammar's
 /// answer and no error; slotgate served each prompt request 200 and answered whatever else the
-/// agent sent as llama-server does.
+/// agent sent (Claude Code's `HEAD /`) as llama-server does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_agent_ends_through_slotgate_as_it_ends_direct() {
     let _one = serial().await;
@@ -33,6 +33,11 @@ async fn each_agent_ends_through_slotgate_as_it_ends_direct() {
             "a prompt request not served: {a:?}"
         );
     }
+    // Claude Code's `HEAD /` to its base URL, before its prompt: answered too (below).
+    assert!(
+        log.iter().any(|a| a.method == "HEAD" && a.path == "/"),
+        "Claude Code sent no HEAD /: {log:#?}"
+    );
     probes_answered_as_direct(&stage, &log).await;
     stage.assert_idle().await;
 }
