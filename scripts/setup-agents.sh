@@ -8,8 +8,9 @@
 #
 # Each ships its program as a platform package (a native binary), so Node only runs npm and their
 # install scripts. Claude Code 2.1.197 is the last release that declares Node 20 (2.1.198 and later
-# ask for Node 22). The folder carries a stamp of the pinned list: while it matches and each program
-# answers `--version`, a run does nothing else (well under a second); a bump reinstalls.
+# ask for Node 22). The folder carries a stamp of the pinned list, written once each program has
+# answered `--version`: while it matches and the programs are there, a run does nothing else (well
+# under a second); a bump reinstalls.
 #
 # Prints nothing on stdout but the programs, as shell assignments:
 #   CLAUDE_CODE=/.../agents/node_modules/.bin/claude
@@ -33,7 +34,6 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   log "node and npm are needed (Node 20 or later: apt-get install nodejs npm)"
   exit 1
 fi
-
 
 installed() {
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] || return 1
