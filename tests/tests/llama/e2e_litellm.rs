@@ -173,13 +173,32 @@ struct LiteLlm {
 impl LiteLlm {
     async fn start(a: &Pair, b: &Pair) -> LiteLlm {
         let config = slotgate_tests::workspace().join("examples/litellm/config.yaml");
+        LiteLlm::start_with(&config, a, b).await
+    }
+
+    /// The example with another routing strategy (`least-busy`, ...), as an operator changes it.
+    async fn start_routing(strategy: &str, a: &Pair, b: &Pair) -> LiteLlm {
+        let example = slotgate_tests::workspace().join("examples/litellm/config.yaml");
+        let text = std::fs::read_to_string(&example).expect("the LiteLLM example");
+        let shuffle = "routing_strategy: simple-shuffle";
+        assert!(text.contains(shuffle), "the example routes by {shuffle}");
+        let config = unique_dir("litellm-config").join("config.yaml");
+        std::fs::write(
+            &config,
+            text.replace(shuffle, &format!("routing_strategy: {strategy}")),
+        )
+        .unwrap();
+        LiteLlm::start_with(&config, a, b).await
+    }
+
+    async fn start_with(config: &Path, a: &Pair, b: &Pair) -> LiteLlm {
         let dir = unique_dir("litellm");
         let log = dir.join("litellm.log");
         let out = std::fs::File::create(&log).expect("create LiteLLM log");
         let port = free_port();
         let mut cmd = Command::new(python::litellm());
         cmd.arg("--config")
-            .arg(&config)
+            .arg(config)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .current_dir(&dir)
             // Nothing from this environment (a DATABASE_URL, provider keys) may configure it.
@@ -474,6 +493,63 @@ async fn litellm_routes_around_overload_but_not_around_one_tenants_budget() {
     a_burst_of_twice_the_slots_is_served(&litellm, pairs).await;
     a_saturated_pair_is_skipped_for_its_retry_after(&litellm, pairs).await;
     one_tenants_budget_cools_down_a_pair_only_as_a_429(&litellm, pairs).await;
+}
+
+/// Scale-out (issue 36): LiteLLM's `least-busy` routing in front of the two pairs spreads a burst
+/// that is more than one pair can hold (its slot and its queue place) by the requests each has in
+/// flight, and every client is served; each pair serves its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn litellm_least_busy_spreads_a_burst_over_both_pairs() {
+    let _serial = slotgate_tests::llama::serial().await;
+    let dir = unique_dir("litellm-least-busy");
+    let allow_all = spent_budget(&dir, "tenant-nobody", 1);
+    let a = Pair::start("A", &allow_all, &[]).await;
+    let b = Pair::start("B", &allow_all, &[]).await;
+    for pair in [&a, &b] {
+        let resp = pair.direct("warm-up", 16).await;
+        assert_eq!(resp.status, 200, "pair {}: {}", pair.name, resp.body);
+    }
+    let started = LiteLlm::start_routing("least-busy", &a, &b).await;
+    let litellm = &started;
+    let pairs = [&a, &b];
+    let before = [a.outcome("ok").await, b.outcome("ok").await];
+    let refused_before = a.refused(Refusal::Overload).await + b.refused(Refusal::Overload).await;
+    let tokens = a
+        .llama
+        .tokens_for(Duration::from_millis(1000), (50, 1800))
+        .await;
+    const BURST: usize = 4;
+    let one = |i: usize| async move {
+        litellm
+            .chat_of(Some(MASTER_KEY), &format!("spread-{i}"), tokens)
+            .await
+    };
+    let (r0, r1, r2, r3) = tokio::join!(one(0), one(1), one(2), one(3));
+    for resp in [&r0, &r1, &r2, &r3] {
+        assert_eq!(
+            resp.status,
+            200,
+            "a client of the burst: {}\n{}",
+            resp.body,
+            litellm.log_tail(30)
+        );
+        assert_eq!(resp.json()["usage"]["completion_tokens"], tokens);
+    }
+    let served = [
+        a.outcome("ok").await - before[0],
+        b.outcome("ok").await - before[1],
+    ];
+    let refused =
+        a.refused(Refusal::Overload).await + b.refused(Refusal::Overload).await - refused_before;
+    eprintln!("least-busy: a burst of {BURST} served {served:?} by pairs A and B, {refused} first attempts refused");
+    assert_eq!(served[0] + served[1], BURST as u64);
+    assert!(
+        served.iter().all(|n| *n >= 1 && *n <= 3),
+        "spread by the requests in flight: {served:?}"
+    );
+    for pair in pairs {
+        pair.assert_idle().await;
+    }
 }
 
 /// The master key lists the example's one model (from the config: neither slotgate is asked) and
