@@ -16,6 +16,7 @@
 //! - [`metrics`]: a small Prometheus text parser for asserting counters, gauges and histograms.
 //! - [`errors`]: the OpenAI error shape every slotgate-made response must have.
 //! - [`agents`]: Claude Code, the Codex CLI and opencode run headless against slotgate or llama-server.
+//! - [`litellm`]: LiteLLM's proxy from the example config, in front of two slotgates.
 //! - [`budget`]: waiting out the token-budget policy's refusals until a refund has landed.
 //! - [`redis`]: a real redis-server per test, on a Unix socket, for the fleet state.
 //! - [`soak`]: long mixed traffic against a real llama-server, with RSS, fds and invariants.
@@ -30,6 +31,7 @@ pub mod errors;
 pub mod fake_upstream;
 pub mod gate;
 pub mod kube;
+pub mod litellm;
 pub mod llama;
 pub mod metrics;
 pub mod otlp;

@@ -29,25 +29,14 @@
 //!    cools B down for everybody, for as long as that one tenant's Retry-After.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-use slotgate_tests::client::post_with_headers;
+use serde_json::Value;
 use slotgate_tests::gate::free_port;
+use slotgate_tests::litellm::{LiteLlm, MASTER_KEY, MODEL};
 use slotgate_tests::llama::{chat, server_argv, LlamaServer, RunningLlama, PROMPT};
 use slotgate_tests::*;
-use tokio::process::{Child, Command};
 
-/// The model name of both deployments in the example.
-const MODEL: &str = "local-llama";
-/// `LITELLM_MASTER_KEY`: what clients send to LiteLLM.
-const MASTER_KEY: &str = "sk-e2e-litellm-master";
-/// `SLOTGATE_API_KEY`: what LiteLLM sends to both slotgates.
-const SLOTGATE_KEY: &str = "sk-e2e-litellm-to-slotgate";
-/// LiteLLM imports a great deal of Python before it listens.
-const LITELLM_START: Duration = Duration::from_secs(180);
-const ANSWER: Duration = Duration::from_secs(60);
 /// Each pair's queue: one place, so a held slot and one waiter make it answer 429.
 const QUEUE_DEPTH: usize = 1;
 /// Requests sent while waiting for LiteLLM to try a given pair first: the shuffle picks it at
@@ -158,172 +147,6 @@ impl Pair {
     async fn assert_idle(&self) {
         self.gate.assert_idle().await;
         self.llama.assert_idle().await;
-    }
-}
-
-/// `litellm --config examples/litellm/config.yaml` on a free port of 127.0.0.1, pointed at the two
-/// pairs through the environment the example names; killed on drop.
-struct LiteLlm {
-    child: Child,
-    client: Client,
-    dir: PathBuf,
-    log: PathBuf,
-}
-
-impl LiteLlm {
-    async fn start(a: &Pair, b: &Pair) -> LiteLlm {
-        let config = slotgate_tests::workspace().join("examples/litellm/config.yaml");
-        LiteLlm::start_with(&config, a, b).await
-    }
-
-    /// The example with another routing strategy (`least-busy`, ...), as an operator changes it.
-    async fn start_routing(strategy: &str, a: &Pair, b: &Pair) -> LiteLlm {
-        let example = slotgate_tests::workspace().join("examples/litellm/config.yaml");
-        let text = std::fs::read_to_string(&example).expect("the LiteLLM example");
-        let shuffle = "routing_strategy: simple-shuffle";
-        assert!(text.contains(shuffle), "the example routes by {shuffle}");
-        let config = unique_dir("litellm-config").join("config.yaml");
-        std::fs::write(
-            &config,
-            text.replace(shuffle, &format!("routing_strategy: {strategy}")),
-        )
-        .unwrap();
-        LiteLlm::start_with(&config, a, b).await
-    }
-
-    async fn start_with(config: &Path, a: &Pair, b: &Pair) -> LiteLlm {
-        let dir = unique_dir("litellm");
-        let log = dir.join("litellm.log");
-        let out = std::fs::File::create(&log).expect("create LiteLLM log");
-        let port = free_port();
-        let mut cmd = Command::new(python::litellm());
-        cmd.arg("--config")
-            .arg(config)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .current_dir(&dir)
-            // Nothing from this environment (a DATABASE_URL, provider keys) may configure it.
-            .env_clear()
-            .env("SLOTGATE_A_API_BASE", a.api_base())
-            .env("SLOTGATE_B_API_BASE", b.api_base())
-            .env("SLOTGATE_API_KEY", SLOTGATE_KEY)
-            .env("LITELLM_MASTER_KEY", MASTER_KEY)
-            // Its model price list ships with it; else it fetches one from the internet first.
-            .env("LITELLM_LOCAL_MODEL_COST_MAP", "True");
-        for keep in ["PATH", "HOME", "TMPDIR"] {
-            if let Some(v) = std::env::var_os(keep) {
-                cmd.env(keep, v);
-            }
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone log fd"))
-            .stderr(out)
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", python::litellm().display()));
-        let mut litellm = LiteLlm {
-            child,
-            client: Client::tcp(([127, 0, 0, 1], port).into()),
-            dir,
-            log,
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(Some(status)) = litellm.child.try_wait() {
-                panic!(
-                    "LiteLLM exited ({status}) before it was up; log:\n{}",
-                    litellm.log_tail(60)
-                );
-            }
-            let probe = client::get_request("/health/liveliness");
-            if matches!(litellm.client.try_send(probe).await, Ok(r) if r.status == 200) {
-                break;
-            }
-            assert!(
-                started.elapsed() < LITELLM_START,
-                "LiteLLM not up after {LITELLM_START:?}; log:\n{}",
-                litellm.log_tail(60)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        eprintln!("LiteLLM up after {:?}", started.elapsed());
-        litellm
-    }
-
-    fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-
-    async fn send(&self, req: http::Request<http_body_util::Full<bytes::Bytes>>) -> Response {
-        let what = format!("{} {}", req.method(), req.uri());
-        match tokio::time::timeout(ANSWER, self.client.try_send(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => panic!("{what} to LiteLLM: {e:#}\n{}", self.log_tail(40)),
-            Err(_) => panic!(
-                "{what} to LiteLLM: no answer in {ANSWER:?}\n{}",
-                self.log_tail(40)
-            ),
-        }
-    }
-
-    async fn get(&self, path: &str, key: &str) -> Response {
-        let req = http::Request::get(path)
-            .header("host", "localhost")
-            .header("authorization", format!("Bearer {key}"))
-            .body(Default::default())
-            .expect("valid request");
-        self.send(req).await
-    }
-
-    /// A short chat completion of the example's model, as `tenant`, with `key` if any.
-    async fn chat_with(&self, key: Option<&str>, tenant: &str) -> Response {
-        self.chat_of(key, tenant, 2).await
-    }
-
-    /// A chat completion of `max_tokens` (generated in full) as `tenant`, with `key` if any.
-    async fn chat_of(&self, key: Option<&str>, tenant: &str, max_tokens: u64) -> Response {
-        let body = json!({
-            "model": MODEL,
-            "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": max_tokens,
-            "ignore_eos": true,
-        });
-        let mut headers = vec![("x-tenant".to_owned(), tenant.to_owned())];
-        if let Some(key) = key {
-            headers.push(("authorization".to_owned(), format!("Bearer {key}")));
-        }
-        self.send(post_with_headers(CHAT, &body, &headers)).await
-    }
-
-    /// A chat completion as `tenant`, which must be answered.
-    async fn chat(&self, tenant: &str) -> Response {
-        let resp = self.chat_with(Some(MASTER_KEY), tenant).await;
-        assert_eq!(
-            resp.status,
-            200,
-            "{tenant} through LiteLLM: {}\n{}",
-            resp.body,
-            self.log_tail(30)
-        );
-        assert_eq!(resp.json()["object"], "chat.completion", "{}", resp.body);
-        resp
-    }
-}
-
-impl Drop for LiteLlm {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        if std::thread::panicking() {
-            eprintln!(
-                "--- LiteLLM log ({}) ---\n{}",
-                self.log.display(),
-                self.log_tail(60)
-            );
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
     }
 }
 
@@ -486,7 +309,7 @@ async fn litellm_routes_around_overload_but_not_around_one_tenants_budget() {
             assert_eq!(resp.status, 200, "pair {}: {}", pair.name, resp.body);
         }
     }
-    let litellm = LiteLlm::start(&a, &b).await;
+    let litellm = LiteLlm::start(&a.api_base(), &b.api_base()).await;
     let pairs = [&a, &b];
 
     keys_and_models_are_the_examples(&litellm, pairs).await;
@@ -509,7 +332,7 @@ async fn litellm_least_busy_spreads_a_burst_over_both_pairs() {
         let resp = pair.direct("warm-up", 16).await;
         assert_eq!(resp.status, 200, "pair {}: {}", pair.name, resp.body);
     }
-    let started = LiteLlm::start_routing("least-busy", &a, &b).await;
+    let started = LiteLlm::start_routing("least-busy", &a.api_base(), &b.api_base()).await;
     let litellm = &started;
     let pairs = [&a, &b];
     let before = [a.outcome("ok").await, b.outcome("ok").await];
