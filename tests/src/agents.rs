@@ -223,15 +223,11 @@ pub struct Stage {
 }
 
 impl Stage {
-    /// llama-server with `np` slots, and `gate` before it (its access log in JSON).
+    /// llama-server with `np` slots, and `gate` before it on TCP only (its access log in JSON).
     pub async fn start(np: usize, gate: Gate) -> Stage {
         let llama = LlamaServer::start_argv(llama_argv(np)).await;
         let port = free_port();
         let gate = gate
-            .listen(format!(
-                "unix:{}",
-                unique_dir("sock").join("slotgate.sock").display()
-            ))
             .listen(format!("tcp:127.0.0.1:{port}"))
             .opt("--log-format", "json")
             .start_before(&llama)
