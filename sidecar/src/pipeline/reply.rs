@@ -198,6 +198,8 @@ impl<'a> Reply<'a> {
         let mut out = http::Response::new(());
         *out.status_mut() = upstream_parts.status;
         copy_end_to_end(&upstream_parts.headers, out.headers_mut());
+        // Among them the case of llama-server's header names, which the client then reads as sent.
+        *out.extensions_mut() = upstream_parts.extensions;
         // Most requests never wait: their header is a constant rather than a formatted number.
         let waited = match sent.queue_wait.as_millis() as u64 {
             0 => HeaderValue::from_static("0"),

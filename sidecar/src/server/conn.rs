@@ -96,6 +96,11 @@ async fn run<S, H, F>(
         // arrives in one read would pass it.
         .max_header_size(CONN_BUFFER)
         .keep_alive(true)
+        // Header names as llama-server writes them: its own answers' as they came (the upstream
+        // client keeps their case), slotgate's own in title case as cpp-httplib writes them. A
+        // client that reads headers into a plain map (llama.cpp's own test suite does) finds
+        // `Access-Control-Allow-Origin` where it would direct, not `access-control-allow-origin`.
+        .title_case_headers(true)
         .serve_connection(io, svc);
     let mut stop = opts.stop;
     let stall = async {

@@ -32,6 +32,15 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 type Sender = SendRequest<Full<Bytes>>;
 
+/// An upstream connection's settings. The answers' header names keep llama-server's case (in the
+/// response's extensions, which slotgate's answer to its client takes over), so a client reads
+/// them as it would direct.
+fn client_conn() -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.preserve_header_case(true);
+    b
+}
+
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -199,7 +208,8 @@ impl Pool {
                         })?
                         .map_err(PoolError::Connect)?;
                 stream.set_nodelay(true).map_err(PoolError::Connect)?;
-                let (sender, conn) = http1::handshake(TokioIo::new(stream))
+                let (sender, conn) = client_conn()
+                    .handshake(TokioIo::new(stream))
                     .await
                     .map_err(PoolError::Handshake)?;
                 (sender, Conn::Tcp(conn))
@@ -208,7 +218,8 @@ impl Pool {
                 let stream = tokio::net::UnixStream::connect(path)
                     .await
                     .map_err(PoolError::Connect)?;
-                let (sender, conn) = http1::handshake(TokioIo::new(stream))
+                let (sender, conn) = client_conn()
+                    .handshake(TokioIo::new(stream))
                     .await
                     .map_err(PoolError::Handshake)?;
                 (sender, Conn::Unix(conn))
