@@ -33,8 +33,17 @@ const ROOMS: &[&str] = &[
 ];
 
 /// The phases of `pipeline/`, in the order they run; `mod.rs` calls them in turn.
+/// (`conversation` is admission for a request naming a conversation, with the stream routes' side.)
 const PHASES: &[&str] = &[
-    "routes", "intake", "count", "decide", "admit", "forward", "body", "reply",
+    "routes",
+    "intake",
+    "count",
+    "decide",
+    "admit",
+    "conversation",
+    "forward",
+    "body",
+    "reply",
 ];
 
 /// What every phase may use and which uses no phase: the request's record, the usage stripper,

@@ -99,6 +99,24 @@ pub enum GateError {
         whole_seconds(.retry_after)
     )]
     Shed { retry_after: Duration },
+    /// In front of a router that loads models only when asked (`--no-models-autoload`, or the
+    /// request's `?autoload=false`): a request for a model not loaded, refused as the router
+    /// refuses it.
+    #[error("model is not loaded")]
+    ModelNotLoaded,
+    /// In front of a router with API keys, a request whose model slotgate would load for it
+    /// but whose credentials llama-server refuses: refused as llama-server refuses it.
+    #[error("Invalid API Key")]
+    InvalidApiKey,
+    /// A request naming a conversation, ended while it waited by llama-server's stop route
+    /// (`DELETE /v1/stream?conv_id=`), in the words of llama-server's router for the requests it
+    /// parks while it loads their model.
+    #[error("request cancelled by a stop while {}", if *.loading { "the model was loading" } else { "it waited for a slot" })]
+    Stopped { loading: bool },
+    /// A resume (`GET /v1/stream?conv_id=`) of a conversation whose request still waits here: as
+    /// llama-server's router answers while it loads that request's model.
+    #[error("Stream owner {}, retry later", if *.loading { "model is loading" } else { "request is waiting for a slot" })]
+    StreamPending { loading: bool },
     #[error("llama-server did not begin its answer within {0:?} (upstream first-byte timeout)")]
     UpstreamTimeout(Duration),
     #[error("the upstream did not become available before the request's deadline: {reason}")]
@@ -288,6 +306,17 @@ impl GateError {
             E::Displaced { .. } => row(429, RATE, "displaced", O::Displaced),
             E::WaitTooLong { .. } => row(429, RATE, "estimated_wait_too_long", O::WaitTooLong),
             E::DeadlineUnreachable { .. } => row(429, RATE, "deadline_unreachable", O::WaitTooLong),
+            E::ModelNotLoaded => row(400, INVALID, "model_not_loaded", O::BadRequest),
+            E::InvalidApiKey => row(
+                401,
+                "authentication_error",
+                "invalid_api_key",
+                O::Upstream4xx,
+            ),
+            E::Stopped { .. } => row(400, INVALID, "stream_stopped", O::ClientGone),
+            E::StreamPending { .. } => {
+                row(503, "unavailable_error", "stream_pending", O::Upstream5xx)
+            }
             E::QueueTimeout(_) => row(504, TIMEOUT, "queue_timeout", O::QueueTimeout),
             E::DeadlineExceeded(_) => row(504, TIMEOUT, "deadline_exceeded", O::DeadlineExceeded),
             E::UpstreamTimeout(_) => row(504, TIMEOUT, "upstream_timeout", O::UpstreamTimeout),

@@ -38,6 +38,19 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
         })
         .to_string()
         .into_bytes(),
+        // Refusals llama-server (its router) would make itself, in its words and shape, on every
+        // API.
+        (
+            GateError::ModelNotLoaded
+            | GateError::InvalidApiKey
+            | GateError::Stopped { .. }
+            | GateError::StreamPending { .. },
+            _,
+        ) => serde_json::json!({
+            "error": {"code": e.status(), "message": e.to_string(), "type": e.error_type()}
+        })
+        .to_string()
+        .into_bytes(),
         (_, Some(d)) => d.error_body(e),
         (_, None) => dialect::openai_error(e),
     };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::admission::{Admission, Fairness};
+use crate::admission::{Admission, Fairness, Stops};
 use crate::config::{Config, Limits, Slots};
 use crate::fleet::Fleet;
 use crate::live::Live;
@@ -36,6 +36,8 @@ pub struct App {
     pub models: Models,
     /// Its CORS rule, for slotgate's own answers.
     pub cors: Cors,
+    /// The conversations with a request waiting here, which llama-server's stop route ends.
+    pub stops: Stops,
     /// Holds the slot of a request llama-server may still run after an upstream timeout.
     pub quarantine: Arc<Quarantine>,
     /// The fleet state backend, when `state.backend = redis`.
@@ -124,6 +126,7 @@ impl App {
             cost: Counter::new(config.tokenizer, upstream.clone()),
             capacity,
             cors: Cors::default(),
+            stops: Stops::default(),
             quarantine: Arc::new(Quarantine::new(upstream.clone(), admission.clone())),
             admission,
             upstream,

@@ -7,6 +7,7 @@ mod claim;
 mod demand;
 mod fair;
 mod queue;
+mod stops;
 
 pub use bands::{Band, Bands};
 pub use cap::TenantCap;
@@ -16,3 +17,4 @@ pub use queue::{
     Admission, BandStats, Entry, Fairness, QueueStats, Shed, SlotGuard, TenantStats, Ticket, Turn,
     WaiterView, WeakAdmission, MAX_REQUEUES, SHED_GUARD,
 };
+pub use stops::{Stops, Waiting};

@@ -21,6 +21,7 @@ use super::access::Exchange;
 use super::count::{count_prompt, demand_of, Before};
 use super::decide::Decided;
 use super::intake::Intake;
+use super::routes;
 use super::waiting::{Queued, Signal};
 use super::{Ctx, Shed};
 
@@ -75,7 +76,11 @@ async fn admit_without_slot(
         0,
     );
     ex.set_tenant(claim.tenant);
-    let pool = match ctx.preflight {
+    // The router's own model routes (`/models/load`, ...) name the model they act on: they are
+    // forwarded as they came, never held for a load.
+    let pool = match ctx.preflight
+        || routes::manages_models(&intake.parts.method, intake.parts.uri.path())
+    {
         true => None,
         false => {
             known_model(app, intake).await?;
@@ -87,6 +92,7 @@ async fn admit_without_slot(
     if let Some(p) = &pool {
         ex.set_model(&p.id);
         p.arrive()?;
+        may_load(app, intake, p).await?;
         let started = Instant::now();
         app.models.wait_loaded(p, deadline).await?;
         waited = started.elapsed();
@@ -118,6 +124,7 @@ async fn admit_to_slot(
     if let Some(p) = &pool {
         ex.set_model(&p.id);
         p.arrive()?;
+        may_load(app, intake, p).await?;
     }
     let admission = pool.as_ref().map_or(&app.admission, |p| &p.admission);
     let deadline = queue_deadline(app, intake, ctx);
@@ -339,6 +346,60 @@ async fn wait_for_slot(
         intake.unpark_tree()?;
     }
     Ok((slot, wait, demand))
+}
+
+/// Before slotgate loads a model for a request (in front of a router, its model not loaded): the
+/// router would refuse the request before any load when it loads models only when asked
+/// (`--no-models-autoload`, or the request's own `?autoload=false`: 400 "model is not loaded") or
+/// when the request's credentials are not llama-server's (401 "Invalid API Key"). So does
+/// slotgate, in the router's words, rather than load a model for it.
+async fn may_load(app: &App, intake: &Intake, pool: &Pool) -> Result<(), GateError> {
+    if !pool.admission.is_paused() {
+        return Ok(());
+    }
+    let asked = intake.parts.uri.query().and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "autoload")
+            .map(|(_, v)| v == "true" || v == "1")
+    });
+    let router = &app.capacity.router;
+    if !router.autoloads(asked) {
+        // Loaded since the last health check by a client's own `/models/load`: the router's list
+        // says so at once.
+        router.refresh(&app.upstream).await;
+        app.models.follow();
+        return match pool.admission.is_paused() {
+            true => Err(GateError::ModelNotLoaded),
+            false => Ok(()),
+        };
+    }
+    // The router checks a key on every route but `/health`: a cheap route, with the client's own
+    // credentials only, says whether it would take this request.
+    if app.upstream.has_key() {
+        let mut credentials = http::HeaderMap::new();
+        for name in [
+            http::header::AUTHORIZATION,
+            http::HeaderName::from_static("x-api-key"),
+        ] {
+            if let Some(v) = intake.parts.headers.get(&name) {
+                credentials.insert(name, v.clone());
+            }
+        }
+        let probe = app
+            .upstream
+            .send(
+                &http::Method::GET,
+                "/models",
+                &credentials,
+                bytes::Bytes::new(),
+                false,
+            )
+            .await;
+        if probe.is_ok_and(|r| r.status() == http::StatusCode::UNAUTHORIZED) {
+            return Err(GateError::InvalidApiKey);
+        }
+    }
+    Ok(())
 }
 
 /// In front of llama-server's router, a request must name a model it serves (an id or an alias of

@@ -387,6 +387,15 @@ impl Intake {
         self.parts.headers.contains_key("x-conversation-id")
     }
 
+    /// The conversation it names (`X-Conversation-Id`), if any.
+    pub fn conversation(&self) -> Option<&str> {
+        self.parts
+            .headers
+            .get("x-conversation-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+    }
+
     /// For a stream of an API that reports usage only when asked (chat), whose client did not ask
     /// for `stream_options.include_usage`: asks for it in the forwarded body, so the stream reports
     /// its usage. Returns whether it did (the client's stream must then lose the usage chunk again,

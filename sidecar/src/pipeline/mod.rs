@@ -33,6 +33,7 @@
 pub mod access;
 mod admit;
 pub mod body;
+mod conversation;
 mod count;
 mod decide;
 mod forward;
@@ -129,8 +130,11 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
             Ok(Handling::Slot(_)) => waiting::interval(app.config.stream_keepalive, req.headers()),
             _ => None,
         };
+        let conversation = matches!(found, Ok(Handling::Slot(_)))
+            && req.headers().contains_key(lineage::CONVERSATION);
         match keep_alive {
             Some(every) => kept_alive(&app, req, peer, found, arrived, ex, every).await,
+            None if conversation => detached(&app, req, peer, found, arrived, ex).await,
             None => match phases(&app, req, peer, found, arrived, None, &mut ex).await {
                 Ok(answer) => reply.answer(ex, answer),
                 Err(refusal) => reply.refuse(ex, refusal),
@@ -187,6 +191,37 @@ async fn kept_alive(
     }
 }
 
+/// A slot route's request naming a conversation: its phases run as a task of their own, which
+/// its client leaving does not end (dropping the handle detaches it). llama-server keeps such a
+/// request when its client goes, and generates its answer into the conversation's session for a
+/// later resume; one waiting here must reach it all the same.
+async fn detached(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+    peer: Option<Peer>,
+    found: Result<Handling, GateError>,
+    arrived: Instant,
+    ex: Exchange,
+) -> Response {
+    let task = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let mut ex = ex;
+            let reply = Reply::to(&app, &req, &found);
+            match phases(&app, req, peer, found, arrived, None, &mut ex).await {
+                Ok(answer) => reply.answer(ex, answer),
+                Err(refusal) => reply.refuse(ex, refusal),
+            }
+        }
+    });
+    task.await.unwrap_or_else(|_| {
+        crate::respond::error(
+            &GateError::Upstream("the request's task failed".into()),
+            None,
+        )
+    })
+}
+
 /// The request path, phase by phase.
 async fn phases(
     app: &Arc<App>,
@@ -200,6 +235,7 @@ async fn phases(
     let ctx = Ctx::of(&req, &found, arrived, waiting);
     let handling = routes::allowed(found, req.method(), req.uri().path(), &app.config)
         .map_err(Refusal::body_unread)?;
+    conversation::stream_route(app, &req).map_err(Refusal::body_unread)?;
     // `debug` logging: a line per phase passed, each with the request's id (its end is the access
     // line). Off, each costs a level check.
     let id = match tracing::enabled!(tracing::Level::DEBUG) {
@@ -223,7 +259,7 @@ async fn phases(
     let decided = judge(app, &mut intake, &ctx, ex).await?;
     tracing::debug!(request_id = %id, priority = decided.priority, "decide: allowed");
     let refused = |e: GateError| Refusal::after_policies(e, &decided.response_headers);
-    let mut admitted = admit::admit(app, &mut intake, &decided, &ctx, ex)
+    let mut admitted = conversation::admit(app, &mut intake, &decided, &ctx, ex)
         .await
         .map_err(refused)?;
     tracing::debug!(request_id = %id, queue_wait_ms = admitted.queue_wait.as_millis() as u64, slot = admitted.slot.is_some(), "admit: admitted");

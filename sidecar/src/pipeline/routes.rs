@@ -252,6 +252,13 @@ pub fn allowed(
     }
 }
 
+/// One of the router's own model routes (load, unload, download, delete, their events): it names
+/// the model it acts on, not one it runs on.
+pub fn manages_models(method: &Method, path: &str) -> bool {
+    lookup(method.as_str(), path).is_some_and(|r| matches!(r.handling, Handling::Admin))
+        && admin_group(path) == AdminRoutes::Models
+}
+
 /// Which group of `client-admin-routes` an admin route's `path` is in.
 pub fn admin_group(path: &str) -> AdminRoutes {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");

@@ -82,6 +82,9 @@ pub struct Router {
 struct RouterState {
     /// `max_instances` in `/props` (`--models-max`; 0: no limit).
     max_instances: Option<u64>,
+    /// `models_autoload` in `/props` is false (`--no-models-autoload`): the router loads a model
+    /// only when asked to, never for a request.
+    no_autoload: bool,
     /// `None` until `/models` has been read.
     models: Option<Vec<Model>>,
 }
@@ -120,6 +123,7 @@ impl Router {
         }
         let mut st = self.lock();
         st.max_instances = props["max_instances"].as_u64();
+        st.no_autoload = props["models_autoload"].as_bool() == Some(false);
         if !router {
             st.models = None;
         }
@@ -195,6 +199,12 @@ impl Router {
     /// Every model, as last read.
     pub fn models(&self) -> Vec<Model> {
         self.lock().models.clone().unwrap_or_default()
+    }
+
+    /// Whether the router loads a request's model for it: as the request's `?autoload=` asks,
+    /// else by its `--models-autoload` (on by default).
+    pub fn autoloads(&self, asked: Option<bool>) -> bool {
+        asked.unwrap_or_else(|| !self.lock().no_autoload)
     }
 
     /// `--models-max` (`None` or 0: no limit).

@@ -28,6 +28,7 @@ mod policies_v2;
 mod quotas;
 mod readme;
 mod router;
+mod router_asks;
 mod routes_source;
 mod service_levels;
 mod soak_ci;

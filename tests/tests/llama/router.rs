@@ -109,7 +109,7 @@ async fn the_router_is_recognised_and_an_unknown_model_is_refused_at_once() {
 }
 
 /// A chat for `model` generating `max_tokens`.
-fn chat_for(model: &str, max_tokens: u64) -> serde_json::Value {
+pub(crate) fn chat_for(model: &str, max_tokens: u64) -> serde_json::Value {
     let mut body = chat("hello there", max_tokens, false);
     body["model"] = json!(model);
     body
@@ -136,12 +136,12 @@ async fn gate_with_loaded(llama: &RunningLlama, models: &[&str]) -> RunningGate 
 }
 
 /// The pool slotgate keeps for `model` in `/status`, if it has one.
-fn pool<'a>(s: &'a serde_json::Value, model: &str) -> Option<&'a serde_json::Value> {
+pub(crate) fn pool<'a>(s: &'a serde_json::Value, model: &str) -> Option<&'a serde_json::Value> {
     s["models"].as_array()?.iter().find(|p| p["model"] == model)
 }
 
 /// The router's state of `model` in `/status`.
-fn router_state(s: &serde_json::Value, model: &str) -> String {
+pub(crate) fn router_state(s: &serde_json::Value, model: &str) -> String {
     s["upstream"]["router"]["models"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["id"] == model))
