@@ -58,6 +58,7 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    crate::dialect::set_messages_overload_status(config.messages_overload_status);
     if check {
         if let Err(e) = crate::policy::PolicySet::load(&config.policies, None) {
             eprintln!("slotgate: {e:#}");

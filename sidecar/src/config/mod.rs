@@ -126,6 +126,8 @@ pub struct Config {
     pub sheddable_priority: Option<i64>,
     /// The status a policy's 429 denial is sent with (429 unless configured).
     pub policy_denial_status: u16,
+    /// The status of an overload refusal on the Messages API (Anthropic's 529, or 429 or 503).
+    pub messages_overload_status: u16,
     pub max_connections: usize,
     pub drain_timeout: Duration,
     pub health_interval: Duration,
@@ -243,6 +245,8 @@ key_table! {
         model_turns: Plain = ModelTurns::Auto;
         reject_doomed_waits: Plain = true;
         sheddable_priority: Plain;
+        messages_overload_status: Plain = 529, unless |s| ![529, 429, 503].contains(s)
+            => format!("{s} is not an overload status; use 529 (Anthropic's), 429 or 503");
         policy_denial_status: Plain = 429, unless |s| !(400..=499).contains(s)
             => format!("{s} is not a client-error status (400 to 499)");
         max_connections: Plain = 1024, unless |n| *n == 0 => "must be at least 1";

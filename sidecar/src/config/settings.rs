@@ -329,6 +329,15 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_denial_status: Option<u16>,
 
+    /// The status of a refusal made because the server is too busy (a full queue, a wait past its
+    /// timeout or deadline, a shed) on the Anthropic Messages API: 529 `overloaded_error`, as
+    /// Anthropic answers; or 429 `rate_limit_error`, or 503. Claude Code gives up after three 529s
+    /// in a row for its own flagship models, where it retries a 429 ten times; the Anthropic SDKs
+    /// retry both alike (docs/sessions.md#overload-on-the-messages-api). [default: 529]
+    #[arg(long, env = "SLOTGATE_MESSAGES_OVERLOAD_STATUS", value_name = "529|429|503")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages_overload_status: Option<u16>,
+
     /// Open client connections across all listeners; further ones wait in the kernel backlog. [default: 1024]
     #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS", value_name = "N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -2,6 +2,8 @@
 //! llama-server converts it to a chat request (`server_chat_convert_anthropic_to_oai`), answers
 //! in Anthropic's shape, and streams `message_start` ... `message_stop` events.
 
+use std::sync::atomic::{AtomicU16, Ordering};
+
 use serde_json::Value;
 
 use super::{
@@ -87,11 +89,12 @@ impl Dialect for Messages {
     }
 
     /// Anthropic's own status for an overloaded server, 529 (`overloaded_error`), for every
-    /// refusal made because the server is too busy; the Anthropic SDKs retry it, honouring
-    /// `retry-after-ms`. A tenant's own limit or a policy's budget stays a 429.
+    /// refusal made because the server is too busy (or the operator's choice,
+    /// `--messages-overload-status`); the Anthropic SDKs retry it, honouring `retry-after-ms`. A
+    /// tenant's own limit or a policy's budget stays a 429.
     fn error_status(&self, e: &GateError) -> u16 {
         match e.is_overload() {
-            true => 529,
+            true => OVERLOAD_STATUS.load(Ordering::Relaxed),
             false => e.status(),
         }
     }
@@ -110,6 +113,14 @@ impl Dialect for Messages {
         out.extend_from_slice(b"},\"type\":\"error\"}");
         out
     }
+}
+
+/// The status of an overload refusal on this API: 529 unless the operator chose another.
+static OVERLOAD_STATUS: AtomicU16 = AtomicU16::new(529);
+
+/// Sets the status of an overload refusal (`--messages-overload-status`), once, at start.
+pub fn set_overload_status(status: u16) {
+    OVERLOAD_STATUS.store(status, Ordering::Relaxed);
 }
 
 /// Anthropic's error type for an HTTP status.

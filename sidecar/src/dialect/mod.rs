@@ -27,7 +27,7 @@ pub use chat::CHAT;
 pub use completion::{COMPLETION, OAI_COMPLETIONS};
 pub use embeddings::{EMBEDDINGS, OAI_EMBEDDINGS};
 pub use infill::INFILL;
-pub use messages::MESSAGES;
+pub use messages::{set_overload_status as set_messages_overload_status, MESSAGES};
 pub use opaque::{DECISION, PREDICT, TRANSCRIPTION};
 pub use rerank::RERANK;
 pub use responses::RESPONSES;

@@ -103,3 +103,42 @@ async fn a_tier_never_lifts_a_request_past_its_tenants_ceiling() {
     gate.assert_settled(&up, 1).await;
     assert_eq!(up.tags()[1..], ["default", "priority", "flex"]);
 }
+
+/// On the Messages API an overload refusal is Anthropic's 529 `overloaded_error` by default, or the
+/// operator's choice (`--messages-overload-status 429`, for Claude Code); a tenant's own limit is
+/// a 429 either way, and OpenAI's routes keep their 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_overload_on_the_messages_api_is_anthropics_529_or_the_operators_status() {
+    let msg = serde_json::json!({
+        "model": "m", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}]
+    });
+    for (setting, status, kind) in [
+        (None, 529, "overloaded_error"),
+        (Some("429"), 429, "rate_limit_error"),
+    ] {
+        let mut gate = Gate::one_slot(0);
+        if let Some(s) = setting {
+            gate = gate.opt("--messages-overload-status", s);
+        }
+        let (up, gate) = gate.start_instant().await;
+        let held = gate.hold_slot(&Req::chat("held").delay(ms(400))).await;
+        let refused = gate.client().post_json("/v1/messages", &msg).await;
+        assert_eq!(refused.status, status, "{}", refused.body);
+        let body = refused.json();
+        assert_eq!(
+            (&body["type"], &body["error"]["type"]),
+            (&"error".into(), &kind.into()),
+            "{body}"
+        );
+        assert!(refused.header("retry-after").is_some());
+        assert_eq!(
+            refused.header("x-slotgate-reason").as_deref(),
+            Some("queue_full")
+        );
+        let chat = gate.client().post_chat(&Req::chat("openai")).await;
+        assert_eq!(chat.status, 429, "OpenAI's routes: {}", chat.body);
+        held.await.unwrap();
+        gate.assert_settled(&up, 1).await;
+    }
+}
