@@ -10,7 +10,9 @@
 #   lifted    through slotgate with those protections lifted: every test that passes direct passes.
 #
 # usage: bash scripts/test-llama-suite.sh [all|direct|defaults|lifted] [PYTEST_ARGS...]
-#        (all: the three; PYTEST_ARGS narrow the through-slotgate runs, e.g. unit/test_security.py)
+#        (all: the three, the defaults way after the lifted one and only on the tests that reached
+#        a protected route in it; PYTEST_ARGS narrow the through-slotgate runs, e.g.
+#        unit/test_security.py; LLAMA_SUITE_JOBS=2 runs two pytest-xdist workers)
 #
 # The suite's launcher starts "$LLAMA_SERVER_BIN_PATH --host H --port P ..."; through slotgate that
 # is scripts/llama-suite/llama-server, which runs `slotgate wrap` on H:P with the real llama-server
@@ -79,7 +81,8 @@ export LLAMA_CACHE="$hf"
 export HF_HUB_OFFLINE=1
 
 # run NAME LAUNCHER [PYTEST_ARGS...]: the suite with LAUNCHER as its llama-server; writes
-# $work/NAME.tsv (OUTCOME<TAB>TEST) and $work/NAME.log.
+# $work/NAME.tsv (OUTCOME<TAB>TEST<TAB>the paths slotgate refused with 403 in a failed test, read
+# from its access log in the test's captured output) and $work/NAME.log.
 run() {
   local name="$1" launcher="$2"; shift 2
   local t0=$SECONDS
@@ -87,12 +90,18 @@ run() {
   (
     cd "$suite"
     LLAMA_SERVER_BIN_PATH="$launcher" "$venv/bin/python" -m pytest -p no:cacheprovider -q \
-      --timeout 120 -o junit_family=xunit1 --junitxml="$work/$name.xml" "$@" \
+      ${jobs:+-n "$jobs"} \
+      --timeout 120 -o junit_family=xunit1 --junitxml="$work/$name.xml" \
+      -o junit_logging=system-out "$@" \
       > "$work/$name.log" 2>&1 || true
   )
   "$venv/bin/python" "$here/llama-suite/results.py" "$work/$name.xml" | sort > "$work/$name.tsv"
   log "$name: $(grep -c '^passed' "$work/$name.tsv" || true) passed of $(wc -l < "$work/$name.tsv") in $((SECONDS - t0))s (log: $work/$name.log)"
 }
+
+# LLAMA_SUITE_JOBS=N: N pytest-xdist workers (the suite's conftest gives each its own port,
+# 8080 + 10 x its number); unset, one.
+jobs="${LLAMA_SUITE_JOBS:-}"
 
 direct="$work/direct-$version.tsv"
 if [ "$way" = all ] || [ "$way" = direct ]; then
@@ -111,23 +120,48 @@ export SUITE_SLOTGATE="$slotgate" SUITE_LLAMA_SERVER="$LLAMA_SERVER"
 lifted_args="--forward-host-endpoints --client-admin-routes all"
 
 status=0
-for name in defaults lifted; do
+for name in lifted defaults; do
   [ "$way" = all ] || [ "$way" = "$name" ] || continue
   case "$name" in
     defaults) export SUITE_SLOTGATE_ARGS="" ;;
     lifted) export SUITE_SLOTGATE_ARGS="$lifted_args" ;;
   esac
+  narrowed=${narrow[@]:+narrowed}
   # Only the tests that pass direct (or those PYTEST_ARGS name): the rest cannot count, and many
   # of them are the slowest (downloads that cannot happen, timeouts).
   if [ ${#narrow[@]} -gt 0 ]; then
     run "$name" "$here/llama-suite/llama-server" "${narrow[@]}"
+  elif [ "$way" = all ] && [ "$name" = defaults ]; then
+    # After the lifted way: only the tests that reached a protected route in it (slotgate's
+    # access log in their output), or whose output showed no request at all. The two ways differ
+    # in nothing but those routes (the settings are read in one place, routes::allowed, and only
+    # for admin and host routes), so every other test runs through the defaults as it ran
+    # lifted, where it passed. This keeps CI's step at about the lifted way's time.
+    "$venv/bin/python" "$here/llama-suite/compare.py" touched "$work/lifted.tsv" \
+      > "$work/selected-defaults.txt"
+    log "defaults: $(wc -l < "$work/selected-defaults.txt") tests reached a protected route lifted (or showed no request); the rest run as they did lifted"
+    narrowed="else=$work/lifted.tsv"
+    run "$name" "$here/llama-suite/llama-server" "@$work/selected-defaults.txt"
   else
     grep '^passed' "$direct" | cut -f2 > "$work/selected.txt"
     run "$name" "$here/llama-suite/llama-server" "@$work/selected.txt"
   fi
   mode=protected; [ "$name" = lifted ] && mode=strict
-  "$venv/bin/python" "$here/llama-suite/compare.py" "$name" "$direct" "$work/$name.tsv" \
-    "$here/llama-suite/protections.txt" "$mode" ${narrow[@]:+narrowed} || status=1
+  compare() {
+    "$venv/bin/python" "$here/llama-suite/compare.py" "$name" "$direct" "$work/$name.tsv" \
+      "$here/llama-suite/protections.txt" "$mode" $narrowed "$@"
+  }
+  if ! compare > "$work/$name.compare"; then
+    # Each test that failed and is no protection runs once more, on its own: a few of the
+    # suite's tests race llama-server against itself (test_router_delete_model's DELETE against
+    # the router's reload after a download the offline hub cannot make), and lose now and then
+    # under load, direct too. One that passes again is printed `flaky`; one that fails twice fails.
+    sed -n 's/^  FAILED     \(.*\)  (.*)$/\1/p' "$work/$name.compare" > "$work/$name.again.txt"
+    log "$name: $(wc -l < "$work/$name.again.txt") failed, run once more"
+    run "$name-again" "$here/llama-suite/llama-server" "@$work/$name.again.txt"
+    compare "again=$work/$name-again.tsv" > "$work/$name.compare" || status=1
+  fi
+  cat "$work/$name.compare"
 done
 log "took $((SECONDS - started))s"
 exit "$status"

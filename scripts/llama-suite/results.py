@@ -1,11 +1,18 @@
-"""Reads a pytest JUnit XML report and prints one line per test: `OUTCOME<TAB>NODE_ID`, OUTCOME one of
-passed, failed, skipped. NODE_ID is pytest's own (`unit/test_basic.py::test_x[param]`), with any
-new line in a parameter written `\\n` so a line is a test.
+"""Reads a pytest JUnit XML report and prints one line per test:
+`OUTCOME<TAB>NODE_ID<TAB>REFUSED<TAB>PATHS`, OUTCOME one of passed, failed, skipped. NODE_ID is
+pytest's own (`unit/test_basic.py::test_x[param]`), with any new line in a parameter written `\\n`
+so a line is a test. From slotgate's access log lines in the test's captured output
+(`request outcome=... status=403 method=GET path=/slots`), comma-separated: REFUSED, the paths it
+refused with 403 (the evidence that a failure is one of slotgate's protections); PATHS, every path
+it answered.
 
 usage: results.py REPORT.xml
 """
+import re
 import sys
 import xml.etree.ElementTree as ET
+
+ACCESS = re.compile(r"slotgate::access: request outcome=\S+ status=(\d+) method=\S+ path=(\S+)")
 
 
 def main():
@@ -20,7 +27,11 @@ def main():
             outcome = "skipped"
         else:
             outcome = "passed"
-        print(f"{outcome}\t{node}")
+        output = "".join(child.text or "" for child in case if child.tag in ("system-out", "system-err"))
+        answered = ACCESS.findall(output)
+        refused = sorted({path for status, path in answered if status == "403"})
+        paths = sorted({path for _, path in answered})
+        print(f"{outcome}\t{node}\t{','.join(refused)}\t{','.join(paths)}")
 
 
 if __name__ == "__main__":
