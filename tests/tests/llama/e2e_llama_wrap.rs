@@ -143,23 +143,53 @@ async fn one_command_serves_restarts_a_killed_child_and_drains_before_stopping_i
     );
 }
 
+/// A command that names its own address (`--host`/`--port`, as llama.cpp's own test suite starts
+/// it) is served there by slotgate, llama-server behind it on its private socket; a program that
+/// cannot start is an error that names it.
 #[tokio::test]
-async fn a_command_that_chooses_its_own_address_is_refused_with_the_reason() {
+async fn a_command_that_names_its_own_address_is_served_there_by_slotgate() {
     let _serial = slotgate_tests::llama::serial().await;
+    let port = slotgate_tests::gate::free_port();
+    let admin = slotgate_tests::gate::free_port();
     let mut argv = server_argv(1);
-    argv.extend(["--port".to_owned(), "8080".to_owned()]);
-    let out = gate::command()
-        .arg("wrap")
+    argv.extend(["--host", "127.0.0.1", "--port", &port.to_string()].map(String::from));
+    let mut wrap = gate::command()
+        .args(["wrap", "--state-dir", "off", "--admin-listen"])
+        .arg(format!("127.0.0.1:{admin}"))
         .arg("--")
         .args(&argv)
-        .output()
+        .env("LD_LIBRARY_PATH", library_path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
         .expect("run slotgate wrap");
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let client = Client::tcp(([127, 0, 0, 1], port).into());
+    let started = Instant::now();
+    let body = chat(&format!("{PROMPT} (port)"), 8, false);
+    let resp = loop {
+        let sent = client.try_send(slotgate_tests::client::post(CHAT, &body));
+        match tokio::time::timeout(Duration::from_secs(30), sent).await {
+            Ok(Ok(r)) if r.status == 200 => break r,
+            _ if started.elapsed() > Duration::from_secs(60) => {
+                let _ = wrap.kill();
+                panic!("nothing served on the wrapped command's --port {port} within 60 s");
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    chat_usage(&resp, 8);
+    // slotgate answered it: its own header is on the answer.
     assert!(
-        err.contains("`--port`") && err.contains("private Unix socket"),
-        "{err}"
+        resp.header("x-slotgate-queue-wait-ms").is_some(),
+        "{:?}",
+        resp.headers
     );
+    unsafe_sigterm(wrap.id());
+    let status = tokio::task::spawn_blocking(move || wrap.wait())
+        .await
+        .unwrap()
+        .expect("wait for slotgate wrap");
+    assert!(status.success(), "{status}");
 
     let out = gate::command()
         .args([
@@ -177,4 +207,13 @@ async fn a_command_that_chooses_its_own_address_is_refused_with_the_reason() {
         err.contains("cannot start `/nonexistent/llama-server`"),
         "{err}"
     );
+}
+
+/// SIGTERM to `pid`, as an operator's `kill`.
+fn unsafe_sigterm(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
 }
