@@ -35,7 +35,14 @@ pub(super) struct Drain {
     pub(super) spread: f64,
     /// Clients told to come back, by the whole second they are due.
     pub(super) calendar: Calendar,
+    /// Requests served to the end since start: how many the estimates are measured from.
+    pub(super) measured: u32,
 }
+
+/// Requests measured before the queue's own timeout may refuse a wait as doomed: one request is no
+/// measure of the server (a slow grammar's, as the first sample, made a wait of three seconds read
+/// as twenty minutes). A request's own deadline, and a model's load, are held to from the start.
+pub(super) const MEASURED_TO_REFUSE: u32 = 3;
 
 /// Clients told to come back, by the whole second (since `epoch`) they are due: no second gets more
 /// of them than there are queue places, or the later ones would find it full.
@@ -274,6 +281,12 @@ impl Admission {
             return Ok(());
         }
         let now = Instant::now();
+        if own.is_none()
+            && st.drain.measured < MEASURED_TO_REFUSE
+            && self.until_ready(st, now) <= 0.0
+        {
+            return Ok(());
+        }
         let by = own.unwrap_or(deadline);
         let left = by.saturating_duration_since(now).as_secs_f64();
         if let Some(estimate) = self.wait_before(st, claim, now) {

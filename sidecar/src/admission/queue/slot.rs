@@ -81,6 +81,7 @@ impl Drop for SlotGuard {
             });
             st.drain
                 .learn(self.cost, self.used.unwrap_or(0), sample, self.hold.slots);
+            st.drain.measured = st.drain.measured.saturating_add(1);
         }
         st.tenants
             .finish(&self.tenant, self.unsettled.unwrap_or(0.0));

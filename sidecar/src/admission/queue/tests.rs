@@ -379,6 +379,54 @@ async fn learn(adm: &Admission, charge: u64, took: Duration, used: u64) {
     }
 }
 
+/// One slow request as the only measure (a grammar's, say) refuses no wait by the queue's own
+/// timeout: it takes a few before a wait is doomed. A request's own deadline is held to at once.
+#[tokio::test(start_paused = true)]
+async fn one_measured_request_is_no_ground_to_refuse_a_wait() {
+    let fairness = Fairness {
+        reject_doomed: true,
+        ..Fairness::default()
+    };
+    let adm = Admission::with_fairness(1, 8, fairness);
+    let serve = |took: u64| {
+        let adm = &adm;
+        async move {
+            let (mut slot, _) = adm.acquire(claim("a", 0, 1000), far()).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(took)).await;
+            slot.settle(1000);
+            slot.complete();
+        }
+    };
+    // 10 tokens a second, from one request: 10,000 tokens in service read as 1,000 s.
+    serve(100).await;
+    let (_held, _) = adm.acquire(claim("a", 0, 10_000), far()).await.unwrap();
+    let in_a_minute = Instant::now() + Duration::from_secs(60);
+    let queued = adm.enter(claim("b", 0, 100), in_a_minute);
+    assert!(
+        matches!(queued, Ok(Entry::Queued(_))),
+        "refused on one sample"
+    );
+    // Its own deadline, though, is held to from the first measure.
+    let mut own = claim("c", 0, 100);
+    own.deadline = Some(Instant::now() + Duration::from_secs(30));
+    assert!(matches!(
+        adm.enter(own, in_a_minute),
+        Err(GateError::DeadlineUnreachable { .. })
+    ));
+    drop(queued);
+    drop(_held);
+    // Three measured: the same wait is doomed.
+    serve(100).await;
+    serve(100).await;
+    let (_held, _) = adm.acquire(claim("a", 0, 10_000), far()).await.unwrap();
+    let doomed = adm.enter(claim("b", 0, 100), Instant::now() + Duration::from_secs(60));
+    assert!(
+        matches!(doomed, Err(GateError::WaitTooLong { .. })),
+        "{:?}",
+        doomed.err()
+    );
+}
+
 type Log = Arc<Mutex<Vec<(&'static str, Instant)>>>;
 
 fn claim(tenant: &str, priority: i64, cost: u64) -> Claim {
