@@ -78,6 +78,14 @@ pub fn error(e: &GateError, dialect: Option<DialectRef>) -> Response<Body> {
     resp
 }
 
+/// The answer of a request whose task (its phases, run apart) panicked.
+pub fn task_failed(dialect: Option<DialectRef>) -> Response<Body> {
+    error(
+        &GateError::Upstream("the request's task failed".into()),
+        dialect,
+    )
+}
+
 /// The status slotgate answers `e` with on `dialect`'s API (Anthropic's overload is 529).
 pub fn status(e: &GateError, dialect: Option<DialectRef>) -> u16 {
     dialect.map_or(e.status(), |d| d.error_status(e))

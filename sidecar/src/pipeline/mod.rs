@@ -161,28 +161,11 @@ async fn kept_alive(
 ) -> Response {
     let origin = req.headers().get(http::header::ORIGIN).cloned();
     let (signal, queued) = waiting::Signal::new();
-    let task = tokio::spawn({
-        let app = app.clone();
-        async move {
-            let mut ex = ex;
-            let reply = Reply::to(&app, &req, &found);
-            let signal = Some(Arc::new(signal));
-            match phases(&app, req, peer, found, arrived, signal, &mut ex).await {
-                Ok(answer) => reply.answer(ex, answer),
-                Err(refusal) => reply.refuse(ex, refusal),
-            }
-        }
-    });
-    let mut task = waiting::Phases(task);
-    let failed = || {
-        crate::respond::error(
-            &GateError::Upstream("the request's task failed".into()),
-            None,
-        )
-    };
+    let signal = Some(Arc::new(signal));
+    let mut task = waiting::Phases(spawn_phases(app, req, peer, found, arrived, ex, signal));
     tokio::select! {
         biased;
-        done = &mut task.0 => done.unwrap_or_else(|_| failed()),
+        done = &mut task.0 => done.unwrap_or_else(|_| crate::respond::task_failed(None)),
         Ok(queued) = queued => {
             let mut resp = waiting::early(app.clone(), task, queued, every);
             app.cors.apply(origin.as_ref(), resp.headers_mut());
@@ -203,22 +186,29 @@ async fn detached(
     arrived: Instant,
     ex: Exchange,
 ) -> Response {
-    let task = tokio::spawn({
-        let app = app.clone();
-        async move {
-            let mut ex = ex;
-            let reply = Reply::to(&app, &req, &found);
-            match phases(&app, req, peer, found, arrived, None, &mut ex).await {
-                Ok(answer) => reply.answer(ex, answer),
-                Err(refusal) => reply.refuse(ex, refusal),
-            }
+    spawn_phases(app, req, peer, found, arrived, ex, None)
+        .await
+        .unwrap_or_else(|_| crate::respond::task_failed(None))
+}
+
+/// The request's phases and its reply, as a task of their own.
+fn spawn_phases(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+    peer: Option<Peer>,
+    found: Result<Handling, GateError>,
+    arrived: Instant,
+    ex: Exchange,
+    waiting: Option<Arc<waiting::Signal>>,
+) -> tokio::task::JoinHandle<Response> {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut ex = ex;
+        let reply = Reply::to(&app, &req, &found);
+        match phases(&app, req, peer, found, arrived, waiting, &mut ex).await {
+            Ok(answer) => reply.answer(ex, answer),
+            Err(refusal) => reply.refuse(ex, refusal),
         }
-    });
-    task.await.unwrap_or_else(|_| {
-        crate::respond::error(
-            &GateError::Upstream("the request's task failed".into()),
-            None,
-        )
     })
 }
 

@@ -157,10 +157,7 @@ async fn next(state: State, dialect: Option<DialectRef>) -> Option<(Item, State)
                     let answer = match done {
                         Ok(resp) => resp,
                         // The task panicked: the stream ends with an error event.
-                        Err(_) => respond::error(
-                            &crate::error::GateError::Upstream("the request's task failed".into()),
-                            dialect,
-                        ),
+                        Err(_) => respond::task_failed(dialect),
                     };
                     answered(answer, dialect).await
                 }
