@@ -26,6 +26,9 @@ pub struct Launch {
     /// A model was given (`-m`, `-hf`, `-mu`, `-dr` or their variables); without one llama-server
     /// runs as a router of models.
     pub has_model: bool,
+    /// `-n` / `--predict` / `--n-predict` (`LLAMA_ARG_N_PREDICT`): the tokens llama-server
+    /// generates for a request that sets no limit (-1: until the context is full).
+    pub n_predict: Option<i64>,
 }
 
 /// How the slots hold their context.
@@ -60,6 +63,9 @@ impl Launch {
         if let Some(v) = env("LLAMA_ARG_KV_UNIFIED_PER_SLOT") {
             l.kv_unified_per_slot = int(&v).and_then(|n| u64::try_from(n).ok());
         }
+        if let Some(v) = env("LLAMA_ARG_N_PREDICT") {
+            l.n_predict = int(&v);
+        }
         if let Some(v) = env("LLAMA_API_KEY") {
             l.api_keys = csv(&v);
         }
@@ -89,6 +95,7 @@ impl Launch {
                         .and_then(int)
                         .and_then(|n| u64::try_from(n).ok())
                 }
+                "-n" | "--predict" | "--n-predict" => l.n_predict = args.next().and_then(int),
                 "-kvu" | "--kv-unified" => l.kv_unified = Some(true),
                 "-no-kvu" | "--no-kv-unified" => l.kv_unified = Some(false),
                 "--kv-unified-per-slot" => {
@@ -111,6 +118,13 @@ impl Launch {
             }
         }
         l
+    }
+
+    /// The limit of a request that sets none, when `-n` gives one (`-1`, its default, is none).
+    pub fn predict(&self) -> Option<u64> {
+        self.n_predict
+            .filter(|n| *n > 0)
+            .and_then(|n| u64::try_from(n).ok())
     }
 
     /// The slots llama-server runs: `-np`, or 4 when it is left to llama-server (auto).
@@ -219,6 +233,22 @@ mod tests {
         assert_eq!(
             parse("-m m -np -1 --kv_unified_per_slot 2048 -c 4096", &[]).kv_layout(),
             KvLayout::Shared(4096)
+        );
+    }
+
+    #[test]
+    fn a_server_wide_output_limit_is_read_from_n() {
+        assert_eq!(parse("-m m", &[]).predict(), None);
+        assert_eq!(parse("-m m -n 256", &[]).predict(), Some(256));
+        assert_eq!(parse("-m m --n_predict 64", &[]).predict(), Some(64));
+        assert_eq!(parse("-m m --predict -1", &[]).predict(), None);
+        assert_eq!(
+            parse("-m m", &[("LLAMA_ARG_N_PREDICT", "128")]).predict(),
+            Some(128)
+        );
+        assert_eq!(
+            parse("-m m -n 32", &[("LLAMA_ARG_N_PREDICT", "128")]).predict(),
+            Some(32)
         );
     }
 

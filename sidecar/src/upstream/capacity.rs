@@ -125,7 +125,11 @@ impl Capacity {
             .as_u64()
             .filter(|&n| n > 0)
             .map(|n| n as usize);
-        let seen = self.command_line().await;
+        let line = self.command_line().await;
+        // `/props` reports a request's defaults, not the server's `-n` (its `params` are a fresh
+        // task's, n_predict -1): the command line, when it can be read, says it.
+        let n_predict = n_predict.or(line.as_ref().and_then(|(_, _, n)| *n));
+        let seen = line.map(|(layout, source, _)| (layout, source));
         let mut l = self.lock();
         if l.n_ctx != n_ctx {
             tracing::info!(
@@ -178,9 +182,9 @@ impl Capacity {
     }
 
     /// The pool layout llama-server's own command line gives, where it can be read.
-    async fn command_line(&self) -> Option<(KvLayout, Source)> {
+    async fn command_line(&self) -> Option<(KvLayout, Source, Option<u64>)> {
         if let Some(l) = &self.wrapped {
-            return Some((l.kv_layout(), Source::Wrapped));
+            return Some((l.kv_layout(), Source::Wrapped, l.predict()));
         }
         let process = process::find(self.upstream.target()).await?;
         if !process.is_llama_server() {
@@ -188,7 +192,11 @@ impl Capacity {
         }
         let env = process.env.clone().unwrap_or_default();
         let launch = Launch::parse(&process.argv, |k| env.get(k).cloned());
-        Some((launch.kv_layout(), Source::Process(process.pid)))
+        Some((
+            launch.kv_layout(),
+            Source::Process(process.pid),
+            launch.predict(),
+        ))
     }
 
     /// For `/status`.
@@ -200,6 +208,7 @@ impl Capacity {
             "shared": layout.map(|(k, _)| *k != KvLayout::PerSlot),
             "tokens": pool_of(&l),
             "n_ctx_slot": l.n_ctx,
+            "default_n_predict": l.default_n_predict,
             "source": layout.map(|(_, s)| s.describe()),
             "mismatch": mismatch(&l),
             "reserved_tokens": reserved,

@@ -154,16 +154,19 @@ async fn a_context_per_slot_is_learned_and_a_setting_that_differs_is_warned_abou
         .contains("--kv-pool differs from llama-server's command line"));
     drop(gate);
 
-    // slotgate wrap reads the child's own command line.
-    let argv = default_argv(4096, &[]);
+    // slotgate wrap reads the child's own command line, its `-n` too (which `/props` does not
+    // report): a request that sets no limit reserves its prompt and `-n`, not the whole pool.
+    const N: u64 = 1500;
+    let argv = default_argv(4096, &["-n", &N.to_string()]);
     let gate = Gate::new().wrapping(argv).start().await;
     let s = learned(&gate).await;
     assert_eq!(
         (
             s["kv_pool"]["tokens"].as_u64(),
-            s["slots"]["total"].as_u64()
+            s["slots"]["total"].as_u64(),
+            s["kv_pool"]["default_n_predict"].as_u64()
         ),
-        (Some(4096), Some(4)),
+        (Some(4096), Some(4), Some(N)),
         "{s}"
     );
     assert_eq!(
@@ -178,6 +181,21 @@ async fn a_context_per_slot_is_learned_and_a_setting_that_differs_is_warned_abou
         )
         .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
+    let unbounded = spawn_post(
+        &gate.client(),
+        CHAT,
+        &Req::from_json(json!({"messages": [{"role": "user", "content": "hi"}]})),
+    );
+    gate.wait_busy(1).await;
+    let reserved = gate.status().await["kv_pool"]["reserved_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        reserved > N && reserved < N + 100,
+        "a short prompt and -n {N}: {reserved} reserved"
+    );
+    let (resp, _) = unbounded.await.unwrap();
+    chat_usage(&resp, N);
     gate.assert_idle().await;
 }
 
