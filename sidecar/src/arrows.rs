@@ -54,6 +54,7 @@ const BESIDE_PHASES: &[&str] = &[
     "request_id",
     "lineage",
     "orca",
+    "loads",
     "waiting",
 ];
 

@@ -194,8 +194,8 @@ pub struct Settings {
     /// When a response of a slot route carries an ORCA load report for a router in front
     /// (`endpoint-load-metrics`: slots in use, requests waiting, KV pool use, expected wait;
     /// docs/observability.md): `asked` when the request sends `endpoint-load-metrics-format` (TEXT
-    /// or JSON), as vLLM does; `always` on every one (Envoy reads them unasked); `never`.
-    /// [default: asked]
+    /// or JSON), as vLLM does; `always` on every one (Envoy reads them unasked); `never`, which also
+    /// turns off `GET /v1/loads`, the load routers poll (SMG). [default: asked]
     #[arg(long, env = "SLOTGATE_LOAD_REPORT", value_name = "never|asked|always")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_report: Option<LoadReport>,

@@ -39,6 +39,7 @@ mod decide;
 mod forward;
 pub mod intake;
 pub mod lineage;
+pub mod loads;
 pub mod orca;
 mod reply;
 pub mod request_id;
@@ -111,8 +112,11 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
     let found = routes::find(req.method(), req.uri().path());
     let reply = Reply::to(&app, &req, &found);
     // `/health` is answered from slotgate's own readiness, unlogged as llama-server leaves it.
+    // Its load, for a router polling it (`loads`): as unlogged, to a caller llama-server accepts.
     let mut resp = if let Ok(Handling::Health) = found {
         reply.health()
+    } else if let Ok(Handling::Loads) = found {
+        reply.loads(req.headers()).await
     } else {
         let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
         let span = crate::otel::request(req.method(), req.uri().path(), req.headers());

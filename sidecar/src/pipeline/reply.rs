@@ -176,6 +176,15 @@ impl<'a> Reply<'a> {
         resp
     }
 
+    /// `GET /v1/loads` (see `loads`).
+    pub async fn loads(&self, headers: &http::HeaderMap) -> Response {
+        let mut resp = super::loads::answer(self.app, headers).await;
+        self.app
+            .cors
+            .apply(self.origin.as_ref(), resp.headers_mut());
+        resp
+    }
+
     pub fn answer(self, mut ex: Exchange, answer: Answer) -> Response {
         let (sent, intake, headers, slot_route) = match answer {
             Answer::Upstream {

@@ -20,6 +20,9 @@ pub enum Handling {
     Passthrough,
     /// Answered by slotgate from its own readiness, in llama-server's shape (`/health`).
     Health,
+    /// Answered by slotgate from its own queue: its load, in the schema routers poll
+    /// ([`LOADS_PATH`]). Not one of llama-server's routes.
+    Loads,
     /// Shows or changes the whole server (slot contents, adapters, loaded models, its metrics):
     /// refused on the client listener, forwarded from the admin listener.
     Admin,
@@ -35,6 +38,7 @@ impl Handling {
             Handling::Slot(_) => "slot",
             Handling::Passthrough => "passthrough",
             Handling::Health => "health",
+            Handling::Loads => "loads",
             Handling::Admin => "admin",
             Handling::Host => "host",
         }
@@ -142,6 +146,11 @@ pub struct Vertex {
     health: Option<String>,
 }
 
+/// slotgate's one route of its own on the client listener: `GET` its load in the engine-native
+/// schema SGLang serves and SMG (the Shepherd Model Gateway) polls for its load-aware policies
+/// (`pipeline::loads`, docs/observability.md#load-polled-by-routers-v1loads).
+pub use super::loads::PATH as LOADS_PATH;
+
 /// The predict route's path when `AIP_PREDICT_ROUTE` is unset, as `server-http.cpp` has it.
 pub const VERTEX_PREDICT_DEFAULT: &str = "/predict";
 
@@ -196,6 +205,15 @@ pub fn find(method: &Method, path: &str) -> Result<Handling, GateError> {
     }
     if let Some(found) = Vertex::get().and_then(|v| v.find(method, path)) {
         return found;
+    }
+    if path == LOADS_PATH {
+        return match method == Method::GET {
+            true => Ok(Handling::Loads),
+            false => Err(GateError::MethodNotAllowed {
+                method: method.to_string(),
+                path: path.to_owned(),
+            }),
+        };
     }
     let mut path_known = false;
     for route in ROUTES {
@@ -326,6 +344,8 @@ mod tests {
             Ok("passthrough")
         );
         assert_eq!(handling(Method::GET, "/health"), Ok("health"));
+        assert_eq!(handling(Method::GET, "/v1/loads"), Ok("loads"));
+        assert_eq!(handling(Method::POST, "/v1/loads"), Err(405));
         assert_eq!(handling(Method::GET, "/slots"), Ok("admin"));
         assert_eq!(handling(Method::POST, "/slots/3"), Ok("admin"));
         assert_eq!(handling(Method::POST, "/slots/"), Err(404));

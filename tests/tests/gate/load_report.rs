@@ -104,6 +104,88 @@ async fn always_and_never() {
         // Not a slot route: never.
         let models = client.get("/v1/models").await;
         assert!(models.header(LOAD).is_none(), "{setting}");
+        // The polled report follows the setting: `never` has no such route.
+        let polled = client.get("/v1/loads").await;
+        assert_eq!(
+            polled.status,
+            if sent { 200 } else { 404 },
+            "{setting}: {}",
+            polled.body
+        );
         gate.assert_settled(&up, 1).await;
     }
+}
+
+/// The load a router polls (`GET /v1/loads`, SGLang's engine route, which SMG reads): the queue as
+/// it is, in the schema's fields, to a caller llama-server answers. The caller's own credentials
+/// are what llama-server is shown (on `/v1/models`), never slotgate's key; not a slot route, so it
+/// takes no slot and leaves no access line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn v1_loads_reports_the_queue_to_a_polling_router() {
+    let dir = unique_dir("loads-key");
+    let key_file = dir.join("llama.key");
+    std::fs::write(&key_file, "sk-slotgates-own-key\n").unwrap();
+    let (up, gate) = Gate::one_slot(1)
+        .opt("--upstream-api-key-file", key_file.display())
+        .start_instant()
+        .await;
+    let client = gate.client();
+    let rank = |r: &Response| -> serde_json::Value {
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["dp_rank_count"], 1, "{v}");
+        v["loads"][0].clone()
+    };
+    let idle = client
+        .get_with("/v1/loads", &[("authorization", "Bearer the-callers-key")])
+        .await;
+    let r = rank(&idle);
+    assert_eq!(
+        (
+            &r["num_running_reqs"],
+            &r["num_waiting_reqs"],
+            &r["max_running_requests"]
+        ),
+        (&0.into(), &0.into(), &1.into()),
+        "{r}"
+    );
+    let (auth, _) = up
+        .credentials_seen()
+        .into_iter()
+        .rev()
+        .find(|(p, _, _)| p == "/v1/models")
+        .map(|(_, a, k)| (a, k))
+        .expect("the caller's key shown to llama-server on /v1/models");
+    assert_eq!(auth.as_deref(), Some("Bearer the-callers-key"));
+
+    let held = gate.hold_slot(&Req::chat("held").delay(ms(600))).await;
+    let waiter = gate.enqueue(&Req::chat("waiter")).await;
+    let busy = rank(&client.get("/v1/loads").await);
+    assert_eq!(busy["num_running_reqs"], 1, "{busy}");
+    assert_eq!(busy["num_waiting_reqs"], 1, "{busy}");
+    assert_eq!(busy["num_total_reqs"], 2, "{busy}");
+    assert_eq!(busy["utilization"], 1.0, "{busy}");
+    // No key of the caller's: none reached llama-server either (slotgate's is never lent).
+    let (auth, _) = up
+        .credentials_seen()
+        .into_iter()
+        .rev()
+        .find(|(p, _, _)| p == "/v1/models")
+        .map(|(_, a, k)| (a, k))
+        .unwrap();
+    assert_eq!(auth, None, "slotgate's own key lent to a load poll");
+    for (r, _) in [held.await.unwrap(), waiter.await.unwrap()] {
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let post = client.post_json("/v1/loads", &serde_json::json!({})).await;
+    assert_eq!(post.status, 405, "{}", post.body);
+    assert_eq!(
+        gate.metrics()
+            .await
+            .sum("slotgate_requests_total", &[])
+            .round() as u64,
+        3,
+        "the two chats and the 405, not the polls"
+    );
+    gate.assert_settled(&up, 1).await;
 }

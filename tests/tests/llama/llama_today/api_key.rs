@@ -81,6 +81,24 @@ async fn slotgate_calls_a_server_that_wants_a_key_with_the_key_it_was_given() {
     assert_eq!(wrong.status, 401, "{}", wrong.body);
     assert_eq!(wrong.json()["error"]["message"], "Invalid API Key");
     gate.wait_outcome("upstream_4xx", 1).await;
+    // The load a router polls (`/v1/loads`, slotgate's own route): llama-server's 401 without the
+    // key or with a wrong one, though slotgate holds the key itself; the report with it.
+    for creds in [vec![], vec![("authorization", "Bearer nope")]] {
+        let refused = gate.client().get_with("/v1/loads", &creds).await;
+        assert_eq!(refused.status, 401, "{creds:?}: {}", refused.body);
+        assert_eq!(refused.json()["error"]["message"], "Invalid API Key");
+    }
+    let polled = gate
+        .client()
+        .get_with("/v1/loads", &[("authorization", &bearer)])
+        .await;
+    assert_eq!(polled.status, 200, "{}", polled.body);
+    assert_eq!(
+        polled.json()["loads"][0]["max_running_requests"],
+        2,
+        "{}",
+        polled.body
+    );
     assert_both_idle(&gate, &llama).await;
 }
 
