@@ -136,6 +136,10 @@ eval "$(bash scripts/setup-python-clients.sh)"
 export SLOTGATE_PYTHON
 export LITELLM="$(dirname "$SLOTGATE_PYTHON")/litellm"
 
+step "SMG, the router of the load-report scale-out test (PyPI smg, pinned, cached)"
+eval "$(bash scripts/setup-smg.sh)"
+export SLOTGATE_SMG
+
 step "coding agents: Claude Code, the Codex CLI and opencode (npm, pinned, cached; docs/agents.md)"
 eval "$(bash scripts/setup-agents.sh)"
 export CLAUDE_CODE CODEX OPENCODE

@@ -7,9 +7,12 @@
 //! 2. **LiteLLM least-busy**: every client through LiteLLM's proxy (the example config, its
 //!    strategy `least-busy`), which spreads by the requests it has in flight and retries a refused
 //!    attempt on the other pair; a client LiteLLM still answers 429 retries after what it was told.
+//! 3. **SMG least_load**: every client through SMG (PyPI `smg`), whose `least_load` policy reads
+//!    each pair's load from slotgate's `GET /v1/loads` every second; a client it answers 429
+//!    retries after what it was told.
 //!
 //! For each: requests served per pair (slotgate's own count), p50 and p95 of a client's whole
-//! wait (send to last byte, retries included), and the p95 ratio least-busy ÷ round-robin. Not a
+//! wait (send to last byte, retries included), and each router's p95 over round-robin's. Not a
 //! test: it prints figures and asserts nothing about time.
 //!
 //! Run with `bash scripts/bench-scaleout.sh` (release binary, setup scripts);
@@ -20,9 +23,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use slotgate_tests::client::post_with_headers;
-use slotgate_tests::gate::free_port;
 use slotgate_tests::litellm::{LiteLlm, MASTER_KEY, MODEL};
-use slotgate_tests::llama::{chat, server_argv, LlamaServer, RunningLlama, PROMPT};
+use slotgate_tests::llama::{chat, PROMPT};
+use slotgate_tests::pair::Pair;
+use slotgate_tests::smg::Smg;
 use slotgate_tests::*;
 
 fn main() {
@@ -34,45 +38,6 @@ fn env(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-struct Pair {
-    llama: RunningLlama,
-    gate: RunningGate,
-    port: u16,
-}
-
-impl Pair {
-    async fn start() -> Pair {
-        // One thread each: two llama-servers share the machine's two cores.
-        let mut argv = server_argv(1);
-        argv.extend(["-t".to_owned(), "1".to_owned()]);
-        let llama = LlamaServer::start_argv(argv).await;
-        let port = free_port();
-        let gate = Gate::one_slot(1)
-            .upstream_path(llama.socket())
-            .listen(format!("tcp:127.0.0.1:{port}"))
-            .start()
-            .await;
-        Pair { llama, gate, port }
-    }
-
-    fn base(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
-    }
-
-    async fn served(&self) -> u64 {
-        self.gate
-            .metrics()
-            .await
-            .sum("slotgate_requests_total", &[("outcome", "ok")]) as u64
-    }
-
-    async fn refused(&self) -> u64 {
-        let m = self.gate.metrics().await;
-        (m.sum("slotgate_requests_total", &[("outcome", "queue_full")])
-            + m.sum("slotgate_requests_total", &[("outcome", "wait_too_long")])) as u64
-    }
 }
 
 /// One client's whole wait at `pair`, retrying each refusal after its Retry-After.
@@ -114,6 +79,18 @@ async fn litellm_client(litellm: &LiteLlm, tokens: u64, i: usize) -> Duration {
     }
 }
 
+async fn smg_client(smg: &Smg, tokens: u64, i: usize) -> Duration {
+    let started = Instant::now();
+    loop {
+        let resp = smg.chat(&format!("client-{i}"), tokens).await;
+        match resp.status.as_u16() {
+            200 => return started.elapsed(),
+            429 | 503 => tokio::time::sleep(told(&resp)).await,
+            other => panic!("through SMG: {other} {}", resp.body),
+        }
+    }
+}
+
 /// The wait a refusal asked for: `retry-after-ms`, else `retry-after` seconds, else a second.
 fn told(resp: &Response) -> Duration {
     let ms = resp
@@ -142,15 +119,18 @@ struct Figures {
 
 async fn counts(pairs: &[Pair; 2]) -> ([u64; 2], u64) {
     (
-        [pairs[0].served().await, pairs[1].served().await],
-        pairs[0].refused().await + pairs[1].refused().await,
+        [pairs[0].outcome("ok").await, pairs[1].outcome("ok").await],
+        pairs[0].overloaded().await + pairs[1].overloaded().await,
     )
 }
 
 async fn run() {
     let rounds = env("SCALEOUT_ROUNDS", 6);
     let burst = env("SCALEOUT_BURST", 4);
-    let pairs = [Pair::start().await, Pair::start().await];
+    let pairs = [
+        Pair::start("A", Gate::one_slot(1)).await,
+        Pair::start("B", Gate::one_slot(1)).await,
+    ];
     for p in &pairs {
         let warm = p
             .gate
@@ -163,19 +143,27 @@ async fn run() {
         .llama
         .tokens_for(Duration::from_millis(500), (20, 1800))
         .await;
-    let litellm = LiteLlm::start_routing("least-busy", &pairs[0].base(), &pairs[1].base()).await;
+    let litellm =
+        LiteLlm::start_routing("least-busy", &pairs[0].api_base(), &pairs[1].api_base()).await;
+    let smg = Smg::start(
+        &[pairs[0].url(), pairs[1].url()],
+        &["--policy", "least_load", "--load-monitor-interval", "1"],
+    )
+    .await;
     println!("scale-out: {rounds} bursts of {burst} chats of {tokens} tokens (about 0.5 s each), two pairs of 1 slot + 1 queue place");
 
     let mut results = Vec::new();
-    for way in ["round-robin", "LiteLLM least-busy"] {
+    let ways = ["round-robin", "LiteLLM least-busy", "SMG least_load"];
+    for way in ways {
         let (served_before, refused_before) = counts(&pairs).await;
         let mut waits = Vec::new();
         for _ in 0..rounds {
             let clients = (0..burst).map(|i| {
-                let (pairs, litellm) = (&pairs, &litellm);
+                let (pairs, litellm, smg) = (&pairs, &litellm, &smg);
                 async move {
                     match way {
                         "round-robin" => round_robin_client(&pairs[i % 2], tokens).await,
+                        "SMG least_load" => smg_client(smg, tokens, i).await,
                         _ => litellm_client(litellm, tokens, i).await,
                     }
                 }
@@ -199,10 +187,12 @@ async fn run() {
         );
         results.push(f);
     }
-    println!(
-        "ratio p95 least-busy / round-robin: {:.2}x (below 1: LiteLLM's spread is faster)",
-        results[1].p95 / results[0].p95
-    );
+    for (way, f) in ways.iter().zip(&results).skip(1) {
+        println!(
+            "ratio p95 {way} / round-robin: {:.2}x (below 1: the router's spread is faster)",
+            f.p95 / results[0].p95
+        );
+    }
 }
 
 /// Runs the futures at once and returns their outputs in order.

@@ -32,9 +32,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use slotgate_tests::gate::free_port;
 use slotgate_tests::litellm::{LiteLlm, MASTER_KEY, MODEL};
-use slotgate_tests::llama::{chat, server_argv, LlamaServer, RunningLlama, PROMPT};
+use slotgate_tests::llama::{chat, PROMPT};
+use slotgate_tests::pair::Pair;
 use slotgate_tests::*;
 
 /// Each pair's queue: one place, so a held slot and one waiter make it answer 429.
@@ -71,63 +71,25 @@ fn spent_budget(dir: &Path, tenant: &str, retry_after: u64) -> PathBuf {
     )
 }
 
-/// One llama-server (one slot) behind one slotgate listening on TCP.
-struct Pair {
-    name: &'static str,
-    llama: RunningLlama,
-    gate: RunningGate,
-    port: u16,
+/// A pair of this file: its slotgate has the example's queue place and `policy`, with `opts`.
+async fn start_pair(name: &'static str, policy: &Path, opts: &[(&str, &str)]) -> Pair {
+    let mut gate = Gate::one_slot(QUEUE_DEPTH).policies(&[(policy, None)]);
+    for (name, value) in opts {
+        gate = gate.opt(name, value);
+    }
+    Pair::start(name, gate).await
 }
 
-impl Pair {
-    async fn start(name: &'static str, policy: &Path, opts: &[(&str, &str)]) -> Pair {
-        // One thread each: two llama-servers decoding at once with a thread per core each run many
-        // times slower on a two-core machine (docs/router.md), and the burst's answers would outlast
-        // the test's patience.
-        let mut argv = server_argv(1);
-        argv.extend(["-t".to_owned(), "1".to_owned()]);
-        let llama = LlamaServer::start_argv(argv).await;
-        let port = free_port();
-        let mut gate = Gate::one_slot(QUEUE_DEPTH)
-            .upstream_path(llama.socket())
-            .listen(format!("tcp:127.0.0.1:{port}"))
-            .policies(&[(policy, None)]);
-        for (name, value) in opts {
-            gate = gate.opt(name, value);
-        }
-        let gate = gate.start().await;
-        Pair {
-            name,
-            llama,
-            gate,
-            port,
-        }
-    }
+/// What these scenarios ask of a pair beyond [`Pair`]'s counts.
+trait Scenario {
+    async fn refused(&self, refusal: Refusal) -> u64;
+    async fn direct(&self, tenant: &str, max_tokens: u64) -> Response;
+}
 
-    fn api_base(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
-    }
-
-    /// Requests this slotgate has finished, all outcomes.
-    async fn finished(&self) -> u64 {
-        self.gate
-            .metrics()
-            .await
-            .sum("slotgate_requests_total", &[]) as u64
-    }
-
-    async fn outcome(&self, outcome: &str) -> u64 {
-        self.gate
-            .metrics()
-            .await
-            .sum("slotgate_requests_total", &[("outcome", outcome)]) as u64
-    }
-
+impl Scenario for Pair {
     async fn refused(&self, refusal: Refusal) -> u64 {
         match refusal {
-            Refusal::Overload => {
-                self.outcome("queue_full").await + self.outcome("wait_too_long").await
-            }
+            Refusal::Overload => self.overloaded().await,
             Refusal::Budget => self.outcome("policy_denied").await,
         }
     }
@@ -142,11 +104,6 @@ impl Pair {
                 &[("x-tenant", tenant)],
             )
             .await
-    }
-
-    async fn assert_idle(&self) {
-        self.gate.assert_idle().await;
-        self.llama.assert_idle().await;
     }
 }
 
@@ -290,13 +247,13 @@ async fn cooled_for(
 async fn litellm_routes_around_overload_but_not_around_one_tenants_budget() {
     let _serial = slotgate_tests::llama::serial().await;
     let dir = unique_dir("litellm-policies");
-    let a = Pair::start(
+    let a = start_pair(
         "A",
         &spent_budget(&dir, "tenant-carol", CAROL_RETRY_AFTER),
         &[("--policy-denial-status", "403")],
     )
     .await;
-    let b = Pair::start(
+    let b = start_pair(
         "B",
         &spent_budget(&dir, "tenant-dave", DAVE_RETRY_AFTER),
         &[],
@@ -326,8 +283,8 @@ async fn litellm_least_busy_spreads_a_burst_over_both_pairs() {
     let _serial = slotgate_tests::llama::serial().await;
     let dir = unique_dir("litellm-least-busy");
     let allow_all = spent_budget(&dir, "tenant-nobody", 1);
-    let a = Pair::start("A", &allow_all, &[]).await;
-    let b = Pair::start("B", &allow_all, &[]).await;
+    let a = start_pair("A", &allow_all, &[]).await;
+    let b = start_pair("B", &allow_all, &[]).await;
     for pair in [&a, &b] {
         let resp = pair.direct("warm-up", 16).await;
         assert_eq!(resp.status, 200, "pair {}: {}", pair.name, resp.body);

@@ -20,6 +20,7 @@ mod e2e_llama_gaie;
 mod e2e_llama_pool;
 mod e2e_llama_wrap;
 mod e2e_openai_sdk;
+mod e2e_smg;
 mod examples_enterprise;
 mod fault_upstream;
 mod llama_today;
