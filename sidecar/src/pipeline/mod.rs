@@ -137,7 +137,10 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
         let conversation = matches!(found, Ok(Handling::Slot(_)))
             && req.headers().contains_key(lineage::CONVERSATION);
         match keep_alive {
-            Some(every) => kept_alive(&app, req, peer, found, arrived, ex, every).await,
+            Some(every) => {
+                let kept = conversation;
+                kept_alive(&app, req, peer, found, arrived, ex, every, kept).await
+            }
             None if conversation => detached(&app, req, peer, found, arrived, ex).await,
             None => match phases(&app, req, peer, found, arrived, None, &mut ex).await {
                 Ok(answer) => reply.answer(ex, answer),
@@ -153,7 +156,12 @@ type Response = http::Response<Body>;
 
 /// A slot route's request whose stream, if it has to wait, is kept alive (see `waiting`): its
 /// phases run as a task of their own, and its answer begins as soon as it joins a queue, or is
-/// its own answer when it never waits.
+/// its own answer when it never waits. One naming a conversation is `kept` when its client
+/// leaves, as [`detached`] keeps it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the request's phases' own, and how it is kept alive"
+)]
 async fn kept_alive(
     app: &Arc<App>,
     req: Request<Incoming>,
@@ -162,14 +170,18 @@ async fn kept_alive(
     arrived: Instant,
     ex: Exchange,
     every: std::time::Duration,
+    kept: bool,
 ) -> Response {
     let origin = req.headers().get(http::header::ORIGIN).cloned();
     let (signal, queued) = waiting::Signal::new();
     let signal = Some(Arc::new(signal));
-    let mut task = waiting::Phases(spawn_phases(app, req, peer, found, arrived, ex, signal));
+    let mut task = waiting::Phases {
+        task: spawn_phases(app, req, peer, found, arrived, ex, signal),
+        kept,
+    };
     tokio::select! {
         biased;
-        done = &mut task.0 => done.unwrap_or_else(|_| crate::respond::task_failed(None)),
+        done = &mut task.task => done.unwrap_or_else(|_| crate::respond::task_failed(None)),
         Ok(queued) = queued => {
             let mut resp = waiting::early(app.clone(), task, queued, every);
             app.cors.apply(origin.as_ref(), resp.headers_mut());

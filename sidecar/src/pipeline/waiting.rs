@@ -90,12 +90,19 @@ impl Signal {
 }
 
 /// The phases' task, aborted when its client is gone (the stream dropped): the request leaves the
-/// queue, and its record ends as a client's who left.
-pub struct Phases(pub JoinHandle<http::Response<Body>>);
+/// queue, and its record ends as a client's who left. A request naming a conversation is `kept`
+/// instead: dropping the handle detaches it, as `pipeline::detached` does without a keep-alive,
+/// since llama-server generates such an answer into its session for a later resume.
+pub struct Phases {
+    pub task: JoinHandle<http::Response<Body>>,
+    pub kept: bool,
+}
 
 impl Drop for Phases {
     fn drop(&mut self) {
-        self.0.abort();
+        if !self.kept {
+            self.task.abort();
+        }
     }
 }
 
@@ -153,7 +160,7 @@ async fn next(state: State, dialect: Option<DialectRef>) -> Option<(Item, State)
         } => {
             tokio::select! {
                 biased;
-                done = &mut phases.0 => {
+                done = &mut phases.task => {
                     let answer = match done {
                         Ok(resp) => resp,
                         // The task panicked: the stream ends with an error event.

@@ -179,3 +179,41 @@ async fn a_client_that_leaves_while_it_waits_leaves_the_queue() {
     gate.assert_settled(&up, 1).await;
     gate.wait_outcome("client_gone", 1).await;
 }
+
+/// A stream naming a conversation (`X-Conversation-Id`) is kept when its client leaves while it
+/// waits, kept alive or not: llama-server generates such an answer into the conversation's session
+/// for a later resume, so it must reach llama-server all the same (as without the keep-alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conversation_whose_client_leaves_while_it_waits_still_runs() {
+    let (up, gate) = Gate::one_slot(4)
+        .opt("--stream-keepalive", "100ms")
+        .start_instant()
+        .await;
+    let held = gate.hold_slot(&Req::chat("held").delay(ms(800))).await;
+    let mut s = gate
+        .client()
+        .stream_chat(
+            &Req::chat("keeper")
+                .chunks(3, ms(20))
+                .header("x-conversation-id", "conv-kept"),
+        )
+        .await;
+    assert_eq!(s.header("x-slotgate-queued").as_deref(), Some("1"));
+    s.next_chunk_within(ms(500)).await.unwrap().unwrap();
+    drop(s);
+    tokio::time::sleep(ms(200)).await;
+    assert_eq!(
+        gate.status().await["queue"]["depth"],
+        1,
+        "it left the queue with its client"
+    );
+    held.await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the conversation forwarded",
+        || async { up.saw_tag("keeper").then_some(()) },
+    )
+    .await;
+    gate.wait_outcome("client_gone", 1).await;
+    gate.assert_settled(&up, 1).await;
+}
