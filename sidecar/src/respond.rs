@@ -143,6 +143,25 @@ pub fn error_event_of(
     Bytes::from(out)
 }
 
+/// JSON with the content type llama-server writes (`application/json; charset=utf-8`), for an
+/// answer slotgate gives in its name (`/health`).
+pub fn llama_json(status: u16, value: &serde_json::Value) -> Response<Body> {
+    let mut resp = json(status, value);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    resp
+}
+
+/// llama-server's own 503 while it loads its model (or slotgate drains).
+pub fn loading() -> Response<Body> {
+    llama_json(
+        503,
+        &serde_json::json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}),
+    )
+}
+
 pub fn json(status: u16, value: &serde_json::Value) -> Response<Body> {
     json_bytes(status, value.to_string().into_bytes())
 }

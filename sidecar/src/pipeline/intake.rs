@@ -389,11 +389,7 @@ impl Intake {
 
     /// The conversation it names (`X-Conversation-Id`), if any.
     pub fn conversation(&self) -> Option<&str> {
-        self.parts
-            .headers
-            .get("x-conversation-id")
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty())
+        lineage::conversation(&self.parts.headers)
     }
 
     /// For a stream of an API that reports usage only when asked (chat), whose client did not ask

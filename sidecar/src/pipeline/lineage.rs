@@ -36,6 +36,15 @@ pub const PARENT: &[&str] = &[
 
 pub const CONVERSATION: &str = "x-conversation-id";
 
+/// The conversation a request names (`X-Conversation-Id`, not empty): llama-server generates its
+/// answer into that conversation's session, whether its client stays or not.
+pub fn conversation(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(CONVERSATION)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+}
+
 /// The generic names the ids are shown to policies by, in `headers` (ABI v1 and v2 alike).
 pub const AGENT_HEADER: &str = "x-agent-id";
 pub const PARENT_HEADER: &str = "x-parent-agent-id";

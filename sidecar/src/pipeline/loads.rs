@@ -9,9 +9,10 @@
 //! `--api-key` guards), and its refusal is the answer here. slotgate's key is never lent to it.
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
+use super::orca::round;
 use crate::admission::QueueStats;
 use crate::config::LoadReport;
 use crate::error::GateError;
@@ -53,7 +54,7 @@ pub async fn answer(app: &App, headers: &HeaderMap) -> Response {
             copy_end_to_end(&parts.headers, out.headers_mut());
             return out;
         }
-        Err(SendError::Loading) => return loading(),
+        Err(SendError::Loading) => return respond::loading(),
         Err(e) => {
             return respond::error(
                 &GateError::UpstreamUnavailable {
@@ -65,23 +66,10 @@ pub async fn answer(app: &App, headers: &HeaderMap) -> Response {
         }
     }
     if app.admission.is_closed() {
-        return loading();
+        return respond::loading();
     }
     let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     respond::json(200, &report(&app.admission.stats(), &stamp))
-}
-
-/// llama-server's own 503 while it loads, as `/health` answers it.
-fn loading() -> Response {
-    let mut resp = respond::json(
-        503,
-        &json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}),
-    );
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json; charset=utf-8"),
-    );
-    resp
 }
 
 /// The report of `q`, stamped `timestamp`: one rank (one llama-server behind one gate) and the
@@ -98,7 +86,7 @@ fn loading() -> Response {
 pub fn report(q: &QueueStats, timestamp: &str) -> Value {
     let slots = q.slots.max(1) as f64;
     let pool = q.kv_pool.filter(|p| *p > 0);
-    let usage = pool.map_or(0.0, |p| q.kv_reserved as f64 / p as f64);
+    let usage = q.kv_share().unwrap_or(0.0);
     let utilization = round(q.busy as f64 / slots);
     let (running, waiting) = (q.serving as i64, q.depth as i64);
     json!({
@@ -134,14 +122,6 @@ pub fn report(q: &QueueStats, timestamp: &str) -> Value {
             "expected_wait_seconds": round(q.drain_seconds()),
         },
     })
-}
-
-/// Four decimals, as the ORCA header has them.
-fn round(v: f64) -> f64 {
-    match v.is_finite() {
-        true => (v * 10_000.0).round() / 10_000.0,
-        false => 0.0,
-    }
 }
 
 #[cfg(test)]

@@ -135,7 +135,7 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
             _ => None,
         };
         let conversation = matches!(found, Ok(Handling::Slot(_)))
-            && req.headers().contains_key(lineage::CONVERSATION);
+            && lineage::conversation(req.headers()).is_some();
         match keep_alive {
             Some(every) => {
                 let kept = conversation;

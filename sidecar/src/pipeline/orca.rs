@@ -51,14 +51,10 @@ pub fn wanted(setting: LoadReport, headers: &HeaderMap) -> Option<Format> {
 pub fn report(q: &QueueStats, format: Format) -> HeaderValue {
     let slots = q.slots.max(1) as f64;
     let utilization = (q.busy + q.depth) as f64 / slots;
-    let kv = q
-        .kv_pool
-        .filter(|p| *p > 0)
-        .map(|p| q.kv_reserved as f64 / p as f64);
     let named: [(&str, Option<f64>); 7] = [
         ("num_requests_running", Some(q.serving as f64)),
         ("num_requests_waiting", Some(q.depth as f64)),
-        ("kv_cache_usage_perc", kv),
+        ("kv_cache_usage_perc", q.kv_share()),
         ("slots_in_use", Some(q.busy as f64)),
         ("slots_total", Some(q.slots as f64)),
         ("queue_capacity", Some(q.capacity as f64)),
@@ -93,7 +89,7 @@ pub fn report(q: &QueueStats, format: Format) -> HeaderValue {
 }
 
 /// Four decimals: a load, not a measurement to the last bit.
-fn round(v: f64) -> f64 {
+pub(super) fn round(v: f64) -> f64 {
     if !v.is_finite() {
         return 0.0;
     }

@@ -161,17 +161,10 @@ impl<'a> Reply<'a> {
     pub fn health(&self) -> Response {
         let app = self.app;
         let ready = app.upstream.is_ready() && !app.admission.is_closed();
-        let body = match ready {
-            true => serde_json::json!({"status": "ok"}),
-            false => {
-                serde_json::json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
-            }
+        let mut resp = match ready {
+            true => respond::llama_json(200, &serde_json::json!({"status": "ok"})),
+            false => respond::loading(),
         };
-        let mut resp = respond::json(if ready { 200 } else { 503 }, &body);
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json; charset=utf-8"),
-        );
         app.cors.apply(self.origin.as_ref(), resp.headers_mut());
         resp
     }

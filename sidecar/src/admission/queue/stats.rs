@@ -55,6 +55,13 @@ impl QueueStats {
     pub fn drain_seconds(&self) -> f64 {
         self.wait_seconds
     }
+
+    /// The KV pool's share (0 to 1) the requests in service hold, once the pool is known.
+    pub fn kv_share(&self) -> Option<f64> {
+        self.kv_pool
+            .filter(|p| *p > 0)
+            .map(|p| self.kv_reserved as f64 / p as f64)
+    }
 }
 
 /// One tenant's share of the queue, for /status.
