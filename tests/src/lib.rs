@@ -33,6 +33,7 @@ pub mod gate;
 pub mod kube;
 pub mod litellm;
 pub mod llama;
+pub mod logged;
 pub mod metrics;
 pub mod otlp;
 pub mod pair;

@@ -4,15 +4,15 @@
 //! bench.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::client::{self, post_with_headers, Client, Response};
 use crate::gate::free_port;
 use crate::llama::PROMPT;
+use crate::logged;
 use crate::request::CHAT;
 use crate::wait::unique_dir;
 
@@ -60,30 +60,18 @@ impl LiteLlm {
     pub async fn start_with(config: &Path, a: &str, b: &str) -> LiteLlm {
         let dir = unique_dir("litellm");
         let log = dir.join("litellm.log");
-        let out = std::fs::File::create(&log).expect("create LiteLLM log");
         let port = free_port();
-        let mut cmd = Command::new(crate::python::litellm());
+        // Nothing from this environment (a DATABASE_URL, provider keys) may configure it.
+        let mut cmd = logged::command(crate::python::litellm(), &dir, &log);
         cmd.arg("--config")
             .arg(config)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .current_dir(&dir)
-            // Nothing from this environment (a DATABASE_URL, provider keys) may configure it.
-            .env_clear()
             .env("SLOTGATE_A_API_BASE", a)
             .env("SLOTGATE_B_API_BASE", b)
             .env("SLOTGATE_API_KEY", SLOTGATE_KEY)
             .env("LITELLM_MASTER_KEY", MASTER_KEY)
             // Its model price list ships with it; else it fetches one from the internet first.
             .env("LITELLM_LOCAL_MODEL_COST_MAP", "True");
-        for keep in ["PATH", "HOME", "TMPDIR"] {
-            if let Some(v) = std::env::var_os(keep) {
-                cmd.env(keep, v);
-            }
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone log fd"))
-            .stderr(out)
-            .kill_on_drop(true);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", crate::python::litellm().display()));
@@ -117,21 +105,11 @@ impl LiteLlm {
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        logged::tail(&self.log, lines)
     }
 
     pub async fn send(&self, req: http::Request<http_body_util::Full<bytes::Bytes>>) -> Response {
-        let what = format!("{} {}", req.method(), req.uri());
-        match tokio::time::timeout(ANSWER, self.client.try_send(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => panic!("{what} to LiteLLM: {e:#}\n{}", self.log_tail(40)),
-            Err(_) => panic!(
-                "{what} to LiteLLM: no answer in {ANSWER:?}\n{}",
-                self.log_tail(40)
-            ),
-        }
+        logged::send(&self.client, req, ANSWER, "LiteLLM", &self.log).await
     }
 
     pub async fn get(&self, path: &str, key: &str) -> Response {

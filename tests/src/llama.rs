@@ -343,10 +343,7 @@ impl RunningLlama {
 
     /// The last `lines` lines of llama-server's combined stdout and stderr.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(
-            &std::fs::read_to_string(&self.log).unwrap_or_default(),
-            lines,
-        )
+        crate::logged::tail(&self.log, lines)
     }
 
     /// GET `path` straight from llama-server (not through slotgate).
@@ -588,11 +585,6 @@ pub fn u64_at(v: &Value, path: &str) -> u64 {
     v.pointer(path)
         .and_then(Value::as_u64)
         .unwrap_or_else(|| panic!("{path} is missing or not an integer in {v}"))
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Faults done to llama-server itself: a crash (`kill -9`) and a restart on the same socket path, and a

@@ -6,16 +6,16 @@
 //! which 404'd, and without either reads vLLM's or SGLang's Prometheus gauges from `/metrics`.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::client::{self, Client, Response};
 use crate::gate::free_port;
 use crate::llama::PROMPT;
+use crate::logged;
 use crate::request::CHAT;
 use crate::wait::unique_dir;
 
@@ -56,30 +56,17 @@ impl Smg {
     pub async fn start(workers: &[String], args: &[&str]) -> Smg {
         let dir = unique_dir("smg");
         let log = dir.join("smg.log");
-        let out = std::fs::File::create(&log).expect("create SMG log");
         let port = free_port();
-        let mut cmd = Command::new(smg());
         // Its Prometheus listener too: by default 0.0.0.0:29000, which a second SMG cannot bind.
         let metrics_port = free_port();
+        let mut cmd = logged::command(smg(), &dir, &log);
         cmd.args(["launch", "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--prometheus-host", "127.0.0.1"])
             .args(["--prometheus-port", &metrics_port.to_string()])
             .arg("--worker-urls")
             .args(workers)
             .args(args)
-            .current_dir(&dir)
-            // Nothing of this environment may configure it (proxies, OTel endpoints).
-            .env_clear()
             .env("NO_COLOR", "1");
-        for keep in ["PATH", "HOME", "TMPDIR"] {
-            if let Some(v) = std::env::var_os(keep) {
-                cmd.env(keep, v);
-            }
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone log fd"))
-            .stderr(out)
-            .kill_on_drop(true);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", smg().display()));
@@ -116,21 +103,11 @@ impl Smg {
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        logged::tail(&self.log, lines)
     }
 
     async fn send(&self, req: http::Request<http_body_util::Full<bytes::Bytes>>) -> Response {
-        let what = format!("{} {}", req.method(), req.uri());
-        match tokio::time::timeout(ANSWER, self.client.try_send(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => panic!("{what} to SMG: {e:#}\n{}", self.log_tail(40)),
-            Err(_) => panic!(
-                "{what} to SMG: no answer in {ANSWER:?}\n{}",
-                self.log_tail(40)
-            ),
-        }
+        logged::send(&self.client, req, ANSWER, "SMG", &self.log).await
     }
 
     /// SMG's own `GET /loads`: the last load it polled from each worker, one rank per worker
