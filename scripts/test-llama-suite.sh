@@ -82,20 +82,23 @@ export HF_HUB_OFFLINE=1
 
 # run NAME LAUNCHER [PYTEST_ARGS...]: the suite with LAUNCHER as its llama-server; writes
 # $work/NAME.tsv (OUTCOME<TAB>TEST<TAB>the paths slotgate refused with 403 in a failed test, read
-# from its access log in the test's captured output) and $work/NAME.log.
+# from its access log: in the test's captured output, and in $work/NAME.logs, where the launcher
+# keeps each test's slotgate output) and $work/NAME.log.
 run() {
   local name="$1" launcher="$2"; shift 2
   local t0=$SECONDS
   log "$name: running the suite ($launcher)"
+  rm -rf "$work/$name.logs"
   (
     cd "$suite"
-    LLAMA_SERVER_BIN_PATH="$launcher" "$venv/bin/python" -m pytest -p no:cacheprovider -q \
+    SUITE_LOG_DIR="$work/$name.logs" LLAMA_SERVER_BIN_PATH="$launcher" "$venv/bin/python" -m pytest -p no:cacheprovider -q \
       ${jobs:+-n "$jobs"} \
       --timeout 120 -o junit_family=xunit1 --junitxml="$work/$name.xml" \
       -o junit_logging=system-out "$@" \
       > "$work/$name.log" 2>&1 || true
   )
-  "$venv/bin/python" "$here/llama-suite/results.py" "$work/$name.xml" | sort > "$work/$name.tsv"
+  "$venv/bin/python" "$here/llama-suite/results.py" "$work/$name.xml" "$work/$name.logs" \
+    | sort > "$work/$name.tsv"
   log "$name: $(grep -c '^passed' "$work/$name.tsv" || true) passed of $(wc -l < "$work/$name.tsv") in $((SECONDS - t0))s (log: $work/$name.log)"
 }
 

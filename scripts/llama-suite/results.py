@@ -4,10 +4,14 @@ pytest's own (`unit/test_basic.py::test_x[param]`), with any new line in a param
 so a line is a test. From slotgate's access log lines in the test's captured output
 (`request outcome=... status=403 method=GET path=/slots`), comma-separated: REFUSED, the paths it
 refused with 403 (the evidence that a failure is one of slotgate's protections); PATHS, every path
-it answered.
+it answered. The access lines are read from the test's captured output and, given LOG_DIR, from
+the file the launcher kept of slotgate's output for the test (`LOG_DIR/<sha1 of NODE_ID>.log`),
+which loses none of them.
 
-usage: results.py REPORT.xml
+usage: results.py REPORT.xml [LOG_DIR]
 """
+import hashlib
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -17,9 +21,11 @@ ACCESS = re.compile(r"slotgate::access: request outcome=\S+ status=(\d+) method=
 
 def main():
     root = ET.parse(sys.argv[1]).getroot()
+    logs = sys.argv[2] if len(sys.argv) > 2 else None
     for case in root.iter("testcase"):
         module = case.get("classname", "").replace(".", "/") + ".py"
-        node = f"{module}::{case.get('name', '')}".replace("\n", "\\n")
+        raw = f"{module}::{case.get('name', '')}"
+        node = raw.replace("\n", "\\n")
         kinds = {child.tag for child in case}
         if kinds & {"failure", "error"}:
             outcome = "failed"
@@ -28,6 +34,11 @@ def main():
         else:
             outcome = "passed"
         output = "".join(child.text or "" for child in case if child.tag in ("system-out", "system-err"))
+        if logs:
+            kept = os.path.join(logs, hashlib.sha1(raw.encode()).hexdigest() + ".log")
+            if os.path.exists(kept):
+                with open(kept, errors="replace") as f:
+                    output += f.read()
         answered = ACCESS.findall(output)
         refused = sorted({path for status, path in answered if status == "403"})
         paths = sorted({path for _, path in answered})
