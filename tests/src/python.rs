@@ -176,3 +176,22 @@ pub struct Attempt {
     pub path: String,
     pub error: Option<Value>,
 }
+
+/// Asserts that a Messages API answer the Anthropic SDK parsed (`stop_reason`, `usage`) was
+/// generated whole: `max_tokens` tokens, or fewer only where the model itself ended its turn.
+/// llama-server's Messages route drops `ignore_eos` (its `server_chat_convert_anthropic_to_oai`
+/// passes only a few sampling fields on), so even the tiny random model may emit its end of
+/// sequence before the limit: rarely, but a test that demanded the limit failed on it.
+pub fn assert_anthropic_whole(answer: &Value, max_tokens: u64) {
+    let output = answer["usage"]["output_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no usage.output_tokens: {answer}"));
+    match answer["stop_reason"].as_str() {
+        Some("max_tokens") => assert_eq!(output, max_tokens, "{answer}"),
+        Some("end_turn") => assert!(
+            output < max_tokens,
+            "ended its turn at {output} of {max_tokens} tokens: {answer}"
+        ),
+        other => panic!("stop_reason {other:?}, not max_tokens or end_turn: {answer}"),
+    }
+}
