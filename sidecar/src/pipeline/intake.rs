@@ -4,7 +4,7 @@
 //! bytes (see `json_edit`).
 
 use bytes::Bytes;
-use http::{header, request, Method, Request};
+use http::{header, request, HeaderName, Method, Request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use serde_json::Value;
@@ -166,7 +166,7 @@ pub(crate) fn summarize(
         (lineage::SESSION[0], &lineage.session),
         (lineage::AGENT_HEADER, &lineage.agent),
         (lineage::PARENT_HEADER, &lineage.parent),
-        (lineage::CONVERSATION, &lineage.conversation),
+        (lineage::CONVERSATION.as_str(), &lineage.conversation),
     ] {
         if let Some(id) = id {
             headers.insert(name.to_owned(), id.to_string());
@@ -219,7 +219,7 @@ pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
         .filter(|k| !k.is_empty());
     bearer.or_else(|| {
         headers
-            .get("x-api-key")
+            .get(&X_API_KEY)
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
             .filter(|k| !k.is_empty())
@@ -227,6 +227,9 @@ pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
 }
 
 /// `sha256:<hex>` of the caller's key, so no policy, log line or label ever holds the key itself.
+/// The Messages API's key header.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
     api_key(headers).map(hash_api_key)
 }
@@ -234,15 +237,15 @@ fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
 /// The client's own deadline, `X-Slotgate-Deadline-Ms`: milliseconds from arrival, a whole number
 /// from 1. Anything else is a 400 `invalid_deadline` (a typo must not silently mean "no deadline").
 fn deadline_of(headers: &http::HeaderMap) -> Result<Option<u64>, GateError> {
-    millis_of(headers, super::DEADLINE_HEADER)
+    millis_of(headers, &super::DEADLINE_HEADER)
 }
 
 /// The Gateway API Inference Extension's time-to-first-token objective, in milliseconds.
-pub const SLO_TTFT_HEADER: &str = "x-slo-ttft-ms";
+pub const SLO_TTFT_HEADER: HeaderName = HeaderName::from_static("x-slo-ttft-ms");
 
 /// A header of milliseconds from arrival, a whole number from 1; anything else is a 400
 /// `invalid_deadline` naming the header.
-fn millis_of(headers: &http::HeaderMap, name: &str) -> Result<Option<u64>, GateError> {
+fn millis_of(headers: &http::HeaderMap, name: &HeaderName) -> Result<Option<u64>, GateError> {
     let Some(value) = headers.get(name) else {
         return Ok(None);
     };
@@ -295,7 +298,7 @@ impl Intake {
                 .and_then(|tier| tiers.of(tier));
         }
         if slo_ttft {
-            if let Some(ms) = millis_of(&self.parts.headers, SLO_TTFT_HEADER)? {
+            if let Some(ms) = millis_of(&self.parts.headers, &SLO_TTFT_HEADER)? {
                 let d = &mut self.summary.deadline_ms;
                 *d = Some(d.map_or(ms, |own| own.min(ms)));
             }
@@ -384,7 +387,7 @@ impl Intake {
     /// The request names a conversation (`X-Conversation-Id`): llama-server finishes its answer
     /// into a session the client can resume (`GET /v1/stream`), whatever its connection.
     pub fn names_conversation(&self) -> bool {
-        self.parts.headers.contains_key("x-conversation-id")
+        self.parts.headers.contains_key(&lineage::CONVERSATION)
     }
 
     /// The conversation it names (`X-Conversation-Id`), if any.

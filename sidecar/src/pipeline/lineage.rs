@@ -2,7 +2,7 @@
 //! read from whichever headers its client sends (docs/sessions.md). Agents name these in their own
 //! headers; one table maps them to the three ids policies, the access line and `/live` see.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use crate::live::Lineage;
 
@@ -34,13 +34,13 @@ pub const PARENT: &[&str] = &[
     "x-parent-session-id",
 ];
 
-pub const CONVERSATION: &str = "x-conversation-id";
+pub const CONVERSATION: HeaderName = HeaderName::from_static("x-conversation-id");
 
 /// The conversation a request names (`X-Conversation-Id`, not empty): llama-server generates its
 /// answer into that conversation's session, whether its client stays or not.
 pub fn conversation(headers: &HeaderMap) -> Option<&str> {
     headers
-        .get(CONVERSATION)
+        .get(&CONVERSATION)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty())
 }
@@ -55,18 +55,31 @@ const CODEX_TURN: &str = "x-codex-turn-metadata";
 /// An id is at most this long: an id, not a payload. A longer value is ignored.
 const MOST: usize = 256;
 
+/// Whether a header of this name may carry an id (or, for Codex, its parent's).
+fn names_an_id(name: &str) -> bool {
+    SESSION.contains(&name)
+        || AGENT.contains(&name)
+        || PARENT.contains(&name)
+        || name == CONVERSATION.as_str()
+}
+
 /// The request's lineage, as its headers name it.
 pub fn of(headers: &HeaderMap) -> Lineage {
-    let first = |names: &[&str]| names.iter().find_map(|n| text(headers, n));
+    // Most requests name none of it. One pass over their few header names, already lower case,
+    // tells; looking each of the eleven names up would hash every one of them, present or not.
+    if !headers.keys().any(|n| names_an_id(n.as_str())) {
+        return Lineage::default();
+    }
+    let first = |names: &[&str]| names.iter().find_map(|n| text(headers, *n));
     Lineage {
         session: first(SESSION),
         agent: first(AGENT),
         parent: first(PARENT).or_else(|| codex_parent(headers)),
-        conversation: text(headers, CONVERSATION),
+        conversation: text(headers, &CONVERSATION),
     }
 }
 
-fn text(headers: &HeaderMap, name: &str) -> Option<Box<str>> {
+fn text(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Option<Box<str>> {
     let v = headers.get(name)?.to_str().ok()?.trim();
     (!v.is_empty() && v.len() <= MOST).then(|| v.into())
 }
@@ -162,5 +175,25 @@ mod tests {
         // A blank or oversized id is none; Codex metadata counts only beside a thread id.
         assert_eq!(ids(&l), [Some("mine"), None, None, Some("c")]);
         assert!(of(&HeaderMap::new()).is_empty());
+        let unrelated = headers(&[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer k"),
+            ("x-session", "not one of them"),
+        ]);
+        assert!(of(&unrelated).is_empty());
+    }
+
+    #[test]
+    fn every_name_an_id_is_read_from_counts_for_the_first_pass() {
+        // Each name alone, so the pass that skips requests naming none must let each through.
+        for name in SESSION
+            .iter()
+            .chain(AGENT)
+            .chain(PARENT)
+            .chain([&CONVERSATION.as_str()])
+        {
+            let l = of(&headers(&[("content-type", "text/plain"), (name, "id")]));
+            assert!(!l.is_empty(), "{name} was not read");
+        }
     }
 }

@@ -73,7 +73,8 @@ pub const REASON_HEADER: http::HeaderName = http::HeaderName::from_static("x-slo
 /// Request header with the client's own deadline: milliseconds from arrival within which the request
 /// must start, else it leaves the queue (504 `deadline_exceeded`) or is refused at arrival when it
 /// cannot make it (429 `deadline_unreachable`). Capped by the queue timeout (docs/scheduling.md).
-pub const DEADLINE_HEADER: &str = "x-slotgate-deadline-ms";
+pub const DEADLINE_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-slotgate-deadline-ms");
 /// Response header with the exact prompt tokens slotgate counted before admission, when it could.
 pub const PROMPT_TOKENS_HEADER: &str = "x-slotgate-prompt-tokens";
 

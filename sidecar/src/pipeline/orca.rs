@@ -12,7 +12,7 @@ use crate::config::LoadReport;
 
 pub const LOAD_HEADER: HeaderName = HeaderName::from_static("endpoint-load-metrics");
 /// The request header that asks for a report, and in which format (vLLM's, Envoy's).
-pub const FORMAT_HEADER: &str = "endpoint-load-metrics-format";
+pub const FORMAT_HEADER: HeaderName = HeaderName::from_static("endpoint-load-metrics-format");
 
 /// The two text forms of ORCA's report (its binary form, `endpoint-load-metrics-bin`, is not
 /// written).
@@ -26,8 +26,11 @@ pub enum Format {
 
 /// Whether a response to a request with `headers` carries a report, and in which form.
 pub fn wanted(setting: LoadReport, headers: &HeaderMap) -> Option<Format> {
+    if setting == LoadReport::Never {
+        return None;
+    }
     let asked = headers
-        .get(FORMAT_HEADER)
+        .get(&FORMAT_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::trim);
     let form = |f: &str| match f.eq_ignore_ascii_case("json") {

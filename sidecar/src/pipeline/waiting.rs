@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{header, HeaderMap, HeaderValue};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tokio::sync::oneshot;
@@ -27,7 +27,7 @@ use crate::router::Pool;
 use crate::state::App;
 
 /// The request's own interval, in milliseconds (`0`: none for this request, whatever the setting).
-pub const KEEPALIVE_HEADER: &str = "x-slotgate-keepalive-ms";
+pub const KEEPALIVE_HEADER: HeaderName = HeaderName::from_static("x-slotgate-keepalive-ms");
 
 /// No comment more often than this, whatever the request asks.
 const FLOOR: Duration = Duration::from_millis(100);
@@ -49,7 +49,7 @@ pub fn interval(setting: Option<Duration>, headers: &HeaderMap) -> Option<Durati
 /// The request's `X-Slotgate-Keepalive-Ms`, when it sends one; `Err` with its text when it is no
 /// whole number of milliseconds.
 pub fn asked(headers: &HeaderMap) -> Result<Option<u64>, String> {
-    let Some(v) = headers.get(KEEPALIVE_HEADER) else {
+    let Some(v) = headers.get(&KEEPALIVE_HEADER) else {
         return Ok(None);
     };
     let text = String::from_utf8_lossy(v.as_bytes());
