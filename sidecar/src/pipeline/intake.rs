@@ -205,6 +205,9 @@ pub(crate) fn summarize(
     }
 }
 
+/// The Messages API's key header.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 /// The caller's key as llama-server reads it: `Authorization` (after `Bearer `), else Anthropic's
 /// `x-api-key`.
 pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
@@ -227,9 +230,6 @@ pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
 }
 
 /// `sha256:<hex>` of the caller's key, so no policy, log line or label ever holds the key itself.
-/// The Messages API's key header.
-const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-
 fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
     api_key(headers).map(hash_api_key)
 }
@@ -384,10 +384,11 @@ impl Intake {
         Ok(())
     }
 
-    /// The request names a conversation (`X-Conversation-Id`): llama-server finishes its answer
-    /// into a session the client can resume (`GET /v1/stream`), whatever its connection.
+    /// The request names a conversation (`X-Conversation-Id`, not empty, as llama-server reads
+    /// it): llama-server finishes its answer into a session the client can resume
+    /// (`GET /v1/stream`), whatever its connection.
     pub fn names_conversation(&self) -> bool {
-        self.parts.headers.contains_key(&lineage::CONVERSATION)
+        self.conversation().is_some()
     }
 
     /// The conversation it names (`X-Conversation-Id`), if any.
