@@ -92,6 +92,9 @@ pub enum GateError {
     /// One of slotgate's request headers that is not what it must be (other than a deadline).
     #[error("{0}")]
     InvalidHeader(String),
+    /// Credentials that could be read two ways (see `pipeline::caller`).
+    #[error("{0}")]
+    AmbiguousCredentials(String),
     // Only ever the body of the error event that ends a shed stream (the status line went out
     // with the answer's beginning).
     #[error(
@@ -290,6 +293,7 @@ impl GateError {
             E::InvalidJson(_) => row(400, INVALID, "invalid_json", O::BadRequest),
             E::InvalidDeadline(_) => row(400, INVALID, "invalid_deadline", O::BadRequest),
             E::InvalidHeader(_) => row(400, INVALID, "invalid_header", O::BadRequest),
+            E::AmbiguousCredentials(_) => row(400, INVALID, "ambiguous_credentials", O::BadRequest),
             E::ContextTooLong { .. } => row(
                 400,
                 "exceed_context_size_error",

@@ -62,6 +62,8 @@ pub const STATE_UP: &str = "slotgate_state_up";
 pub const STATE_SYNC_SECONDS: &str = "slotgate_state_sync_seconds";
 pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
 pub const STATE_LEASE_TOKENS: &str = "slotgate_state_lease_tokens";
+pub const CALLERS_REFUSED_TOTAL: &str = "slotgate_callers_refused_total";
+pub const STATE_EVICTED_TOTAL: &str = "slotgate_state_evicted_total";
 
 /// Seconds of one round trip to the state store: a Unix socket's tens of microseconds to a remote
 /// store's milliseconds, and the fetch timeout.
@@ -207,6 +209,19 @@ pub fn retry_after(code: &'static str) -> Histogram {
     h
 }
 
+/// `slotgate_callers_refused_total{reason}`: a request refused for its caller before anything was
+/// charged.
+pub fn caller_refused(reason: &'static str) {
+    metrics::counter!(CALLERS_REFUSED_TOTAL, "reason" => reason).increment(1);
+}
+
+/// `slotgate_state_evicted_total{kind}`: `n` entries forgotten at a bound.
+pub fn state_evicted(kind: &'static str, n: usize) {
+    if n > 0 {
+        metrics::counter!(STATE_EVICTED_TOTAL, "kind" => kind).increment(n as u64);
+    }
+}
+
 /// The hot handles (see [`Hot`]). Resolved by `install`; before it (a test without a recorder)
 /// they are resolved on first use, against whatever recorder is in place then.
 pub fn hot() -> &'static Hot {
@@ -346,6 +361,14 @@ const HELP: &[Help] = &[
     gauge(
         STATE_LEASE_TOKENS,
         "Tokens this sidecar holds leased from fleet buckets.",
+    ),
+    counter(
+        CALLERS_REFUSED_TOTAL,
+        "Requests refused before anything was charged because llama-server would refuse their caller, by reason (no_key, refused_key) or because their credentials could be read two ways (ambiguous).",
+    ),
+    counter(
+        STATE_EVICTED_TOTAL,
+        "Entries forgotten at a bound, by kind (verdicts, buckets, windows, tenants, conversations, ledger_rows: a day's rows folded into `other`).",
     ),
     gauge(
         INFLIGHT,

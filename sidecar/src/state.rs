@@ -38,6 +38,10 @@ pub struct App {
     pub cors: Cors,
     /// The conversations with a request waiting here, which llama-server's stop route ends.
     pub stops: Stops,
+    /// Who started each conversation: the only caller who may read or stop it.
+    pub owners: crate::pipeline::conversation::Owners,
+    /// llama-server's verdicts on callers' keys, learnt before they are charged.
+    pub verdicts: crate::pipeline::caller::Verdicts,
     /// Holds the slot of a request llama-server may still run after an upstream timeout.
     pub quarantine: Arc<Quarantine>,
     /// The fleet state backend, when `state.backend = redis`.
@@ -127,6 +131,8 @@ impl App {
             capacity,
             cors: Cors::default(),
             stops: Stops::default(),
+            owners: Default::default(),
+            verdicts: Default::default(),
             quarantine: Arc::new(Quarantine::new(upstream.clone(), admission.clone())),
             admission,
             upstream,
@@ -160,6 +166,9 @@ impl App {
     /// its `total_slots`; a fixed number that differs is warned about (once per change) and flagged
     /// in `slotgate_slots_mismatch` and `/status`.
     pub fn follow_upstream(&self) {
+        if let Some(model) = self.capacity.served_model() {
+            self.ledger.set_served_model(&model);
+        }
         let pool = self.capacity.slot_context().and_then(|c| c.pool);
         self.admission.set_pool(pool);
         metrics::gauge!(m::KV_POOL_TOKENS).set(pool.unwrap_or(0) as f64);

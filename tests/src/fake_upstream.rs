@@ -97,6 +97,9 @@ pub struct FakeUpstream {
     no_count_endpoint: bool,
     /// `total_slots` in `/props` (llama-server's `-np`).
     total_slots: usize,
+    /// As llama-server's `--api-key`: every route but `/health` and a preflight refuses another key
+    /// with its 401 (see [`FakeUpstream::api_key`]).
+    api_key: Option<String>,
 }
 
 /// One generation request as the fake received it.
@@ -262,6 +265,7 @@ impl Default for FakeUpstream {
             passthrough_delay: Duration::ZERO,
             no_count_endpoint: false,
             total_slots: 1,
+            api_key: None,
         }
     }
 }
@@ -357,6 +361,15 @@ impl FakeUpstream {
     }
 
     /// `total_slots` in `/props`, as llama-server started with `-np n` reports it. [default: 1]
+    /// Checks callers' keys as llama-server started with `--api-key KEY` does (its
+    /// `middleware_validate_api_key`): the first `Authorization`, else `X-Api-Key`, less a leading
+    /// `Bearer `, must be `key`; otherwise 401 `Invalid API Key`, on every route but `/health`,
+    /// `/v1/health` and a preflight.
+    pub fn api_key(mut self, key: &str) -> Self {
+        self.api_key = Some(key.to_owned());
+        self
+    }
+
     pub fn total_slots(mut self, n: usize) -> Self {
         self.total_slots = n;
         self
@@ -673,6 +686,18 @@ impl Report {
     }
 }
 
+/// llama-server's key check: the first `Authorization`, else (absent or empty) the first
+/// `X-Api-Key`, less a leading `Bearer `, compared exactly.
+fn key_accepted(headers: &http::HeaderMap, key: &str) -> bool {
+    let first = |name: &str| headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
+    let mut given = first("authorization");
+    if given.is_empty() {
+        given = first("x-api-key");
+    }
+    let given = given.strip_prefix(b"Bearer ").unwrap_or(given);
+    given == key.as_bytes()
+}
+
 async fn handle(
     state: Arc<State>,
     cfg: Arc<FakeUpstream>,
@@ -717,6 +742,17 @@ async fn handle(
         list.lock().unwrap().push(path.to_owned());
     };
 
+    if let Some(key) = &cfg.api_key {
+        let public = matches!(path.as_str(), "/health" | "/v1/health");
+        if !public && parts.method != Method::OPTIONS && !key_accepted(&parts.headers, key) {
+            return Ok(json_response(
+                StatusCode::UNAUTHORIZED,
+                r#"{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}"#,
+                None,
+            ));
+        }
+    }
+
     let now = Instant::now();
     if now < state.ready_at {
         if generation {
@@ -752,7 +788,7 @@ async fn handle(
         (&Method::GET, "/props") => {
             seen(&state, &path);
             let props = json!({"default_generation_settings": {"n_ctx": cfg.n_ctx}, "total_slots": cfg.total_slots,
-                               "model_path": "fake.gguf"});
+                               "model_path": "fake.gguf", "model_alias": "fake"});
             json_response(StatusCode::OK, props.to_string(), None)
         }
         (&Method::GET, "/metrics") => {

@@ -181,11 +181,13 @@ impl Tenants {
     /// inactive tenant (a burst of distinct tenants must not grow memory without bound; the price is
     /// that a forgotten tenant returns at the baseline).
     fn forget(&mut self, baseline: f64) {
+        let before = self.map.len();
         self.map
             .retain(|_, t| t.is_active() || t.counter > baseline);
         if self.map.len() >= MAX_REMEMBERED {
             self.map.retain(|_, t| t.is_active());
         }
+        crate::metrics::state_evicted("tenants", before - self.map.len());
     }
 }
 

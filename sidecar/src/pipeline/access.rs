@@ -54,8 +54,6 @@ pub struct Exchange {
     tenant: Option<Arc<str>>,
     /// In front of llama-server's router: the model's id (one the router lists).
     model: Option<Arc<str>>,
-    /// The body's `model`, for the usage ledger where there is no router.
-    asked_model: Option<Arc<str>>,
     /// Where a request that reached llama-server is counted.
     ledger: Arc<Ledger>,
     queue_wait: Option<Duration>,
@@ -107,7 +105,6 @@ impl Exchange {
             priority: 0,
             tenant: None,
             model: None,
-            asked_model: None,
             ledger: ledger.clone(),
             queue_wait: None,
             deadline: None,
@@ -147,11 +144,6 @@ impl Exchange {
     pub fn set_tenant(&mut self, tenant: Arc<str>) {
         self.live.set_tenant(&tenant);
         self.tenant = Some(tenant);
-    }
-
-    /// The model the request's body names (the ledger's, when no router's model is set).
-    pub fn set_asked_model(&mut self, model: &str) {
-        self.asked_model = Some(model.into());
     }
 
     /// The router's model the request was queued for (its id: bounded by the router's list).
@@ -328,24 +320,28 @@ impl Drop for Exchange {
 }
 
 impl Exchange {
-    /// What reached llama-server goes in the usage ledger, with what it reported.
+    /// What llama-server served goes in the usage ledger, with what it reported, under the model it
+    /// served (the router's model the request was queued for, else the one llama-server serves:
+    /// never a name the client chose). A request llama-server refused for its caller (401, 403)
+    /// is no usage: it adds nothing.
     fn record_usage(&self) {
-        if self.upstream.is_some() || self.usage.is_some() {
-            let u = self.usage.unwrap_or_default();
-            self.ledger.record(
-                crate::policy::state::wall_ms(),
-                self.tenant.as_deref().unwrap_or("anonymous"),
-                self.model
-                    .as_deref()
-                    .or(self.asked_model.as_deref())
-                    .unwrap_or("-"),
-                &LedgerUsage {
-                    requests: 1,
-                    prompt_tokens: u.prompt_tokens,
-                    completion_tokens: u.completion_tokens,
-                },
-            );
+        if self.upstream.is_none() && self.usage.is_none() {
+            return;
         }
+        if matches!(self.status, Some(401 | 403)) {
+            return;
+        }
+        let u = self.usage.unwrap_or_default();
+        self.ledger.record(
+            crate::policy::state::wall_ms(),
+            self.tenant.as_deref().unwrap_or("anonymous"),
+            &self.ledger.served(self.model.as_deref()),
+            &LedgerUsage {
+                requests: 1,
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            },
+        );
     }
 
     /// The access log's line for it, when the access log is on.

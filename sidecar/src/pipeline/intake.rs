@@ -205,33 +205,14 @@ pub(crate) fn summarize(
     }
 }
 
-/// The Messages API's key header.
-const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-
-/// The caller's key as llama-server reads it: `Authorization` (after `Bearer `), else Anthropic's
-/// `x-api-key`.
-pub fn api_key(headers: &http::HeaderMap) -> Option<&str> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .filter(|k| !k.is_empty());
-    bearer.or_else(|| {
-        headers
-            .get(&X_API_KEY)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-    })
-}
-
-/// `sha256:<hex>` of the caller's key, so no policy, log line or label ever holds the key itself.
+/// `sha256:<hex>` of the caller's key (read as llama-server reads it, see `caller`), so no policy,
+/// log line or label ever holds the key itself. Credentials that could be read two ways were
+/// refused before.
 fn api_key_hash(headers: &http::HeaderMap) -> Option<String> {
-    api_key(headers).map(hash_api_key)
+    super::caller::credential(headers)
+        .ok()
+        .flatten()
+        .map(|c| hash_key_bytes(c.key))
 }
 
 /// The client's own deadline, `X-Slotgate-Deadline-Ms`: milliseconds from arrival, a whole number
@@ -269,8 +250,13 @@ fn query_model(query: &str) -> Option<String> {
 
 /// The form in which policies see an API key: `sha256:` and 64 lower-case hex digits.
 pub fn hash_api_key(key: &str) -> String {
+    hash_key_bytes(key.as_bytes())
+}
+
+/// [`hash_api_key`] of a key's bytes (a header value need not be UTF-8).
+pub fn hash_key_bytes(key: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(key.as_bytes());
+    let digest = Sha256::digest(key);
     format!(
         "sha256:{}",
         digest
@@ -498,11 +484,16 @@ mod tests {
         let mut h = http::HeaderMap::new();
         h.insert("x-api-key", "anthropic-style".parse().unwrap());
         assert_eq!(api_key_hash(&h), Some(hash_api_key("anthropic-style")));
-        h.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
-        assert_eq!(api_key_hash(&h), Some(hash_api_key("abc")));
-        h.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        h.insert(
+            header::AUTHORIZATION,
+            "Bearer anthropic-style".parse().unwrap(),
+        );
         assert_eq!(api_key_hash(&h), Some(hash_api_key("anthropic-style")));
         h.remove("x-api-key");
+        // As llama-server reads it: another scheme is part of the key.
+        h.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(api_key_hash(&h), Some(hash_api_key("Basic abc")));
+        h.remove(header::AUTHORIZATION);
         assert_eq!(api_key_hash(&h), None);
     }
 

@@ -33,7 +33,8 @@
 pub mod access;
 mod admit;
 pub mod body;
-mod conversation;
+pub mod caller;
+pub mod conversation;
 mod count;
 mod decide;
 mod forward;
@@ -89,6 +90,8 @@ struct Ctx {
     /// Told when a streaming request joins a queue, for its answer to begin early (see
     /// `waiting`).
     waiting: Option<Arc<waiting::Signal>>,
+    /// Who is asking (see `caller`): who may read or stop the conversations it starts.
+    caller: caller::Caller,
 }
 
 impl Ctx {
@@ -103,6 +106,7 @@ impl Ctx {
             slot_route: matches!(found, Ok(Handling::Slot(_))),
             preflight: req.method() == http::Method::OPTIONS,
             waiting,
+            caller: caller::Caller::Anyone,
         }
     }
 }
@@ -232,17 +236,20 @@ fn spawn_phases(
 /// The request path, phase by phase.
 async fn phases(
     app: &Arc<App>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     peer: Option<Peer>,
     found: Result<Handling, GateError>,
     arrived: Instant,
     waiting: Option<Arc<waiting::Signal>>,
     ex: &mut Exchange,
 ) -> Result<Answer, Refusal> {
-    let ctx = Ctx::of(&req, &found, arrived, waiting);
+    let mut ctx = Ctx::of(&req, &found, arrived, waiting);
     let handling = routes::allowed(found, req.method(), req.uri().path(), &app.config)
         .map_err(Refusal::body_unread)?;
-    conversation::stream_route(app, &req).map_err(Refusal::body_unread)?;
+    ctx.caller = who(app, &req, peer, &ctx)
+        .await
+        .map_err(Refusal::body_unread)?;
+    conversation::stream_route(app, &mut req, ctx.caller).map_err(Refusal::body_unread)?;
     // `debug` logging: a line per phase passed, each with the request's id (its end is the access
     // line). Off, each costs a level check.
     let id = match tracing::enabled!(tracing::Level::DEBUG) {
@@ -260,6 +267,7 @@ async fn phases(
             app.config.slo_ttft_deadline,
         )
         .map_err(Refusal::reading)?;
+    conversation::lookup(app, &mut intake, ctx.caller);
     drop(phase);
     traced_ask(ex, &intake);
     tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");
@@ -302,6 +310,25 @@ async fn phases(
     })
 }
 
+/// Who is asking: the request's one credential, read as llama-server reads it (400 when it could be
+/// read two ways), refused as llama-server would refuse it before anything is charged (see
+/// `caller`). A preflight carries no credentials, and llama-server asks for none.
+async fn who(
+    app: &App,
+    req: &Request<Incoming>,
+    peer: Option<Peer>,
+    ctx: &Ctx,
+) -> Result<caller::Caller, GateError> {
+    let credential = caller::credential(req.headers())
+        .inspect_err(|_| crate::metrics::caller_refused("ambiguous"))?;
+    if !ctx.preflight {
+        app.verdicts
+            .check(&app.upstream, credential.as_ref())
+            .await?;
+    }
+    Ok(caller::Caller::of(credential.as_ref(), peer))
+}
+
 /// The count the chain may need, then the chain's decision, under one chain version: it decides
 /// this request and hears how it ended, whatever reloads meanwhile.
 async fn judge(
@@ -335,12 +362,9 @@ struct Shed {
     admitted: admit::Admitted,
 }
 
-/// What the request asks: its model and lineage on the record, and on its trace's server span the
-/// GenAI operation, model and max tokens.
+/// What the request asks: its lineage on the record, and on its trace's server span the GenAI
+/// operation, model and max tokens.
 fn traced_ask(ex: &mut Exchange, intake: &intake::Intake) {
-    if let Some(model) = &intake.summary.model {
-        ex.set_asked_model(model);
-    }
     let s = &intake.summary;
     let id = |id: &Option<String>| id.as_deref().map(Box::from);
     ex.live().set_lineage(crate::live::Lineage {

@@ -18,6 +18,11 @@ use crate::store::{BucketRow, Store, StoreError, WindowRow};
 /// A bucket's or window's name: (policy, key).
 type Name = (Arc<str>, String);
 
+/// Buckets (quota windows among them) and sliding windows each kept in memory; past it the oldest
+/// made is forgotten (counted in `slotgate_state_evicted_total`), so callers with keys of their own
+/// choosing cannot grow the state without bound.
+pub const MAX_ENTRIES: usize = 100_000;
+
 /// Window events persisted within this much of each other are kept as one, at the later time: a
 /// window then forgets them a little later, never sooner.
 const WINDOW_GRAIN_MS: u64 = 100;
@@ -45,6 +50,9 @@ pub struct SharedState {
     quota_limits: DashMap<(Arc<str>, String, String), f64>,
     /// The counter of each (policy, event) counted.
     events: DashMap<(Arc<str>, String), metrics::Counter>,
+    /// The buckets and the windows in the order they were made, to forget the oldest at
+    /// [`MAX_ENTRIES`] (a name forgotten since may still be here).
+    made: Mutex<(VecDeque<Name>, VecDeque<Name>)>,
 }
 
 /// Distinct (policy, event) series of `slotgate_policy_events_total`.
@@ -141,6 +149,7 @@ impl SharedState {
         }
         let now = Instant::now();
         let span = std::time::Duration::from_millis(window_ms.max(0) as u64);
+        self.room_for(false, policy, key);
         let mut w = self
             .windows
             .entry((policy.clone(), key.to_owned()))
@@ -493,9 +502,12 @@ impl SharedState {
         let (buckets, windows) = store.load()?;
         let (now, wall) = clocks();
         let counts = (buckets.len(), windows.len());
+        let mut made = lock(&self.made);
         for b in buckets {
+            let name: Name = (Arc::from(b.policy), b.key);
+            made.0.push_back(name.clone());
             self.buckets.insert(
-                (Arc::from(b.policy), b.key),
+                name,
                 Bucket {
                     level: b.level,
                     updated: instant_of(b.updated_ms, now, wall),
@@ -510,9 +522,11 @@ impl SharedState {
                 .map(|&(at, n)| (instant_of(at, now, wall), n))
                 .collect();
             let total = events.iter().map(|e| e.1).sum();
-            self.windows
-                .insert((Arc::from(w.policy), w.key), Window { events, total });
+            let name: Name = (Arc::from(w.policy), w.key);
+            made.1.push_back(name.clone());
+            self.windows.insert(name, Window { events, total });
         }
+        drop(made);
         let _ = self.durable.set(Durable {
             store,
             dirty_buckets: Mutex::default(),
@@ -592,6 +606,7 @@ impl SharedState {
         refill: f64,
     ) -> dashmap::mapref::one::RefMut<'_, (Arc<str>, String), Bucket> {
         let now = Instant::now();
+        self.room_for(true, policy, key);
         let mut b = self
             .buckets
             .entry((policy.clone(), key.to_owned()))
@@ -605,6 +620,51 @@ impl SharedState {
         b.updated = now;
         b.shape = Some((capacity, refill));
         b
+    }
+
+    /// Before a bucket (`bucket`) or a window is looked up that may be made: when it is new and the
+    /// map holds [`MAX_ENTRIES`], the oldest made are forgotten first.
+    fn room_for(&self, bucket: bool, policy: &Arc<str>, key: &str) {
+        let name = (policy.clone(), key.to_owned());
+        let len = match bucket {
+            true if self.buckets.contains_key(&name) => return,
+            false if self.windows.contains_key(&name) => return,
+            true => self.buckets.len(),
+            false => self.windows.len(),
+        };
+        let mut made = lock(&self.made);
+        let order = if bucket { &mut made.0 } else { &mut made.1 };
+        let mut evicted = 0;
+        let mut len = len;
+        while len >= MAX_ENTRIES {
+            let Some(old) = order.pop_front() else { break };
+            let gone = match bucket {
+                true => self.buckets.remove(&old).is_some(),
+                false => self.windows.remove(&old).is_some(),
+            };
+            if gone {
+                evicted += 1;
+                len -= 1;
+                // Forgotten on disk too, at the next write (see `persist`).
+                if let Some(d) = self.durable.get() {
+                    let dirty = if bucket {
+                        &d.dirty_buckets
+                    } else {
+                        &d.dirty_windows
+                    };
+                    lock(dirty).insert(old);
+                }
+            }
+        }
+        order.push_back(name);
+        if order.len() > 2 * MAX_ENTRIES {
+            match bucket {
+                true => order.retain(|n| self.buckets.contains_key(n)),
+                false => order.retain(|n| self.windows.contains_key(n)),
+            }
+        }
+        drop(made);
+        crate::metrics::state_evicted(if bucket { "buckets" } else { "windows" }, evicted);
     }
 
     /// The buckets of this sidecar with their levels now (refilled as the policy's last call said,

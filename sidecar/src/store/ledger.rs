@@ -16,8 +16,11 @@ pub(super) const USAGE: TableDefinition<(u32, &str, &str), (u64, u64, u64)> =
     TableDefinition::new("usage");
 
 /// Distinct (tenant, model) rows one day may hold; past it, further pairs count as tenant `other`,
-/// model `other`: clients choose both strings. (Counted in memory: a restart counts afresh.)
+/// model `other`. (Counted in memory: a restart counts afresh.)
 pub const ROWS_PER_DAY: usize = 100_000;
+/// Distinct models one tenant's rows of a day may name; past it, its further models count as
+/// model `other`, so one tenant cannot fill the day for the others.
+pub const ROWS_PER_TENANT_PER_DAY: usize = 256;
 /// Longest tenant or model name kept (longer ones are cut).
 const MAX_NAME: usize = 256;
 
@@ -38,8 +41,8 @@ impl Usage {
 }
 
 type Key = (u32, Arc<str>, Arc<str>);
-/// A day and its distinct (tenant, model) pairs.
-type Day = (u32, HashSet<(Arc<str>, Arc<str>)>);
+/// A day, its distinct (tenant, model) pairs, and how many of them each tenant has.
+type Day = (u32, HashSet<(Arc<str>, Arc<str>)>, HashMap<Arc<str>, usize>);
 
 pub struct Ledger {
     /// Not on disk yet (with a store), or every row kept (without).
@@ -50,6 +53,8 @@ pub struct Ledger {
     retention_days: u32,
     /// The day old rows were last dropped from the store: once a day is enough.
     pruned: Mutex<u32>,
+    /// The model llama-server serves (not a router), once known.
+    served: Mutex<Option<Arc<str>>>,
 }
 
 impl Ledger {
@@ -60,12 +65,31 @@ impl Ledger {
             store: OnceLock::new(),
             retention_days: retention_days.max(1),
             pruned: Mutex::new(0),
+            served: Mutex::new(None),
         }
     }
 
     /// Keeps the ledger in `store` from now on (once, at start-up).
     pub fn use_store(&self, store: Arc<Store>) {
         let _ = self.store.set(store);
+    }
+
+    /// The model llama-server serves, when it is not a router (its `/props` `model_alias`): the
+    /// model a request is booked under without a router's.
+    pub fn set_served_model(&self, model: &str) {
+        let mut served = lock(&self.served);
+        if served.as_deref() != Some(model) {
+            *served = Some(cut(model));
+        }
+    }
+
+    /// The model to book a request under: the router's model it was queued for, else the one
+    /// llama-server serves, else `-` (never a name the client chose).
+    pub fn served(&self, router_model: Option<&str>) -> Arc<str> {
+        match router_model {
+            Some(m) => cut(m),
+            None => lock(&self.served).clone().unwrap_or_else(|| Arc::from("-")),
+        }
     }
 
     /// Adds one request that reached llama-server.
@@ -80,15 +104,24 @@ impl Ledger {
         let key = {
             let mut today = lock(&self.today);
             if day > today.0 {
-                *today = (day, HashSet::new());
+                *today = (day, HashSet::new(), HashMap::new());
             }
             let pair = (key.1.clone(), key.2.clone());
             if day < today.0 || today.1.contains(&pair) {
                 key
             } else if today.1.len() >= ROWS_PER_DAY {
+                crate::metrics::state_evicted("ledger_rows", 1);
                 (day, Arc::from("other"), Arc::from("other"))
+            } else if today.2.get(&key.1).copied().unwrap_or(0) >= ROWS_PER_TENANT_PER_DAY {
+                crate::metrics::state_evicted("ledger_rows", 1);
+                let folded = (key.1.clone(), Arc::from("other"));
+                if today.1.insert(folded.clone()) {
+                    *today.2.entry(key.1.clone()).or_default() += 1;
+                }
+                (day, folded.0, folded.1)
             } else {
                 today.1.insert(pair);
+                *today.2.entry(key.1.clone()).or_default() += 1;
                 key
             }
         };
@@ -283,5 +316,34 @@ mod tests {
             [(0, "other".into(), "other".into(), used(10, 10, 10))]
         );
         assert_eq!(l.read(0, 0, None, None).unwrap().len(), ROWS_PER_DAY + 1);
+    }
+
+    #[test]
+    fn one_tenant_cannot_fill_the_day_for_the_others() {
+        let l = Ledger::new(400);
+        for i in 0..ROWS_PER_TENANT_PER_DAY + 50 {
+            l.record(0, "flood", &format!("m{i}"), &used(1, 1, 1));
+        }
+        l.record(0, "bob", "real", &used(1, 2, 3));
+        let flood = l.read(0, 0, Some("flood"), None).unwrap();
+        assert_eq!(
+            flood.len(),
+            ROWS_PER_TENANT_PER_DAY + 1,
+            "its own models, then `other`"
+        );
+        assert!(flood.contains(&(0, "flood".into(), "other".into(), used(50, 50, 50))));
+        assert_eq!(
+            l.read(0, 0, Some("bob"), None).unwrap(),
+            [(0, "bob".into(), "real".into(), used(1, 2, 3))]
+        );
+    }
+
+    #[test]
+    fn a_request_is_booked_under_the_served_model_never_the_asked_one() {
+        let l = Ledger::new(1);
+        assert_eq!(&*l.served(None), "-");
+        l.set_served_model("tiny.gguf");
+        assert_eq!(&*l.served(None), "tiny.gguf");
+        assert_eq!(&*l.served(Some("router-model")), "router-model");
     }
 }

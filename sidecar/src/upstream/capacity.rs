@@ -56,6 +56,8 @@ struct Learned {
     seen: Option<(KvLayout, Source)>,
     /// The pool in force last time (a change is logged once).
     logged: Option<Option<u64>>,
+    /// The model it serves (`model_alias` in `/props`: its `--alias`, else its file's name).
+    model: Option<String>,
 }
 
 pub struct Capacity {
@@ -121,6 +123,10 @@ impl Capacity {
             .as_i64()
             .filter(|&n| n > 0)
             .map(|n| n as u64);
+        let model = props["model_alias"]
+            .as_str()
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned);
         let total_slots = props["total_slots"]
             .as_u64()
             .filter(|&n| n > 0)
@@ -131,6 +137,7 @@ impl Capacity {
         let n_predict = n_predict.or(line.as_ref().and_then(|(_, _, n)| *n));
         let seen = line.map(|(layout, source, _)| (layout, source));
         let mut l = self.lock();
+        l.model = model;
         if l.n_ctx != n_ctx {
             tracing::info!(
                 n_ctx_slot = n_ctx,
@@ -213,6 +220,11 @@ impl Capacity {
             "mismatch": mismatch(&l),
             "reserved_tokens": reserved,
         })
+    }
+
+    /// The model llama-server serves (not a router), once `/props` has said.
+    pub fn served_model(&self) -> Option<String> {
+        self.lock().model.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Learned> {

@@ -155,6 +155,36 @@ impl Upstream {
         self.inner.bearer.is_some()
     }
 
+    /// Whether llama-server checks its callers' keys: slotgate holds one for it, or llama-server
+    /// refused one of slotgate's own calls for want of one. One atomic load.
+    pub fn checks_keys(&self) -> bool {
+        self.inner.bearer.is_some() || self.inner.unauthorized.load(Ordering::Relaxed)
+    }
+
+    /// The status llama-server answers `GET path` carrying only a caller's credential header (never
+    /// slotgate's key), as slotgate's own call (its user agent) on a connection of its own, which
+    /// closes after; `None` when it did not answer within `timeout`. The answer's body is dropped.
+    pub async fn status_for(
+        &self,
+        path: &str,
+        credential: (&HeaderName, &http::HeaderValue),
+        timeout: Duration,
+    ) -> Option<http::StatusCode> {
+        let attempt = async {
+            let req = Request::builder()
+                .method(Method::GET)
+                .uri(self.uri(path))
+                .header(header::USER_AGENT, USER_AGENT)
+                .header(header::CONNECTION, "close")
+                .header(credential.0, credential.1)
+                .body(Full::new(Bytes::new()))
+                .ok()?;
+            let resp = self.inner.fresh.request(req).await.ok()?;
+            Some(resp.status())
+        };
+        tokio::time::timeout(timeout, attempt).await.ok().flatten()
+    }
+
     /// For `/status`: whether slotgate's own calls carry a key, and whether llama-server refused it
     /// (or wanted one and had none).
     pub fn auth_status(&self) -> serde_json::Value {
@@ -411,13 +441,19 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// Copies every end-to-end header: not hop-by-hop, and not named in `Connection`.
+/// Copies every end-to-end header: not hop-by-hop, and not named in `Connection` (but for the
+/// credential headers, which always go as they came).
 pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     let named_in_connection: Vec<HeaderName> = connection_tokens(from)
         .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for (name, value) in from {
-        if HOP_BY_HOP.contains(&name.as_str()) || named_in_connection.contains(name) {
+        // A credential named in `Connection` still goes: it is the one that decided the tenant
+        // (the client listener refuses such a request before; see `pipeline::caller`).
+        let credential = name == header::AUTHORIZATION || name == "x-api-key";
+        if HOP_BY_HOP.contains(&name.as_str())
+            || (named_in_connection.contains(name) && !credential)
+        {
             continue;
         }
         to.append(name.clone(), value.clone());
@@ -425,7 +461,7 @@ pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
 }
 
 /// The tokens of `headers`' `Connection` values, trimmed (`close`, `keep-alive`, header names).
-pub(super) fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+pub fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(header::CONNECTION)
         .iter()

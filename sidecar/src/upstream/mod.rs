@@ -18,4 +18,6 @@ pub mod quarantine;
 mod scrape;
 pub mod tokenize;
 
-pub use client::{copy_end_to_end, on_worker, InflightGuard, SendError, Upstream};
+pub use client::{
+    connection_tokens, copy_end_to_end, on_worker, InflightGuard, SendError, Upstream,
+};

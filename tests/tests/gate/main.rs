@@ -9,6 +9,7 @@ mod admin_plane;
 mod admission;
 mod bad_input;
 mod burst;
+mod callers;
 mod cost;
 mod deadlines;
 mod displacement;

@@ -11,6 +11,7 @@
 //! Needs everything `scripts/test.sh` sets up. Not in the fast tier.
 
 mod admin_plane;
+mod callers;
 mod e2e_litellm;
 mod e2e_llama;
 mod e2e_llama_budget;

@@ -9,6 +9,7 @@ mod components;
 mod denial_line;
 mod durable_budgets;
 mod example_policies;
+mod made_up_keys;
 mod policy_chain;
 mod policy_complete;
 mod policy_hostile;

@@ -9,4 +9,5 @@ mod config;
 mod example_config;
 mod fuzz_corpus;
 mod policy_cli;
+mod security_doc;
 mod startup;

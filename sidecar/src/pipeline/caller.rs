@@ -1,0 +1,328 @@
+//! Who is asking: the one credential llama-server will check, read out of the request by its rules,
+//! and whether llama-server takes it, known before the request is charged, counted or queued.
+//!
+//! llama-server (`server-http.cpp`, `middleware_validate_api_key`) reads the first `Authorization`
+//! value, else (when it is absent or empty) the first `X-Api-Key`; it drops a leading `Bearer `
+//! (that spelling only) and compares the rest with its keys exactly. slotgate reads the same bytes
+//! the same way, so the tenant it charges is the key llama-server checks. A request that could be
+//! read two ways is refused with 400 before anything is charged: two `Authorization` or two
+//! `X-Api-Key` headers, both headers with different keys, or a `Connection` header naming one
+//! (a proxy would drop it, and llama-server would check the other).
+//!
+//! When llama-server checks keys, a caller it would refuse is refused here, with its answer: a key
+//! slotgate has not seen is shown to llama-server first, by a `GET /v1/models` of slotgate's own
+//! carrying only that credential. The verdict is kept a minute (a refusal ten seconds), for at most
+//! [`MAX_VERDICTS`] keys. So a made-up key takes no queue place, no policy state, no ledger row and
+//! no exact count (which would use slotgate's key). Without keys upstream, this is one atomic load.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use http::header::AUTHORIZATION;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use sha2::{Digest, Sha256};
+use slotgate_sdk::Peer;
+use tokio::sync::Semaphore;
+
+use crate::error::GateError;
+use crate::upstream::Upstream;
+
+/// The Messages API's key header.
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The two headers a credential comes in, as statics (a credential borrows its header's name).
+static AUTH_HEADER: HeaderName = AUTHORIZATION;
+static KEY_HEADER: HeaderName = X_API_KEY;
+
+/// The prefix llama-server drops, in its one spelling.
+const BEARER: &[u8] = b"Bearer ";
+
+/// Keys whose verdict is kept; past it the oldest verdicts are forgotten (and counted).
+pub const MAX_VERDICTS: usize = 4096;
+/// How long llama-server's acceptance of a key is trusted.
+const ACCEPTED_FOR: Duration = Duration::from_secs(60);
+/// How long its refusal is: a key being added to llama-server is let in soon after.
+const REFUSED_FOR: Duration = Duration::from_secs(10);
+/// Keys shown to llama-server at once; others wait for a turn.
+const AT_ONCE: usize = 4;
+/// The longest a verdict is waited for; without one, llama-server decides on the request itself.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The route a key is shown on: one llama-server checks keys on (all but `/health`), cheap, and
+/// without side effects.
+const ASK_PATH: &str = "/v1/models";
+
+/// The credential of a request: the header it came in and the key llama-server compares.
+#[derive(Debug, Clone, Copy)]
+pub struct Credential<'a> {
+    pub header: &'static HeaderName,
+    pub value: &'a HeaderValue,
+    /// The value without llama-server's `Bearer ` prefix.
+    pub key: &'a [u8],
+}
+
+impl Credential<'_> {
+    /// The key's SHA-256 digest.
+    pub fn digest(&self) -> [u8; 32] {
+        Sha256::digest(self.key).into()
+    }
+}
+
+/// The request's one credential, read as llama-server reads it; 400 when it could be read two ways.
+pub fn credential(headers: &HeaderMap) -> Result<Option<Credential<'_>>, GateError> {
+    let one = |name: &'static HeaderName| -> Result<Option<&HeaderValue>, GateError> {
+        let mut all = headers.get_all(name).iter();
+        let first = all.next();
+        if all.next().is_some() {
+            return Err(ambiguous(format!(
+                "the request carries more than one `{name}` header; send one credential"
+            )));
+        }
+        Ok(first.filter(|v| !v.is_empty()))
+    };
+    let auth = one(&AUTH_HEADER)?;
+    let api_key = one(&KEY_HEADER)?;
+    for token in crate::upstream::connection_tokens(headers) {
+        if token.eq_ignore_ascii_case("authorization") || token.eq_ignore_ascii_case("x-api-key") {
+            return Err(ambiguous(format!(
+                "the `Connection` header names `{token}`: a credential cannot be hop-by-hop; send it as an ordinary header"
+            )));
+        }
+    }
+    let chosen = match (auth, api_key) {
+        (Some(a), Some(k)) => {
+            let from_auth = without_bearer(a.as_bytes());
+            if from_auth != without_bearer(k.as_bytes()) && from_auth != k.as_bytes() {
+                return Err(ambiguous(
+                    "the request carries two different keys, in `Authorization` and in `X-Api-Key`; send one".into(),
+                ));
+            }
+            Some((&AUTH_HEADER, a))
+        }
+        (Some(a), None) => Some((&AUTH_HEADER, a)),
+        (None, Some(k)) => Some((&KEY_HEADER, k)),
+        (None, None) => None,
+    };
+    Ok(chosen.map(|(name, value)| Credential {
+        header: name,
+        value,
+        key: without_bearer(value.as_bytes()),
+    }))
+}
+
+/// llama-server's reading: a leading `Bearer ` dropped, nothing else changed.
+fn without_bearer(value: &[u8]) -> &[u8] {
+    value.strip_prefix(BEARER).unwrap_or(value)
+}
+
+fn ambiguous(message: String) -> GateError {
+    GateError::AmbiguousCredentials(message)
+}
+
+/// Who a request comes from, for what only its own caller may do (read or stop its conversation):
+/// its key, else on a Unix socket the peer's uid, else nobody in particular.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Caller {
+    Key([u8; 32]),
+    Uid(u32),
+    Anyone,
+}
+
+impl Caller {
+    pub fn of(credential: Option<&Credential<'_>>, peer: Option<Peer>) -> Caller {
+        match (credential, peer) {
+            (Some(c), _) => Caller::Key(c.digest()),
+            (None, Some(p)) => Caller::Uid(p.uid),
+            (None, None) => Caller::Anyone,
+        }
+    }
+}
+
+/// llama-server's verdicts on the keys it was shown.
+pub struct Verdicts {
+    kept: Mutex<HashMap<[u8; 32], (bool, Instant)>>,
+    turns: Semaphore,
+}
+
+impl Default for Verdicts {
+    fn default() -> Self {
+        Verdicts {
+            kept: Mutex::default(),
+            turns: Semaphore::new(AT_ONCE),
+        }
+    }
+}
+
+impl Verdicts {
+    /// `Err(InvalidApiKey)` when llama-server checks keys and would refuse this request's: no key,
+    /// or one it refused. A key not seen yet is shown to it first.
+    pub async fn check(
+        &self,
+        upstream: &Upstream,
+        credential: Option<&Credential<'_>>,
+    ) -> Result<(), GateError> {
+        if !upstream.checks_keys() {
+            return Ok(());
+        }
+        let Some(credential) = credential else {
+            crate::metrics::caller_refused("no_key");
+            return Err(GateError::InvalidApiKey);
+        };
+        let digest = credential.digest();
+        if let Some(accepted) = self.kept(&digest) {
+            return self.verdict(accepted);
+        }
+        let Ok(_turn) = self.turns.acquire().await else {
+            return Ok(());
+        };
+        // Another request with the same key may have asked while this one waited for its turn.
+        if let Some(accepted) = self.kept(&digest) {
+            return self.verdict(accepted);
+        }
+        let status = upstream
+            .status_for(ASK_PATH, (credential.header, credential.value), ASK_TIMEOUT)
+            .await;
+        let accepted = match status.map(|s| s.as_u16()) {
+            Some(401 | 403) => false,
+            Some(s) if s < 500 => true,
+            // Loading, failing or silent: no verdict; llama-server checks the request itself.
+            _ => return Ok(()),
+        };
+        self.keep(digest, accepted);
+        self.verdict(accepted)
+    }
+
+    fn verdict(&self, accepted: bool) -> Result<(), GateError> {
+        if accepted {
+            Ok(())
+        } else {
+            crate::metrics::caller_refused("refused_key");
+            Err(GateError::InvalidApiKey)
+        }
+    }
+
+    fn kept(&self, digest: &[u8; 32]) -> Option<bool> {
+        let kept = self.lock();
+        let &(accepted, at) = kept.get(digest)?;
+        let for_ = if accepted { ACCEPTED_FOR } else { REFUSED_FOR };
+        (at.elapsed() < for_).then_some(accepted)
+    }
+
+    fn keep(&self, digest: [u8; 32], accepted: bool) {
+        let mut kept = self.lock();
+        if kept.len() >= MAX_VERDICTS && !kept.contains_key(&digest) {
+            let now = Instant::now();
+            let before = kept.len();
+            kept.retain(|_, (ok, at)| {
+                now.duration_since(*at) < if *ok { ACCEPTED_FOR } else { REFUSED_FOR }
+            });
+            if kept.len() >= MAX_VERDICTS {
+                // Still full of live verdicts: the oldest half goes.
+                let mut ages: Vec<Instant> = kept.values().map(|v| v.1).collect();
+                ages.sort_unstable();
+                let cut = ages[ages.len() / 2];
+                kept.retain(|_, (_, at)| *at > cut);
+            }
+            crate::metrics::state_evicted("verdicts", before - kept.len());
+        }
+        kept.insert(digest, (accepted, Instant::now()));
+    }
+
+    /// Keys whose verdict is kept now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (bool, Instant)>> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn key(pairs: &[(&str, &str)]) -> Result<Option<Vec<u8>>, String> {
+        let h = headers(pairs);
+        credential(&h)
+            .map(|c| c.map(|c| c.key.to_vec()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_key_is_read_as_llama_server_reads_it() {
+        assert_eq!(
+            key(&[("authorization", "Bearer k1")]),
+            Ok(Some(b"k1".to_vec()))
+        );
+        // No `Bearer `: llama-server compares the whole value.
+        assert_eq!(key(&[("authorization", "k1")]), Ok(Some(b"k1".to_vec())));
+        // Another spelling is not its prefix.
+        assert_eq!(
+            key(&[("authorization", "bearer k1")]),
+            Ok(Some(b"bearer k1".to_vec()))
+        );
+        assert_eq!(key(&[("x-api-key", "k2")]), Ok(Some(b"k2".to_vec())));
+        // An empty `Authorization` defers to `X-Api-Key`.
+        assert_eq!(
+            key(&[("authorization", ""), ("x-api-key", "k2")]),
+            Ok(Some(b"k2".to_vec()))
+        );
+        assert_eq!(key(&[]), Ok(None));
+        // The same key in both is one caller.
+        assert_eq!(
+            key(&[("authorization", "Bearer k"), ("x-api-key", "k")]),
+            Ok(Some(b"k".to_vec()))
+        );
+    }
+
+    #[test]
+    fn a_request_read_two_ways_is_refused() {
+        for pairs in [
+            &[("authorization", "k1"), ("x-api-key", "k2")][..],
+            &[("authorization", "Bearer k1"), ("x-api-key", "k2")],
+            &[("authorization", "Bearer a"), ("authorization", "Bearer b")],
+            &[("x-api-key", "a"), ("x-api-key", "a")],
+            &[
+                ("authorization", "Bearer r"),
+                ("connection", "authorization"),
+                ("x-api-key", "k"),
+            ],
+            &[("x-api-key", "k"), ("connection", "keep-alive, X-Api-Key")],
+        ] {
+            let err = key(pairs).expect_err(&format!("{pairs:?} is ambiguous"));
+            assert!(!err.contains("k1") && !err.contains("k2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_caller_is_its_key_else_its_uid() {
+        let h = headers(&[("x-api-key", "k")]);
+        let c = credential(&h).unwrap();
+        let peer = Peer {
+            uid: 7,
+            gid: 7,
+            pid: None,
+        };
+        assert!(matches!(Caller::of(c.as_ref(), Some(peer)), Caller::Key(_)));
+        assert_eq!(Caller::of(None, Some(peer)), Caller::Uid(7));
+        assert_eq!(Caller::of(None, None), Caller::Anyone);
+    }
+}
