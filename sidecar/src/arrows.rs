@@ -46,10 +46,11 @@ const PHASES: &[&str] = &[
     "reply",
 ];
 
-/// What every phase may use and which uses no phase: the request's record, the usage stripper,
-/// the request id, its lineage, the load report and a waiting stream's early answer.
+/// What every phase may use and which uses no phase: the request's record, its caller, the usage
+/// stripper, the request id, its lineage, the load report and a waiting stream's early answer.
 const BESIDE_PHASES: &[&str] = &[
     "access",
+    "caller",
     "strip",
     "request_id",
     "lineage",

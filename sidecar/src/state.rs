@@ -39,9 +39,9 @@ pub struct App {
     /// The conversations with a request waiting here, which llama-server's stop route ends.
     pub stops: Stops,
     /// Who started each conversation: the only caller who may read or stop it.
-    pub owners: crate::pipeline::conversation::Owners,
+    pub owners: crate::admission::Owners,
     /// llama-server's verdicts on callers' keys, learnt before they are charged.
-    pub verdicts: crate::pipeline::caller::Verdicts,
+    pub verdicts: crate::upstream::verdicts::Verdicts,
     /// Holds the slot of a request llama-server may still run after an upstream timeout.
     pub quarantine: Arc<Quarantine>,
     /// The fleet state backend, when `state.backend = redis`.

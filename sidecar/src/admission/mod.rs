@@ -6,6 +6,7 @@ mod cap;
 mod claim;
 mod demand;
 mod fair;
+mod owners;
 mod queue;
 mod stops;
 
@@ -13,6 +14,7 @@ pub use bands::{Band, Bands};
 pub use cap::TenantCap;
 pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
+pub use owners::{Caller, Owners, MAX_OWNED, MAX_OWNED_PER_CALLER};
 pub use queue::{
     Admission, BandStats, Entry, Fairness, QueueStats, Shed, SlotGuard, TenantStats, Ticket, Turn,
     WaiterView, WeakAdmission, MAX_REQUEUES, SHED_GUARD,

@@ -9,24 +9,18 @@
 //! `X-Api-Key` headers, both headers with different keys, or a `Connection` header naming one
 //! (a proxy would drop it, and llama-server would check the other).
 //!
-//! When llama-server checks keys, a caller it would refuse is refused here, with its answer: a key
-//! slotgate has not seen is shown to llama-server first, by a `GET /v1/models` of slotgate's own
-//! carrying only that credential. The verdict is kept a minute (a refusal ten seconds), for at most
-//! [`MAX_VERDICTS`] keys. So a made-up key takes no queue place, no policy state, no ledger row and
-//! no exact count (which would use slotgate's key). Without keys upstream, this is one atomic load.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+//! When llama-server checks keys, a caller it would refuse is refused with its answer before it is
+//! charged (`upstream::verdicts`): a made-up key takes no queue place, no policy state, no ledger
+//! row and no exact count (which would use slotgate's key).
 
 use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 use slotgate_sdk::Peer;
-use tokio::sync::Semaphore;
 
+use crate::admission::Caller;
 use crate::error::GateError;
-use crate::upstream::Upstream;
+use crate::upstream::verdicts::Shown;
 
 /// The Messages API's key header.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -37,20 +31,6 @@ static KEY_HEADER: HeaderName = X_API_KEY;
 
 /// The prefix llama-server drops, in its one spelling.
 const BEARER: &[u8] = b"Bearer ";
-
-/// Keys whose verdict is kept; past it the oldest verdicts are forgotten (and counted).
-pub const MAX_VERDICTS: usize = 4096;
-/// How long llama-server's acceptance of a key is trusted.
-const ACCEPTED_FOR: Duration = Duration::from_secs(60);
-/// How long its refusal is: a key being added to llama-server is let in soon after.
-const REFUSED_FOR: Duration = Duration::from_secs(10);
-/// Keys shown to llama-server at once; others wait for a turn.
-const AT_ONCE: usize = 4;
-/// The longest a verdict is waited for; without one, llama-server decides on the request itself.
-const ASK_TIMEOUT: Duration = Duration::from_secs(5);
-/// The route a key is shown on: one llama-server checks keys on (all but `/health`), cheap, and
-/// without side effects.
-const ASK_PATH: &str = "/v1/models";
 
 /// The credential of a request: the header it came in and the key llama-server compares.
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +46,20 @@ impl Credential<'_> {
     pub fn digest(&self) -> [u8; 32] {
         Sha256::digest(self.key).into()
     }
+
+    /// As llama-server is shown it, for its verdict.
+    pub fn shown(&self) -> Shown<'_> {
+        Shown {
+            header: self.header,
+            value: self.value,
+            digest: self.digest(),
+        }
+    }
+}
+
+/// The caller of a request with `credential`, else from `peer`.
+pub fn caller(credential: Option<&Credential<'_>>, peer: Option<Peer>) -> Caller {
+    Caller::of(credential.map(Credential::digest), peer)
 }
 
 /// The request's one credential, read as llama-server reads it; 400 when it could be read two ways.
@@ -117,131 +111,6 @@ fn without_bearer(value: &[u8]) -> &[u8] {
 
 fn ambiguous(message: String) -> GateError {
     GateError::AmbiguousCredentials(message)
-}
-
-/// Who a request comes from, for what only its own caller may do (read or stop its conversation):
-/// its key, else on a Unix socket the peer's uid, else nobody in particular.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Caller {
-    Key([u8; 32]),
-    Uid(u32),
-    Anyone,
-}
-
-impl Caller {
-    pub fn of(credential: Option<&Credential<'_>>, peer: Option<Peer>) -> Caller {
-        match (credential, peer) {
-            (Some(c), _) => Caller::Key(c.digest()),
-            (None, Some(p)) => Caller::Uid(p.uid),
-            (None, None) => Caller::Anyone,
-        }
-    }
-}
-
-/// llama-server's verdicts on the keys it was shown.
-pub struct Verdicts {
-    kept: Mutex<HashMap<[u8; 32], (bool, Instant)>>,
-    turns: Semaphore,
-}
-
-impl Default for Verdicts {
-    fn default() -> Self {
-        Verdicts {
-            kept: Mutex::default(),
-            turns: Semaphore::new(AT_ONCE),
-        }
-    }
-}
-
-impl Verdicts {
-    /// `Err(InvalidApiKey)` when llama-server checks keys and would refuse this request's: no key,
-    /// or one it refused. A key not seen yet is shown to it first.
-    pub async fn check(
-        &self,
-        upstream: &Upstream,
-        credential: Option<&Credential<'_>>,
-    ) -> Result<(), GateError> {
-        if !upstream.checks_keys() {
-            return Ok(());
-        }
-        let Some(credential) = credential else {
-            crate::metrics::caller_refused("no_key");
-            return Err(GateError::InvalidApiKey);
-        };
-        let digest = credential.digest();
-        if let Some(accepted) = self.kept(&digest) {
-            return self.verdict(accepted);
-        }
-        let Ok(_turn) = self.turns.acquire().await else {
-            return Ok(());
-        };
-        // Another request with the same key may have asked while this one waited for its turn.
-        if let Some(accepted) = self.kept(&digest) {
-            return self.verdict(accepted);
-        }
-        let status = upstream
-            .status_for(ASK_PATH, (credential.header, credential.value), ASK_TIMEOUT)
-            .await;
-        let accepted = match status.map(|s| s.as_u16()) {
-            Some(401 | 403) => false,
-            Some(s) if s < 500 => true,
-            // Loading, failing or silent: no verdict; llama-server checks the request itself.
-            _ => return Ok(()),
-        };
-        self.keep(digest, accepted);
-        self.verdict(accepted)
-    }
-
-    fn verdict(&self, accepted: bool) -> Result<(), GateError> {
-        if accepted {
-            Ok(())
-        } else {
-            crate::metrics::caller_refused("refused_key");
-            Err(GateError::InvalidApiKey)
-        }
-    }
-
-    fn kept(&self, digest: &[u8; 32]) -> Option<bool> {
-        let kept = self.lock();
-        let &(accepted, at) = kept.get(digest)?;
-        let for_ = if accepted { ACCEPTED_FOR } else { REFUSED_FOR };
-        (at.elapsed() < for_).then_some(accepted)
-    }
-
-    fn keep(&self, digest: [u8; 32], accepted: bool) {
-        let mut kept = self.lock();
-        if kept.len() >= MAX_VERDICTS && !kept.contains_key(&digest) {
-            let now = Instant::now();
-            let before = kept.len();
-            kept.retain(|_, (ok, at)| {
-                now.duration_since(*at) < if *ok { ACCEPTED_FOR } else { REFUSED_FOR }
-            });
-            if kept.len() >= MAX_VERDICTS {
-                // Still full of live verdicts: the oldest half goes.
-                let mut ages: Vec<Instant> = kept.values().map(|v| v.1).collect();
-                ages.sort_unstable();
-                let cut = ages[ages.len() / 2];
-                kept.retain(|_, (_, at)| *at > cut);
-            }
-            crate::metrics::state_evicted("verdicts", before - kept.len());
-        }
-        kept.insert(digest, (accepted, Instant::now()));
-    }
-
-    /// Keys whose verdict is kept now.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (bool, Instant)>> {
-        self.kept
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
 }
 
 #[cfg(test)]
@@ -321,8 +190,8 @@ mod tests {
             gid: 7,
             pid: None,
         };
-        assert!(matches!(Caller::of(c.as_ref(), Some(peer)), Caller::Key(_)));
-        assert_eq!(Caller::of(None, Some(peer)), Caller::Uid(7));
-        assert_eq!(Caller::of(None, None), Caller::Anyone);
+        assert!(matches!(caller(c.as_ref(), Some(peer)), Caller::Key(_)));
+        assert_eq!(caller(None, Some(peer)), Caller::Uid(7));
+        assert_eq!(caller(None, None), Caller::Anyone);
     }
 }

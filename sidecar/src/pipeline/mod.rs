@@ -91,7 +91,7 @@ struct Ctx {
     /// `waiting`).
     waiting: Option<Arc<waiting::Signal>>,
     /// Who is asking (see `caller`): who may read or stop the conversations it starts.
-    caller: caller::Caller,
+    caller: crate::admission::Caller,
 }
 
 impl Ctx {
@@ -106,7 +106,7 @@ impl Ctx {
             slot_route: matches!(found, Ok(Handling::Slot(_))),
             preflight: req.method() == http::Method::OPTIONS,
             waiting,
-            caller: caller::Caller::Anyone,
+            caller: crate::admission::Caller::Anyone,
         }
     }
 }
@@ -318,15 +318,14 @@ async fn who(
     req: &Request<Incoming>,
     peer: Option<Peer>,
     ctx: &Ctx,
-) -> Result<caller::Caller, GateError> {
+) -> Result<crate::admission::Caller, GateError> {
     let credential = caller::credential(req.headers())
         .inspect_err(|_| crate::metrics::caller_refused("ambiguous"))?;
     if !ctx.preflight {
-        app.verdicts
-            .check(&app.upstream, credential.as_ref())
-            .await?;
+        let shown = credential.as_ref().map(caller::Credential::shown);
+        app.verdicts.check(&app.upstream, shown).await?;
     }
-    Ok(caller::Caller::of(credential.as_ref(), peer))
+    Ok(caller::caller(credential.as_ref(), peer))
 }
 
 /// The count the chain may need, then the chain's decision, under one chain version: it decides

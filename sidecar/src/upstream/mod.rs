@@ -17,6 +17,7 @@ pub mod process;
 pub mod quarantine;
 mod scrape;
 pub mod tokenize;
+pub mod verdicts;
 
 pub use client::{
     connection_tokens, copy_end_to_end, on_worker, InflightGuard, SendError, Upstream,

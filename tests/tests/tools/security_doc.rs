@@ -5,7 +5,10 @@
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
 }
 
 /// The test names in backticks in the last column of the "Attacks tried" tables.
@@ -36,7 +39,11 @@ fn exists(name: &str) -> bool {
     for p in path {
         file.push(p);
     }
-    let candidates = [file.with_extension("rs"), file.join("mod.rs"), file.join("main.rs")];
+    let candidates = [
+        file.with_extension("rs"),
+        file.join("mod.rs"),
+        file.join("main.rs"),
+    ];
     candidates.iter().any(|f| {
         std::fs::read_to_string(f).is_ok_and(|text| {
             text.contains(&format!("fn {func}("))
@@ -51,12 +58,17 @@ fn every_test_the_attack_table_names_exists() {
     let names = named_tests(&doc);
     assert!(names.len() >= 20, "the tables name {} tests", names.len());
     let missing: Vec<&String> = names.iter().filter(|n| !exists(n)).collect();
-    assert!(missing.is_empty(), "docs/security.md names tests that do not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/security.md names tests that do not exist: {missing:?}"
+    );
 }
 
 #[test]
 fn a_name_that_is_no_test_is_caught() {
-    assert!(exists("gate::callers::credentials_read_two_ways_are_refused_before_anything_is_charged"));
+    assert!(exists(
+        "gate::callers::credentials_read_two_ways_are_refused_before_anything_is_charged"
+    ));
     assert!(!exists("gate::callers::no_such_test"));
     assert!(!exists("gate::no_such_module::a_test"));
 }
