@@ -105,7 +105,13 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
             tracing::error!("{e:#}");
             // Lines are batched (see `log`): this one must be out before the process is.
             crate::log::flush();
-            ExitCode::FAILURE
+            let refused = e
+                .downcast_ref::<crate::app::StartError>()
+                .is_some_and(crate::app::StartError::is_refusal);
+            match refused {
+                true => ExitCode::from(2),
+                false => ExitCode::FAILURE,
+            }
         }
     }
 }
