@@ -56,8 +56,9 @@ pub struct Settings {
 
     /// The llama-server: `http://HOST:PORT` or `unix:/path/llama.sock`. Unset, the first of
     /// 127.0.0.1:9931 (llama-server's default port from the release that moves it) and
-    /// 127.0.0.1:8080 (its default before) that answers its `/health`, within --connect-timeout;
-    /// 8080 when neither does (`slotgate check` prints that). [default: http://127.0.0.1:8080]
+    /// 127.0.0.1:8080 (its default before) that the kernel shows is llama-server run by slotgate's
+    /// own user and answers its `/health`, within --connect-timeout; none: slotgate does not start
+    /// (`slotgate check` prints 8080). [default: http://127.0.0.1:8080]
     #[arg(long, env = "SLOTGATE_UPSTREAM", value_name = "URL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamAddr>,
