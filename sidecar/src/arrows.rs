@@ -28,6 +28,7 @@ const ROOMS: &[&str] = &[
     "respond",
     "dialect",
     "json_edit",
+    "owner_only",
     "metrics",
     "error",
 ];

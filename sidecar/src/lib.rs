@@ -36,7 +36,8 @@
 //!  otel     OpenTelemetry traces: the exporter, the request's spans, traceparent in and out
 //!  live     what is inside now, for `/live` and `slotgate top`: requests, tenant totals, rates
 //!  config   flags, env and TOML → one validated `Config`; what llama-server was launched with
-//!  leaves   respond, dialect, json_edit, metrics, error
+//!  leaves   respond, dialect, json_edit, owner_only (files only slotgate's user may touch),
+//!           metrics, error
 //! ```
 //!
 //! Dependencies run one way, down that list: `fuzzing → cmd → app → admin → pipeline → server →
@@ -63,6 +64,7 @@ pub mod live;
 pub mod log;
 pub mod metrics;
 pub mod otel;
+pub mod owner_only;
 pub mod pipeline;
 pub mod policy;
 pub mod respond;

@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 use super::auth::Caller;
 use crate::config::AuditLog;
 use crate::metrics as m;
+use crate::owner_only::{self, FileError};
 
 /// The log target of audit lines on stderr.
 pub const TARGET: &str = "slotgate::audit";
@@ -23,18 +24,14 @@ const MAX_FIELD: usize = 200;
 /// The file audit lines are appended to, when one is configured.
 static FILE: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
 
-/// Opens the audit file, if one is configured (owner-only when created): a start fails when it
-/// cannot be opened, rather than run without its trail.
-pub fn open(log: &AuditLog) -> std::io::Result<()> {
+/// Opens the audit file, if one is configured: created 0600, an existing one made 0600, and one
+/// that is a link or another user's refused (`owner_only`). A start fails when it cannot be
+/// opened, rather than run without its trail.
+pub fn open(log: &AuditLog) -> Result<(), FileError> {
     let AuditLog::File(path) = log else {
         return Ok(());
     };
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)?;
+    let file = owner_only::open(path, std::fs::OpenOptions::new().create(true).append(true))?;
     let _ = FILE.set(Mutex::new(file));
     Ok(())
 }

@@ -12,6 +12,7 @@ use super::persist::Persister;
 use super::signal::Signals;
 use crate::config::{AdminAddr, Config, ListenAddr, StateBackend};
 use crate::fleet::Fleet;
+use crate::owner_only::FileError;
 use crate::policy::{PolicyLoadError, PolicySet};
 use crate::server::activation::{self, ActivationError};
 use crate::server::notify::{self, Notifier};
@@ -35,12 +36,28 @@ pub enum StartError {
     Policy(#[from] PolicyLoadError),
     #[error("invalid setting `state.redis-url`: {0}")]
     State(redis::RedisError),
-    #[error("audit-log: cannot open {0}: {1}")]
-    AuditLog(String, std::io::Error),
+    #[error("audit-log: {0}")]
+    AuditLog(FileError),
+    #[error("policy-cache-dir: {0}")]
+    PolicyCache(FileError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error("cannot start the thread that writes policy budgets: {0}")]
     Persister(std::io::Error),
+}
+
+impl StartError {
+    /// A path refused because another user could read or replace it: like an invalid setting,
+    /// the operator's to fix (exit 2), not a failure while running.
+    pub fn is_refusal(&self) -> bool {
+        use crate::store::StoreError;
+        matches!(
+            self,
+            StartError::AuditLog(FileError::Unsafe { .. })
+                | StartError::PolicyCache(FileError::Unsafe { .. })
+                | StartError::Store(StoreError::File(FileError::Unsafe { .. }))
+        )
+    }
 }
 
 /// What the start made, ready to serve.
@@ -76,14 +93,17 @@ pub(super) async fn bind(
         .filter(|_| notifier.is_enabled())
         .map(|every| tokio::spawn(notify::watchdog_loop(notifier.clone(), every)));
     // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
+    // Checked (made 0700) first, so a cache another user could write refuses the start as such.
+    if let Some(dir) = &config.policy_cache_dir {
+        crate::owner_only::dir(dir).map_err(StartError::PolicyCache)?;
+    }
     let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
     // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
     crate::app::memory::trim();
     let fleet = fleet(&config, &policies)?;
     let ledger = Arc::new(Ledger::new(config.state.usage_retention_days));
     let persister = state_on_disk(&config, &policies, &ledger)?;
-    crate::admin::audit::open(&config.admin.audit_log)
-        .map_err(|e| StartError::AuditLog(config.admin.audit_log.to_string(), e))?;
+    crate::admin::audit::open(&config.admin.audit_log).map_err(StartError::AuditLog)?;
     let app = Arc::new(App::new(config, prometheus, policies, fleet, ledger));
     // Bind everything first, so a bad address fails the start before anything is served. Sockets
     // inherited from systemd take the place of the configured ones (see `server::activation`).

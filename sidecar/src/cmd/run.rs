@@ -8,7 +8,8 @@ use tracing_subscriber::EnvFilter;
 
 use super::cli::ConfigArgs;
 use super::wrap::Wrap;
-use crate::config::{Config, LogFormat, Settings};
+use crate::config::{Config, LogFormat, Settings, UpstreamAddr};
+use crate::upstream::discover::{self, Found};
 
 /// Serves (or with `check`, validates) the configuration `args` give, with `wrapped`'s
 /// llama-server as the upstream when `slotgate wrap` started one.
@@ -24,12 +25,17 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
     let discovered = std::sync::Arc::new(std::sync::OnceLock::new());
     let found = discovered.clone();
     let load = move |args: ConfigArgs| {
-        load(args).map(|(mut config, set)| {
+        load(args).and_then(|(mut config, set)| {
             if let Some(up) = &upstream {
                 config.upstream = up.clone();
             } else if !set.upstream && !check {
                 let window = config.connect_timeout;
-                config.upstream = discovered.get_or_init(|| discover(window)).0.clone();
+                let found = discovered.get_or_init(|| discover(window));
+                config.upstream = found
+                    .as_ref()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .0
+                    .clone();
             }
             if let (Some(clients), false) = (&clients, set.listen) {
                 config.listen = clients.clone();
@@ -40,7 +46,7 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
                 }
                 config.launch = Some(launch.clone());
             }
-            config
+            Ok(config)
         })
     };
     let source = crate::app::reload::ConfigSource {
@@ -82,15 +88,12 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some((upstream, found)) = found.get() {
-        match found {
-            true => {
-                tracing::info!(%upstream, "no --upstream: llama-server answers here; forwarding to it")
-            }
-            false => {
-                tracing::warn!(%upstream, "no --upstream, and no llama-server answered on 127.0.0.1:9931 or 127.0.0.1:8080; forwarding to 8080, its default before 9931 (set --upstream to choose)")
-            }
+    if let Some(Ok((upstream, found))) = found.get() {
+        for s in &found.skipped {
+            tracing::warn!(port = %s.addr, "no --upstream: passed over {}: {} (set --upstream to choose)", s.addr, s.why);
         }
+        let (pid, uid) = (found.process.pid, found.process.uids.1);
+        tracing::info!(%upstream, pid, uid, "no --upstream: llama-server answers here, run by slotgate's user; forwarding to it");
     }
     let served = serve(config, source, wrapped);
     // What the exporter still holds goes out before the process ends.
@@ -105,7 +108,13 @@ pub fn run(args: ConfigArgs, wrapped: Option<Wrap>, check: bool) -> ExitCode {
             tracing::error!("{e:#}");
             // Lines are batched (see `log`): this one must be out before the process is.
             crate::log::flush();
-            ExitCode::FAILURE
+            let refused = e
+                .downcast_ref::<crate::app::StartError>()
+                .is_some_and(crate::app::StartError::is_refusal);
+            match refused {
+                true => ExitCode::from(2),
+                false => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -130,16 +139,11 @@ fn load(args: ConfigArgs) -> anyhow::Result<(Config, Set)> {
 }
 
 /// The llama-server on this host's default ports, 9931 first, else 8080 (its default until it
-/// moves), and whether one answered (logged once logging is up).
-fn discover(window: std::time::Duration) -> (crate::config::UpstreamAddr, bool) {
-    use crate::upstream::discover;
-    let candidates = discover::default_candidates();
-    let found = discover::find(&candidates, window);
-    let addr = found.unwrap_or(candidates[candidates.len() - 1]);
-    (
-        crate::config::UpstreamAddr::Tcp(addr.to_string()),
-        found.is_some(),
-    )
+/// moves), proven to be run by slotgate's user (logged once logging is up); else why not.
+fn discover(window: std::time::Duration) -> Result<(UpstreamAddr, Found), String> {
+    let found =
+        discover::find(&discover::default_candidates(), window).map_err(|e| e.to_string())?;
+    Ok((UpstreamAddr::Tcp(found.addr.to_string()), found))
 }
 
 fn serve(

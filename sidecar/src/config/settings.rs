@@ -56,8 +56,9 @@ pub struct Settings {
 
     /// The llama-server: `http://HOST:PORT` or `unix:/path/llama.sock`. Unset, the first of
     /// 127.0.0.1:9931 (llama-server's default port from the release that moves it) and
-    /// 127.0.0.1:8080 (its default before) that answers its `/health`, within --connect-timeout;
-    /// 8080 when neither does (`slotgate check` prints that). [default: http://127.0.0.1:8080]
+    /// 127.0.0.1:8080 (its default before) that the kernel shows is llama-server run by slotgate's
+    /// own user and answers its `/health`, within --connect-timeout; none: slotgate does not start
+    /// (`slotgate check` prints 8080). [default: http://127.0.0.1:8080]
     #[arg(long, env = "SLOTGATE_UPSTREAM", value_name = "URL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamAddr>,
@@ -134,7 +135,8 @@ pub struct Settings {
 
     /// Where the audit lines go (one for every admin call that changes something, and for each
     /// reload): `stderr`, with the log under the target `slotgate::audit`, or a file they are
-    /// appended to, one JSON object a line. [default: stderr]
+    /// appended to, one JSON object a line (made 0600; a link or another user's file is refused).
+    /// [default: stderr]
     #[arg(long, env = "SLOTGATE_AUDIT_LOG", value_name = "stderr|PATH")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit_log: Option<AuditLog>,
@@ -499,7 +501,8 @@ pub struct Settings {
     /// a directory, `auto` (systemd's `$STATE_DIRECTORY`, else a directory named after the first
     /// --listen address in `$XDG_STATE_HOME/slotgate` or `~/.local/state/slotgate`, so each
     /// instance on a host has its own) or `off` (memory only: a restart gives every tenant a full
-    /// budget). One slotgate per directory. TOML: `state.dir`. [default: auto]
+    /// budget). One slotgate per directory; made 0700 (state.redb 0600), and one that is a link,
+    /// another user's or writable by others is refused. TOML: `state.dir`. [default: auto]
     #[arg(long = "state-dir", env = "SLOTGATE_STATE_DIR", value_name = "auto|off|DIR")]
     #[serde(skip)]
     pub state_dir: Option<StateDir>,
@@ -555,7 +558,8 @@ pub struct Settings {
     pub policy_watch: Option<Dur>,
 
     /// Directory where compiled policy modules are kept across restarts (keyed by module hash and
-    /// engine). [default: off; modules are still cached in memory, so a reload only compiles what changed]
+    /// engine); made 0700, and one that is a link, another user's or writable by others is
+    /// refused. [default: off; modules are still cached in memory, so a reload only compiles what changed]
     #[arg(long, env = "SLOTGATE_POLICY_CACHE_DIR", value_name = "DIR")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_cache_dir: Option<PathBuf>,

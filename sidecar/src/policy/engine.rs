@@ -70,12 +70,9 @@ impl PolicyEngine {
         let mut cfg = config(limits);
         let disk_cache = match cache_dir {
             Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    wasmtime::Error::msg(format!(
-                        "creating the cache directory {}: {e}",
-                        dir.display()
-                    ))
-                })?;
+                // wasmtime loads native code from it: only slotgate's user may write there.
+                crate::owner_only::dir(dir)
+                    .map_err(|e| wasmtime::Error::msg(format!("policy-cache-dir: {e}")))?;
                 let mut cc = CacheConfig::new();
                 cc.with_directory(dir);
                 let cache = Cache::new(cc)?;

@@ -12,14 +12,28 @@ pub mod ledger;
 /// slotgate reads back is read once, at start (scripts/bench/store-choice/RESULTS.md).
 const CACHE_BYTES: usize = 4 << 20;
 
-/// Opens (or creates) the database file with slotgate's cache size.
-fn open_db(file: &Path) -> Result<Database, redb::DatabaseError> {
+/// Opens (or creates, 0600) the database file, never through a link (see `owner_only`).
+fn open_file(file: &Path) -> Result<std::fs::File, FileError> {
+    owner_only::open(
+        file,
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+    )
+}
+
+/// The database in `file`, with slotgate's cache size.
+fn open_db(file: std::fs::File) -> Result<Database, redb::DatabaseError> {
     redb::Builder::new()
         .set_cache_size(CACHE_BYTES)
-        .create(file)
+        .create_file(file)
 }
 
 use redb::{Database, ReadableTable, TableDefinition};
+
+use crate::owner_only::{self, FileError};
 
 /// The database file in `state.dir`.
 pub const FILE: &str = "state.redb";
@@ -40,6 +54,9 @@ const LIMITS: TableDefinition<(&str, &str, &str), f64> = TableDefinition::new("q
 pub enum StoreError {
     #[error("state.dir {dir}: {reason}")]
     Dir { dir: PathBuf, reason: String },
+    /// Another user could read or replace it.
+    #[error("state.dir: {0}")]
+    File(FileError),
     #[error("{0} is open in another slotgate: give each its own state.dir")]
     InUse(PathBuf),
     #[error(
@@ -87,26 +104,27 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (or creates, owner-only) the database in `dir`, checking it is slotgate's.
+    /// Opens (or creates, owner-only) the database in `dir`, checking it is slotgate's: the
+    /// directory and the file another user could read or replace are refused (`owner_only`).
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let dir_err = |reason: String| StoreError::Dir {
             dir: dir.to_owned(),
             reason,
         };
-        if !dir.exists() {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| dir_err(format!("cannot create it: {e}")))?;
-        }
+        owner_only::dir(dir).map_err(|e| match e {
+            FileError::Io { error, .. } => dir_err(format!("cannot create it: {error}")),
+            e => StoreError::File(e),
+        })?;
         let file = dir.join(FILE);
         let unreadable = |reason: String| StoreError::Unreadable {
             file: file.clone(),
             reason,
         };
-        let db = match open_db(&file) {
+        let opened = open_file(&file).map_err(|e| match e {
+            FileError::Io { error, .. } => dir_err(format!("cannot open {FILE}: {error}")),
+            e => StoreError::File(e),
+        })?;
+        let db = match open_db(opened) {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Err(StoreError::InUse(file)),
             // redb says of a file that is not one of its databases: invalid data.
@@ -242,7 +260,8 @@ impl Store {
         if self.stale.load(Ordering::Relaxed) || guard.is_none() {
             // Closed first: redb allows one open handle to a file.
             drop(guard.take());
-            *guard = Some(open_db(&self.file).map_err(|e| self.write_err(e))?);
+            let file = open_file(&self.file).map_err(|e| self.write_err(e))?;
+            *guard = Some(open_db(file).map_err(|e| self.write_err(e))?);
             self.stale.store(false, Ordering::Relaxed);
         }
         let db = guard.as_ref().ok_or_else(|| self.write_err("not open"))?;

@@ -388,6 +388,7 @@ async fn assert_refused(
     let out = Gate::new()
         .listen_unix(&sock)
         .config_file(&config)
+        .upstream_url("http://127.0.0.1:1")
         .run_to_exit(LOAD_BOUND)
         .await;
     assert!(

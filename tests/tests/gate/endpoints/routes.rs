@@ -119,44 +119,6 @@ async fn client_admin_routes_forward_the_groups_named_and_no_other() {
     gate.assert_settled(&up, 1).await;
 }
 
-/// Without `--upstream`, slotgate finds llama-server on its new default port, 9931, before 8080.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn without_an_upstream_llama_server_is_found_on_9931() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:9931")
-        .expect("port 9931 (llama-server's new default) must be free for this test");
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut c in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = c.read(&mut buf);
-            let body = r#"{"status":"ok"}"#;
-            let _ = write!(
-                c,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    let gate = Gate::new().no_wait_ready().start().await;
-    let st = gate
-        .wait_status(Duration::from_secs(10), "an upstream", |s| {
-            s["upstream"]["target"].is_string()
-        })
-        .await;
-    assert!(
-        st["upstream"]["target"]
-            .as_str()
-            .unwrap()
-            .contains("127.0.0.1:9931"),
-        "{st}"
-    );
-    assert!(
-        gate.stderr_text().contains("llama-server answers here"),
-        "{}",
-        gate.stderr_text()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn host_endpoints_are_refused_unless_the_operator_enables_them() {
     let (up, gate) = Gate::new().start_instant().await;
