@@ -328,6 +328,22 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
         !ok && err.contains("expected hour, day, week or month"),
         "{err}"
     );
+    // So is a zone the time zone database does not know: the caller's mistake, a 400.
+    let (ok, _, err) = cli(
+        &first,
+        &token,
+        &[
+            "quota",
+            "reset",
+            "--policy",
+            "quota",
+            "--key",
+            &key,
+            "--period",
+            "day@Mars/Olympus_Mons",
+        ],
+    );
+    assert!(!ok && err.contains("answered 400"), "{err}");
 
     // The ledger: three requests reached the fake (the refused one did not), 7 tokens out each.
     first.assert_settled(&up, 1).await;
@@ -368,6 +384,7 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
             ("quota_set".into(), "ok".into()),
             ("quota_top_up".into(), "ok".into()),
             ("quota_reset".into(), "ok".into()),
+            ("quota_reset".into(), "bad_request".into()),
             ("quota_reset".into(), "bad_request".into()),
         ],
         "{text}"
