@@ -11,12 +11,21 @@ which loses none of them.
 usage: results.py REPORT.xml [LOG_DIR]
 """
 import hashlib
+import json
 import os
 import re
 import sys
 import xml.etree.ElementTree as ET
 
-ACCESS = re.compile(r"slotgate::access: request outcome=\S+ status=(\d+) method=\S+ path=(\S+)")
+# A value is bare, or a JSON string when it holds a space, a quote or a control character
+# (docs/observability.md#logs).
+ACCESS = re.compile(
+    r'slotgate::access: request outcome=\S+ status=(\d+) method=\S+ path=("(?:[^"\\]|\\.)*"|\S+)'
+)
+
+
+def unquoted(value):
+    return json.loads(value) if value.startswith('"') else value
 
 
 def main():
@@ -39,7 +48,7 @@ def main():
             if os.path.exists(kept):
                 with open(kept, errors="replace") as f:
                     output += f.read()
-        answered = ACCESS.findall(output)
+        answered = [(status, unquoted(path)) for status, path in ACCESS.findall(output)]
         refused = sorted({path for status, path in answered if status == "403"})
         paths = sorted({path for _, path in answered})
         print(f"{outcome}\t{node}\t{','.join(refused)}\t{','.join(paths)}")

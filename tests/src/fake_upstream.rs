@@ -8,6 +8,7 @@
 //! - `fake_split_events: true`: each content event of a stream is sent in two halves, the chunk
 //!   delay between them rather than between events (a reader then mostly finds it mid-event);
 //! - `fake_prompt_tokens` / `fake_completion_tokens`: the `usage` reported (defaults 10 / chunk count or 5).
+//! - `fake_model`: the `model` a non-stream answer names (default `fake`).
 //! - `fake_usage: "timings"`: report those counts only as llama-server's `timings` (`prompt_n`,
 //!   `cache_n`, `predicted_n`), with no `usage`, the way llama-server ends a stream whose client did not
 //!   ask for `stream_options.include_usage`; `fake_cached_tokens` of the prompt tokens (default 0) are
@@ -973,6 +974,9 @@ async fn generate(
                "choices": [{"index": 0, "finish_reason": "stop", "text": cfg.chunks.concat()}],
                "fake_tag": tag})
     };
+    if let Some(model) = body.get("fake_model") {
+        answer["model"] = model.clone();
+    }
     Report::of(&body).add_to(&mut answer, prompt_tokens, completion_tokens);
     state.add_usage(prompt_tokens, completion_tokens);
     json_response(StatusCode::OK, answer.to_string(), Some(guard))

@@ -2,11 +2,13 @@
 //! per UTC day, tenant and model) over a range of days, as JSON or CSV.
 //!
 //! `?from=YYYY-MM-DD&to=YYYY-MM-DD` (both included; by default the last 30 days to today),
-//! `&tenant=T`, `&model=M`, `&format=csv` (or `Accept: text/csv`).
+//! `&tenant=T`, `&model=M`, `&format=csv` (or `Accept: text/csv`). The names in a CSV are a
+//! client's: each cell is made safe to open (`log::shown::csv_cell`: no formula, one row a line).
 
 use http::{header, HeaderMap, HeaderValue, Response};
 use serde_json::json;
 
+use crate::log::shown::csv_cell;
 use crate::policy::state::wall_ms;
 use crate::respond::{self, Body};
 use crate::state::App;
@@ -57,8 +59,8 @@ pub fn usage(app: &App, query: Option<&str>, headers: &HeaderMap) -> Response<Bo
             out.push_str(&format!(
                 "{},{},{},{},{},{}\n",
                 date(*day),
-                csv_field(t),
-                csv_field(m),
+                csv_cell(t),
+                csv_cell(m),
                 u.requests,
                 u.prompt_tokens,
                 u.completion_tokens
@@ -116,15 +118,6 @@ fn date(day: u32) -> String {
     jiff::Timestamp::from_second(i64::from(day) * 86_400)
         .map(|t| t.strftime("%Y-%m-%d").to_string())
         .unwrap_or_default()
-}
-
-/// A CSV field, quoted when it holds a comma, a quote or a line break.
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_owned()
-    }
 }
 
 fn bad(message: &str) -> Response<Body> {

@@ -1,6 +1,7 @@
 //! `slotgate quota …` and `slotgate usage`: the quota admin API and the usage ledger of a running
 //! slotgate (docs/quotas.md), from its admin listener. Changes need the admin token; reading, the
-//! read-only one will do.
+//! read-only one will do. Tenants, models and keys are clients' text: every table shows them
+//! through `log::shown`, so none of them reaches the operator's terminal as a control sequence.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
 use super::admin_client::{AdminArgs, Target};
+use crate::log::shown::shown;
 
 /// How long one call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -158,9 +160,9 @@ pub fn usage(args: UsageArgs) -> ExitCode {
         for r in v["rows"].as_array().into_iter().flatten() {
             out.push_str(&format!(
                 "{:<10}  {:<24}  {:<16}  {:>9}  {:>12}  {:>12}\n",
-                r["day"].as_str().unwrap_or(""),
-                r["tenant"].as_str().unwrap_or(""),
-                r["model"].as_str().unwrap_or(""),
+                text(&r["day"]),
+                text(&r["tenant"]),
+                text(&r["model"]),
                 r["requests"],
                 r["prompt_tokens"],
                 r["completion_tokens"]
@@ -187,9 +189,9 @@ fn change(t: &QuotaTarget, path: &str, mut body: Value) -> ExitCode {
         |v| {
             format!(
                 "{} {} ({}): {} left of {}",
-                v["policy"].as_str().unwrap_or(""),
-                v["key"].as_str().unwrap_or(""),
-                v["period"].as_str().unwrap_or(""),
+                text(&v["policy"]),
+                text(&v["key"]),
+                text(&v["period"]),
                 number(&v["left"], "all (not used this window)"),
                 number(&v["limit"], "the policy's limit")
             )
@@ -205,18 +207,23 @@ fn table(v: &Value) -> String {
     for q in v["quotas"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "{:<12}  {:<32}  {:<18}  {:>12}  {:>12}  {:>12}  {:<20}  {}\n",
-            q["policy"].as_str().unwrap_or(""),
-            q["key"].as_str().unwrap_or(""),
-            q["period"].as_str().unwrap_or(""),
+            text(&q["policy"]),
+            text(&q["key"]),
+            text(&q["period"]),
             number(&q["limit"], "-"),
             number(&q["used"], "-"),
             number(&q["left"], "-"),
-            q["window_end"].as_str().unwrap_or(""),
-            q["limit_set_by"].as_str().unwrap_or("")
+            text(&q["window_end"]),
+            text(&q["limit_set_by"])
         ));
     }
     out.push_str(&format!("{} quotas", v["count"]));
     out
+}
+
+/// A string of the answer as a table shows it: control characters escaped.
+fn text(v: &Value) -> std::borrow::Cow<'_, str> {
+    shown(v.as_str().unwrap_or(""))
 }
 
 fn number(v: &Value, none: &str) -> String {
@@ -261,11 +268,14 @@ fn call(
     }
 }
 
-/// A call whose body is printed as it came (CSV).
+/// A call whose body is printed line by line as it came (CSV), but for control characters,
+/// which slotgate's CSV never holds.
 fn raw(admin: &AdminArgs, path: &str) -> ExitCode {
     match answer(admin, http::Method::GET, path, None) {
         Ok(bytes) => {
-            print!("{}", String::from_utf8_lossy(&bytes));
+            for line in String::from_utf8_lossy(&bytes).lines() {
+                println!("{}", shown(line));
+            }
             ExitCode::SUCCESS
         }
         Err((code, e)) => {
@@ -308,7 +318,7 @@ fn answer(
     };
     Err((
         ExitCode::FAILURE,
-        format!("{path} answered {status}: {message}{hint}"),
+        format!("{path} answered {status}: {}{hint}", shown(&message)),
     ))
 }
 

@@ -5,6 +5,7 @@
 //! Needs only Rust: the built `slotgate` binary and the Rust example policies
 //! (`scripts/build-policies.sh`). Part of the fast tier (`scripts/test.sh fast`).
 
+mod access_line;
 mod admin_plane;
 mod admission;
 mod bad_input;

@@ -328,6 +328,22 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
         !ok && err.contains("expected hour, day, week or month"),
         "{err}"
     );
+    // So is a zone the time zone database does not know: the caller's mistake, a 400.
+    let (ok, _, err) = cli(
+        &first,
+        &token,
+        &[
+            "quota",
+            "reset",
+            "--policy",
+            "quota",
+            "--key",
+            &key,
+            "--period",
+            "day@Mars/Olympus_Mons",
+        ],
+    );
+    assert!(!ok && err.contains("answered 400"), "{err}");
 
     // The ledger: three requests reached the fake (the refused one did not), 7 tokens out each.
     first.assert_settled(&up, 1).await;
@@ -368,6 +384,7 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
             ("quota_set".into(), "ok".into()),
             ("quota_top_up".into(), "ok".into()),
             ("quota_reset".into(), "ok".into()),
+            ("quota_reset".into(), "bad_request".into()),
             ("quota_reset".into(), "bad_request".into()),
         ],
         "{text}"
@@ -476,4 +493,66 @@ async fn a_queue_refusal_after_the_quota_carries_the_allowance() {
     );
     assert_eq!(holder.await.unwrap().status, 200);
     gate.assert_settled(&up, 1).await;
+}
+
+/// A model name is the client's text: `slotgate usage` prints its control characters as escapes,
+/// and the ledger's CSV (from the CLI and from `GET /usage`) neither holds them nor starts a
+/// spreadsheet formula (issue 46).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn usage_shows_a_clients_model_name_without_its_escapes_or_formulas() {
+    const ESCAPES: &str = "\u{1b}[2J\u{1b}]0;pwned\u{7}evil";
+    const FORMULA: &str = "=HYPERLINK(\"http://x\",\"y\")";
+    let dir = unique_dir("usage-hostile");
+    let token = dir.join("admin.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let up = FakeUpstream::instant().start().await;
+    let gate = Gate::new()
+        .opt("--state-dir", dir.join("state").display())
+        .admin_token(TOKEN)
+        .upstream(&up)
+        .start()
+        .await;
+    // llama-server names the model it served as asked (the fake as `fake_model` says).
+    for (tag, model) in [("escapes", ESCAPES), ("formula", FORMULA)] {
+        let req = Req::chat(tag).set("model", model).set("fake_model", model);
+        let resp = gate.client().post_chat(&req).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    gate.assert_settled(&up, 1).await;
+    let usage: serde_json::Value =
+        serde_json::from_str(&gate.admin_get("/usage").await.body).unwrap();
+    let models: Vec<&str> = usage["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["model"].as_str())
+        .collect();
+    assert!(
+        models.contains(&ESCAPES) && models.contains(&FORMULA),
+        "both booked as sent: {usage}"
+    );
+
+    let (ok, table, err) = cli(&gate, &token, &["usage"]);
+    assert!(ok, "{err}");
+    assert!(!table.contains(['\u{1b}', '\u{7}']), "{table:?}");
+    assert!(
+        table.contains(r"\u{1b}[2J\u{1b}]0;pwned\u{7}evil"),
+        "{table}"
+    );
+
+    let served = gate.admin_get("/usage?format=csv").await.body;
+    let (ok, csv, err) = cli(&gate, &token, &["usage", "--csv"]);
+    assert!(ok, "{err}");
+    for csv in [&served, &csv] {
+        assert!(!csv.contains(['\u{1b}', '\u{7}']), "{csv:?}");
+        assert!(csv.contains(r"\u{1b}[2J\u{1b}]0;pwned\u{7}evil"), "{csv}");
+        // Quoted for its commas and quotes, and made text by a leading `'`.
+        assert!(
+            csv.contains(r#","'=HYPERLINK(""http://x"",""y"")","#),
+            "{csv}"
+        );
+        for line in csv.lines() {
+            assert!(!line.contains(",=") && !line.contains(",\"="), "{line}");
+        }
+    }
 }

@@ -22,6 +22,11 @@ fn cache_dir() -> String {
 /// `slotgate policy eval` of `component` on a chat request, with a secret in slotgate's own
 /// environment: the decision, or the error.
 fn eval(component: &Path) -> Result<Value, String> {
+    eval_with(component, &[])
+}
+
+/// [`eval`] with more arguments for `slotgate policy eval`.
+fn eval_with(component: &Path, more: &[&str]) -> Result<Value, String> {
     let dir = unique_dir("hostile-guest");
     let input = dir.join("input.json");
     // The model that turns `spin` and `memory_bomb` hostile (the others ignore it).
@@ -41,6 +46,7 @@ fn eval(component: &Path) -> Result<Value, String> {
             "--cache-dir",
             &cache_dir(),
         ])
+        .args(more)
         .env("SLOTGATE_TEST_SECRET", "do-not-leak")
         .output()
         .unwrap();
@@ -79,6 +85,17 @@ fn a_python_policy_finds_no_file_socket_or_environment_and_is_bounded() {
     );
     let bomb = eval(&wat::built("hostile-py-memory-bomb")).unwrap_err();
     assert!(bomb.contains("(memory)"), "{bomb}");
+
+    // `sys.exit` tears the interpreter down first, which spends the default fuel (docs/policies.md);
+    // given ten times the fuel it reaches `wasi:cli/exit`, a trap.
+    let exit = wat::built("hostile-py-exit");
+    let spent = eval(&exit).unwrap_err();
+    assert!(spent.contains("(fuel)"), "{spent}");
+    let exited = eval_with(&exit, &["--fuel", "100000000", "--deadline", "5s"]).unwrap_err();
+    assert!(
+        exited.contains("(trap)") && exited.contains("Exited with i32 exit status"),
+        "{exited}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

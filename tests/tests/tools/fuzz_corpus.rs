@@ -48,3 +48,8 @@ fn policy_output_corpus() {
 fn config_corpus() {
     replay("config", slotgate::fuzzing::config);
 }
+
+#[test]
+fn access_line_corpus() {
+    replay("access_line", slotgate::fuzzing::access_line);
+}

@@ -9,6 +9,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use ratatui::Frame;
 
+use crate::log::shown::shown as escaped;
+
 use super::model::{model_state, LlamaSlot, ModelPool, Picture, Request, Tenant, Waiter};
 
 /// Which table the sort keys act on.
@@ -205,9 +207,11 @@ pub fn sparkline(values: &[u64], width: usize) -> String {
         .collect()
 }
 
+/// A client's text in a cell: control characters escaped (`log::shown`), cut to `width`.
 fn cut(s: &str, width: usize) -> String {
+    let s = escaped(s);
     if s.chars().count() <= width {
-        return s.to_owned();
+        return s.into_owned();
     }
     let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
     out.push('…');

@@ -29,6 +29,9 @@ use crate::policy::module::{parse_decision, settings_verdict, MIN_WEIGHT};
 use crate::policy::{EvalError, LoadError};
 use crate::respond::BodyError;
 
+mod access_line;
+pub use access_line::access_line;
+
 /// Endpoints the `summary` target picks from (its first byte): slot routes of several dialects and
 /// passthroughs, POST and GET.
 const SUMMARY_ROUTES: [(&str, &str); 8] = [
