@@ -37,6 +37,8 @@ struct State {
     blocked: Notify,
     stalled: AtomicBool,
     unread_body: AtomicBool,
+    /// The client has sent a byte.
+    heard: AtomicBool,
 }
 
 impl Default for WriteWatch {
@@ -54,6 +56,7 @@ impl WriteWatch {
                 blocked: Notify::new(),
                 stalled: AtomicBool::new(false),
                 unread_body: AtomicBool::new(false),
+                heard: AtomicBool::new(false),
             }),
         }
     }
@@ -116,17 +119,28 @@ impl WriteWatch {
     pub fn has_unread_body(&self) -> bool {
         self.inner.unread_body.load(Ordering::Relaxed)
     }
+
+    /// The client has sent at least one byte.
+    pub fn heard(&self) -> bool {
+        self.inner.heard.load(Ordering::Relaxed)
+    }
 }
 
 /// A client stream whose writes report to a [`WriteWatch`].
 pub struct Watched<S> {
     stream: S,
     watch: WriteWatch,
+    /// `watch.heard()`, kept here so later reads touch nothing shared.
+    heard: bool,
 }
 
 impl<S> Watched<S> {
     pub fn new(stream: S, watch: WriteWatch) -> Self {
-        Watched { stream, watch }
+        Watched {
+            stream,
+            watch,
+            heard: false,
+        }
     }
 
     pub fn into_inner(self) -> S {
@@ -153,7 +167,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if !self.heard && buf.filled().len() > before {
+            self.heard = true;
+            self.watch.inner.heard.store(true, Ordering::Relaxed);
+        }
+        polled
     }
 }
 

@@ -8,6 +8,7 @@ mod fault_clients;
 mod fault_self;
 mod fd_exhaustion;
 mod midstream_disconnect;
+mod probes_under_flood;
 mod queued_disconnect;
 mod socket_safety;
 mod stall_guards;
