@@ -344,8 +344,8 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
 
-    /// The most of --max-connections one peer holds (a TCP client's address, a Unix client's uid;
-    /// loopback included); past it, its connections get only health probes answered and any other
+    /// The most of --max-connections one peer holds (a TCP client's address, an IPv6 client's /64,
+    /// a Unix client's uid; loopback included); past it, its connections get only health probes answered and any other
     /// request 429 `too_many_connections`. The admin listener's is the smaller of this and 16
     /// (docs/failure.md#connection-limits). [default: 256]
     #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS_PER_PEER", value_name = "N")]

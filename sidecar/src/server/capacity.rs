@@ -38,7 +38,8 @@ pub const SILENT_GRACE: Duration = Duration::from_millis(100);
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// Who a connection is from, for the per-peer cap: the address on TCP (each IPv4 address, each
-/// IPv6 address), the uid on a Unix socket. Loopback peers are peers like any other.
+/// IPv6 /64, the least a host is given), the uid on a Unix socket. Loopback peers are peers like
+/// any other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PeerKey {
     Ip(IpAddr),
@@ -49,7 +50,10 @@ pub enum PeerKey {
 
 impl PeerKey {
     pub fn ip(ip: IpAddr) -> Self {
-        PeerKey::Ip(ip.to_canonical())
+        PeerKey::Ip(match ip.to_canonical() {
+            IpAddr::V6(v6) => IpAddr::V6((v6.to_bits() & !u128::from(u64::MAX)).into()),
+            v4 => v4,
+        })
     }
 }
 
@@ -465,6 +469,15 @@ mod tests {
             per_peer,
             probes: &["/livez"],
         })
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_its_64_and_a_mapped_ipv4_its_address() {
+        let ip = |s: &str| PeerKey::ip(s.parse().unwrap());
+        assert_eq!(ip("2001:db8:1:2::1"), ip("2001:db8:1:2:ffff::9"));
+        assert_ne!(ip("2001:db8:1:2::1"), ip("2001:db8:1:3::1"));
+        assert_eq!(ip("::ffff:10.0.0.7"), ip("10.0.0.7"));
+        assert_eq!(ip("2001:db8:1:2::1").to_string(), "2001:db8:1:2::");
     }
 
     const A: PeerKey = PeerKey::Uid(1);

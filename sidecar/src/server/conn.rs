@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -179,13 +178,10 @@ impl Conn {
         }
         let watch = WriteWatch::new();
         let io = TokioIo::new(Watched::new(stream, watch.clone()));
-        // Set once a request head is in: a header timeout before it is a slow head, after it an
-        // idle keep-alive connection closed as usual.
-        let headed = Arc::new(AtomicBool::new(false));
         let svc = {
-            let (watch, headed) = (watch.clone(), headed.clone());
+            let watch = watch.clone();
             service_fn(move |mut req: Request<Incoming>| {
-                headed.store(true, Ordering::Relaxed);
+                watch.mark_headed();
                 req.extensions_mut().insert(watch.clone());
                 if let Some(addr) = addr {
                     req.extensions_mut().insert(addr);
@@ -261,7 +257,7 @@ impl Conn {
         };
         let slow_head = result
             .as_ref()
-            .is_err_and(|e| e.is_timeout() && !headed.load(Ordering::Relaxed));
+            .is_err_and(|e| e.is_timeout() && !watch.headed());
         if let Err(e) = &result {
             tracing::debug!(error = %e, peer_uid = ?peer.map(|p| p.uid), "connection ended with an error");
         }

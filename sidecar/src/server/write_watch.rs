@@ -6,8 +6,9 @@
 //! wraps the client's stream and notes when writing became blocked; `stalled` resolves once it has
 //! stayed blocked for the whole stall timeout. A reader that keeps taking bytes, however slowly,
 //! frees buffer space and unblocks writing before that, so it is never cut. The same handle carries
-//! two facts the connection needs at its end: whether it was cut for a stall, and whether a request
-//! body was left unread (then the connection closes lingering, so the client can read the answer).
+//! the facts the connection needs at its end: whether it was cut for a stall, whether a request
+//! body was left unread (then the connection closes lingering, so the client can read the answer),
+//! and whether the client sent anything, or a whole head (for the connection limits).
 
 use std::io;
 use std::pin::Pin;
@@ -39,6 +40,8 @@ struct State {
     unread_body: AtomicBool,
     /// The client has sent a byte.
     heard: AtomicBool,
+    /// A whole request head has come.
+    headed: AtomicBool,
 }
 
 impl Default for WriteWatch {
@@ -57,6 +60,7 @@ impl WriteWatch {
                 stalled: AtomicBool::new(false),
                 unread_body: AtomicBool::new(false),
                 heard: AtomicBool::new(false),
+                headed: AtomicBool::new(false),
             }),
         }
     }
@@ -123,6 +127,18 @@ impl WriteWatch {
     /// The client has sent at least one byte.
     pub fn heard(&self) -> bool {
         self.inner.heard.load(Ordering::Relaxed)
+    }
+
+    /// A whole request head has come.
+    pub fn mark_headed(&self) {
+        if !self.headed() {
+            self.inner.headed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether one has: a header timeout before it is a slow head, after it an idle keep-alive.
+    pub fn headed(&self) -> bool {
+        self.inner.headed.load(Ordering::Relaxed)
     }
 }
 
