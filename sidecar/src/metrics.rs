@@ -64,6 +64,7 @@ pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
 pub const STATE_LEASE_TOKENS: &str = "slotgate_state_lease_tokens";
 pub const CALLERS_REFUSED_TOTAL: &str = "slotgate_callers_refused_total";
 pub const STATE_EVICTED_TOTAL: &str = "slotgate_state_evicted_total";
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "slotgate_connections_refused_total";
 
 /// Seconds of one round trip to the state store: a Unix socket's tens of microseconds to a remote
 /// store's milliseconds, and the fetch timeout.
@@ -277,6 +278,10 @@ const HELP: &[Help] = &[
     counter(
         BAND_REFUSED_TOTAL,
         "Requests of this overload band refused at arrival (band_queue_full: its share of the queue was full).",
+    ),
+    counter(
+        CONNECTIONS_REFUSED_TOTAL,
+        "Connections closed by a connection limit, by listener (client, admin) and reason: peer_cap (a request other than a probe from a peer holding --max-connections-per-peer; answered 429), header_timeout (the first request head not in within the header deadline), evicted (a connection past the limits still sending its head, or waiting for a place, closed for a newer one).",
     ),
     counter(
         SHED_TOTAL,

@@ -22,6 +22,7 @@
 //! - [`soak`]: long mixed traffic against a real llama-server, with RSS, fds and invariants.
 //! - [`systemd`]: a notify socket, sockets handed over as systemd does, the example units verified.
 //! - [`tmux`]: a terminal of a given size for `slotgate top`: keys in, the screen out as text.
+//! - [`flood`]: a slow-loris flood on its own thread and runtime, and a kubelet-like probe.
 //! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
 
 pub mod agents;
@@ -29,6 +30,7 @@ pub mod budget;
 pub mod client;
 pub mod errors;
 pub mod fake_upstream;
+pub mod flood;
 pub mod gate;
 pub mod kube;
 pub mod litellm;

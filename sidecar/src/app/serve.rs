@@ -12,14 +12,20 @@ use super::bind::Bound;
 use super::persist::Persister;
 use super::reload::ConfigSource;
 use super::signal::Signals;
+use crate::server::capacity::{Capacity, Limits};
 use crate::server::conn::LINGER_EXTRA_BYTES;
 use crate::server::notify::Notifier;
 use crate::server::{self, Listener, ServeOpts};
 use crate::state::App;
 use crate::{admin, pipeline};
 
-/// Connections the admin listener serves at once.
+/// Connections the admin listener serves at once (its spare lane aside).
 const ADMIN_CONNECTIONS: usize = 64;
+/// The most of them one peer holds on the admin listener (less when --max-connections-per-peer is).
+const ADMIN_CONNECTIONS_PER_PEER: usize = 16;
+/// What the spare lane answers past the connection limits, on each listener.
+const CLIENT_PROBES: &[&str] = &["/health", "/v1/health"];
+const ADMIN_PROBES: &[&str] = &["/livez", "/readyz"];
 
 /// What is running, for the drain to stop.
 pub(super) struct Serving {
@@ -46,9 +52,15 @@ pub(super) fn serve(b: Bound, source: ConfigSource, workers: &[Handle]) -> Servi
     let cfg = &app.config;
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
-    let conns = Arc::new(Semaphore::new(cfg.max_connections));
+    let capacity = Capacity::new(Limits {
+        listener: "client",
+        connections: cfg.max_connections,
+        per_peer: cfg.max_connections_per_peer,
+        probes: CLIENT_PROBES,
+    });
+    let conns = capacity.connections();
     let opts = ServeOpts {
-        conns: conns.clone(),
+        capacity,
         stop: stop_rx,
         header_timeout: cfg.header_timeout,
         stall_timeout: cfg.client_stall_timeout,
@@ -132,8 +144,14 @@ fn serve_admin(app: &Arc<App>, listener: Listener, stop: watch::Receiver<bool>) 
     warn_if_open(app, &listener);
     let app = app.clone();
     let cfg = &app.config;
+    let capacity = Capacity::new(Limits {
+        listener: "admin",
+        connections: ADMIN_CONNECTIONS,
+        per_peer: cfg.max_connections_per_peer.min(ADMIN_CONNECTIONS_PER_PEER),
+        probes: ADMIN_PROBES,
+    });
     let opts = ServeOpts {
-        conns: Arc::new(Semaphore::new(ADMIN_CONNECTIONS)),
+        capacity,
         stop,
         header_timeout: cfg.header_timeout,
         stall_timeout: cfg.client_stall_timeout,

@@ -129,6 +129,8 @@ pub struct Config {
     /// The status of an overload refusal on the Messages API (Anthropic's 529, or 429 or 503).
     pub messages_overload_status: u16,
     pub max_connections: usize,
+    /// The most of `max_connections` one peer (address or uid) holds.
+    pub max_connections_per_peer: usize,
     pub drain_timeout: Duration,
     pub health_interval: Duration,
     /// `wrap`: failed starts in a row before giving up (0: never).
@@ -250,6 +252,7 @@ key_table! {
         policy_denial_status: Plain = 429, unless |s| !(400..=499).contains(s)
             => format!("{s} is not a client-error status (400 to 499)");
         max_connections: Plain = 1024, unless |n| *n == 0 => "must be at least 1";
+        max_connections_per_peer: Plain = 256, unless |n| *n == 0 => "must be at least 1";
         drain_timeout: Time = secs(30);
         health_interval: Positive = secs(1);
         connect_timeout: Positive = secs(2);

@@ -340,10 +340,19 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub messages_overload_status: Option<u16>,
 
-    /// Open client connections across all listeners; further ones wait in the kernel backlog. [default: 1024]
+    /// Open client connections across all listeners; past it, a connection is read briefly: a
+    /// health probe (/health) is answered, any other request waits for a place. [default: 1024]
     #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS", value_name = "N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
+
+    /// The most of --max-connections one peer holds (a TCP client's address, an IPv6 client's /64,
+    /// a Unix client's uid; loopback included); past it, its connections get only health probes answered and any other
+    /// request 429 `too_many_connections`. The admin listener's is the smaller of this and 16
+    /// (docs/failure.md#connection-limits). [default: 256]
+    #[arg(long, env = "SLOTGATE_MAX_CONNECTIONS_PER_PEER", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_peer: Option<usize>,
 
     /// On SIGTERM/SIGINT, how long in-flight responses may keep streaming. [default: 30s]
     #[arg(long, env = "SLOTGATE_DRAIN_TIMEOUT", value_name = "DURATION")]

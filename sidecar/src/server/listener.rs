@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use slotgate_sdk::Peer;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
+use super::capacity::PeerKey;
 use crate::config::ListenAddr;
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +60,18 @@ impl SharedListener {
 pub enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
+}
+
+impl Stream {
+    /// Who the connection is from, for the per-peer cap: the address on TCP, the uid on Unix.
+    pub fn peer_key(&self, peer: Option<Peer>) -> PeerKey {
+        match self {
+            Stream::Unix(_) => peer.map_or(PeerKey::Unknown, |p| PeerKey::Uid(p.uid)),
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map_or(PeerKey::Unknown, |a| PeerKey::ip(a.ip())),
+        }
+    }
 }
 
 impl Listener {

@@ -1,8 +1,10 @@
-//! Servers: accept loops that cap open connections, back off when the process runs out of file
+//! Servers: accept loops that give each connection its lane (`capacity`: the cap, each peer's share,
+//! the spare lane that keeps probes answered), back off when the process runs out of file
 //! descriptors, and stop accepting (dropping, and so unlinking, their sockets) on shutdown.
 //! `activation` takes the sockets systemd passed (never unlinked); `notify` tells systemd how we are.
 
 pub mod activation;
+pub mod capacity;
 pub mod conn;
 pub mod listener;
 pub mod notify;
@@ -15,9 +17,10 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use slotgate_sdk::Peer;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::respond::Body;
+use capacity::Capacity;
 pub use listener::{BindError, Listener, SharedListener};
 
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
@@ -26,8 +29,8 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// What every connection of one server shares.
 #[derive(Clone)]
 pub struct ServeOpts {
-    /// One permit per open connection; when none is left, new connections wait in the kernel backlog.
-    pub conns: Arc<Semaphore>,
+    /// The caps, and the spare lane past them (shared by every accept loop of the listener).
+    pub capacity: Arc<Capacity>,
     /// Flips to `true` once: stop accepting, finish the request in progress, close.
     pub stop: watch::Receiver<bool>,
     pub header_timeout: Duration,
@@ -56,10 +59,6 @@ where
     let mut stop = opts.stop.clone();
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
-        let permit = tokio::select! {
-            p = opts.conns.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = stopped(&mut stop) => break,
-        };
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = stopped(&mut stop) => break,
@@ -67,17 +66,22 @@ where
         match accepted {
             Ok((stream, peer)) => {
                 backoff = ACCEPT_BACKOFF_MIN;
+                let key = stream.peer_key(peer);
+                let lane = tokio::select! {
+                    lane = opts.capacity.admit(key) => lane,
+                    _ = stopped(&mut stop) => break,
+                };
                 tokio::spawn(conn::serve(
                     stream,
                     peer,
+                    key,
                     handler.clone(),
-                    permit,
+                    lane,
                     opts.clone(),
                 ));
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 tracing::warn!(listener = %name, error = %e, backoff_ms = backoff.as_millis() as u64, "accept failed; backing off");
-                drop(permit);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
             }

@@ -6,8 +6,9 @@
 //! wraps the client's stream and notes when writing became blocked; `stalled` resolves once it has
 //! stayed blocked for the whole stall timeout. A reader that keeps taking bytes, however slowly,
 //! frees buffer space and unblocks writing before that, so it is never cut. The same handle carries
-//! two facts the connection needs at its end: whether it was cut for a stall, and whether a request
-//! body was left unread (then the connection closes lingering, so the client can read the answer).
+//! the facts the connection needs at its end: whether it was cut for a stall, whether a request
+//! body was left unread (then the connection closes lingering, so the client can read the answer),
+//! and whether the client sent anything, or a whole head (for the connection limits).
 
 use std::io;
 use std::pin::Pin;
@@ -37,6 +38,10 @@ struct State {
     blocked: Notify,
     stalled: AtomicBool,
     unread_body: AtomicBool,
+    /// The client has sent a byte.
+    heard: AtomicBool,
+    /// A whole request head has come.
+    headed: AtomicBool,
 }
 
 impl Default for WriteWatch {
@@ -54,6 +59,8 @@ impl WriteWatch {
                 blocked: Notify::new(),
                 stalled: AtomicBool::new(false),
                 unread_body: AtomicBool::new(false),
+                heard: AtomicBool::new(false),
+                headed: AtomicBool::new(false),
             }),
         }
     }
@@ -116,17 +123,40 @@ impl WriteWatch {
     pub fn has_unread_body(&self) -> bool {
         self.inner.unread_body.load(Ordering::Relaxed)
     }
+
+    /// The client has sent at least one byte.
+    pub fn heard(&self) -> bool {
+        self.inner.heard.load(Ordering::Relaxed)
+    }
+
+    /// A whole request head has come.
+    pub fn mark_headed(&self) {
+        if !self.headed() {
+            self.inner.headed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether one has: a header timeout before it is a slow head, after it an idle keep-alive.
+    pub fn headed(&self) -> bool {
+        self.inner.headed.load(Ordering::Relaxed)
+    }
 }
 
 /// A client stream whose writes report to a [`WriteWatch`].
 pub struct Watched<S> {
     stream: S,
     watch: WriteWatch,
+    /// `watch.heard()`, kept here so later reads touch nothing shared.
+    heard: bool,
 }
 
 impl<S> Watched<S> {
     pub fn new(stream: S, watch: WriteWatch) -> Self {
-        Watched { stream, watch }
+        Watched {
+            stream,
+            watch,
+            heard: false,
+        }
     }
 
     pub fn into_inner(self) -> S {
@@ -153,7 +183,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if !self.heard && buf.filled().len() > before {
+            self.heard = true;
+            self.watch.inner.heard.store(true, Ordering::Relaxed);
+        }
+        polled
     }
 }
 

@@ -11,6 +11,7 @@ mod fault_self;
 mod fd_exhaustion;
 mod midstream_disconnect;
 mod owner_only_files;
+mod probes_under_flood;
 mod queued_disconnect;
 mod socket_safety;
 mod stall_guards;
