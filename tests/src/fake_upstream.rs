@@ -101,6 +101,8 @@ pub struct FakeUpstream {
     /// As llama-server's `--api-key`: every route but `/health` and a preflight refuses another key
     /// with its 401 (see [`FakeUpstream::api_key`]).
     api_key: Option<String>,
+    /// The model it serves, as `/props` names it (`model_alias`: llama-server's `--alias`).
+    model_alias: String,
 }
 
 /// One generation request as the fake received it.
@@ -267,6 +269,7 @@ impl Default for FakeUpstream {
             no_count_endpoint: false,
             total_slots: 1,
             api_key: None,
+            model_alias: "fake".into(),
         }
     }
 }
@@ -368,6 +371,12 @@ impl FakeUpstream {
     /// `/v1/health` and a preflight.
     pub fn api_key(mut self, key: &str) -> Self {
         self.api_key = Some(key.to_owned());
+        self
+    }
+
+    /// The model it serves, as `/props` names it (llama-server's `--alias`; `fake` by default).
+    pub fn model_alias(mut self, name: &str) -> Self {
+        self.model_alias = name.to_owned();
         self
     }
 
@@ -566,6 +575,30 @@ impl RunningUpstream {
     /// Paths slotgate itself asked (token counting, `/props`), in arrival order.
     pub fn internal_seen(&self) -> Vec<String> {
         self.state.internal.lock().unwrap().clone()
+    }
+
+    /// Waits (up to 10 s) for the calls slotgate makes when llama-server becomes ready: `/props`,
+    /// and `/v1/models` without a credential (whether it checks keys), which comes last.
+    pub async fn wait_readiness_calls(&self) {
+        crate::wait::eventually(
+            Duration::from_secs(10),
+            "slotgate's readiness calls",
+            || async {
+                let seen = self.internal_seen();
+                (seen.iter().any(|p| p == "/props") && seen.iter().any(|p| p == "/v1/models"))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Paths slotgate itself asked beyond its readiness calls (`/props`, `/v1/models`): token
+    /// counting and the like.
+    pub fn own_calls_after_readiness(&self) -> Vec<String> {
+        self.internal_seen()
+            .into_iter()
+            .filter(|p| p != "/props" && p != "/v1/models")
+            .collect()
     }
 
     /// Generation requests answered 503 "Loading model".
@@ -789,7 +822,7 @@ async fn handle(
         (&Method::GET, "/props") => {
             seen(&state, &path);
             let props = json!({"default_generation_settings": {"n_ctx": cfg.n_ctx}, "total_slots": cfg.total_slots,
-                               "model_path": "fake.gguf", "model_alias": "fake"});
+                               "model_path": "fake.gguf", "model_alias": cfg.model_alias});
             json_response(StatusCode::OK, props.to_string(), None)
         }
         (&Method::GET, "/metrics") => {

@@ -52,6 +52,7 @@ async fn health_loop(app: Arc<App>) {
             app.capacity.refresh().await;
             app.follow_upstream();
             app.cors.learn(&app.upstream).await;
+            app.verdicts.learn(&app.upstream).await;
         } else if ready && router {
             // In front of a router: its models' states, every check, and each pool follows.
             app.capacity.router.refresh(&app.upstream).await;

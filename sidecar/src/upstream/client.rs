@@ -155,30 +155,27 @@ impl Upstream {
         self.inner.bearer.is_some()
     }
 
-    /// Whether llama-server checks its callers' keys: slotgate holds one for it, or llama-server
-    /// refused one of slotgate's own calls for want of one. One atomic load.
-    pub fn checks_keys(&self) -> bool {
-        self.inner.bearer.is_some() || self.inner.unauthorized.load(Ordering::Relaxed)
-    }
-
-    /// The status llama-server answers `GET path` carrying only a caller's credential header (never
-    /// slotgate's key), as slotgate's own call (its user agent) on a connection of its own, which
-    /// closes after; `None` when it did not answer within `timeout`. The answer's body is dropped.
+    /// The status llama-server answers `GET path` carrying only a caller's credential header, or
+    /// none (never slotgate's key), as slotgate's own call (its user agent) on a connection of its
+    /// own, which closes after; `None` when it did not answer within `timeout`. The answer's body
+    /// is dropped.
     pub async fn status_for(
         &self,
         path: &str,
-        credential: (&HeaderName, &http::HeaderValue),
+        credential: Option<(&HeaderName, &http::HeaderValue)>,
         timeout: Duration,
     ) -> Option<http::StatusCode> {
         let attempt = async {
-            let req = Request::builder()
+            let mut req = Request::builder()
                 .method(Method::GET)
                 .uri(self.uri(path))
                 .header(header::USER_AGENT, USER_AGENT)
                 .header(header::CONNECTION, "close")
-                .header(credential.0, credential.1)
                 .body(Full::new(Bytes::new()))
                 .ok()?;
+            if let Some((name, value)) = credential {
+                req.headers_mut().insert(name, value.clone());
+            }
             let resp = self.inner.fresh.request(req).await.ok()?;
             Some(resp.status())
         };

@@ -2,9 +2,11 @@
 //! `pipeline::caller`): a key slotgate has not seen is shown to llama-server first, by a
 //! `GET /v1/models` of slotgate's own carrying only that credential (never slotgate's key). The
 //! verdict is kept a minute (a refusal ten seconds) for at most [`MAX_VERDICTS`] keys; at most four
-//! keys are shown at once. Without keys upstream, a check is one atomic load.
+//! keys are shown at once. Whether llama-server checks keys at all is learnt when it becomes ready
+//! (`learn`); without keys upstream, or before that, a check is one atomic load.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,13 +41,24 @@ pub struct Shown<'a> {
 
 /// llama-server's verdicts on the keys it was shown.
 pub struct Verdicts {
+    /// Whether llama-server checks keys: [`UNKNOWN`], [`OPEN`] or [`CHECKS`], learnt when it
+    /// becomes ready (`learn`).
+    checks: AtomicU8,
     kept: Mutex<HashMap<[u8; 32], (bool, Instant)>>,
     turns: Semaphore,
 }
 
+/// Not learnt yet: callers are forwarded for llama-server to judge.
+const UNKNOWN: u8 = 0;
+/// llama-server answers without a key: it checks none.
+const OPEN: u8 = 1;
+/// llama-server refuses a caller without a key (`--api-key`).
+const CHECKS: u8 = 2;
+
 impl Default for Verdicts {
     fn default() -> Self {
         Verdicts {
+            checks: AtomicU8::new(UNKNOWN),
             kept: Mutex::default(),
             turns: Semaphore::new(AT_ONCE),
         }
@@ -53,6 +66,30 @@ impl Default for Verdicts {
 }
 
 impl Verdicts {
+    /// Learns whether llama-server checks keys: slotgate's own `GET /v1/models` with no credential
+    /// at all, 401 or 403 when it does. Called whenever llama-server becomes ready (a restart may
+    /// have added or dropped `--api-key`); the verdicts kept are dropped with it.
+    pub async fn learn(&self, upstream: &Upstream) {
+        let Some(status) = upstream.status_for(ASK_PATH, None, ASK_TIMEOUT).await else {
+            return;
+        };
+        let checks = matches!(status.as_u16(), 401 | 403);
+        let was = self
+            .checks
+            .swap(if checks { CHECKS } else { OPEN }, Ordering::Relaxed);
+        if was != UNKNOWN {
+            self.lock().clear();
+        }
+        if checks && was != CHECKS {
+            tracing::info!("llama-server checks API keys: a caller it would refuse is refused before it is charged or queued");
+        }
+    }
+
+    /// Whether llama-server was found to check keys.
+    pub fn checks_keys(&self) -> bool {
+        self.checks.load(Ordering::Relaxed) == CHECKS
+    }
+
     /// `Err(InvalidApiKey)` when llama-server checks keys and would refuse this request's: no key,
     /// or one it refused. A key not seen yet is shown to it first.
     pub async fn check(
@@ -60,7 +97,7 @@ impl Verdicts {
         upstream: &Upstream,
         credential: Option<Shown<'_>>,
     ) -> Result<(), GateError> {
-        if !upstream.checks_keys() {
+        if !self.checks_keys() {
             return Ok(());
         }
         let Some(credential) = credential else {
@@ -79,7 +116,11 @@ impl Verdicts {
             return self.verdict(accepted);
         }
         let status = upstream
-            .status_for(ASK_PATH, (credential.header, credential.value), ASK_TIMEOUT)
+            .status_for(
+                ASK_PATH,
+                Some((credential.header, credential.value)),
+                ASK_TIMEOUT,
+            )
             .await;
         let accepted = match status.map(|s| s.as_u16()) {
             Some(401 | 403) => false,

@@ -26,17 +26,7 @@ async fn start_with_slot_context(n_ctx: u64) -> (RunningUpstream, RunningGate) {
         .slots(1)
         .start_with(FakeUpstream::instant().n_ctx(n_ctx))
         .await;
-    eventually(
-        std::time::Duration::from_secs(10),
-        "slotgate read /props",
-        || async {
-            up.internal_seen()
-                .iter()
-                .any(|p| p == "/props")
-                .then_some(())
-        },
-    )
-    .await;
+    up.wait_readiness_calls().await;
     (up, gate)
 }
 
@@ -125,7 +115,7 @@ async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
         "12 chars / 4 + 1"
     );
     assert_eq!(
-        up.internal_seen().iter().filter(|p| *p != "/props").count(),
+        up.own_calls_after_readiness().len(),
         1,
         "one call to llama-server's count endpoint: {:?}",
         up.internal_seen()
@@ -135,11 +125,7 @@ async fn prompts_are_counted_by_the_upstream_once_and_then_from_the_cache() {
     again["max_tokens"] = 99.into();
     let second = post_behind_busy_slot(&gate, &again).await;
     assert_eq!(second.header(PROMPT_HEADER).as_deref(), Some("4"));
-    let calls: Vec<_> = up
-        .internal_seen()
-        .into_iter()
-        .filter(|p| p != "/props")
-        .collect();
+    let calls: Vec<_> = up.own_calls_after_readiness();
     assert_eq!(calls, [CHAT_COUNT], "counted once");
     assert!(
         up.passthrough_seen().is_empty(),
@@ -379,11 +365,7 @@ async fn an_older_llama_server_without_the_count_endpoint_is_counted_by_template
             "21 chars / 4 + 1"
         );
     }
-    let calls: Vec<_> = up
-        .internal_seen()
-        .into_iter()
-        .filter(|p| p != "/props")
-        .collect();
+    let calls: Vec<_> = up.own_calls_after_readiness();
     // Asked once, refused (404): the endpoint is not asked again for a while.
     assert_eq!(
         calls,

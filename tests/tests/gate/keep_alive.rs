@@ -74,6 +74,7 @@ async fn streams_get_their_own_upstream_connection_and_whole_answers_reuse_the_p
 
     // Every streamed request opens a connection of its own and closes it after (`Connection:
     // close`): llama-server closes it after a stream anyway, while announcing keep-alive.
+    up.wait_readiness_calls().await;
     let start = forwarding(&up);
     let metric_start = opened().await;
     for i in 0..5 {
@@ -120,6 +121,7 @@ async fn with_reuse_off_every_generation_request_gets_its_own_upstream_connectio
         .start_instant()
         .await;
     let client = gate.client();
+    up.wait_readiness_calls().await;
     let start = forwarding(&up);
     for i in 0..5 {
         let resp = client.post_chat(&Req::chat(&format!("u{i}"))).await;

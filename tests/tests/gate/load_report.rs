@@ -129,6 +129,8 @@ async fn v1_loads_reports_the_queue_to_a_polling_router() {
         .opt("--upstream-api-key-file", key_file.display())
         .start_instant()
         .await;
+    // Its own keyless `/v1/models` (does llama-server check keys?) comes before the caller's.
+    up.wait_readiness_calls().await;
     let client = gate.client();
     let rank = |r: &Response| -> serde_json::Value {
         assert_eq!(r.status, 200, "{}", r.body);

@@ -495,9 +495,9 @@ async fn a_queue_refusal_after_the_quota_carries_the_allowance() {
     gate.assert_settled(&up, 1).await;
 }
 
-/// A model name is the client's text: `slotgate usage` prints its control characters as escapes,
-/// and the ledger's CSV (from the CLI and from `GET /usage`) neither holds them nor starts a
-/// spreadsheet formula (issue 46).
+/// A model name in the ledger is whatever name llama-server serves under (its `--alias`, a router's
+/// model id): `slotgate usage` prints its control characters as escapes, and the ledger's CSV (from
+/// the CLI and from `GET /usage`) neither holds them nor starts a spreadsheet formula (issue 46).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn usage_shows_a_clients_model_name_without_its_escapes_or_formulas() {
     const ESCAPES: &str = "\u{1b}[2J\u{1b}]0;pwned\u{7}evil";
@@ -505,20 +505,28 @@ async fn usage_shows_a_clients_model_name_without_its_escapes_or_formulas() {
     let dir = unique_dir("usage-hostile");
     let token = dir.join("admin.token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let up = FakeUpstream::instant().start().await;
-    let gate = Gate::new()
-        .opt("--state-dir", dir.join("state").display())
-        .admin_token(TOKEN)
-        .upstream(&up)
-        .start()
-        .await;
-    // llama-server names the model it served as asked (the fake as `fake_model` says).
+    let state = dir.join("state");
+    // One llama-server serving under each name in turn, one state directory.
+    let mut last = None;
     for (tag, model) in [("escapes", ESCAPES), ("formula", FORMULA)] {
-        let req = Req::chat(tag).set("model", model).set("fake_model", model);
-        let resp = gate.client().post_chat(&req).await;
+        if let Some((_up, mut gate)) = last.take() {
+            let gate: &mut RunningGate = &mut gate;
+            gate.sigterm();
+            gate.wait_exit(std::time::Duration::from_secs(10)).await;
+        }
+        let up = FakeUpstream::instant().model_alias(model).start().await;
+        let gate = Gate::new()
+            .opt("--state-dir", state.display())
+            .admin_token(TOKEN)
+            .upstream(&up)
+            .start()
+            .await;
+        let resp = gate.client().post_chat(&Req::chat(tag)).await;
         assert_eq!(resp.status, 200, "{}", resp.body);
+        gate.assert_settled(&up, 1).await;
+        last = Some((up, gate));
     }
-    gate.assert_settled(&up, 1).await;
+    let (_up, gate) = last.unwrap();
     let usage: serde_json::Value =
         serde_json::from_str(&gate.admin_get("/usage").await.body).unwrap();
     let models: Vec<&str> = usage["rows"]
@@ -529,7 +537,7 @@ async fn usage_shows_a_clients_model_name_without_its_escapes_or_formulas() {
         .collect();
     assert!(
         models.contains(&ESCAPES) && models.contains(&FORMULA),
-        "both booked as sent: {usage}"
+        "both booked as served: {usage}"
     );
 
     let (ok, table, err) = cli(&gate, &token, &["usage"]);
