@@ -110,9 +110,11 @@ async fn start(dir: &Path, chain: &[&Entry], on_error: &str) -> (RunningUpstream
     }
     let config = dir.join(format!("slotgate-{on_error}.toml"));
     std::fs::write(&config, text).expect("write config");
+    // The flood below is 300 connections of one uid at once, past the per-peer default (256).
     Gate::new()
         .slots(SLOTS)
         .queue_depth(QUEUE)
+        .opt("--max-connections-per-peer", 512)
         .config_file(&config)
         .start_instant()
         .await
