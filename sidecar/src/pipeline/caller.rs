@@ -16,9 +16,7 @@
 use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
-use slotgate_sdk::Peer;
 
-use crate::admission::Caller;
 use crate::error::GateError;
 use crate::upstream::verdicts::Shown;
 
@@ -47,19 +45,14 @@ impl Credential<'_> {
         Sha256::digest(self.key).into()
     }
 
-    /// As llama-server is shown it, for its verdict.
-    pub fn shown(&self) -> Shown<'_> {
+    /// As llama-server is shown it, for its verdict, with its key's `digest`.
+    pub fn shown(&self, digest: [u8; 32]) -> Shown<'_> {
         Shown {
             header: self.header,
             value: self.value,
-            digest: self.digest(),
+            digest,
         }
     }
-}
-
-/// The caller of a request with `credential`, else from `peer`.
-pub fn caller(credential: Option<&Credential<'_>>, peer: Option<Peer>) -> Caller {
-    Caller::of(credential.map(Credential::digest), peer)
 }
 
 /// The request's one credential, read as llama-server reads it; 400 when it could be read two ways.
@@ -116,6 +109,8 @@ fn ambiguous(message: String) -> GateError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::Caller;
+    use slotgate_sdk::Peer;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -190,8 +185,9 @@ mod tests {
             gid: 7,
             pid: None,
         };
-        assert!(matches!(caller(c.as_ref(), Some(peer)), Caller::Key(_)));
-        assert_eq!(caller(None, Some(peer)), Caller::Uid(7));
-        assert_eq!(caller(None, None), Caller::Anyone);
+        let digest = c.as_ref().map(Credential::digest);
+        assert!(matches!(Caller::of(digest, Some(peer)), Caller::Key(_)));
+        assert_eq!(Caller::of(None, Some(peer)), Caller::Uid(7));
+        assert_eq!(Caller::of(None, None), Caller::Anyone);
     }
 }

@@ -321,11 +321,13 @@ async fn who(
 ) -> Result<crate::admission::Caller, GateError> {
     let credential = caller::credential(req.headers())
         .inspect_err(|_| crate::metrics::caller_refused("ambiguous"))?;
+    // The key is hashed once, for the verdict and for the caller both.
+    let digest = credential.as_ref().map(caller::Credential::digest);
     if !ctx.preflight {
-        let shown = credential.as_ref().map(caller::Credential::shown);
+        let shown = credential.as_ref().zip(digest).map(|(c, d)| c.shown(d));
         app.verdicts.check(&app.upstream, shown).await?;
     }
-    Ok(caller::caller(credential.as_ref(), peer))
+    Ok(crate::admission::Caller::of(digest, peer))
 }
 
 /// The count the chain may need, then the chain's decision, under one chain version: it decides
