@@ -171,6 +171,9 @@ fn request(r: t::Request) -> RequestSummary {
         // their generic names (docs/sessions.md).
         agent_id: header(&r.headers, "x-agent-id"),
         parent_agent_id: header(&r.headers, "x-parent-agent-id"),
+        tenant: header(&r.headers, crate::identity::TENANT_NAMED_HEADER),
+        team: header(&r.headers, crate::identity::TEAM_NAMED_HEADER),
+        key_id: header(&r.headers, crate::identity::KEY_ID_HEADER),
         headers: r.headers.into_iter().collect::<BTreeMap<_, _>>(),
         queue: QueueSnapshot {
             depth: r.queue.depth as usize,

@@ -4,13 +4,16 @@ use std::fmt;
 
 use crate::types::RequestSummary;
 
-/// The strongest identity a request carries, in the order policies should trust it: the API key
-/// (as its `sha256:<hex>` hash), else the Unix-socket peer's uid, else anonymous.
+/// The strongest identity a request carries, in the order policies should trust it: the tenant
+/// slotgate named (a key it issued, `--client-auth keys`), else the API key (as its `sha256:<hex>`
+/// hash), else the Unix-socket peer's uid, else anonymous.
 ///
-/// Its `Display` form is a stable key for settings and host state: `sha256:<hex>`, `uid:<n>` or
-/// `anonymous`.
+/// Its `Display` form is a stable key for settings and host state: the tenant's name (which holds
+/// no `:`), `sha256:<hex>`, `uid:<n>` or `anonymous`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Identity<'a> {
+    /// The tenant slotgate named.
+    Tenant(&'a str),
     /// The hashed bearer token, `sha256:<hex>`.
     ApiKey(&'a str),
     /// The Unix-socket peer's effective uid (no API key was sent).
@@ -19,11 +22,31 @@ pub enum Identity<'a> {
     Anonymous,
 }
 
-/// Checks a tenant named in a policy's settings: a hashed key ([`is_hashed_key`]), `uid:<n>`,
-/// `anonymous`, or, when the policy has a `tenant_header` (`by_header`), `header:<value>`, as
-/// [`RequestSummary::tenant_key`] names them.
+/// The headers in which slotgate lists, for a policy of contract 2.0.0 (no fields for them), the
+/// tenant, team and key id it named the caller by (`--client-auth keys`). A client cannot send
+/// them: policies see only allow-listed headers, and these are the host's.
+pub const TENANT_NAMED_HEADER: &str = "x-slotgate-tenant";
+/// The team of the caller's key (see [`TENANT_NAMED_HEADER`]).
+pub const TEAM_NAMED_HEADER: &str = "x-slotgate-team";
+/// The id of the caller's key (see [`TENANT_NAMED_HEADER`]).
+pub const KEY_ID_HEADER: &str = "x-slotgate-key-id";
+
+/// Whether `s` is a tenant's name as slotgate's keys give them: 1 to 64 of `A-Z a-z 0-9 . _ @ -`.
+pub fn is_tenant_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
+        && !matches!(s, "anonymous" | "other")
+}
+
+/// Checks a tenant named in a policy's settings: a tenant's name (a key slotgate issued names it,
+/// [`is_tenant_name`]), a hashed key ([`is_hashed_key`]), `uid:<n>`, `anonymous`, or, when the
+/// policy has a `tenant_header` (`by_header`), `header:<value>`, as [`RequestSummary::tenant_key`]
+/// names them.
 pub fn check_tenant(tenant: &str, by_header: bool) -> Result<(), String> {
-    let known = is_hashed_key(tenant)
+    let known = is_tenant_name(tenant)
+        || is_hashed_key(tenant)
         || by_header
             && tenant
                 .strip_prefix("header:")
@@ -36,8 +59,9 @@ pub fn check_tenant(tenant: &str, by_header: bool) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "tenant `{tenant}` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), \
-         `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
+        "tenant `{tenant}` is not a tenant's name (as `slotgate key create --tenant` gives it), \
+         `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with \
+         tenant_header, `header:<value>`"
     ))
 }
 
@@ -55,6 +79,9 @@ impl RequestSummary {
 
     /// The caller's [`Identity`]: API key, else uid, else anonymous.
     pub fn identity(&self) -> Identity<'_> {
+        if let Some(t) = &self.tenant {
+            return Identity::Tenant(t);
+        }
         match (&self.api_key, &self.peer) {
             (Some(key), _) => Identity::ApiKey(key),
             (None, Some(peer)) => Identity::Uid(peer.uid),
@@ -97,7 +124,7 @@ impl RequestSummary {
 impl fmt::Display for Identity<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Identity::ApiKey(key) => f.write_str(key),
+            Identity::Tenant(name) | Identity::ApiKey(name) => f.write_str(name),
             Identity::Uid(uid) => write!(f, "uid:{uid}"),
             Identity::Anonymous => f.write_str("anonymous"),
         }
@@ -133,6 +160,9 @@ mod tests {
         assert_eq!(r.identity().to_string(), "uid:1000");
         r.api_key = Some("sha256:ab".into());
         assert_eq!(r.identity().to_string(), "sha256:ab");
+        r.tenant = Some("alice".into());
+        assert_eq!(r.identity(), Identity::Tenant("alice"));
+        assert_eq!(r.tenant_key(None), "alice");
     }
 
     #[test]

@@ -122,7 +122,10 @@ pub mod __component;
 #[path = "guest.rs"]
 pub mod __guest;
 
-pub use identity::{check_tenant, check_tenant_header, is_hashed_key, Identity, TENANT_HEADERS};
+pub use identity::{
+    check_tenant, check_tenant_header, is_hashed_key, is_tenant_name, Identity, KEY_ID_HEADER,
+    TEAM_NAMED_HEADER, TENANT_HEADERS, TENANT_NAMED_HEADER,
+};
 pub use policy::Policy;
 /// The v2 contract (`slotgate policy wit` prints it too).
 pub const WIT: &str = include_str!("../wit/policy.wit");

@@ -109,6 +109,16 @@ pub struct RequestSummary {
     /// The `X-Conversation-Id` header, when sent (a resumable answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation_id: Option<String>,
+    /// The tenant slotgate itself named the caller (`--client-auth keys`: the key's tenant, or a
+    /// mapped Unix peer's; docs/keys.md). When set, it is the caller's [`Identity`](crate::Identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The team of the key slotgate let the caller in with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// The id of that key (never its secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

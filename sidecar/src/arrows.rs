@@ -18,6 +18,7 @@ const ROOMS: &[&str] = &[
     "upstream",
     "router",
     "policy",
+    "keys",
     "fleet",
     "store",
     "admission",
@@ -57,6 +58,7 @@ const BESIDE_PHASES: &[&str] = &[
     "lineage",
     "orca",
     "loads",
+    "me",
     "waiting",
 ];
 

@@ -111,6 +111,18 @@ pub enum GateError {
     /// but whose credentials llama-server refuses: refused as llama-server refuses it.
     #[error("Invalid API Key")]
     InvalidApiKey,
+    /// `--client-auth keys`: no key slotgate issued, or one revoked or expired (see `keys`).
+    #[error("{}", match .0 {
+        KeyProblem::Missing => "You didn't provide an API key. Send the key slotgate issued you in an `Authorization: Bearer` or `x-api-key` header.",
+        KeyProblem::Unknown => "Incorrect API key provided. Ask your operator for a key (`slotgate key create`).",
+        KeyProblem::Revoked => "This API key was revoked. Ask your operator for a new one.",
+        KeyProblem::Expired => "This API key has expired. Ask your operator for a new one.",
+    })]
+    Unauthorized(KeyProblem),
+    /// `--client-auth keys`: a model outside the key's scope, in OpenAI's words for a model a key
+    /// cannot use.
+    #[error("The model `{0}` does not exist or you do not have access to it.")]
+    ModelNotAllowed(String),
     /// A request naming a conversation, ended while it waited by llama-server's stop route
     /// (`DELETE /v1/stream?conv_id=`), in the words of llama-server's router for the requests it
     /// parks while it loads their model.
@@ -147,6 +159,15 @@ pub enum GateError {
         "admission policy `{policy}` failed ({kind}); the request was refused (on-error = deny)"
     )]
     PolicyFailed { policy: String, kind: &'static str },
+}
+
+/// Why a caller's key was not let in (`--client-auth keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyProblem {
+    Missing,
+    Unknown,
+    Revoked,
+    Expired,
 }
 
 /// What a policy's denial says beyond its status and message.
@@ -188,10 +209,12 @@ pub enum Outcome {
     Shed,
     /// Refused at arrival: its tenant at its concurrency cap.
     TenantBusy,
+    /// Refused at arrival: no key slotgate let in (`--client-auth keys`).
+    Unauthorized,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 21] = [
+    pub const ALL: [Outcome; 22] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::QueueFull,
@@ -213,6 +236,7 @@ impl Outcome {
         Outcome::BandQueueFull,
         Outcome::Shed,
         Outcome::TenantBusy,
+        Outcome::Unauthorized,
     ];
 
     pub fn label(self) -> &'static str {
@@ -238,6 +262,7 @@ impl Outcome {
             Outcome::BandQueueFull => "band_queue_full",
             Outcome::Shed => "shed",
             Outcome::TenantBusy => "tenant_busy",
+            Outcome::Unauthorized => "unauthorized",
         }
     }
 }
@@ -317,6 +342,8 @@ impl GateError {
                 "invalid_api_key",
                 O::Upstream4xx,
             ),
+            E::Unauthorized(_) => row(401, INVALID, "invalid_api_key", O::Unauthorized),
+            E::ModelNotAllowed(_) => row(404, INVALID, "model_not_found", O::BadRequest),
             E::Stopped { .. } => row(400, INVALID, "stream_stopped", O::ClientGone),
             E::StreamPending { .. } => {
                 row(503, "unavailable_error", "stream_pending", O::Upstream5xx)

@@ -60,6 +60,7 @@ pub mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod json_edit;
+pub mod keys;
 pub mod live;
 pub mod log;
 pub mod metrics;

@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         Some(Command::Top(args)) => return slotgate::cmd::top::run(args),
         Some(Command::Quota(cmd)) => return slotgate::cmd::quota::quota(cmd),
         Some(Command::Usage(args)) => return slotgate::cmd::quota::usage(args),
+        Some(Command::Key(cmd)) => return slotgate::cmd::key::key(cmd),
         None => (false, cli.run),
     };
     slotgate::cmd::run::run(args, wrapped, check)

@@ -42,6 +42,8 @@ pub struct App {
     pub owners: crate::admission::Owners,
     /// llama-server's verdicts on callers' keys, learnt before they are charged.
     pub verdicts: crate::upstream::verdicts::Verdicts,
+    /// The keys slotgate issued (`--client-auth keys`).
+    pub keys: Arc<crate::keys::Keys>,
     /// Holds the slot of a request llama-server may still run after an upstream timeout.
     pub quarantine: Arc<Quarantine>,
     /// The fleet state backend, when `state.backend = redis`.
@@ -133,6 +135,7 @@ impl App {
             stops: Stops::default(),
             owners: Default::default(),
             verdicts: Default::default(),
+            keys: Arc::new(crate::keys::Keys::none()),
             quarantine: Arc::new(Quarantine::new(upstream.clone(), admission.clone())),
             admission,
             upstream,

@@ -491,7 +491,7 @@ mod tests {
             r#"{"period": "fortnight", "tokens": 1}"#,
             r#"{"period": "day"}"#,
             r#"{"period": "day", "tokens": 1, "soft_limit": 2}"#,
-            r#"{"period": "day", "tokens": 1, "tenants": {"bob": {}}}"#,
+            r#"{"period": "day", "tokens": 1, "tenants": {"bob:x": {}}}"#,
         ] {
             assert!(!testing::validate::<Quota>(bad).valid, "{bad}");
         }

@@ -89,7 +89,25 @@ struct Placement<'a> {
 }
 
 /// The tenant listing the request's API key, else the one listing its uid.
-fn place<'a>(request: &RequestSummary, s: &'a Settings) -> Option<Placement<'a>> {
+fn place<'a>(request: &'a RequestSummary, s: &'a Settings) -> Option<Placement<'a>> {
+    // The tenant slotgate named (a key it issued) is the tenant: its class is the one listed
+    // under its name, else the unknown callers' (it is known to slotgate, so never denied).
+    if let Some(name) = request.tenant.as_deref() {
+        return Some(match s.tenants.get(name) {
+            Some(t) => Placement {
+                tenant: name,
+                priority: t.priority,
+                ceiling: t.ceiling.unwrap_or(t.priority),
+                deadline_ms: t.deadline_ms,
+            },
+            None => Placement {
+                tenant: name,
+                priority: s.unknown.priority,
+                ceiling: s.unknown.ceiling.unwrap_or(s.unknown.priority),
+                deadline_ms: s.unknown.deadline_ms,
+            },
+        });
+    }
     let by_key = request.api_key.as_deref().and_then(|key| {
         s.tenants
             .iter()

@@ -56,6 +56,9 @@ pub enum Need {
 pub fn need(method: &Method, path: &str) -> Need {
     if matches!(path, "/livez" | "/readyz") {
         Need::Open
+    } else if path == "/keys" || path.starts_with("/keys/") {
+        // Who holds which key is the admin token's alone to see.
+        Need::Change
     } else if method == Method::GET || method == Method::HEAD {
         Need::Read
     } else {

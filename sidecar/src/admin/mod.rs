@@ -6,6 +6,7 @@
 pub mod audit;
 pub mod auth;
 mod forward;
+mod keys;
 mod live;
 mod quotas;
 mod scrape;
@@ -47,14 +48,17 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
     let own = matches!(
         path,
         "/metrics" | "/livez" | "/readyz" | "/status" | "/live" | "/usage" | "/quotas"
-    ) || path.starts_with("/quotas/");
+    ) || path.starts_with("/quotas/")
+        || keys::is_keys_path(path);
     let forwarded = !own
         && routes::lookup(req.method().as_str(), path)
             .is_some_and(|r| matches!(r.handling, routes::Handling::Admin));
     let admitted = match auth::check(app, caller, req.method(), path, req.headers()) {
         Ok(a) => a,
         Err(refusal) => {
-            let changes = forwarded || path.starts_with("/quotas/");
+            let changes = forwarded
+                || path.starts_with("/quotas/")
+                || keys::is_keys_path(path) && req.method() == Method::POST;
             if changes && auth::need(req.method(), path) == Need::Change {
                 audit::Pending::new(caller, req.method(), req.uri(), b"", id, "-")
                     .refused(refusal.response.status().as_u16(), refusal.result);
@@ -68,6 +72,9 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
     }
     if path.starts_with("/quotas/") {
         return quota_change(app, caller, req, id).await;
+    }
+    if keys::is_keys_path(path) {
+        return key_call(app, caller, req, id).await;
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return respond::json(
@@ -101,6 +108,25 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
             &json!({"error": {"message": format!("no admin endpoint {path}"), "type": "not_found_error", "code": "not_found"}}),
         ),
     }
+}
+
+/// A call on the keys: its body read within the limits, then the call (each change audited there).
+async fn key_call(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let (parts, body) = req.into_parts();
+    let read = tokio::time::timeout(
+        app.limits.body_timeout,
+        http_body_util::Limited::new(body, 64 << 10).collect(),
+    )
+    .await;
+    let Ok(Ok(body)) = read.map(|r| r.map(|c| c.to_bytes())) else {
+        return respond::json(
+            400,
+            &json!({"error": {"code": "invalid_request", "message": "the request body could not be read within the limits", "type": "invalid_request_error"}}),
+        );
+    };
+    // A change is one durable commit of a few rows, as a quota change is.
+    keys::call(app, caller, &parts.method, parts.uri.path(), &body, id)
 }
 
 /// A quota change: its body read within the limits, the change made, and one audit line.

@@ -28,12 +28,27 @@ pub(super) fn start(
         tokio::spawn(reload::run(app.clone(), source, hangup)),
     ];
     background.extend(watchdog);
+    if app.keys.durable() {
+        background.push(tokio::spawn(keys_loop(app.keys.clone())));
+    }
     if let Some(fleet) = &app.fleet {
         let cfg = &app.config;
         tracing::info!(fleet = %cfg.state.fleet, on_unavailable = %cfg.state.on_unavailable, "policy budgets shared by the fleet (state backend: redis)");
         background.push(tokio::spawn(fleet.clone().run()));
     }
     background
+}
+
+/// Writes down the keys' last uses, a minute apart at most, off the request path; a blocking
+/// commit, so on a thread of its own.
+async fn keys_loop(keys: Arc<crate::keys::Keys>) {
+    let mut every = tokio::time::interval(Duration::from_secs(30));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let keys = keys.clone();
+        let _ = tokio::task::spawn_blocking(move || keys.write_last_used()).await;
+    }
 }
 
 async fn health_loop(app: Arc<App>) {

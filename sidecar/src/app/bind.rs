@@ -44,6 +44,9 @@ pub enum StartError {
     Store(#[from] crate::store::StoreError),
     #[error("cannot start the thread that writes policy budgets: {0}")]
     Persister(std::io::Error),
+    /// The keys slotgate issued could not be read, or `--client-auth keys` has nowhere to keep them.
+    #[error("keys: {0}")]
+    Keys(String),
 }
 
 impl StartError {
@@ -56,6 +59,7 @@ impl StartError {
             StartError::AuditLog(FileError::Unsafe { .. })
                 | StartError::PolicyCache(FileError::Unsafe { .. })
                 | StartError::Store(StoreError::File(FileError::Unsafe { .. }))
+                | StartError::Keys(_)
         )
     }
 }
@@ -102,9 +106,12 @@ pub(super) async fn bind(
     crate::app::memory::trim();
     let fleet = fleet(&config, &policies)?;
     let ledger = Arc::new(Ledger::new(config.state.usage_retention_days));
-    let persister = state_on_disk(&config, &policies, &ledger)?;
+    let (persister, store) = state_on_disk(&config, &policies, &ledger)?;
+    let keys = keys(&config, store)?;
     crate::admin::audit::open(&config.admin.audit_log).map_err(StartError::AuditLog)?;
-    let app = Arc::new(App::new(config, prometheus, policies, fleet, ledger));
+    let mut app = App::new(config, prometheus, policies, fleet, ledger);
+    app.keys = keys;
+    let app = Arc::new(app);
     // Bind everything first, so a bad address fails the start before anything is served. Sockets
     // inherited from systemd take the place of the configured ones (see `server::activation`).
     let listeners = client_listeners(&app.config, inherited.clients).await?;
@@ -135,13 +142,38 @@ fn fleet(config: &Config, policies: &PolicySet) -> Result<Option<Arc<Fleet>>, St
     }
 }
 
+/// The keys slotgate issued, from the state store. `--client-auth keys` needs one: a key, or its
+/// revocation, that a restart forgot would let the wrong callers in.
+fn keys(
+    config: &Config,
+    store: Option<Arc<crate::store::Store>>,
+) -> Result<Arc<crate::keys::Keys>, StartError> {
+    if config.client_auth == crate::config::ClientAuth::Keys && store.is_none() {
+        return Err(StartError::Keys(
+            "--client-auth keys keeps the keys it issues in state.dir, which is off; give --state-dir (or leave it auto)".into(),
+        ));
+    }
+    let keys = crate::keys::Keys::open(store).map_err(StartError::Keys)?;
+    if config.client_auth == crate::config::ClientAuth::Keys {
+        tracing::info!(
+            keys = keys.len(),
+            "client-auth keys: every caller needs a key slotgate issued (slotgate key create)"
+        );
+    }
+    Ok(Arc::new(keys))
+}
+
 /// The memory backend's budgets, kept on disk and read back (`state.dir`); with either backend the
-/// usage ledger and the operators' quota limits.
+/// usage ledger, the operators' quota limits and the keys slotgate issued.
+#[allow(
+    clippy::type_complexity,
+    reason = "the persister and the store it writes, both or neither"
+)]
 fn state_on_disk(
     config: &Config,
     policies: &PolicySet,
     ledger: &Arc<Ledger>,
-) -> Result<Option<Persister>, StartError> {
+) -> Result<(Option<Persister>, Option<Arc<crate::store::Store>>), StartError> {
     let first_listen = config
         .listen
         .first()
@@ -155,7 +187,7 @@ fn state_on_disk(
             let store = Arc::new(crate::store::Store::open(&dir)?);
             let file = store.file().display().to_string();
             let (buckets, windows) = policies.shared().use_store(store.clone())?;
-            ledger.use_store(store);
+            ledger.use_store(store.clone());
             match backend {
                 StateBackend::Memory => tracing::info!(file, buckets, windows, flush_interval = ?config.state.flush_interval, "policy budgets and the usage ledger kept on disk"),
                 // The fleet's budgets are on its store; the usage ledger and the operators' quota
@@ -168,13 +200,13 @@ fn state_on_disk(
                 config.state.flush_interval,
             )
             .map_err(StartError::Persister)?;
-            Ok(Some(persister))
+            Ok((Some(persister), Some(store)))
         }
         (StateBackend::Memory, None) => {
             tracing::warn!("state.dir is off: policy budgets live in memory only, and a restart or a crash gives every tenant a full budget again");
-            Ok(None)
+            Ok((None, None))
         }
-        (StateBackend::Redis, None) => Ok(None),
+        (StateBackend::Redis, None) => Ok((None, None)),
     }
 }
 

@@ -68,6 +68,10 @@ pub enum Command {
     /// The usage ledger of a running slotgate: requests and tokens per UTC day, tenant and model
     /// (`GET /usage`), as a table, JSON or CSV.
     Usage(crate::cmd::quota::UsageArgs),
+    /// The keys a running slotgate issues to its callers (with --client-auth keys): `create` one
+    /// for a person (its secret printed once), `list`, `show`, `revoke`, `rotate` (docs/keys.md).
+    #[command(subcommand)]
+    Key(crate::cmd::key::KeyCommand),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -222,7 +222,7 @@ fn table(v: &Value) -> String {
 }
 
 /// A string of the answer as a table shows it: control characters escaped.
-fn text(v: &Value) -> std::borrow::Cow<'_, str> {
+pub(super) fn text(v: &Value) -> std::borrow::Cow<'_, str> {
     shown(v.as_str().unwrap_or(""))
 }
 
@@ -231,7 +231,7 @@ fn number(v: &Value, none: &str) -> String {
         .map_or_else(|| none.to_owned(), |n| format!("{n:.0}"))
 }
 
-fn query(params: &[(&str, Option<&str>)]) -> String {
+pub(super) fn query(params: &[(&str, Option<&str>)]) -> String {
     let mut q = form_urlencoded::Serializer::new(String::new());
     for (k, v) in params {
         if let Some(v) = v {
@@ -246,7 +246,7 @@ fn query(params: &[(&str, Option<&str>)]) -> String {
 
 /// One call; a 2xx JSON answer is printed through `show`, anything else is an error (exit 1;
 /// 2 for bad arguments).
-fn call(
+pub(super) fn call(
     admin: &AdminArgs,
     method: http::Method,
     path: &str,

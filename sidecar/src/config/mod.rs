@@ -46,6 +46,7 @@ impl<'de> serde::Deserialize<'de> for StringOrInt {
 mod table;
 
 pub mod admin;
+pub mod client_auth;
 pub mod hints;
 pub mod launch;
 pub mod policy;
@@ -65,6 +66,7 @@ use std::time::Duration;
 use table::{secs, Bytes, Keys, Mode, NotASetting, Plain, Positive, Time, ZeroOff};
 
 pub use admin::*;
+pub use client_auth::*;
 pub use hints::{LoadReport, TierPriorities};
 pub use policy::*;
 pub use settings::*;
@@ -131,6 +133,10 @@ pub struct Config {
     pub max_connections: usize,
     /// The most of `max_connections` one peer (address or uid) holds.
     pub max_connections_per_peer: usize,
+    /// Who may use slotgate (docs/keys.md).
+    pub client_auth: ClientAuth,
+    /// Unix peers let in without a key under `keys`, by uid, as tenants.
+    pub client_auth_uids: UidTenants,
     pub drain_timeout: Duration,
     pub health_interval: Duration,
     /// `wrap`: failed starts in a row before giving up (0: never).
@@ -253,6 +259,8 @@ key_table! {
             => format!("{s} is not a client-error status (400 to 499)");
         max_connections: Plain = 1024, unless |n| *n == 0 => "must be at least 1";
         max_connections_per_peer: Plain = 256, unless |n| *n == 0 => "must be at least 1";
+        client_auth: Plain = ClientAuth::Upstream;
+        client_auth_uids: Plain = UidTenants::default();
         drain_timeout: Time = secs(30);
         health_interval: Positive = secs(1);
         connect_timeout: Positive = secs(2);

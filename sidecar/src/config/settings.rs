@@ -354,6 +354,22 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections_per_peer: Option<usize>,
 
+    /// Who may use slotgate, checked before anything is counted, stored or queued (docs/keys.md):
+    /// `keys`, a key slotgate issued (`slotgate key create`), whose tenant names the caller
+    /// everywhere; `upstream`, whoever llama-server would let in (when it runs with --api-key, a
+    /// key it refuses is refused here first); `open`, anyone (only where every peer is trusted).
+    /// `upstream` is the default: nothing changes until you issue keys, and nobody gets in whom
+    /// llama-server would refuse. [default: upstream]
+    #[arg(long, env = "SLOTGATE_CLIENT_AUTH", value_name = "keys|upstream|open")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<crate::config::ClientAuth>,
+
+    /// With --client-auth keys, Unix-socket peers let in without a key, each as a tenant:
+    /// `UID=TENANT,...` (the uid as the kernel reports the peer). [default: none]
+    #[arg(long, env = "SLOTGATE_CLIENT_AUTH_UIDS", value_name = "UID=TENANT,...")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth_uids: Option<crate::config::UidTenants>,
+
     /// On SIGTERM/SIGINT, how long in-flight responses may keep streaming. [default: 30s]
     #[arg(long, env = "SLOTGATE_DRAIN_TIMEOUT", value_name = "DURATION")]
     #[serde(default, skip_serializing_if = "Option::is_none")]

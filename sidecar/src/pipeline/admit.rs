@@ -233,7 +233,16 @@ fn claim_of(
     let demand = demand_of(app, intake)?;
     let decision = decided.decision.as_ref();
     let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge);
-    let cap = tenant_cap(app, &claim.tenant);
+    let mut cap = tenant_cap(app, &claim.tenant);
+    // A key's own cap (`key create --max-in-service`), on its tenant's requests, the stricter.
+    if let Some(n) = intake
+        .summary
+        .key_id
+        .as_deref()
+        .and_then(|id| app.keys.max_in_service(id))
+    {
+        cap.in_service = Some(cap.in_service.map_or(n, |c| c.min(n)));
+    }
     let claim = claim
         .capped(cap)
         .holding(demand.slots, demand.kv)

@@ -17,7 +17,13 @@ use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::error::GateError;
+use std::sync::Arc;
+
+use slotgate_sdk::Peer;
+
+use crate::config::{ClientAuth, UidTenants};
+use crate::error::{GateError, KeyProblem};
+use crate::keys::{Key, Keys, Refused};
 use crate::upstream::verdicts::Shown;
 
 /// The Messages API's key header.
@@ -95,6 +101,73 @@ pub fn credential(headers: &HeaderMap) -> Result<Option<Credential<'_>>, GateErr
         value,
         key: without_bearer(value.as_bytes()),
     }))
+}
+
+/// Who slotgate says the caller is (`--client-auth keys`): the tenant, and the key that named it (a
+/// mapped Unix peer has none). It names the request everywhere: policies, queue, quotas, ledger,
+/// logs and headers.
+#[derive(Debug, Clone)]
+pub struct Named {
+    pub tenant: Arc<str>,
+    pub key: Option<Arc<Key>>,
+}
+
+impl Named {
+    pub fn team(&self) -> Option<&str> {
+        self.key.as_ref()?.record.team.as_deref()
+    }
+
+    pub fn key_id(&self) -> Option<&str> {
+        self.key.as_ref().map(|k| k.record.id.as_str())
+    }
+
+    /// Whether its key may use `model`.
+    pub fn allows_model(&self, model: &str) -> bool {
+        self.key
+            .as_ref()
+            .is_none_or(|k| k.record.allows_model(model))
+    }
+}
+
+/// `--client-auth keys`: the caller a key slotgate issued names (or a Unix peer's mapped uid), else
+/// a 401 in the API's shape, before anything is counted or kept; each refusal is counted by reason.
+pub fn named_by_key(
+    mode: ClientAuth,
+    keys: &Keys,
+    uids: &UidTenants,
+    credential: Option<&Credential<'_>>,
+    peer: Option<Peer>,
+    now_ms: i64,
+) -> Result<Option<Named>, GateError> {
+    if mode != ClientAuth::Keys {
+        return Ok(None);
+    }
+    let Some(c) = credential else {
+        return match peer.and_then(|p| uids.0.get(&p.uid)) {
+            Some(tenant) => Ok(Some(Named {
+                tenant: Arc::from(tenant.as_str()),
+                key: None,
+            })),
+            None => {
+                crate::metrics::caller_refused("no_key");
+                Err(GateError::Unauthorized(KeyProblem::Missing))
+            }
+        };
+    };
+    match keys.check(c.key, now_ms) {
+        Ok(key) => Ok(Some(Named {
+            tenant: Arc::from(key.tenant()),
+            key: Some(key),
+        })),
+        Err(refused) => {
+            crate::metrics::caller_refused(refused.reason());
+            Err(GateError::Unauthorized(match refused {
+                Refused::Unknown => KeyProblem::Unknown,
+                Refused::Revoked => KeyProblem::Revoked,
+                Refused::Expired => KeyProblem::Expired,
+            }))
+        }
+    }
 }
 
 /// llama-server's reading: a leading `Bearer ` dropped, nothing else changed.
@@ -189,5 +262,56 @@ mod tests {
         assert!(matches!(Caller::of(digest, Some(peer)), Caller::Key(_)));
         assert_eq!(Caller::of(None, Some(peer)), Caller::Uid(7));
         assert_eq!(Caller::of(None, None), Caller::Anyone);
+    }
+
+    #[test]
+    fn under_keys_only_an_issued_key_or_a_mapped_uid_is_named() {
+        let keys = Keys::none();
+        let (_, secret) = keys
+            .create(
+                crate::keys::NewKey {
+                    tenant: "alice".into(),
+                    ..Default::default()
+                },
+                0,
+            )
+            .unwrap();
+        let uids: UidTenants = "7=svc".parse().unwrap();
+        let peer = |uid| {
+            Some(Peer {
+                uid,
+                gid: uid,
+                pid: None,
+            })
+        };
+        let named = |pairs: &[(&str, &str)], p: Option<Peer>, mode| {
+            let h = headers(pairs);
+            let c = credential(&h).unwrap();
+            named_by_key(mode, &keys, &uids, c.as_ref(), p, 1)
+                .map(|n| n.map(|n| n.tenant.to_string()))
+                .map_err(|e| e.to_string())
+        };
+        let bearer = format!("Bearer {secret}");
+        assert_eq!(
+            named(&[("authorization", &bearer)], None, ClientAuth::Keys),
+            Ok(Some("alice".into()))
+        );
+        assert_eq!(
+            named(&[("x-api-key", &secret)], peer(7), ClientAuth::Keys),
+            Ok(Some("alice".into()))
+        );
+        assert_eq!(
+            named(&[], peer(7), ClientAuth::Keys),
+            Ok(Some("svc".into()))
+        );
+        assert!(named(&[], peer(8), ClientAuth::Keys).is_err());
+        assert!(named(&[], None, ClientAuth::Keys).is_err());
+        let made_up = named(&[("x-api-key", "sk-made-up")], None, ClientAuth::Keys).unwrap_err();
+        assert!(made_up.starts_with("Incorrect API key"), "{made_up}");
+        assert_eq!(named(&[], None, ClientAuth::Open), Ok(None));
+        assert_eq!(
+            named(&[("x-api-key", "x")], None, ClientAuth::Upstream),
+            Ok(None)
+        );
     }
 }

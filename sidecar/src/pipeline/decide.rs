@@ -38,10 +38,20 @@ pub(super) async fn decide(
     ctx: &Ctx,
     ex: &mut Exchange,
 ) -> Result<Decided, GateError> {
+    let hint = intake
+        .summary
+        .priority_hint
+        .filter(|_| app.config.trust_client_priority);
+    // A key's priority is its caller's; a trusted hint may only ask to wait longer.
+    let own = ctx
+        .named
+        .as_ref()
+        .and_then(|n| n.key.as_ref()?.record.priority);
     let decided = Decided {
-        priority: match app.config.trust_client_priority {
-            true => intake.summary.priority_hint.unwrap_or(0),
-            false => 0,
+        priority: match (own, hint) {
+            (Some(p), Some(h)) => h.max(p),
+            (Some(p), None) => p,
+            (None, h) => h.unwrap_or(0),
         },
         deadline: intake
             .summary

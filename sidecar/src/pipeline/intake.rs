@@ -202,6 +202,10 @@ pub(crate) fn summarize(
         agent_id: text(&lineage.agent),
         parent_agent_id: text(&lineage.parent),
         conversation_id: text(&lineage.conversation),
+        // Set by `Intake::named`, when slotgate names the caller.
+        tenant: None,
+        team: None,
+        key_id: None,
     }
 }
 
@@ -267,6 +271,46 @@ pub fn hash_key_bytes(key: &[u8]) -> String {
 }
 
 impl Intake {
+    /// Named by slotgate (`--client-auth keys`): the tenant, team and key id go to the policies
+    /// (as fields, and for contract 2.0.0 as the host's headers), a model outside the key's scope
+    /// is refused, and the caller's key gives way to slotgate's own for llama-server, which never
+    /// sees it.
+    pub fn named(
+        &mut self,
+        named: &super::caller::Named,
+        served: Option<&str>,
+        upstream: &crate::upstream::Upstream,
+    ) -> Result<(), GateError> {
+        // A slot route uses a model whether or not it names one: the one llama-server serves.
+        let model = match self.dialect {
+            Some(_) => self.summary.model.as_deref().or(served),
+            None => self.summary.model.as_deref(),
+        };
+        if let Some(m) = model.filter(|m| !named.allows_model(m)) {
+            return Err(GateError::ModelNotAllowed(m.to_owned()));
+        }
+        let s = &mut self.summary;
+        s.tenant = Some(named.tenant.to_string());
+        s.team = named.team().map(str::to_owned);
+        s.key_id = named.key_id().map(str::to_owned);
+        let headers = [
+            (slotgate_sdk::TENANT_NAMED_HEADER, s.tenant.clone()),
+            (slotgate_sdk::TEAM_NAMED_HEADER, s.team.clone()),
+            (slotgate_sdk::KEY_ID_HEADER, s.key_id.clone()),
+        ];
+        for (name, value) in headers {
+            if let Some(v) = value {
+                s.headers.insert(name.to_owned(), v);
+            }
+        }
+        let h = &mut self.parts.headers;
+        if !upstream.attach_key(h) {
+            h.remove(header::AUTHORIZATION);
+            h.remove(super::caller::X_API_KEY);
+        }
+        Ok(())
+    }
+
     /// The client's hints, read by the operator's rules (docs/sessions.md): a body without a
     /// `priority` field hints by its `service_tier`, and with `slo_ttft` an `x-slo-ttft-ms` is a
     /// deadline (the shorter of it and `X-Slotgate-Deadline-Ms`).

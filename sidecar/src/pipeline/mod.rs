@@ -41,6 +41,7 @@ mod forward;
 pub mod intake;
 pub mod lineage;
 pub mod loads;
+pub mod me;
 pub mod orca;
 mod reply;
 pub mod request_id;
@@ -92,6 +93,8 @@ struct Ctx {
     waiting: Option<Arc<waiting::Signal>>,
     /// Who is asking (see `caller`): who may read or stop the conversations it starts.
     caller: crate::admission::Caller,
+    /// Who slotgate says it is, under `--client-auth keys`.
+    named: Option<caller::Named>,
 }
 
 impl Ctx {
@@ -107,6 +110,7 @@ impl Ctx {
             preflight: req.method() == http::Method::OPTIONS,
             waiting,
             caller: crate::admission::Caller::Anyone,
+            named: None,
         }
     }
 }
@@ -122,6 +126,8 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
         reply.health()
     } else if let Ok(Handling::Loads) = found {
         reply.loads(req.headers()).await
+    } else if let Ok(Handling::Me) = found {
+        reply.me(req.headers(), peer).await
     } else {
         let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
         let span = crate::otel::request(req.method(), req.uri().path(), req.headers());
@@ -246,7 +252,7 @@ async fn phases(
     let mut ctx = Ctx::of(&req, &found, arrived, waiting);
     let handling = routes::allowed(found, req.method(), req.uri().path(), &app.config)
         .map_err(Refusal::body_unread)?;
-    ctx.caller = who(app, &req, peer, &ctx)
+    (ctx.caller, ctx.named) = who(app, &req, peer, &ctx)
         .await
         .map_err(Refusal::body_unread)?;
     conversation::stream_route(app, &mut req, ctx.caller).map_err(Refusal::body_unread)?;
@@ -268,6 +274,11 @@ async fn phases(
         )
         .map_err(Refusal::reading)?;
     conversation::lookup(app, &mut intake, ctx.caller);
+    if let Some(named) = &ctx.named {
+        intake
+            .named(named, app.capacity.served_model().as_deref(), &app.upstream)
+            .map_err(Refusal::reading)?;
+    }
     drop(phase);
     traced_ask(ex, &intake);
     tracing::debug!(request_id = %id, bytes = intake.body.len(), stream = intake.ask.stream, max_tokens = ?intake.ask.max_tokens, "intake: body read");
@@ -311,23 +322,42 @@ async fn phases(
 }
 
 /// Who is asking: the request's one credential, read as llama-server reads it (400 when it could be
-/// read two ways), refused as llama-server would refuse it before anything is charged (see
-/// `caller`). A preflight carries no credentials, and llama-server asks for none.
+/// read two ways), then let in by `--client-auth` before anything is charged (see `caller`): a key
+/// slotgate issued (`keys`, which also names the caller), what llama-server would take
+/// (`upstream`), or anyone (`open`). A preflight carries no credentials, and llama-server asks for
+/// none.
 async fn who(
     app: &App,
     req: &Request<Incoming>,
     peer: Option<Peer>,
     ctx: &Ctx,
-) -> Result<crate::admission::Caller, GateError> {
+) -> Result<(crate::admission::Caller, Option<caller::Named>), GateError> {
     let credential = caller::credential(req.headers())
         .inspect_err(|_| crate::metrics::caller_refused("ambiguous"))?;
     // The key is hashed once, for the verdict and for the caller both.
     let digest = credential.as_ref().map(caller::Credential::digest);
+    let mut named = None;
     if !ctx.preflight {
-        let shown = credential.as_ref().zip(digest).map(|(c, d)| c.shown(d));
-        app.verdicts.check(&app.upstream, shown).await?;
+        use crate::config::ClientAuth;
+        match app.config.client_auth {
+            ClientAuth::Open => {}
+            ClientAuth::Upstream => {
+                let shown = credential.as_ref().zip(digest).map(|(c, d)| c.shown(d));
+                app.verdicts.check(&app.upstream, shown).await?;
+            }
+            ClientAuth::Keys => {
+                named = caller::named_by_key(
+                    ClientAuth::Keys,
+                    &app.keys,
+                    &app.config.client_auth_uids,
+                    credential.as_ref(),
+                    peer,
+                    crate::policy::state::wall_ms(),
+                )?;
+            }
+        }
     }
-    Ok(crate::admission::Caller::of(digest, peer))
+    Ok((crate::admission::Caller::of(digest, peer), named))
 }
 
 /// The count the chain may need, then the chain's decision, under one chain version: it decides

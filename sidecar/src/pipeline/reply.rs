@@ -178,6 +178,19 @@ impl<'a> Reply<'a> {
         resp
     }
 
+    /// `GET /v1/slotgate/me` (see `me`).
+    pub async fn me(
+        &self,
+        headers: &http::HeaderMap,
+        peer: Option<slotgate_sdk::Peer>,
+    ) -> Response {
+        let mut resp = super::me::answer(self.app, headers, peer).await;
+        self.app
+            .cors
+            .apply(self.origin.as_ref(), resp.headers_mut());
+        resp
+    }
+
     pub fn answer(self, mut ex: Exchange, answer: Answer) -> Response {
         let (sent, intake, headers, slot_route) = match answer {
             Answer::Upstream {

@@ -23,6 +23,9 @@ pub enum Handling {
     /// Answered by slotgate from its own queue: its load, in the schema routers poll
     /// ([`LOADS_PATH`]). Not one of llama-server's routes.
     Loads,
+    /// Answered by slotgate: the caller's own tenant, key and quotas ([`ME_PATH`]). Not one of
+    /// llama-server's routes.
+    Me,
     /// Shows or changes the whole server (slot contents, adapters, loaded models, its metrics):
     /// refused on the client listener, forwarded from the admin listener.
     Admin,
@@ -39,6 +42,7 @@ impl Handling {
             Handling::Passthrough => "passthrough",
             Handling::Health => "health",
             Handling::Loads => "loads",
+            Handling::Me => "me",
             Handling::Admin => "admin",
             Handling::Host => "host",
         }
@@ -150,6 +154,7 @@ pub struct Vertex {
 /// schema SGLang serves and SMG (the Shepherd Model Gateway) polls for its load-aware policies
 /// (`pipeline::loads`, docs/observability.md#load-polled-by-routers-v1loads).
 pub use super::loads::PATH as LOADS_PATH;
+pub use super::me::PATH as ME_PATH;
 
 /// The predict route's path when `AIP_PREDICT_ROUTE` is unset, as `server-http.cpp` has it.
 pub const VERTEX_PREDICT_DEFAULT: &str = "/predict";
@@ -205,6 +210,15 @@ pub fn find(method: &Method, path: &str) -> Result<Handling, GateError> {
     }
     if let Some(found) = Vertex::get().and_then(|v| v.find(method, path)) {
         return found;
+    }
+    if path == ME_PATH {
+        return match method == Method::GET {
+            true => Ok(Handling::Me),
+            false => Err(GateError::MethodNotAllowed {
+                method: method.to_string(),
+                path: path.to_owned(),
+            }),
+        };
     }
     if path == LOADS_PATH {
         return match method == Method::GET {

@@ -49,6 +49,8 @@ const WINDOWS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("wind
 pub type LimitId = (String, String, String);
 /// Quota limits an operator set: (policy, key, period) → limit.
 const LIMITS: TableDefinition<(&str, &str, &str), f64> = TableDefinition::new("quota_limits");
+/// Keys slotgate issued: id → the record as JSON (`keys::Record`: a digest, never a secret).
+const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -175,6 +177,7 @@ impl Store {
             tx.open_table(BUCKETS).map_err(|e| self.write_err(e))?;
             tx.open_table(WINDOWS).map_err(|e| self.write_err(e))?;
             tx.open_table(LIMITS).map_err(|e| self.write_err(e))?;
+            tx.open_table(KEYS).map_err(|e| self.write_err(e))?;
             tx.open_table(ledger::USAGE)
                 .map_err(|e| self.write_err(e))?;
         }
@@ -325,6 +328,30 @@ impl Store {
             match limit {
                 Some(l) => t.insert((policy, key, period), l).map(drop)?,
                 None => t.remove((policy, key, period)).map(drop)?,
+            }
+            Ok(())
+        })
+    }
+
+    /// Every key slotgate issued, as `keys` wrote it.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, read once, at start"
+    )]
+    pub fn load_keys(&self) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.with_read(|tx| read_all(tx, KEYS, |_, row| row.to_vec()))
+    }
+
+    /// Keeps each (id, row), replacing the id's, durably, now.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, at a key's change, off the request path"
+    )]
+    pub fn put_keys(&self, rows: &[(&str, Vec<u8>)]) -> Result<(), StoreError> {
+        self.with_write(|tx| {
+            let mut t = tx.open_table(KEYS)?;
+            for (id, row) in rows {
+                t.insert(*id, row.as_slice())?;
             }
             Ok(())
         })

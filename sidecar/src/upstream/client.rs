@@ -197,9 +197,9 @@ impl Upstream {
     }
 
     /// Puts slotgate's own key on `headers`, in place of any the caller brought. Only for a caller
-    /// who authenticated to slotgate (the admin token): the key is never lent to anyone else, so a
-    /// caller without it meets llama-server exactly as if it called directly. Says whether slotgate
-    /// has a key to put.
+    /// who authenticated to slotgate (the admin token, or under `--client-auth keys` a key slotgate
+    /// issued): the key is never lent to anyone else, so a caller without it meets llama-server
+    /// exactly as if it called directly. Says whether slotgate has a key to put.
     pub fn attach_key(&self, headers: &mut HeaderMap) -> bool {
         let Some(bearer) = &self.inner.bearer else {
             return false;

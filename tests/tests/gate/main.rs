@@ -21,6 +21,7 @@ mod fairness;
 mod fake_upstream_selftest;
 mod hints;
 mod keep_alive;
+mod keys;
 mod live;
 mod load_report;
 mod metrics;
