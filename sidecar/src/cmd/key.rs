@@ -64,6 +64,9 @@ pub enum KeyCommand {
         #[command(flatten)]
         admin: AdminArgs,
         id: String,
+        /// Print the JSON slotgate answered.
+        #[arg(long)]
+        json: bool,
     },
     /// A new secret for the key (same id, tenant and quotas); prints it once. The old secret works
     /// until --grace ends.
@@ -140,12 +143,15 @@ pub fn key(cmd: KeyCommand) -> ExitCode {
             None,
             |v| serde_json::to_string_pretty(v).unwrap_or_default(),
         ),
-        KeyCommand::Revoke { admin, id } => call(
+        KeyCommand::Revoke { admin, id, json } => call(
             &admin,
             http::Method::POST,
             &format!("/keys/{}/revoke", path_part(&id)),
             Some(b"{}".to_vec()),
             |v| {
+                if json {
+                    return v.to_string();
+                }
                 format!(
                     "key {} ({}) revoked at {}: its next request is refused",
                     text(&v["id"]),

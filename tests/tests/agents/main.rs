@@ -5,6 +5,7 @@
 //! come from `scripts/setup-agents.sh` (npm, pinned); a missing one fails the test, naming the script.
 
 mod burst;
+mod keys;
 mod one_run;
 
 use std::time::Duration;

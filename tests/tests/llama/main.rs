@@ -24,6 +24,7 @@ mod e2e_openai_sdk;
 mod e2e_smg;
 mod examples_enterprise;
 mod fault_upstream;
+mod keys;
 mod llama_today;
 mod observability_kit;
 mod policies_v2;
