@@ -43,6 +43,13 @@ pub struct Settings {
     /// Quotas of each tenant on particular models (the request's `model`), on top of its own.
     #[serde(default)]
     pub models: BTreeMap<String, Limits>,
+    /// Quotas of particular teams (the team of the key slotgate let a caller in with,
+    /// `--client-auth keys`), on top of each tenant's own: every key of the team draws from one.
+    #[serde(default)]
+    pub teams: BTreeMap<String, Limits>,
+    /// Quotas of particular keys slotgate issued (by key id), on top of their tenant's.
+    #[serde(default)]
+    pub keys: BTreeMap<String, Limits>,
     /// Key the quota by this request header when a request carries it (`header:<value>`), for a
     /// router in front that calls with one key for all its callers: `x-tenant`,
     /// `openai-organization` or `openai-project`.
@@ -76,8 +83,11 @@ struct Charge {
     limit: u64,
     /// What this request takes from it.
     amount: u64,
-    /// Said in messages: `tenant uid:1000`, `tenant uid:1000 on model m`.
+    /// Said in messages: `tenant uid:1000`, `tenant uid:1000 on model m`, `team research`.
     whose: String,
+    /// Whose quota it is, in the `x-slotgate-quota-scope` header of its refusal: `tenant`,
+    /// `model` (a tenant's on one model), `team` or `key`.
+    scope: &'static str,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +141,7 @@ fn charges(request: &RequestSummary, s: &Settings) -> Vec<Charge> {
     let mut out = Vec::with_capacity(4);
     // An operator's limit (the quota admin API) replaces the configured one.
     let in_force = |key: &str, limit: u64| host::quota_limit(key, &s.period, limit as f64) as u64;
-    let mut add = |key: &str, limits: Limits, whose: String| {
+    let mut add = |key: &str, limits: Limits, whose: String, scope: &'static str| {
         if let Some(limit) = limits.tokens {
             let key = format!("tokens:{key}");
             out.push(Charge {
@@ -140,6 +150,7 @@ fn charges(request: &RequestSummary, s: &Settings) -> Vec<Charge> {
                 kind: Kind::Tokens,
                 amount: cost,
                 whose: whose.clone(),
+                scope,
             });
         }
         if let Some(limit) = limits.requests {
@@ -150,10 +161,11 @@ fn charges(request: &RequestSummary, s: &Settings) -> Vec<Charge> {
                 kind: Kind::Requests,
                 amount: 1,
                 whose,
+                scope,
             });
         }
     };
-    add(&tenant, own, format!("tenant {tenant}"));
+    add(&tenant, own, format!("tenant {tenant}"), "tenant");
     if let Some((model, limits)) = request
         .model
         .as_ref()
@@ -163,7 +175,23 @@ fn charges(request: &RequestSummary, s: &Settings) -> Vec<Charge> {
             &format!("{tenant}\u{1f}{model}"),
             *limits,
             format!("tenant {tenant} on model {model}"),
+            "model",
         );
+    }
+    if let Some((team, limits)) = request.team.as_ref().and_then(|t| s.teams.get_key_value(t)) {
+        add(
+            &format!("team:{team}"),
+            *limits,
+            format!("team {team}"),
+            "team",
+        );
+    }
+    if let Some((id, limits)) = request
+        .key_id
+        .as_ref()
+        .and_then(|k| s.keys.get_key_value(k))
+    {
+        add(&format!("key:{id}"), *limits, format!("key {id}"), "key");
     }
     out
 }
@@ -235,11 +263,28 @@ impl Policy for Quota {
         for tenant in s.tenants.keys() {
             check_tenant(tenant, s.tenant_header.is_some())?;
         }
+        for team in s.teams.keys() {
+            if !slotgate_sdk::is_tenant_name(team) {
+                return Err(format!(
+                    "team `{team}` is not a team's name (1 to 64 of A-Z a-z 0-9 . _ @ -)"
+                ));
+            }
+        }
+        for id in s.keys.keys() {
+            let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+            if id.len() != 12 || !id.bytes().all(hex) {
+                return Err(format!(
+                    "key `{id}` is not a key id (12 hex digits, as `slotgate key list` shows it)"
+                ));
+            }
+        }
         let any = s.tokens.is_some()
             || s.requests.is_some()
             || s.tenants
                 .values()
                 .chain(s.models.values())
+                .chain(s.teams.values())
+                .chain(s.keys.values())
                 .any(|l| l.tokens.is_some() || l.requests.is_some());
         if !any {
             return Err(
@@ -281,8 +326,22 @@ impl Policy for Quota {
                         0,
                     );
                 }
-                let mut d = Decision::quota_exceeded(
-                    format!(
+                // Something is left, only less than this request may use: a smaller one passes.
+                let short = before >= 1.0 && c.amount <= c.limit;
+                let message = match short {
+                    true => format!(
+                        "this request may use {} {}s, more than the {:.0} left of the {} {} quota \
+                         of {} of {}: ask for fewer (lower max_tokens); it is whole again at {}",
+                        c.amount,
+                        c.kind.name(),
+                        before.floor(),
+                        adjective(period),
+                        c.kind.name(),
+                        c.limit,
+                        c.whose,
+                        utc(reset)
+                    ),
+                    false => format!(
                         "the {} {} quota of {} of {} is spent; it is whole again at {}",
                         adjective(period),
                         c.kind.name(),
@@ -290,11 +349,20 @@ impl Policy for Quota {
                         c.whose,
                         utc(reset)
                     ),
+                };
+                let mut d = Decision::quota_exceeded(
+                    message,
                     // The window's end (also when `wait` is infinite: a limit of 0).
                     ((reset - host::wall_ms()).max(0) as f64 / 1000.0)
                         .ceil()
                         .max(1.0) as u64,
                 );
+                if short {
+                    d.reason = Some("quota_insufficient".into());
+                }
+                d.mutations
+                    .response_headers
+                    .insert("x-slotgate-quota-scope".into(), c.scope.into());
                 d.rate_limits = allowance(&charges, period, reset);
                 return d;
             }
@@ -388,6 +456,17 @@ mod tests {
         // Midnight UTC after 2027-01-15T08:00:00Z.
         let midnight = (NOW / 86_400_000 + 1) * 86_400_000;
         assert_eq!(tokens.reset_unix_ms, midnight as u64);
+        // 600 asked, 400 left: told both, and that a smaller request passes; not "spent".
+        let d = run::<Quota>(&req(ALICE, 100, 500, DAY));
+        assert_eq!(d.status, Some(429));
+        assert_eq!(d.reason.as_deref(), Some("quota_insufficient"));
+        let said = d.message.clone().unwrap();
+        assert!(
+            said.contains("600 tokens") && said.contains("400 left") && !said.contains("spent"),
+            "{said}"
+        );
+        assert!(run::<Quota>(&req(ALICE, 100, 300, DAY)).is_allowed());
+        // Now spent.
         let d = run::<Quota>(&req(ALICE, 100, 500, DAY));
         assert_eq!(d.status, Some(429));
         assert_eq!(d.reason.as_deref(), Some("quota_exceeded"));
@@ -401,10 +480,10 @@ mod tests {
             "{:?}",
             d.message
         );
-        assert_eq!(d.rate_limits.tokens.unwrap().remaining, 400);
+        assert_eq!(d.rate_limits.tokens.unwrap().remaining, 0);
         assert_eq!(
             d.rate_limits.requests.unwrap().remaining,
-            2,
+            1,
             "a refused request takes nothing"
         );
         assert!(
@@ -492,6 +571,38 @@ mod tests {
             r#"{"period": "day"}"#,
             r#"{"period": "day", "tokens": 1, "soft_limit": 2}"#,
             r#"{"period": "day", "tokens": 1, "tenants": {"bob:x": {}}}"#,
+        ] {
+            assert!(!testing::validate::<Quota>(bad).valid, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_team_quota_is_shared_by_its_tenants_and_its_refusal_names_the_team() {
+        testing::reset();
+        let settings =
+            r#"{"period": "day", "requests": 10, "teams": {"research": {"requests": 3}}}"#;
+        let who = |tenant: &str| format!(r#""tenant": "{tenant}", "team": "research""#);
+        for tenant in ["alice", "alice", "bob"] {
+            assert!(run::<Quota>(&req(&who(tenant), 10, 10, settings)).is_allowed());
+        }
+        let d = run::<Quota>(&req(&who("bob"), 10, 10, settings));
+        assert_eq!(d.status, Some(429));
+        let said = d.message.clone().unwrap();
+        assert!(said.contains("of team research is spent"), "{said}");
+        assert_eq!(
+            d.mutations
+                .response_headers
+                .get("x-slotgate-quota-scope")
+                .map(String::as_str),
+            Some("team")
+        );
+        // Another team's tenant, and a tenant of none, are not held by it.
+        let other = r#""tenant": "carol", "team": "ops""#;
+        assert!(run::<Quota>(&req(other, 10, 10, settings)).is_allowed());
+        assert!(run::<Quota>(&req(r#""tenant": "dan""#, 10, 10, settings)).is_allowed());
+        for bad in [
+            r#"{"period": "day", "teams": {"a b": {"tokens": 1}}}"#,
+            r#"{"period": "day", "keys": {"nothex": {"tokens": 1}}}"#,
         ] {
             assert!(!testing::validate::<Quota>(bad).valid, "{bad}");
         }

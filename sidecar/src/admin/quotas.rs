@@ -78,6 +78,23 @@ pub async fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Resp
         return bad(400, "invalid_period", &e);
     }
     let shared = app.policies.shared();
+    // A quota no policy keeps would be changed in name only: refused, with those that exist.
+    if let Err(known) = shared.quota_known(&c.policy, &c.key, &c.period) {
+        let hint = match known.is_empty() {
+            true => "no quota of this policy or key is known yet (`slotgate quota list` shows those in use)".to_owned(),
+            false => format!("quotas that exist: {}", known.join("; ")),
+        };
+        return bad(
+            404,
+            "unknown_quota",
+            &format!(
+                "no quota `{}` `{}` `{}` is kept by a policy: check --policy, --key and --period; {hint}",
+                crate::log::shown::shown(&c.policy),
+                crate::log::shown::shown(&c.key),
+                crate::log::shown::shown(&c.period)
+            ),
+        );
+    }
     let done = match path {
         "/quotas/set" => match c.limit {
             Some(l) if !(l.is_finite() && l >= 0.0) => {

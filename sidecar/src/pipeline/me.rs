@@ -68,9 +68,18 @@ async fn who(
 
 fn view(app: &App, name: &str, named: Option<&Named>) -> Value {
     let (levels, _) = app.policies.shared().quota_levels(usize::MAX);
+    let record = named.and_then(|n| n.key.as_ref()).map(|k| &k.record);
+    let team = record
+        .and_then(|r| r.team.as_deref())
+        .map(|t| format!("team:{t}"));
+    let key = record.map(|r| format!("key:{}", r.id));
     let quotas: Vec<Value> = levels
         .into_iter()
-        .filter(|q| charged_to(&q.key, name))
+        .filter(|q| {
+            charged_to(&q.key, name)
+                || team.as_deref().is_some_and(|t| charged_to(&q.key, t))
+                || key.as_deref().is_some_and(|k| charged_to(&q.key, k))
+        })
         .map(|q| {
             json!({
                 "policy": q.policy,
@@ -83,7 +92,6 @@ fn view(app: &App, name: &str, named: Option<&Named>) -> Value {
             })
         })
         .collect();
-    let record = named.and_then(|n| n.key.as_ref()).map(|k| &k.record);
     json!({
         "tenant": name,
         "team": record.and_then(|r| r.team.as_deref()),
@@ -94,14 +102,14 @@ fn view(app: &App, name: &str, named: Option<&Named>) -> Value {
     })
 }
 
-/// Whether a quota key (`tokens:alice`, `requests:alice:model`) is `name`'s: the policies' keys
-/// are a kind, then the tenant, then maybe more.
+/// Whether a quota key (`tokens:alice`, `requests:alice\u{1f}model-a`, `tokens:team:research`) is
+/// `name`'s: the policies' keys are a kind, then whose, then maybe a model after a unit separator.
 fn charged_to(key: &str, name: &str) -> bool {
     key.split_once(':').is_some_and(|(_, rest)| {
         rest == name
             || rest
                 .strip_prefix(name)
-                .is_some_and(|more| more.starts_with(':'))
+                .is_some_and(|more| more.starts_with('\u{1f}'))
     })
 }
 
@@ -112,7 +120,9 @@ mod tests {
     #[test]
     fn a_quota_is_the_callers_by_its_key() {
         assert!(charged_to("tokens:alice", "alice"));
-        assert!(charged_to("requests:alice:model-a", "alice"));
+        assert!(charged_to("requests:alice\u{1f}model-a", "alice"));
+        assert!(charged_to("tokens:team:research", "team:research"));
+        assert!(!charged_to("tokens:team:research", "research"));
         assert!(!charged_to("tokens:alicia", "alice"));
         assert!(!charged_to("tokens:bob", "alice"));
         assert!(charged_to("tokens:uid:1000", "uid:1000"));

@@ -48,6 +48,10 @@ pub struct SharedState {
     windows_of: DashMap<String, (Period, (i64, i64))>,
     /// Limits an operator set, by policy, key and period: they replace the policy's.
     quota_limits: DashMap<(Arc<str>, String, String), f64>,
+    /// The limit each quota's policy asks for itself, by policy, key and period, as its last call
+    /// gave it: what a quota goes back to when an operator's limit is taken away, and the quotas
+    /// an operator may change (at most `MAX_ENTRIES`).
+    policy_limits: DashMap<(Arc<str>, String, String), f64>,
     /// The counter of each (policy, event) counted.
     events: DashMap<(Arc<str>, String), metrics::Counter>,
     /// The buckets and the windows in the order they were made, to forget the oldest at
@@ -300,11 +304,63 @@ impl SharedState {
     /// The limit of a quota: the operator's, where one is set, else the policy's.
     /// On the fleet backend the policy's: the fleet's store puts an operator's in its place.
     fn quota_limit(&self, policy: &Arc<str>, key: &str, period: &str, limit: f64) -> f64 {
+        self.note_policy_limit(policy, key, period, limit);
         if self.quota_limits.is_empty() || self.fleet.get().is_some() {
             return limit;
         }
         let id = (policy.clone(), key.to_owned(), canonical(period));
         self.quota_limits.get(&id).map_or(limit, |l| *l)
+    }
+
+    /// Remembers the limit a policy asks for a quota (a look-up when it is unchanged).
+    fn note_policy_limit(&self, policy: &Arc<str>, key: &str, period: &str, limit: f64) {
+        let id = (policy.clone(), key.to_owned(), period.to_owned());
+        if self.policy_limits.get(&id).is_some_and(|l| *l == limit) {
+            return;
+        }
+        if self.policy_limits.len() >= MAX_ENTRIES && !self.policy_limits.contains_key(&id) {
+            return;
+        }
+        self.policy_limits.insert(id, limit);
+    }
+
+    /// The limit the policy itself asks for a quota, when one of its calls said.
+    fn policy_limit(&self, policy: &Arc<str>, key: &str, period: &str) -> Option<f64> {
+        let canon = canonical(period);
+        self.policy_limits
+            .iter()
+            .find(|e| e.key().0 == *policy && e.key().1 == key && canonical(&e.key().2) == canon)
+            .map(|e| *e.value())
+    }
+
+    /// Whether a quota is one a policy keeps: one of its calls named it, an operator set its
+    /// limit, or its current window is in use. Else the quotas of `policy` (or of `key`) that are,
+    /// as `policy key period`, at most 20: what an operator meant to name, perhaps.
+    pub fn quota_known(&self, policy: &str, key: &str, period: &str) -> Result<(), Vec<String>> {
+        let p: Arc<str> = Arc::from(policy);
+        let canon = canonical(period);
+        let named = self.policy_limit(&p, key, period).is_some()
+            || self
+                .quota_limits
+                .contains_key(&(p.clone(), key.to_owned(), canon.clone()))
+            || self
+                .quota_window(key, period, wall_ms())
+                .is_ok_and(|(bucket, _)| self.buckets.contains_key(&(p.clone(), bucket)));
+        if named {
+            return Ok(());
+        }
+        let mut known: Vec<String> = self
+            .policy_limits
+            .iter()
+            .map(|e| e.key().clone())
+            .chain(self.quota_limits.iter().map(|e| e.key().clone()))
+            .filter(|(q, k, _)| **q == *policy || k == key)
+            .map(|(q, k, per)| format!("{q} {k} {}", canonical(&per)))
+            .collect();
+        known.sort();
+        known.dedup();
+        known.truncate(20);
+        Err(known)
     }
 
     /// The bucket a quota's window is kept in, and the window (start, end), for the window of
@@ -397,7 +453,10 @@ impl SharedState {
             // Not used in this window yet: it starts whole at whichever limit applies.
             return Ok(limit.unwrap_or(f64::NAN));
         };
-        let new = limit.unwrap_or(old);
+        // Back to the policy's own limit: what was used stays used, against that limit.
+        let new = limit
+            .or_else(|| self.policy_limit(&policy, key, period))
+            .unwrap_or(old);
         Ok(self.adjust_window(&policy, &bucket, old, new, new - old))
     }
 

@@ -15,5 +15,6 @@ mod policy_chain;
 mod policy_complete;
 mod policy_hostile;
 mod policy_reload;
+mod quota_operations;
 mod quotas;
 mod usage_accounting;

@@ -146,3 +146,64 @@ async fn a_person_given_a_key_has_one_name_in_quotas_ledger_logs_and_their_own_v
     }
     gate.assert_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_team_quota_refuses_every_key_of_the_team_and_names_the_team() {
+    let up = FakeUpstream::instant().start().await;
+    let state = unique_dir("team").join("state");
+    let settings =
+        "{ period = \"day\", requests = 10, teams = { \"research\" = { requests = 3 } } }";
+    let gate = Gate::new()
+        .opt("--client-auth", "keys")
+        .opt("--state-dir", state.display())
+        .opt("--log-format", "json")
+        .admin_token(ADMIN)
+        .policies(&[(&wat::built("quota"), Some(settings))])
+        .upstream(&up)
+        .start()
+        .await;
+    let alice = secret(&gate, "alice", "research");
+    let bob = secret(&gate, "bob", "research");
+    let carol = secret(&gate, "carol", "ops");
+    for key in [&alice, &alice, &bob] {
+        assert_eq!(chat(&gate, key).await.status, 200);
+    }
+    // The team's three are spent: each of its keys is refused, naming the team; carol is not.
+    for key in [&alice, &bob] {
+        let r = chat(&gate, key).await;
+        assert_eq!(r.status, 429, "{}", r.body);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("of team research is spent"), "{message}");
+        assert!(message.contains("whole again at"), "{message}");
+        assert_eq!(r.header("x-slotgate-quota-scope").as_deref(), Some("team"));
+    }
+    assert_eq!(chat(&gate, &carol).await.status, 200);
+    // bob sees the team's quota, and his own, in his view.
+    let me = gate
+        .client()
+        .get_with("/v1/slotgate/me", &[("x-api-key", &bob)])
+        .await
+        .json();
+    let team = me["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["key"] == "requests:team:research")
+        .unwrap_or_else(|| panic!("{me}"));
+    assert_eq!(team["remaining"], 0.0, "{me}");
+    // The access line of a refusal names the team too.
+    let denied: Vec<Value> = gate
+        .stderr_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["outcome"] == "policy_denied")
+        .collect();
+    assert_eq!(denied.len(), 2, "{denied:?}");
+    for line in &denied {
+        assert!(
+            line["reason"].as_str().unwrap().contains("team research"),
+            "{line}"
+        );
+    }
+    gate.assert_idle().await;
+}
