@@ -96,6 +96,8 @@ export class RequestSummary {
   peer: Peer | null = null;
   /** The bearer token as `sha256:<hex>`, never raw; null without one. */
   apiKey: string | null = null;
+  /** The tenant slotgate itself named the caller (`--client-auth keys`, docs/keys.md), if it did. */
+  tenant: string | null = null;
   /** Allow-listed request headers, lower-cased names. */
   headers: Map<string, string> = new Map<string, string>();
   /** Queue state when the request arrived. */
@@ -107,10 +109,13 @@ export class RequestSummary {
   }
 
   /**
-   * The caller's identity as a stable key: the API key's `sha256:<hex>`, else `uid:<n>` of the
-   * Unix-socket peer, else `anonymous` (`RequestSummary::identity()` in the Rust SDK).
+   * The caller's identity as a stable key: the tenant slotgate named, else the API key's
+   * `sha256:<hex>`, else `uid:<n>` of the Unix-socket peer, else `anonymous`
+   * (`RequestSummary::identity()` in the Rust SDK).
    */
   identity(): string {
+    const tenant = this.tenant;
+    if (tenant !== null) return tenant;
     const key = this.apiKey;
     if (key !== null) return key;
     const peer = this.peer;
@@ -155,6 +160,7 @@ export class RequestSummary {
         }
       } else if (r.is("peer")) s.peer = r.null() ? null : Peer.read(r);
       else if (r.is("api_key")) s.apiKey = r.stringOrNull();
+      else if (r.is("tenant")) s.tenant = r.stringOrNull();
       else if (r.is("headers")) {
         if (!r.null()) s.headers = r.stringMap();
       } else if (r.is("queue")) {

@@ -88,6 +88,11 @@ for (const snapshot of [true, false]) {
       assert.equal(minimal.cost, 0, "the estimate stands in for the exact count");
       assert.equal(h.settings, "||0.0|10", "null settings read as {}: the defaults");
       assert.equal(probe.run({ request: { path: "/echo" } }).tenant, "anonymous");
+      // The tenant slotgate named (`--client-auth keys`) beats the key and the uid.
+      const named = probe.run({
+        request: { path: "/echo", api_key: "sha256:ab", tenant: "alice", peer: { uid: 7, gid: 8 } },
+      });
+      assert.equal(named.mutations.response_headers.identity, "alice");
     });
 
     it("reads strings of any length, ASCII or not", () => {

@@ -15,10 +15,18 @@ TENANT_HEADERS = ("x-tenant", "openai-organization", "openai-project")
 _HASHED_KEY = re.compile(r"sha256:[0-9a-f]{64}")
 
 
+# Where the host lists the tenant it named the caller (`--client-auth keys`, docs/keys.md): contract
+# 2.0.0 has no field for it, and a client cannot send a header of this name to a policy.
+TENANT_NAMED_HEADER = "x-slotgate-tenant"
+
+
 def identity(request: types.Request) -> str:
     """The strongest identity the request carries, as a stable key for settings and host state:
-    its API key's hash (`sha256:<hex>`), else `uid:<n>` of its Unix-socket peer, else
-    `anonymous`."""
+    the tenant slotgate named, else its API key's hash (`sha256:<hex>`), else `uid:<n>` of its
+    Unix-socket peer, else `anonymous`."""
+    named = header(request, TENANT_NAMED_HEADER)
+    if named:
+        return named
     if request.api_key is not None:
         return request.api_key
     if request.peer is not None:

@@ -12,6 +12,12 @@ class Identity(unittest.TestCase):
         self.assertEqual(sdk.identity(r), "uid:1000")
         r = testing.request(peer={"uid": 1000}, api_key="sha256:ab")
         self.assertEqual(sdk.identity(r), "sha256:ab")
+        # The tenant slotgate named (`--client-auth keys`) beats them all, and is the tenant key.
+        r = testing.request(
+            peer={"uid": 1000}, api_key="sha256:ab", headers={"x-slotgate-tenant": "alice"}
+        )
+        self.assertEqual(sdk.identity(r), "alice")
+        self.assertEqual(sdk.tenant_key(r), "alice")
 
     def test_tenant_key_prefers_a_non_empty_tenant_header(self):
         r = testing.request(peer={"uid": 7}, headers={"x-tenant": "team-a"})

@@ -7,10 +7,21 @@
 import type { Request } from 'slotgate:policy/types@2.0.0';
 
 /**
- * The strongest identity a request carries, as a stable key for settings and host state: the API
- * key's `sha256:<hex>`, else `uid:<n>` of the Unix-socket peer, else `anonymous`.
+ * Where the host lists the tenant it named the caller (`--client-auth keys`, docs/keys.md): contract
+ * 2.0.0 has no field for it, and a client cannot send a header of this name to a policy.
  */
-export function identity(request: Pick<Request, 'apiKey' | 'peer'>): string {
+export const TENANT_NAMED_HEADER = 'x-slotgate-tenant';
+
+/**
+ * The strongest identity a request carries, as a stable key for settings and host state: the tenant
+ * slotgate named, else the API key's `sha256:<hex>`, else `uid:<n>` of the Unix-socket peer, else
+ * `anonymous`.
+ */
+export function identity(
+  request: Pick<Request, 'apiKey' | 'peer'> & Partial<Pick<Request, 'headers'>>,
+): string {
+  const named = request.headers?.find(([n]) => n === TENANT_NAMED_HEADER)?.[1];
+  if (named) return named;
   if (request.apiKey !== undefined) return request.apiKey;
   if (request.peer !== undefined) return `uid:${request.peer.uid}`;
   return 'anonymous';

@@ -17,6 +17,7 @@ export {
 } from './decision.js';
 export {
   TENANT_HEADERS,
+  TENANT_NAMED_HEADER,
   checkTenantHeader,
   header,
   identity,

@@ -11,6 +11,10 @@ test('key beats uid beats nothing', () => {
   assert.equal(identity(r), 'uid:1000');
   r.apiKey = 'sha256:ab';
   assert.equal(identity(r), 'sha256:ab');
+  // The tenant slotgate named (`--client-auth keys`) beats them all, and is the tenant key.
+  r.headers = [['x-slotgate-tenant', 'alice']];
+  assert.equal(identity(r), 'alice');
+  assert.equal(tenantKey(r), 'alice');
 });
 
 test('hashed keys are recognised', () => {

@@ -8,7 +8,17 @@
 
 import type { Completion, Decision, Evaluation, Request, SettingsVerdict } from 'slotgate:policy/types@2.0.0';
 
-import { allow, checkSettings, forbidden, identity, isHashedKey, kept, parseSettings, settingsOk } from '../../../sdk-ts/src/index.js';
+import {
+  TENANT_NAMED_HEADER,
+  allow,
+  checkSettings,
+  forbidden,
+  identity,
+  isHashedKey,
+  kept,
+  parseSettings,
+  settingsOk,
+} from '../../../sdk-ts/src/index.js';
 
 interface Tenant {
   /** Hashed API keys (`sha256:<hex>`, as `slotgate hash-key KEY` prints them). */
@@ -98,7 +108,14 @@ function saturating(n: bigint): bigint {
 }
 
 /** The tenant listing the request's API key, else the one listing its uid. */
-function place(request: Request, s: Settings): (Tenant & { tenant: string }) | undefined {
+function place(request: Request, s: Settings): (Class & { tenant: string }) | undefined {
+  // The tenant slotgate named (a key it issued) is the tenant: its class is the one listed under its
+  // name, else the unknown callers' (it is known to slotgate, so never denied).
+  const named = request.headers.find(([n]) => n === TENANT_NAMED_HEADER)?.[1];
+  if (named) {
+    const listed = s.tenants.find(([name]) => name === named)?.[1];
+    return { ...(listed ?? s.unknown), tenant: named };
+  }
   const key = request.apiKey;
   const uid = request.peer?.uid;
   const found =
