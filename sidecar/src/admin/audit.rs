@@ -262,6 +262,10 @@ pub fn action(method: &Method, path: &str, query: Option<&str>) -> &'static str 
         "/quotas/set" if post => "quota_set",
         "/quotas/top-up" if post => "quota_top_up",
         "/quotas/reset" if post => "quota_reset",
+        "/quotas/grant" if post => "quota_grant",
+        "/keys" if post => "key_create",
+        p if post && p.starts_with("/keys/") && p.ends_with("/revoke") => "key_revoke",
+        p if post && p.starts_with("/keys/") && p.ends_with("/rotate") => "key_rotate",
         _ => "other",
     }
 }

@@ -1,7 +1,8 @@
 //! The quota admin API (docs/quotas.md#the-admin-api): every calendar quota of this sidecar with
 //! what is left (`GET /quotas`), and an operator's changes, each audited: `POST /quotas/set` (a
 //! limit that replaces the policy's, kept on disk; `null` gives it back), `/quotas/top-up` (gives
-//! back up to `amount` of what the current window used) and `/quotas/reset` (all of it).
+//! back up to `amount` of what the current window used), `/quotas/reset` (all of it) and
+//! `/quotas/grant` (`amount` above the limit, for the current window only).
 
 use http::{Method, Response};
 use serde::Deserialize;
@@ -125,6 +126,15 @@ pub async fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Resp
             _ => return bad(400, "invalid_amount", "amount must be a number > 0"),
         },
         "/quotas/reset" => shared.quota_give_back(&c.policy, &c.key, &c.period, None),
+        "/quotas/grant" => match c.amount {
+            Some(a) if a.is_finite() && a > 0.0 => {
+                match shared.grant_quota(&c.policy, &c.key, &c.period, a) {
+                    Err(e) if shared.fleet().is_some() => return bad(400, "not_on_a_fleet", &e),
+                    done => done,
+                }
+            }
+            _ => return bad(400, "invalid_amount", "amount must be a number > 0"),
+        },
         _ => return bad(404, "not_found", &format!("no admin endpoint {path}")),
     };
     match done {

@@ -50,6 +50,13 @@ pub enum QuotaCommand {
         #[command(flatten)]
         target: QuotaTarget,
     },
+    /// Grant AMOUNT above the limit, for the current window only: it ends with the window (not
+    /// on a fleet).
+    Grant {
+        #[command(flatten)]
+        target: QuotaTarget,
+        amount: f64,
+    },
 }
 
 /// Which quota a change is for.
@@ -133,6 +140,9 @@ pub fn quota(cmd: QuotaCommand) -> ExitCode {
             change(&target, "/quotas/top-up", json!({ "amount": amount }))
         }
         QuotaCommand::Reset { target } => change(&target, "/quotas/reset", json!({})),
+        QuotaCommand::Grant { target, amount } => {
+            change(&target, "/quotas/grant", json!({ "amount": amount }))
+        }
     }
 }
 

@@ -52,6 +52,9 @@ pub struct SharedState {
     /// gave it: what a quota goes back to when an operator's limit is taken away, and the quotas
     /// an operator may change (at most `MAX_ENTRIES`).
     policy_limits: DashMap<(Arc<str>, String, String), f64>,
+    /// One-off grants above a quota's limit, by policy, key and period: (the start of the window
+    /// they are for, the amount). A grant ends with its window.
+    grants: DashMap<(Arc<str>, String, String), (i64, f64)>,
     /// The counter of each (policy, event) counted.
     events: DashMap<(Arc<str>, String), metrics::Counter>,
     /// The buckets and the windows in the order they were made, to forget the oldest at
@@ -305,11 +308,57 @@ impl SharedState {
     /// On the fleet backend the policy's: the fleet's store puts an operator's in its place.
     fn quota_limit(&self, policy: &Arc<str>, key: &str, period: &str, limit: f64) -> f64 {
         self.note_policy_limit(policy, key, period, limit);
-        if self.quota_limits.is_empty() || self.fleet.get().is_some() {
+        if (self.quota_limits.is_empty() && self.grants.is_empty()) || self.fleet.get().is_some() {
             return limit;
         }
         let id = (policy.clone(), key.to_owned(), canonical(period));
-        self.quota_limits.get(&id).map_or(limit, |l| *l)
+        let base = self.quota_limits.get(&id).map_or(limit, |l| *l);
+        base + self.grant_now(&id, key, period)
+    }
+
+    /// What a grant adds to a quota in its current window (0 without one, or once it ended).
+    fn grant_now(&self, id: &(Arc<str>, String, String), key: &str, period: &str) -> f64 {
+        let Some((start, amount)) = self.grants.get(id).map(|g| *g) else {
+            return 0.0;
+        };
+        match self.quota_window(key, period, wall_ms()) {
+            Ok((_, (now_start, _))) if now_start == start => amount,
+            _ => 0.0,
+        }
+    }
+
+    /// Grants `amount` above a quota's limit for its current window only (added to any grant of
+    /// the same window), kept on disk at once; returns what is left after, `None` when the window
+    /// is not in use yet (it will start whole at the limit and the grant). Not on a fleet.
+    pub fn grant_quota(
+        &self,
+        policy: &str,
+        key: &str,
+        period: &str,
+        amount: f64,
+    ) -> Result<Option<f64>, String> {
+        if self.fleet.get().is_some() {
+            return Err("a grant is kept by one sidecar; on a fleet, raise the limit with `quota set` and set it back after".into());
+        }
+        let policy: Arc<str> = Arc::from(policy);
+        let (bucket, (start, _)) = self.quota_window(key, period, wall_ms())?;
+        let id = (policy.clone(), key.to_owned(), canonical(period));
+        let before = self.grant_now(&id, key, period);
+        if let Some(d) = self.durable.get() {
+            d.store
+                .put_grant(&policy, key, &id.2, (start, before + amount))
+                .map_err(|e| e.to_string())?;
+        }
+        // The window's capacity now: the limit in force and what was granted before.
+        let in_use = self.window_limit(&policy, key, period, &bucket);
+        let base = self
+            .operator_limit(&policy, key, period)
+            .or_else(|| self.policy_limit(&policy, key, period));
+        self.grants.insert(id, (start, before + amount));
+        Ok(in_use.map(|seen| {
+            let cap = base.map_or(seen, |b| b + before);
+            self.adjust_window(&policy, &bucket, cap, cap + amount, amount)
+        }))
     }
 
     /// Remembers the limit a policy asks for a quota (a look-up when it is unchanged).
@@ -548,6 +597,9 @@ impl SharedState {
         for ((policy, key, period), limit) in store.load_limits()? {
             self.quota_limits
                 .insert((Arc::from(policy), key, period), limit);
+        }
+        for ((policy, key, period), grant) in store.load_grants()? {
+            self.grants.insert((Arc::from(policy), key, period), grant);
         }
         if self.fleet.get().is_some() {
             // The fleet's store holds the budgets: this one keeps the operator's limits only.

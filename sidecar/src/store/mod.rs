@@ -47,8 +47,14 @@ const BUCKETS: TableDefinition<(&str, &str), (f64, u64)> = TableDefinition::new(
 const WINDOWS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("windows");
 /// A quota an operator set a limit of: (policy, key, period).
 pub type LimitId = (String, String, String);
+/// A grant above a quota's limit: (the start of its window, Unix ms; the amount).
+pub type Grant = (i64, f64);
 /// Quota limits an operator set: (policy, key, period) → limit.
 const LIMITS: TableDefinition<(&str, &str, &str), f64> = TableDefinition::new("quota_limits");
+/// One-off grants above a quota's limit: (policy, key, period) → (its window's start, Unix ms; the
+/// amount granted in that window).
+const GRANTS: TableDefinition<(&str, &str, &str), (i64, f64)> =
+    TableDefinition::new("quota_grants");
 /// Keys slotgate issued: id → the record as JSON (`keys::Record`: a digest, never a secret).
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 
@@ -178,6 +184,7 @@ impl Store {
             tx.open_table(WINDOWS).map_err(|e| self.write_err(e))?;
             tx.open_table(LIMITS).map_err(|e| self.write_err(e))?;
             tx.open_table(KEYS).map_err(|e| self.write_err(e))?;
+            tx.open_table(GRANTS).map_err(|e| self.write_err(e))?;
             tx.open_table(ledger::USAGE)
                 .map_err(|e| self.write_err(e))?;
         }
@@ -329,6 +336,41 @@ impl Store {
                 Some(l) => t.insert((policy, key, period), l).map(drop)?,
                 None => t.remove((policy, key, period)).map(drop)?,
             }
+            Ok(())
+        })
+    }
+
+    /// The grants above quotas' limits: ((policy, key, period), (window start, amount)).
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, read once, at start"
+    )]
+    pub fn load_grants(&self) -> Result<Vec<(LimitId, Grant)>, StoreError> {
+        self.with_read(|tx| {
+            read_all(tx, GRANTS, |(policy, key, period), grant| {
+                (
+                    (policy.to_owned(), key.to_owned(), period.to_owned()),
+                    grant,
+                )
+            })
+        })
+    }
+
+    /// Keeps a quota's grant in its window, durably, now.
+    #[allow(
+        clippy::result_large_err,
+        reason = "redb's own error, at an operator's change, off the request path"
+    )]
+    pub fn put_grant(
+        &self,
+        policy: &str,
+        key: &str,
+        period: &str,
+        grant: (i64, f64),
+    ) -> Result<(), StoreError> {
+        self.with_write(|tx| {
+            tx.open_table(GRANTS)?
+                .insert((policy, key, period), grant)?;
             Ok(())
         })
     }

@@ -173,5 +173,33 @@ async fn set_and_none_keep_the_use_a_wrong_quota_is_refused_and_a_big_request_is
     );
     let r = client.post_json("/v1/chat/completions", &chat(100)).await;
     assert_eq!(r.status, 200, "a smaller request passes: {}", r.body);
+
+    // A grant above the limit: what is left grows by it, for this window only; audited.
+    gate.wait_outcome("ok", 2).await;
+    let (_, _, used_now, left_now) = tokens(&gate).await;
+    let (ok, out, err) = cli(
+        &gate,
+        &[&["quota", "grant"][..], &target, &["1000"]].concat(),
+    );
+    assert!(ok, "{out}{err}");
+    let (_, limit_now, used_after, left_after) = tokens(&gate).await;
+    assert_eq!(used_after, used_now, "a grant takes nothing back");
+    assert_eq!(left_after, left_now + 1000.0, "{out}");
+    assert_eq!(
+        limit_now, 2000.0,
+        "the limit for this window, grant included"
+    );
+    // Now a request larger than the policy's whole quota's remainder passes.
+    let r = client
+        .post_json("/v1/chat/completions", &chat(left_now as u64 + 100))
+        .await;
+    assert_eq!(r.status, 200, "the grant is usable: {}", r.body);
+    let lines = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("\"action\":\"quota_grant\"") && l.contains("\"result\":\"ok\"")),
+        "{lines}"
+    );
     gate.assert_idle().await;
 }
