@@ -650,6 +650,23 @@ impl RunningGate {
         &self.dir
     }
 
+    /// `slotgate ARGS` against this gate's admin listener, with its admin token when it has one
+    /// ([`Gate::admin_token`]), as an operator types it: (exited 0, stdout, stderr).
+    pub fn admin_cli(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = command();
+        cmd.args(args).arg("--admin").arg(&self.admin_listen);
+        let token = self.dir.join("admin.token");
+        if token.exists() {
+            cmd.arg("--admin-token-file").arg(token);
+        }
+        let out = cmd.output().expect("run slotgate");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     pub async fn admin_get(&self, path: &str) -> crate::client::Response {
         self.admin
             .try_send(get(path))

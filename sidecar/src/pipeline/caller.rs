@@ -129,6 +129,33 @@ impl Named {
     }
 }
 
+/// Lets the caller in by `--client-auth`, before anything is counted or kept: under `keys` a key
+/// slotgate issued (which names it), under `upstream` one llama-server would take (asked once, see
+/// `upstream::verdicts`), under `open` anyone. `digest` is the credential's, hashed once.
+pub async fn let_in(
+    app: &crate::state::App,
+    credential: Option<&Credential<'_>>,
+    digest: Option<[u8; 32]>,
+    peer: Option<Peer>,
+) -> Result<Option<Named>, GateError> {
+    match app.config.client_auth {
+        ClientAuth::Open => Ok(None),
+        ClientAuth::Upstream => {
+            let shown = credential.zip(digest).map(|(c, d)| c.shown(d));
+            app.verdicts.check(&app.upstream, shown).await?;
+            Ok(None)
+        }
+        ClientAuth::Keys => named_by_key(
+            ClientAuth::Keys,
+            &app.keys,
+            &app.config.client_auth_uids,
+            credential,
+            peer,
+            crate::policy::state::wall_ms(),
+        ),
+    }
+}
+
 /// `--client-auth keys`: the caller a key slotgate issued names (or a Unix peer's mapped uid), else
 /// a 401 in the API's shape, before anything is counted or kept; each refusal is counted by reason.
 pub fn named_by_key(

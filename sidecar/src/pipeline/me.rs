@@ -15,7 +15,6 @@ use serde_json::{json, Value};
 use slotgate_sdk::Peer;
 
 use super::caller::{self, Named};
-use crate::config::ClientAuth;
 use crate::error::GateError;
 use crate::respond;
 use crate::state::App;
@@ -41,22 +40,7 @@ async fn who(
 ) -> Result<(String, Option<Named>), GateError> {
     let credential = caller::credential(headers)?;
     let digest = credential.as_ref().map(caller::Credential::digest);
-    let named = match app.config.client_auth {
-        ClientAuth::Keys => caller::named_by_key(
-            ClientAuth::Keys,
-            &app.keys,
-            &app.config.client_auth_uids,
-            credential.as_ref(),
-            peer,
-            crate::policy::state::wall_ms(),
-        )?,
-        ClientAuth::Upstream => {
-            let shown = credential.as_ref().zip(digest).map(|(c, d)| c.shown(d));
-            app.verdicts.check(&app.upstream, shown).await?;
-            None
-        }
-        ClientAuth::Open => None,
-    };
+    let named = caller::let_in(app, credential.as_ref(), digest, peer).await?;
     let name = match (&named, digest, peer) {
         (Some(n), _, _) => n.tenant.to_string(),
         (None, Some(d), _) => format!("sha256:{}", crate::keys::secret::hex(&d)),

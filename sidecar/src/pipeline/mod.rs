@@ -336,27 +336,10 @@ async fn who(
         .inspect_err(|_| crate::metrics::caller_refused("ambiguous"))?;
     // The key is hashed once, for the verdict and for the caller both.
     let digest = credential.as_ref().map(caller::Credential::digest);
-    let mut named = None;
-    if !ctx.preflight {
-        use crate::config::ClientAuth;
-        match app.config.client_auth {
-            ClientAuth::Open => {}
-            ClientAuth::Upstream => {
-                let shown = credential.as_ref().zip(digest).map(|(c, d)| c.shown(d));
-                app.verdicts.check(&app.upstream, shown).await?;
-            }
-            ClientAuth::Keys => {
-                named = caller::named_by_key(
-                    ClientAuth::Keys,
-                    &app.keys,
-                    &app.config.client_auth_uids,
-                    credential.as_ref(),
-                    peer,
-                    crate::policy::state::wall_ms(),
-                )?;
-            }
-        }
-    }
+    let named = match ctx.preflight {
+        true => None,
+        false => caller::let_in(app, credential.as_ref(), digest, peer).await?,
+    };
     Ok((crate::admission::Caller::of(digest, peer), named))
 }
 

@@ -4,7 +4,6 @@
 //! llama-server sees anything.
 
 use slotgate_tests::agents::{access_log, Agent, Stage};
-use slotgate_tests::gate::binary_path;
 use slotgate_tests::llama::serial;
 use slotgate_tests::*;
 
@@ -12,24 +11,11 @@ use super::KEY;
 
 const ADMIN: &str = "admin-token-agent-keys";
 
+/// `slotgate ARGS --json`, which must succeed: what it printed.
 fn cli(stage: &Stage, args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(binary_path())
-        .args(args)
-        .args([
-            "--json",
-            "--admin",
-            stage.gate.admin_addr(),
-            "--admin-token-file",
-        ])
-        .arg(stage.gate.dir().join("admin.token"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let (ok, out, err) = stage.gate.admin_cli(&[args, &["--json"]].concat());
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

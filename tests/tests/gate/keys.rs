@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{json, Value};
 use slotgate_tests::fake_upstream::{FakeUpstream, RunningUpstream};
-use slotgate_tests::gate::{binary_path, Gate, RunningGate};
+use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::request::CHAT;
 use slotgate_tests::wait::unique_dir;
 
@@ -35,22 +35,8 @@ fn upstream() -> FakeUpstream {
     FakeUpstream::instant().api_key(UPSTREAM_KEY)
 }
 
-/// `slotgate ARGS --admin ... --admin-token-file ...`: (success, stdout, stderr).
 fn cli(gate: &RunningGate, args: &[&str]) -> (bool, String, String) {
-    let token = gate.dir().join("admin.token");
-    let out = std::process::Command::new(binary_path())
-        .args(args)
-        .arg("--admin")
-        .arg(gate.admin_addr())
-        .arg("--admin-token-file")
-        .arg(token)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    gate.admin_cli(args)
 }
 
 /// `slotgate key create ARGS --json`: the key's id and its secret.

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use slotgate_tests::gate::{binary_path, free_port, Gate, RunningGate};
+use slotgate_tests::gate::{free_port, Gate, RunningGate};
 use slotgate_tests::llama::{serial, server_argv, LlamaServer};
 use slotgate_tests::python::{arg, driver, python};
 use slotgate_tests::wait::unique_dir;
@@ -34,19 +34,11 @@ fn keyed_gate(state: &Path, port: u16, llama: &Path) -> Gate {
         .admin_token(ADMIN)
 }
 
+/// `slotgate ARGS --json`, which must succeed: what it printed.
 fn cli(gate: &RunningGate, args: &[&str]) -> Value {
-    let out = std::process::Command::new(binary_path())
-        .args(args)
-        .args(["--json", "--admin", gate.admin_addr(), "--admin-token-file"])
-        .arg(gate.dir().join("admin.token"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let (ok, out, err) = gate.admin_cli(&[args, &["--json"]].concat());
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap()
 }
 
 /// One call of `sdk` (`openai` or `anthropic`) with `key`: its status, and the exception's name and

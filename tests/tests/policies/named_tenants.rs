@@ -6,7 +6,7 @@
 use http::Method;
 use serde_json::{json, Value};
 use slotgate_tests::fake_upstream::FakeUpstream;
-use slotgate_tests::gate::{binary_path, Gate, RunningGate};
+use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::request::CHAT;
 use slotgate_tests::wait::unique_dir;
 use slotgate_tests::wat;
@@ -18,21 +18,9 @@ const SETTINGS: &str =
     "{ period = \"day\", requests = 3, tokens = 100000, tenants = { \"alice\" = { requests = 2 } } }";
 
 fn cli(gate: &RunningGate, args: &[&str]) -> String {
-    let out = std::process::Command::new(binary_path())
-        .args(args)
-        .arg("--admin")
-        .arg(gate.admin_addr())
-        .arg("--admin-token-file")
-        .arg(gate.dir().join("admin.token"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+    let (ok, out, err) = gate.admin_cli(args);
+    assert!(ok, "{args:?}: {out}{err}");
+    out
 }
 
 fn secret(gate: &RunningGate, tenant: &str, team: &str) -> String {

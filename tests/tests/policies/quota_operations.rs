@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 use slotgate_tests::fake_upstream::FakeUpstream;
-use slotgate_tests::gate::{binary_path, Gate, RunningGate};
+use slotgate_tests::gate::{Gate, RunningGate};
 use slotgate_tests::request::Req;
 use slotgate_tests::wait::unique_dir;
 use slotgate_tests::wat;
@@ -15,19 +15,7 @@ const ADMIN: &str = "admin-token-quota-ops";
 const SETTINGS: &str = "{ period = \"day\", tokens = 1000, requests = 100 }";
 
 fn cli(gate: &RunningGate, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(binary_path())
-        .args(args)
-        .arg("--admin")
-        .arg(gate.admin_addr())
-        .arg("--admin-token-file")
-        .arg(gate.dir().join("admin.token"))
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    gate.admin_cli(args)
 }
 
 /// The tokens quota: (key, limit, used, left).
