@@ -7,6 +7,8 @@
 //! (a router polls it every second). It is answered only to a caller llama-server would answer:
 //! the caller's own credentials are first shown to llama-server on `GET /v1/models` (a route its
 //! `--api-key` guards), and its refusal is the answer here. slotgate's key is never lent to it.
+//! Under `--client-auth keys` it is a key slotgate issued that lets the caller in, and llama-server
+//! is not asked.
 
 use bytes::Bytes;
 use http::{HeaderMap, Method};
@@ -40,29 +42,44 @@ pub async fn answer(app: &App, headers: &HeaderMap) -> Response {
             None,
         );
     }
-    match app
-        .upstream
-        .send(&Method::GET, KEY_PROBE, headers, Bytes::new(), false)
-        .await
-    {
-        Ok(resp) if resp.status().is_success() => {}
-        // llama-server's own refusal (401 for a missing or wrong key), as it gave it.
-        Ok(resp) => {
-            let (parts, body) = resp.into_parts();
-            let mut out = Response::new(body);
-            *out.status_mut() = parts.status;
-            copy_end_to_end(&parts.headers, out.headers_mut());
-            return out;
+    // Under `--client-auth keys` the caller's key is slotgate's to check, never llama-server's
+    // to see.
+    if app.config.client_auth == crate::config::ClientAuth::Keys {
+        let checked = match super::caller::credential(headers) {
+            Ok(c) => {
+                let digest = c.as_ref().map(super::caller::Credential::digest);
+                super::caller::let_in(app, c.as_ref(), digest, None).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = checked {
+            return respond::error(&e, None);
         }
-        Err(SendError::Loading) => return respond::loading(),
-        Err(e) => {
-            return respond::error(
-                &GateError::UpstreamUnavailable {
-                    reason: e.to_string(),
-                    retry_after: 1,
-                },
-                None,
-            )
+    } else {
+        match app
+            .upstream
+            .send(&Method::GET, KEY_PROBE, headers, Bytes::new(), false)
+            .await
+        {
+            Ok(resp) if resp.status().is_success() => {}
+            // llama-server's own refusal (401 for a missing or wrong key), as it gave it.
+            Ok(resp) => {
+                let (parts, body) = resp.into_parts();
+                let mut out = Response::new(body);
+                *out.status_mut() = parts.status;
+                copy_end_to_end(&parts.headers, out.headers_mut());
+                return out;
+            }
+            Err(SendError::Loading) => return respond::loading(),
+            Err(e) => {
+                return respond::error(
+                    &GateError::UpstreamUnavailable {
+                        reason: e.to_string(),
+                        retry_after: 1,
+                    },
+                    None,
+                )
+            }
         }
     }
     if app.admission.is_closed() {

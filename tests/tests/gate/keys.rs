@@ -107,6 +107,17 @@ async fn a_key_is_served_under_its_tenant_and_others_are_refused_before_anything
         let resp = chat_with(&gate, headers).await;
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
+    // The load a router polls: to an issued key only, without showing it to llama-server.
+    let loads = gate
+        .client()
+        .get_with("/v1/loads", &[("x-api-key", &secret)])
+        .await;
+    assert_eq!(loads.status, 200, "{}", loads.body);
+    let loads = gate
+        .client()
+        .get_with("/v1/loads", &[("x-api-key", "sk-made-up")])
+        .await;
+    assert_eq!(loads.status, 401, "{}", loads.body);
     only_slotgates_key_reached(&up, &[&secret]);
     let served = up.count();
 
