@@ -31,13 +31,21 @@ pub const TEAM_NAMED_HEADER: &str = "x-slotgate-team";
 /// The id of the caller's key (see [`TENANT_NAMED_HEADER`]).
 pub const KEY_ID_HEADER: &str = "x-slotgate-key-id";
 
-/// Whether `s` is a tenant's name as slotgate's keys give them: 1 to 64 of `A-Z a-z 0-9 . _ @ -`.
+/// Whether `s` is a tenant's name as slotgate's keys give them: 1 to 64 of `A-Z a-z 0-9 . _ @ -`,
+/// not a name slotgate gives callers itself, and not shaped like a raw API key (`sk-…`, `sgk_…`):
+/// a key pasted into settings must be refused, not taken for a name that never matches.
 pub fn is_tenant_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
         && !matches!(s, "anonymous" | "other")
+        && !looks_like_a_key(s)
+}
+
+/// A raw key's common prefixes: OpenAI's and Anthropic's `sk-`, slotgate's own `sgk_`.
+fn looks_like_a_key(s: &str) -> bool {
+    ["sk-", "sk_", "sgk_"].iter().any(|p| s.starts_with(p))
 }
 
 /// Checks a tenant named in a policy's settings: a tenant's name (a key slotgate issued names it,
@@ -59,7 +67,8 @@ pub fn check_tenant(tenant: &str, by_header: bool) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "tenant `{tenant}` is not a tenant's name (as `slotgate key create --tenant` gives it), \
+        "tenant `{tenant}` is not a tenant's name (as `slotgate key create --tenant` gives it; \
+         never a raw key), \
          `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with \
          tenant_header, `header:<value>`"
     ))

@@ -92,12 +92,13 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'))
-        && !matches!(name, "anonymous" | "other" | "-");
+        && !matches!(name, "anonymous" | "other" | "-")
+        && slotgate_sdk::is_tenant_name(name);
     if ok {
         return Ok(());
     }
     Err(format!(
-        "{what} `{}`: 1 to 64 of A-Z a-z 0-9 . _ @ - (not anonymous or other)",
+        "{what} `{}`: 1 to 64 of A-Z a-z 0-9 . _ @ - (not anonymous or other, nor a key's shape sk-, sgk_)",
         name.escape_debug()
     ))
 }

@@ -548,7 +548,16 @@ mod tests {
     #[test]
     fn names_are_checked() {
         let keys = Keys::none();
-        for bad in ["", "a b", "a:b", "anonymous", "x\n", &"a".repeat(65)] {
+        for bad in [
+            "",
+            "a b",
+            "a:b",
+            "anonymous",
+            "x\n",
+            "sk-live-123",
+            "sgk_x",
+            &"a".repeat(65),
+        ] {
             assert!(keys.create(new(bad), 0).is_err(), "{bad:?}");
         }
         let mut n = new("ok");

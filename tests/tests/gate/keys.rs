@@ -160,10 +160,11 @@ async fn a_key_is_served_under_its_tenant_and_others_are_refused_before_anything
         resp.body
     );
     assert_eq!(up.count(), served, "no refused caller reached llama-server");
+    // Four chats and the load poll above.
     gate.wait_metric(
         "slotgate_callers_refused_total",
         &[("reason", "unknown_key")],
-        4.0,
+        5.0,
     )
     .await;
     gate.wait_metric(
@@ -181,6 +182,7 @@ async fn a_key_is_served_under_its_tenant_and_others_are_refused_before_anything
         "{list}"
     );
     assert!(!list.contains(&secret[20..]), "the list shows no secret");
+    gate.wait_outcome("ok", 2).await;
     let usage = gate.admin_get("/usage?format=csv").await;
     assert!(usage.body.contains(",alice,"), "{}", usage.body);
     assert!(
@@ -375,6 +377,7 @@ async fn a_flood_of_made_up_keys_takes_no_queue_place_and_leaves_nothing() {
         rss_after < rss_before + 16 * 1024,
         "RSS grew from {rss_before} kB to {rss_after} kB over 20,000 made-up keys"
     );
+    gate.wait_outcome("ok", 12).await;
     let usage = gate.admin_get("/usage?format=csv").await.body;
     assert!(
         !usage.contains("sha256:") && usage.contains(",valid,"),

@@ -102,7 +102,8 @@ async fn a_person_given_a_key_has_one_name_in_quotas_ledger_logs_and_their_own_v
     let anon = gate.client().get("/v1/slotgate/me").await;
     assert_eq!(anon.status, 401, "{}", anon.body);
 
-    // The operator's views: one name each.
+    // The operator's views: one name each (the ledger books a request as its answer ends).
+    gate.wait_outcome("ok", 3).await;
     let quotas = cli(&gate, &["quota", "list", "--json"]);
     assert!(
         quotas.contains("requests:alice") && quotas.contains("tokens:bob"),
