@@ -277,11 +277,6 @@ impl Keys {
         all
     }
 
-    /// The concurrency cap key `id` carries.
-    pub fn max_in_service(&self, id: &str) -> Option<usize> {
-        self.read().get(id)?.record.max_in_service
-    }
-
     pub fn get(&self, id: &str) -> Option<Record> {
         self.read().get(id).map(|k| current(k))
     }

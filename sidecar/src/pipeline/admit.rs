@@ -138,7 +138,11 @@ async fn admit_to_slot(
         ex.set_deadline(d - ctx.arrived);
     }
     let deadline = own.unwrap_or(deadline);
-    let (claim, demand) = claim_of(app, intake, decided, own, ex)?;
+    let key_cap = ctx
+        .named
+        .as_ref()
+        .and_then(|n| n.key.as_ref()?.record.max_in_service);
+    let (claim, demand) = claim_of(app, intake, decided, own, key_cap, ex)?;
     if let Some(band) = admission.band_of(claim.priority) {
         ex.set_band(band);
     }
@@ -228,6 +232,7 @@ fn claim_of(
     intake: &mut Intake,
     decided: &Decided,
     own: Option<Instant>,
+    key_cap: Option<usize>,
     ex: &mut Exchange,
 ) -> Result<(Claim, Demand), GateError> {
     let demand = demand_of(app, intake)?;
@@ -235,12 +240,7 @@ fn claim_of(
     let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge);
     let mut cap = tenant_cap(app, &claim.tenant);
     // A key's own cap (`key create --max-in-service`), on its tenant's requests, the stricter.
-    if let Some(n) = intake
-        .summary
-        .key_id
-        .as_deref()
-        .and_then(|id| app.keys.max_in_service(id))
-    {
+    if let Some(n) = key_cap {
         cap.in_service = Some(cap.in_service.map_or(n, |c| c.min(n)));
     }
     let claim = claim
