@@ -174,6 +174,9 @@ fn request(r: t::Request) -> RequestSummary {
         tenant: header(&r.headers, crate::identity::TENANT_NAMED_HEADER),
         team: header(&r.headers, crate::identity::TEAM_NAMED_HEADER),
         key_id: header(&r.headers, crate::identity::KEY_ID_HEADER),
+        key_labels: header(&r.headers, crate::identity::KEY_LABELS_HEADER)
+            .and_then(|json| serde_json::from_str(&json).ok())
+            .unwrap_or_default(),
         headers: r.headers.into_iter().collect::<BTreeMap<_, _>>(),
         queue: QueueSnapshot {
             depth: r.queue.depth as usize,

@@ -30,6 +30,8 @@ pub const TENANT_NAMED_HEADER: &str = "x-slotgate-tenant";
 pub const TEAM_NAMED_HEADER: &str = "x-slotgate-team";
 /// The id of the caller's key (see [`TENANT_NAMED_HEADER`]).
 pub const KEY_ID_HEADER: &str = "x-slotgate-key-id";
+/// The labels of the caller's key, as one JSON object (see [`TENANT_NAMED_HEADER`]).
+pub const KEY_LABELS_HEADER: &str = "x-slotgate-key-labels";
 
 /// Whether `s` is a tenant's name as slotgate's keys give them: 1 to 64 of `A-Z a-z 0-9 . _ @ -`,
 /// not a name slotgate gives callers itself, and not shaped like a raw API key (`sk-…`, `sgk_…`):

@@ -124,7 +124,7 @@ pub mod __guest;
 
 pub use identity::{
     check_tenant, check_tenant_header, is_hashed_key, is_tenant_name, Identity, KEY_ID_HEADER,
-    TEAM_NAMED_HEADER, TENANT_HEADERS, TENANT_NAMED_HEADER,
+    KEY_LABELS_HEADER, TEAM_NAMED_HEADER, TENANT_HEADERS, TENANT_NAMED_HEADER,
 };
 pub use policy::Policy;
 /// The v2 contract (`slotgate policy wit` prints it too).

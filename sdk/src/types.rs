@@ -119,6 +119,9 @@ pub struct RequestSummary {
     /// The id of that key (never its secret).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
+    /// That key's labels (`key create --label K=V`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub key_labels: BTreeMap<String, String>,
 }
 
 fn is_zero(n: &u64) -> bool {

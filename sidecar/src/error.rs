@@ -119,6 +119,13 @@ pub enum GateError {
         KeyProblem::Expired => "This API key has expired. Ask your operator for a new one.",
     })]
     Unauthorized(KeyProblem),
+    /// `--allow-from`, or the key's `allow_from`: a TCP peer outside the networks it may call
+    /// from, refused before anything is counted or kept.
+    #[error("Requests from {addr} are not allowed{}. Ask your operator to allow your network.", if *.by_key { " for this API key" } else { "" })]
+    SourceNotAllowed {
+        addr: std::net::IpAddr,
+        by_key: bool,
+    },
     /// `--client-auth keys`: a model outside the key's scope, in OpenAI's words for a model a key
     /// cannot use.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
@@ -343,6 +350,9 @@ impl GateError {
                 O::Upstream4xx,
             ),
             E::Unauthorized(_) => row(401, INVALID, "invalid_api_key", O::Unauthorized),
+            E::SourceNotAllowed { .. } => {
+                row(403, PERMISSION, "source_not_allowed", O::Unauthorized)
+            }
             E::ModelNotAllowed(_) => row(404, INVALID, "model_not_found", O::BadRequest),
             E::Stopped { .. } => row(400, INVALID, "stream_stopped", O::ClientGone),
             E::StreamPending { .. } => {

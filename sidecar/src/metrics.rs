@@ -64,6 +64,8 @@ pub const STATE_ERRORS_TOTAL: &str = "slotgate_state_errors_total";
 pub const STATE_LEASE_TOKENS: &str = "slotgate_state_lease_tokens";
 pub const CALLERS_REFUSED_TOTAL: &str = "slotgate_callers_refused_total";
 pub const STATE_EVICTED_TOTAL: &str = "slotgate_state_evicted_total";
+pub const KEYS_FILE_READS_TOTAL: &str = "slotgate_keys_file_reads_total";
+pub const KEYS_SYNCED_TOTAL: &str = "slotgate_keys_synced_total";
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "slotgate_connections_refused_total";
 
 /// Seconds of one round trip to the state store: a Unix socket's tens of microseconds to a remote
@@ -369,7 +371,15 @@ const HELP: &[Help] = &[
     ),
     counter(
         CALLERS_REFUSED_TOTAL,
-        "Requests refused before anything was charged because llama-server would refuse their caller, by reason (no_key, refused_key) or because their credentials could be read two ways (ambiguous).",
+        "Requests refused before anything was charged, by reason: llama-server would refuse their caller (no_key, refused_key); their credentials could be read two ways (ambiguous); under --client-auth keys no_key, unknown_key, revoked_key, expired_key; from outside --allow-from or a key's networks (source_network).",
+    ),
+    counter(
+        KEYS_FILE_READS_TOTAL,
+        "Reads of a changed --keys-file, by result (ok; error: the keys read before stay in force).",
+    ),
+    counter(
+        KEYS_SYNCED_TOTAL,
+        "Keys changes shared with the fleet's store, by direction (pushed: made here; pulled: made by another sidecar).",
     ),
     counter(
         STATE_EVICTED_TOTAL,

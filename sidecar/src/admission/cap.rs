@@ -45,7 +45,12 @@ impl TenantCap {
 /// (what `slotgate_tenants_at_cap` counts it against). Only tenants with requests in service are
 /// kept: the map is never larger than the requests in service.
 #[derive(Debug, Default)]
-pub struct InService(HashMap<Arc<str>, Running>);
+pub struct InService(HashMap<Arc<str>, Running>, Teams);
+
+/// Requests in service by team, for the teams with a cap (`[teams."NAME"]`); only teams with
+/// requests in service are kept.
+#[derive(Debug, Default)]
+struct Teams(HashMap<Arc<str>, usize>);
 
 #[derive(Debug, Default)]
 struct Running {
@@ -59,6 +64,26 @@ impl InService {
         let r = self.0.entry(tenant.clone()).or_default();
         r.since.push(at);
         r.cap = cap;
+    }
+
+    /// A request of the capped `team` started.
+    pub fn team_start(&mut self, team: &Arc<str>) {
+        *self.1 .0.entry(team.clone()).or_default() += 1;
+    }
+
+    /// A request of the capped `team` ended.
+    pub fn team_end(&mut self, team: &str) {
+        if let Some(n) = self.1 .0.get_mut(team) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.1 .0.remove(team);
+            }
+        }
+    }
+
+    /// `team`'s requests in service.
+    pub fn of_team(&self, team: &str) -> usize {
+        self.1 .0.get(team).copied().unwrap_or(0)
     }
 
     /// The request of `tenant` that started at `at` ended.

@@ -45,6 +45,9 @@ pub struct Claim {
     /// Its cap on its tenant's requests in service and waiting: its policies' and the operator's,
     /// the stricter (see `admission::cap`).
     pub cap: TenantCap,
+    /// Its tenant's team and the team's cap on its requests in service (`[teams."NAME"]`), when
+    /// one is set: held back like a tenant at its cap while the team's requests reach it.
+    pub team_cap: Option<(Arc<str>, usize)>,
     /// Its request's body: with its tenant, how a client told to come back is known when it does
     /// (see `queue::returns`). Shared, not copied.
     pub body: bytes::Bytes,
@@ -88,6 +91,7 @@ impl Claim {
             shed_at: None,
             keeps_slot: false,
             cap,
+            team_cap: None,
             body: bytes::Bytes::new(),
         }
     }
@@ -104,6 +108,12 @@ impl Claim {
     /// Capped by `cap` too (the operator's setting for its tenant): the stricter of each limit.
     pub fn capped(mut self, cap: TenantCap) -> Claim {
         self.cap = self.cap.tightened(cap);
+        self
+    }
+
+    /// Held to its team's cap too: at most `cap` of `team`'s requests in service.
+    pub fn team_capped(mut self, team: Option<(Arc<str>, usize)>) -> Claim {
+        self.team_cap = team.map(|(t, n)| (t, n.max(1)));
         self
     }
 

@@ -108,6 +108,10 @@ pub(super) async fn bind(
     let ledger = Arc::new(Ledger::new(config.state.usage_retention_days));
     let (persister, store) = state_on_disk(&config, &policies, &ledger)?;
     let keys = keys(&config, store)?;
+    if let (Some(fleet), crate::config::ClientAuth::Keys) = (&fleet, config.client_auth) {
+        keys.share();
+        fleet.share_keys(keys.clone());
+    }
     crate::admin::audit::open(&config.admin.audit_log).map_err(StartError::AuditLog)?;
     let mut app = App::new(config, prometheus, policies, fleet, ledger);
     app.keys = keys;
@@ -154,6 +158,13 @@ fn keys(
         ));
     }
     let keys = crate::keys::Keys::open(store).map_err(StartError::Keys)?;
+    if let Some(path) = &config.keys_file {
+        let n = keys
+            .load_file(path, crate::policy::state::wall_ms())
+            .map_err(StartError::Keys)?
+            .unwrap_or(0);
+        tracing::info!(file = %path.display(), keys = n, "keys file read; re-read when it changes");
+    }
     if config.client_auth == crate::config::ClientAuth::Keys {
         tracing::info!(
             keys = keys.len(),

@@ -79,6 +79,7 @@ pub async fn reload(
     source: &ConfigSource,
     trigger: &str,
 ) -> Option<Vec<PolicySpec>> {
+    reload_keys_file(app, trigger).await;
     tracing::info!(
         trigger,
         "policy reload: reading the configuration and policy files"
@@ -125,6 +126,48 @@ pub async fn reload(
     audit(result, detail(&outcome, tokens_changed));
     log_outcome(app, trigger, outcome);
     Some(specs)
+}
+
+/// Reads the keys file (`--keys-file`) again, when it changed; a file that does not read leaves the
+/// keys read before in force. Audited as `keys_file`.
+async fn reload_keys_file(app: &Arc<App>, trigger: &str) {
+    let Some(path) = app.config.keys_file.clone() else {
+        return;
+    };
+    let keys = app.keys.clone();
+    let now = crate::policy::state::wall_ms();
+    let read = tokio::task::spawn_blocking(move || keys.load_file(&path, now))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    let (result, detail) = match read {
+        Ok(None) => return,
+        Ok(Some(n)) => {
+            tracing::info!(
+                trigger,
+                keys = n,
+                "keys file re-read: its keys are in force"
+            );
+            metrics::counter!(m::KEYS_FILE_READS_TOTAL, "result" => "ok").increment(1);
+            ("swapped", format!("{n} keys"))
+        }
+        Err(error) => {
+            tracing::error!(
+                trigger,
+                error,
+                "keys file rejected: the keys read before stay in force"
+            );
+            metrics::counter!(m::KEYS_FILE_READS_TOTAL, "result" => "error").increment(1);
+            ("rejected", error)
+        }
+    };
+    audit::record(&Entry {
+        action: "keys_file",
+        who: Some(Who::Process(trigger)),
+        result,
+        credentials: "-",
+        detail: Some(detail),
+        ..Entry::default()
+    });
 }
 
 /// Off the runtime: reads the configuration and reloads the chain from it.
@@ -234,6 +277,7 @@ fn watch_list(config: &Config, source: &ConfigSource, specs: &[PolicySpec]) -> V
     let mut files: Vec<PathBuf> = source.file.iter().cloned().collect();
     files.extend(config.admin.token_file.clone());
     files.extend(config.admin.read_token_file.clone());
+    files.extend(config.keys_file.clone());
     for spec in specs {
         files.push(spec.path.clone());
         files.extend(spec.settings_file.clone());

@@ -4,11 +4,71 @@
 
 use std::process::ExitCode;
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
 use super::admin_client::AdminArgs;
 use super::quota::{call, text};
+
+/// What a new key names: `key create` and `key mint` alike.
+#[derive(Debug, Args)]
+pub struct KeyFields {
+    /// Whom it is for: 1 to 64 of A-Z a-z 0-9 . _ @ -.
+    #[arg(long)]
+    tenant: String,
+    /// The team the tenant belongs to (same characters).
+    #[arg(long)]
+    team: Option<String>,
+    /// The only models it may use, comma-separated [default: any]
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    models: Vec<String>,
+    /// How long it lasts: 30d, 12h, ... [default: until revoked]
+    #[arg(long, value_name = "DURATION")]
+    expires: Option<String>,
+    /// Its requests' priority (lower is more urgent); a trusted client hint may only lower it.
+    #[arg(long, allow_hyphen_values = true)]
+    priority: Option<i64>,
+    /// The most of its tenant's requests in service while one of this key's is asked.
+    #[arg(long, value_name = "N")]
+    max_in_service: Option<usize>,
+    /// The only networks its TCP callers may come from: 10.0.0.0/8,192.168.1.7 [default: any the
+    /// listener allows]
+    #[arg(long, value_name = "CIDR,...")]
+    allow_from: Option<String>,
+    /// A label, K=V (repeatable), shown in lists and given to policies.
+    #[arg(long = "label", value_name = "K=V")]
+    labels: Vec<String>,
+}
+
+impl KeyFields {
+    /// As `POST /keys` takes it.
+    fn body(self) -> Result<Value, String> {
+        let mut label_map = serde_json::Map::new();
+        for l in &self.labels {
+            let Some((k, v)) = l.split_once('=') else {
+                return Err(format!("--label `{l}` is not K=V"));
+            };
+            label_map.insert(k.to_owned(), json!(v));
+        }
+        let mut body = json!({ "tenant": self.tenant, "labels": label_map });
+        let models: Vec<String> = self.models.into_iter().filter(|m| !m.is_empty()).collect();
+        if !models.is_empty() {
+            body["models"] = json!(models);
+        }
+        for (k, v) in [
+            ("team", self.team.map(Value::from)),
+            ("expires", self.expires.map(Value::from)),
+            ("priority", self.priority.map(Value::from)),
+            ("max_in_service", self.max_in_service.map(Value::from)),
+            ("allow_from", self.allow_from.map(Value::from)),
+        ] {
+            if let Some(v) = v {
+                body[k] = v;
+            }
+        }
+        Ok(body)
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
@@ -18,28 +78,19 @@ pub enum KeyCommand {
     Create {
         #[command(flatten)]
         admin: AdminArgs,
-        /// Whom it is for: 1 to 64 of A-Z a-z 0-9 . _ @ -.
-        #[arg(long)]
-        tenant: String,
-        /// The team the tenant belongs to (same characters).
-        #[arg(long)]
-        team: Option<String>,
-        /// The only models it may use, comma-separated [default: any]
-        #[arg(long, value_delimiter = ',', value_name = "A,B")]
-        models: Vec<String>,
-        /// How long it lasts: 30d, 12h, ... [default: until revoked]
-        #[arg(long, value_name = "DURATION")]
-        expires: Option<String>,
-        /// Its requests' priority (lower is more urgent); a trusted client hint may only lower it.
-        #[arg(long, allow_hyphen_values = true)]
-        priority: Option<i64>,
-        /// The most of its tenant's requests in service while one of this key's is asked.
-        #[arg(long, value_name = "N")]
-        max_in_service: Option<usize>,
-        /// A label, K=V (repeatable), shown in lists and given to policies.
-        #[arg(long = "label", value_name = "K=V")]
-        labels: Vec<String>,
+        #[command(flatten)]
+        fields: KeyFields,
         /// Print the JSON slotgate answered.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a key for the keys file (--keys-file), without a running slotgate: prints its secret
+    /// once, then the `[[key]]` entry (its digest, never the secret) to append to the file.
+    /// slotgate reads the file again when it changes.
+    Mint {
+        #[command(flatten)]
+        fields: KeyFields,
+        /// Print {"id", "secret", "entry"} as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -86,38 +137,16 @@ pub fn key(cmd: KeyCommand) -> ExitCode {
     match cmd {
         KeyCommand::Create {
             admin,
-            tenant,
-            team,
-            models,
-            expires,
-            priority,
-            max_in_service,
-            labels,
+            fields,
             json,
         } => {
-            let mut label_map = serde_json::Map::new();
-            for l in &labels {
-                let Some((k, v)) = l.split_once('=') else {
-                    eprintln!("slotgate key create: --label `{l}` is not K=V");
+            let body = match fields.body() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("slotgate key create: {e}");
                     return ExitCode::from(2);
-                };
-                label_map.insert(k.to_owned(), json!(v));
-            }
-            let mut body = json!({ "tenant": tenant, "labels": label_map });
-            let models: Vec<String> = models.into_iter().filter(|m| !m.is_empty()).collect();
-            if !models.is_empty() {
-                body["models"] = json!(models);
-            }
-            for (k, v) in [
-                ("team", team.map(Value::from)),
-                ("expires", expires.map(Value::from)),
-                ("priority", priority.map(Value::from)),
-                ("max_in_service", max_in_service.map(Value::from)),
-            ] {
-                if let Some(v) = v {
-                    body[k] = v;
                 }
-            }
+            };
             call(
                 &admin,
                 http::Method::POST,
@@ -126,6 +155,7 @@ pub fn key(cmd: KeyCommand) -> ExitCode {
                 |v| secret_shown(v, json, "created"),
             )
         }
+        KeyCommand::Mint { fields, json } => mint(fields, json),
         KeyCommand::List {
             admin,
             tenant,
@@ -179,6 +209,37 @@ pub fn key(cmd: KeyCommand) -> ExitCode {
             )
         }
     }
+}
+
+/// `key mint`: a new key's secret and its keys-file entry, made here.
+fn mint(fields: KeyFields, json: bool) -> ExitCode {
+    let made = fields
+        .body()
+        .and_then(|b| serde_json::from_value::<crate::keys::NewKey>(b).map_err(|e| e.to_string()))
+        .and_then(|new| {
+            crate::keys::issue(new, crate::policy::state::wall_ms()).map_err(|e| e.to_string())
+        });
+    let (record, secret) = match made {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("slotgate key mint: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let entry = crate::keys::file::Entry::of(&record).to_toml();
+    if json {
+        println!(
+            "{}",
+            json!({ "id": record.id, "tenant": record.tenant, "secret": secret, "entry": entry })
+        );
+    } else {
+        println!(
+            "key {} minted for tenant {}\n\n  {secret}\n\nThis secret is shown once: hand it over. \
+             Append this entry to the keys file (--keys-file); slotgate reads it again when it changes:\n\n{entry}",
+            record.id, record.tenant
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// A new secret, shown once, with what to do with it.

@@ -137,6 +137,10 @@ pub struct Config {
     pub client_auth: ClientAuth,
     /// Unix peers let in without a key under `keys`, by uid, as tenants.
     pub client_auth_uids: UidTenants,
+    /// The networks TCP callers of the client listeners may come from (empty: any).
+    pub allow_from: Networks,
+    /// Keys kept in a file (hashes), re-read when it changes.
+    pub keys_file: Option<PathBuf>,
     pub drain_timeout: Duration,
     pub health_interval: Duration,
     /// `wrap`: failed starts in a row before giving up (0: never).
@@ -261,6 +265,8 @@ key_table! {
         max_connections_per_peer: Plain = 256, unless |n| *n == 0 => "must be at least 1";
         client_auth: Plain = ClientAuth::Upstream;
         client_auth_uids: Plain = UidTenants::default();
+        allow_from: Plain = Networks::default();
+        keys_file: Plain;
         drain_timeout: Time = secs(30);
         health_interval: Positive = secs(1);
         connect_timeout: Positive = secs(2);
@@ -275,7 +281,7 @@ key_table! {
         upstream_api_key: UpstreamKey [];
         launch: NotASetting<launch::Launch> [];
         tenant_caps: TenantCaps [tenant_max_in_service, tenant_max_waiting, tenant_over_cap,
-            tenants];
+            tenants, teams];
         tokenizer: CostTokenizer [cost_tokenizer, cost];
         count_first: CostCountFirst [cost_count_first];
         state: StateConfig [state, state_backend, state_redis_url, state_prefix, state_fleet,

@@ -10,7 +10,7 @@ use super::admin::{AuditLog, Uids};
 use super::hints::{LoadReport, TierPriorities};
 use super::policy::PolicySpec;
 use super::state::{OnUnavailable, StateBackend, StateDir, StateTable};
-use super::tenants::{OverCap, TenantTable};
+use super::tenants::{OverCap, TeamTable, TenantTable};
 use super::values::*;
 use super::ConfigError;
 
@@ -370,6 +370,22 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_auth_uids: Option<crate::config::UidTenants>,
 
+    /// The networks TCP callers of the client listeners may come from, checked before anything
+    /// else: `CIDR,...` (`10.0.0.0/8,2001:db8::/32`, or single addresses); others get 403
+    /// `source_not_allowed` in the API's shape. Unix-socket peers are local and always pass. A key
+    /// may narrow it further (`key create --allow-from`). [default: any]
+    #[arg(long, env = "SLOTGATE_ALLOW_FROM", value_name = "CIDR,...")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_from: Option<crate::config::Networks>,
+
+    /// Keys kept in a file beside the ones `slotgate key create` issues: TOML, one `[[key]]` per
+    /// key with its id, secret's digest and tenant (`slotgate key mint` prints one), re-read when
+    /// it changes (every --policy-watch, and on SIGHUP); a file that does not read keeps the keys
+    /// read before. For operators who keep configuration in git (docs/keys.md#a-keys-file).
+    #[arg(long, env = "SLOTGATE_KEYS_FILE", value_name = "PATH")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_file: Option<PathBuf>,
+
     /// On SIGTERM/SIGINT, how long in-flight responses may keep streaming. [default: 30s]
     #[arg(long, env = "SLOTGATE_DRAIN_TIMEOUT", value_name = "DURATION")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -570,6 +586,12 @@ pub struct Settings {
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<std::collections::BTreeMap<String, TenantTable>>,
+
+    /// Per-team caps: `[teams."NAME"]` tables, each a team's `max-in-service`: the most requests
+    /// of all its tenants in service at once (a key's `--team` names the team; docs/keys.md).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teams: Option<std::collections::BTreeMap<String, TeamTable>>,
 
     /// The `[state]` table of the config file.
     #[arg(skip)]

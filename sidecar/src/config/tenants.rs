@@ -56,6 +56,14 @@ pub struct TenantTable {
     pub max_waiting: Option<u32>,
 }
 
+/// A `[teams."NAME"]` table: one team's cap, over all its tenants' requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TeamTable {
+    /// The most of the team's requests in service at once, at least 1.
+    pub max_in_service: u32,
+}
+
 /// Every tenant's caps, checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TenantCaps {
@@ -64,6 +72,8 @@ pub struct TenantCaps {
     /// By tenant name.
     pub tenants: BTreeMap<String, TenantTable>,
     pub over_cap: OverCap,
+    /// By team name: the most of a team's requests in service.
+    pub teams: BTreeMap<String, TeamTable>,
 }
 
 impl TenantCaps {
@@ -101,7 +111,30 @@ impl TenantCaps {
             default,
             tenants,
             over_cap,
+            teams: BTreeMap::new(),
         })
+    }
+
+    /// With `teams`' caps: each a valid team name and at least 1.
+    pub fn with_teams(mut self, teams: BTreeMap<String, TeamTable>) -> Result<Self, ConfigError> {
+        for (name, t) in &teams {
+            super::check_name("team", name).map_err(|e| invalid("teams", e))?;
+            if t.max_in_service == 0 {
+                return Err(invalid(
+                    "teams.max-in-service",
+                    format!("team `{name}`: must be at least 1 (0 would never serve it)"),
+                ));
+            }
+        }
+        self.teams = teams;
+        Ok(self)
+    }
+
+    /// The cap of `team`'s requests in service, when it has one.
+    pub fn of_team(&self, team: &str) -> Option<usize> {
+        self.teams
+            .get(team)
+            .map(|t| usize::try_from(t.max_in_service).unwrap_or(usize::MAX))
     }
 
     /// The caps of `tenant`: its own table's keys, the default's where it sets none.
@@ -128,12 +161,14 @@ impl Keys<Settings> for TenantCaps {
             max_waiting: s.tenant_max_waiting,
         };
         let tenants = s.tenants.clone().unwrap_or_default();
-        TenantCaps::new(default, tenants, s.tenant_over_cap.unwrap_or_default())
+        TenantCaps::new(default, tenants, s.tenant_over_cap.unwrap_or_default())?
+            .with_teams(s.teams.clone().unwrap_or_default())
     }
     fn write(v: &TenantCaps, s: &mut Settings) {
         s.tenant_max_in_service = v.default.max_in_service;
         s.tenant_max_waiting = v.default.max_waiting;
         s.tenant_over_cap = Some(v.over_cap);
         s.tenants = (!v.tenants.is_empty()).then(|| v.tenants.clone());
+        s.teams = (!v.teams.is_empty()).then(|| v.teams.clone());
     }
 }

@@ -16,5 +16,5 @@ pub mod runtime;
 pub mod store;
 
 pub use lease::{Lease, LeasePolicy};
-pub use runtime::Fleet;
+pub use runtime::{Fleet, KeyCopy, SharedKeys};
 pub use store::{FleetStore, LeaseCall};

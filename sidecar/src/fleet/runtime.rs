@@ -85,6 +85,29 @@ struct WindowEntry {
     last_add: Instant,
 }
 
+/// What the fleet shares of the keys slotgate issues (`keys::Keys` implements it): to this room a
+/// key is a copy in JSON with an id, whether it is revoked, and its version (see `keys.lua`).
+pub trait SharedKeys: Send + Sync {
+    /// The keys changed here and not yet shared, taken.
+    fn take_unshared(&self) -> Vec<KeyCopy>;
+    /// Shares these again at the next sync (they could not be pushed).
+    fn not_shared(&self, ids: Vec<String>);
+    /// Shares every key issued here again (the store lost them).
+    fn share_all_again(&self);
+    /// The fleet's copies, as read from the store: how many changed here.
+    fn merge(&self, copies: Vec<String>) -> usize;
+}
+
+/// One key as the fleet's store holds it.
+#[derive(Debug, Clone)]
+pub struct KeyCopy {
+    pub id: String,
+    /// The key's record: digests, never a secret.
+    pub json: String,
+    pub revoked: bool,
+    pub rev: u64,
+}
+
 pub struct Fleet {
     config: StateConfig,
     /// `<prefix>:<fleet>`: what every key of this fleet starts with.
@@ -110,6 +133,10 @@ pub struct Fleet {
     /// The fleet's operator limits of calendar quotas, by (policy, key, period), as last read
     /// (every heartbeat): what this sidecar reports. The store applies them itself (`lease.lua`).
     limits: DashMap<(Arc<str>, String, String), f64>,
+    /// The keys slotgate issued, shared with the fleet under `--client-auth keys`.
+    keys: std::sync::OnceLock<Arc<dyn SharedKeys>>,
+    /// The fleet's keys version last read in (`u64::MAX`: never).
+    keys_seen: AtomicU64,
 }
 
 impl Fleet {
@@ -141,7 +168,79 @@ impl Fleet {
             live: AtomicU64::new(1),
             last_sync_ms: AtomicU64::new(0),
             limits: DashMap::new(),
+            keys: std::sync::OnceLock::new(),
+            keys_seen: AtomicU64::new(u64::MAX),
         }))
+    }
+
+    /// Shares `keys` with the fleet from now on: each made or changed here is pushed, each another
+    /// sidecar made or changed is read in, within a sync or two ([`SYNC_INTERVAL`]). The keys are
+    /// the prefix's, not one fleet's: a person's key works with every model's sidecars.
+    pub fn share_keys(&self, keys: Arc<dyn SharedKeys>) {
+        let _ = self.keys.set(keys);
+    }
+
+    fn keys_names(&self) -> [String; 3] {
+        let p = &self.config.prefix;
+        [
+            format!("{p}:keys"),
+            format!("{p}:keys-versions"),
+            format!("{p}:keys-version"),
+        ]
+    }
+
+    /// Pushes the keys changed here, then reads the fleet's in when its version moved.
+    async fn sync_keys(&self, store: &FleetStore) -> redis::RedisResult<()> {
+        let Some(keys) = self.keys.get() else {
+            return Ok(());
+        };
+        let names = self.keys_names();
+        let at = store::KeysAt {
+            records: &names[0],
+            versions: &names[1],
+            counter: &names[2],
+        };
+        let mine = keys.take_unshared();
+        for (i, copy) in mine.iter().enumerate() {
+            let pushed =
+                timed(store.key_push(&at, &copy.id, &copy.json, copy.revoked, copy.rev)).await;
+            match pushed {
+                Ok(true) => {
+                    metrics::counter!(m::KEYS_SYNCED_TOTAL, "direction" => "pushed").increment(1)
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    keys.not_shared(mine[i..].iter().map(|c| c.id.clone()).collect());
+                    return Err(e);
+                }
+            }
+        }
+        let version = timed(store.keys_version(&at)).await?;
+        let seen = self.keys_seen.load(Ordering::Relaxed);
+        if version == seen {
+            return Ok(());
+        }
+        if seen != u64::MAX && version < seen {
+            // The store lost them (flushed, or a new one): share ours again.
+            tracing::warn!("the fleet's store has fewer key changes than were read; sharing this sidecar's keys again");
+            keys.share_all_again();
+        }
+        let all = timed(store.keys_all(&at)).await?;
+        let copies = all.into_iter().map(|(_, json)| json).collect();
+        let keys = keys.clone();
+        let changed = tokio::task::spawn_blocking(move || keys.merge(copies))
+            .await
+            .unwrap_or(0);
+        if changed > 0 {
+            tracing::info!(
+                keys = changed,
+                "keys changed by other sidecars of the fleet are in force"
+            );
+            metrics::counter!(m::KEYS_SYNCED_TOTAL, "direction" => "pulled")
+                .increment(changed as u64);
+        }
+        self.keys_seen.store(version, Ordering::Relaxed);
+        Ok(())
     }
 
     /// `window_add` on the fleet window: adds here, answers the fleet's total as last synced plus
@@ -626,6 +725,10 @@ impl Fleet {
                         .duration_since(UNIX_EPOCH)
                         .map_or(0, |d| d.as_millis() as u64);
                     self.last_sync_ms.store(now_ms, Ordering::Relaxed);
+                    if let Err(e) = self.sync_keys(&store).await {
+                        metrics::counter!(m::STATE_ERRORS_TOTAL, "kind" => "keys").increment(1);
+                        tracing::debug!(error = %e, "sharing keys with the fleet failed; tried again at the next sync");
+                    }
                 }
                 Err(e) => {
                     self.went_down("sync", &e);

@@ -51,6 +51,7 @@ pub struct FleetStore {
     lease: Script,
     window: Script,
     limit: Script,
+    keys: Script,
     prefix: String,
 }
 
@@ -71,6 +72,7 @@ impl FleetStore {
             lease: lease_script(),
             window: Script::new(include_str!("window.lua")),
             limit: Script::new(include_str!("limit.lua")),
+            keys: Script::new(include_str!("keys.lua")),
             prefix: String::new(),
         })
     }
@@ -165,6 +167,49 @@ impl FleetStore {
             .collect())
     }
 
+    /// Shares one key's record under `keys` (see `keys.lua`): whether the store kept it.
+    pub async fn key_push(
+        &self,
+        keys: &KeysAt<'_>,
+        id: &str,
+        record: &str,
+        revoked: bool,
+        rev: u64,
+    ) -> redis::RedisResult<bool> {
+        let mut conn = self.conn.clone();
+        let kept: i64 = self
+            .keys
+            .key(keys.records)
+            .key(keys.versions)
+            .key(keys.counter)
+            .arg(id)
+            .arg(record)
+            .arg(u8::from(revoked))
+            .arg(rev)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(kept == 1)
+    }
+
+    /// The keys' version counter (0: none shared yet).
+    pub async fn keys_version(&self, keys: &KeysAt<'_>) -> redis::RedisResult<u64> {
+        let mut conn = self.conn.clone();
+        let v: Option<u64> = redis::cmd("GET")
+            .arg(keys.counter)
+            .query_async(&mut conn)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+
+    /// Every key shared: id → record JSON.
+    pub async fn keys_all(&self, keys: &KeysAt<'_>) -> redis::RedisResult<Vec<(String, String)>> {
+        let mut conn = self.conn.clone();
+        redis::cmd("HGETALL")
+            .arg(keys.records)
+            .query_async(&mut conn)
+            .await
+    }
+
     /// Adds `amount` to the fleet window `key` of `window_ms` and returns its total. `(sidecar, seq)`
     /// as for [`FleetStore::lease`].
     pub async fn window_add(
@@ -193,6 +238,14 @@ impl FleetStore {
             ))
         })
     }
+}
+
+/// Where a fleet's keys are kept: `<prefix>:keys`, `:keys-versions` and `:keys-version`.
+#[derive(Debug, Clone, Copy)]
+pub struct KeysAt<'a> {
+    pub records: &'a str,
+    pub versions: &'a str,
+    pub counter: &'a str,
 }
 
 /// The key of one fleet bucket: `<namespace>:bucket:<policy>:<key>`.

@@ -7,15 +7,18 @@
 //! old secret works until its grace ends. A key that is unknown, revoked or expired is refused
 //! before anything is counted or stored (`pipeline::caller`).
 
+pub mod file;
 pub mod secret;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Networks;
 use crate::store::Store;
 
 /// The most keys one slotgate keeps (revoked ones included, until removed).
@@ -47,6 +50,9 @@ pub struct Record {
     pub max_in_service: Option<usize>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The networks its TCP callers may come from; empty: any the listener allows.
+    #[serde(default, skip_serializing_if = "Networks::is_any")]
+    pub allow_from: Networks,
     pub created_ms: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<i64>,
@@ -59,6 +65,13 @@ pub struct Record {
     /// A rotated key's old secret and when it stops working.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Previous>,
+    /// Its version: one more at each change (create, revoke, rotate), so that of two copies (a
+    /// fleet's sidecars) the later wins.
+    #[serde(default)]
+    pub rev: u64,
+    /// Read from the keys file (`--keys-file`), not issued by the API: changed only there.
+    #[serde(skip)]
+    pub from_file: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -78,6 +91,8 @@ impl Record {
             "priority": self.priority,
             "max_in_service": self.max_in_service,
             "labels": self.labels,
+            "allow_from": (!self.allow_from.is_any()).then(|| self.allow_from.to_list()),
+            "source": if self.from_file { "file" } else { "api" },
             "created": rfc3339(self.created_ms),
             "expires": self.expires_ms.map(rfc3339),
             "revoked": self.revoked_ms.map(rfc3339),
@@ -192,12 +207,19 @@ pub struct NewKey {
     pub max_in_service: Option<usize>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The networks its callers may come from (`10.0.0.0/8,...`); none: any.
+    #[serde(default)]
+    pub allow_from: Networks,
 }
 
-/// Every key slotgate issued, kept in the state store.
+/// Every key slotgate issued, kept in the state store, and those of the keys file.
 pub struct Keys {
     by_id: RwLock<HashMap<String, Arc<Key>>>,
     store: Option<Arc<Store>>,
+    /// The digest of the keys file's text as last read in.
+    file_read: std::sync::Mutex<Option<[u8; 32]>>,
+    /// With a fleet (`state.backend = redis`): the ids changed here and not yet shared.
+    unshared: std::sync::Mutex<Option<HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -223,7 +245,69 @@ impl Keys {
         Ok(Keys {
             by_id: RwLock::new(by_id),
             store,
+            file_read: std::sync::Mutex::new(None),
+            unshared: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Reads the keys file (`--keys-file`) and puts its keys in force in place of those read from
+    /// it before: `Ok(Some(n))` when its text changed (`n` keys in it), `Ok(None)` when it is what
+    /// was read last. A file that does not read changes nothing.
+    pub fn load_file(&self, path: &Path, now_ms: i64) -> Result<Option<usize>, String> {
+        let text = file::load(path)?;
+        let digest = secret::digest(text.as_bytes());
+        let mut read = self
+            .file_read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *read == Some(digest) {
+            return Ok(None);
+        }
+        let records = file::read(path, &text, now_ms)?;
+        let mut by_id = self.write();
+        if let Some(r) = records
+            .iter()
+            .find(|r| by_id.get(&r.id).is_some_and(|k| !k.record.from_file))
+        {
+            return Err(format!(
+                "{}: key {} is also a key slotgate issued (`key create`); give the file's key another id",
+                path.display(),
+                r.id
+            ));
+        }
+        let issued = by_id.values().filter(|k| !k.record.from_file).count();
+        if issued + records.len() > MAX_KEYS {
+            return Err(format!(
+                "{}: slotgate keeps at most {MAX_KEYS} keys",
+                path.display()
+            ));
+        }
+        let mut before: HashMap<String, Arc<Key>> = HashMap::new();
+        by_id.retain(|id, k| {
+            if k.record.from_file {
+                before.insert(id.clone(), k.clone());
+            }
+            !k.record.from_file
+        });
+        let n = records.len();
+        for mut record in records {
+            let old = before.get(&record.id);
+            // A key read again keeps when it was first read, revoked and last used.
+            if let Some(old) = old {
+                record.created_ms = old.record.created_ms;
+                if record.revoked_ms.is_some() {
+                    record.revoked_ms = old.record.revoked_ms.or(record.revoked_ms);
+                }
+            }
+            let key = Key::of(record)?;
+            if let Some(old) = old {
+                key.last_used
+                    .store(old.last_used.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            by_id.insert(key.record.id.clone(), Arc::new(key));
+        }
+        *read = Some(digest);
+        Ok(Some(n))
     }
 
     /// No keys and no store: what a slotgate that issues none holds.
@@ -231,6 +315,8 @@ impl Keys {
         Keys {
             by_id: RwLock::new(HashMap::new()),
             store: None,
+            file_read: std::sync::Mutex::new(None),
+            unshared: std::sync::Mutex::new(None),
         }
     }
 
@@ -283,68 +369,19 @@ impl Keys {
 
     /// A new key for `new`; its secret is returned once and never kept.
     pub fn create(&self, new: NewKey, now_ms: i64) -> Result<(Record, String), KeyError> {
-        check_name("tenant", &new.tenant)?;
-        if let Some(t) = &new.team {
-            check_name("team", t)?;
-        }
-        if new.models.len() > MAX_MODELS || new.models.iter().any(|m| m.is_empty() || m.len() > 256)
-        {
-            return Err(KeyError::Invalid(format!(
-                "models: at most {MAX_MODELS} names, each 1 to 256 bytes"
-            )));
-        }
-        if new.labels.len() > MAX_LABELS
-            || new
-                .labels
-                .iter()
-                .any(|(k, v)| k.is_empty() || k.len() > MAX_LABEL_KEY || v.len() > MAX_LABEL_VALUE)
-        {
-            return Err(KeyError::Invalid(format!(
-                "labels: at most {MAX_LABELS}, each key 1 to {MAX_LABEL_KEY} bytes and value up to {MAX_LABEL_VALUE}"
-            )));
-        }
-        if new.max_in_service == Some(0) {
-            return Err(KeyError::Invalid(
-                "max_in_service must be at least 1".into(),
-            ));
-        }
-        let expires_ms = match &new.expires {
-            Some(text) => {
-                let d = humantime::parse_duration(text).map_err(|e| {
-                    KeyError::Invalid(format!(
-                        "expires `{text}` is not a duration (30d, 12h): {e}"
-                    ))
-                })?;
-                if d.is_zero() {
-                    return Err(KeyError::Invalid("expires must be more than 0".into()));
-                }
-                Some(now_ms.saturating_add(d.as_millis().min(i64::MAX as u128) as i64))
-            }
-            None => None,
-        };
         if self.len() >= MAX_KEYS {
             return Err(KeyError::Invalid(format!(
                 "slotgate keeps at most {MAX_KEYS} keys"
             )));
         }
-        let minted = secret::mint().map_err(KeyError::Store)?;
-        let record = Record {
-            id: minted.id,
-            tenant: new.tenant,
-            team: new.team,
-            models: new.models,
-            priority: new.priority,
-            max_in_service: new.max_in_service,
-            labels: new.labels,
-            created_ms: now_ms,
-            expires_ms,
-            revoked_ms: None,
-            last_used_ms: None,
-            digest: secret::hex(&secret::digest(minted.secret.as_bytes())),
-            previous: None,
-        };
+        let (record, secret) = issue(new, now_ms)?;
+        if self.get(&record.id).is_some() {
+            return Err(KeyError::Store(
+                "a fresh key's id is taken; try again".into(),
+            ));
+        }
         self.put(record.clone())?;
-        Ok((record, minted.secret))
+        Ok((record, secret))
     }
 
     /// Revokes `id` at `now_ms` (again: no change).
@@ -352,8 +389,10 @@ impl Keys {
         let mut record = self
             .get(id)
             .ok_or_else(|| KeyError::NotFound(id.to_owned()))?;
+        refuse_file_key(&record)?;
         if record.revoked_ms.is_none() {
             record.revoked_ms = Some(now_ms);
+            record.rev += 1;
             self.put(record.clone())?;
         }
         Ok(record)
@@ -369,6 +408,7 @@ impl Keys {
         let mut record = self
             .get(id)
             .ok_or_else(|| KeyError::NotFound(id.to_owned()))?;
+        refuse_file_key(&record)?;
         if record.state(now_ms) != "active" {
             return Err(KeyError::Invalid(format!(
                 "key {id} is {}: a rotation gives an active key a new secret",
@@ -385,6 +425,7 @@ impl Keys {
             until_ms: now_ms.saturating_add(grace.as_millis() as i64),
         });
         record.digest = secret::hex(&secret::digest(text.as_bytes()));
+        record.rev += 1;
         self.put(record.clone())?;
         Ok((record, text))
     }
@@ -396,6 +437,10 @@ impl Keys {
             .read()
             .values()
             .filter(|k| {
+                // The keys file's keys are the file's: their last use is kept in memory only.
+                if k.record.from_file {
+                    return false;
+                }
                 let used = k.last_used.load(Ordering::Relaxed);
                 used >= k.last_written.load(Ordering::Relaxed) + LAST_USED_STEP_MS
             })
@@ -421,8 +466,98 @@ impl Keys {
                 .put_keys(&rows(std::slice::from_ref(&key.record)))
                 .map_err(|e| KeyError::Store(e.to_string()))?;
         }
-        self.write().insert(key.record.id.clone(), Arc::new(key));
+        let id = key.record.id.clone();
+        self.write().insert(id.clone(), Arc::new(key));
+        if let Some(unshared) = self.unshared_set().as_mut() {
+            unshared.insert(id);
+        }
         Ok(())
+    }
+
+    /// From now on, shares its changes with a fleet (`fleet::Fleet::sync_keys`): every key issued
+    /// here is to be shared, and each change after.
+    pub fn share(&self) {
+        let ids = self
+            .read()
+            .values()
+            .filter(|k| !k.record.from_file)
+            .map(|k| k.record.id.clone())
+            .collect();
+        *self.unshared_set() = Some(ids);
+    }
+
+    /// The keys changed here and not yet shared, taken (give back with [`Keys::not_shared`] what
+    /// could not be).
+    pub fn take_unshared(&self) -> Vec<Record> {
+        let ids = match self.unshared_set().as_mut() {
+            Some(set) => std::mem::take(set),
+            None => return Vec::new(),
+        };
+        let by_id = self.read();
+        ids.iter()
+            .filter_map(|id| by_id.get(id).map(|k| k.record.clone()))
+            .collect()
+    }
+
+    /// Shares these again at the next sync.
+    pub fn not_shared(&self, ids: impl IntoIterator<Item = String>) {
+        if let Some(set) = self.unshared_set().as_mut() {
+            set.extend(ids);
+        }
+    }
+
+    /// Shares every key issued here again (the fleet's store lost them).
+    pub fn share_all_again(&self) {
+        if self.unshared_set().is_some() {
+            self.share();
+        }
+    }
+
+    /// Keys another sidecar of the fleet shared. Each that is later than the copy here (revoked
+    /// over not, else a higher `rev`) is put in force and kept in the store; each copy here that
+    /// is later is shared again. Returns how many changed here.
+    pub fn merge(&self, shared: Vec<Record>) -> usize {
+        let mut changed = Vec::new();
+        let mut ours_later = Vec::new();
+        {
+            let mut by_id = self.write();
+            for mut record in shared {
+                record.from_file = false;
+                let here = by_id.get(&record.id);
+                match here {
+                    Some(k) if k.record.from_file => continue,
+                    Some(k) if later(&k.record, &record) => {
+                        ours_later.push(record.id.clone());
+                        continue;
+                    }
+                    Some(k) if !later(&record, &k.record) => continue,
+                    _ => {}
+                }
+                if by_id.len() >= MAX_KEYS && here.is_none() {
+                    continue;
+                }
+                let Ok(key) = Key::of(record) else { continue };
+                if let Some(old) = here {
+                    key.last_used
+                        .store(old.last_used.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                changed.push(key.record.clone());
+                by_id.insert(key.record.id.clone(), Arc::new(key));
+            }
+        }
+        self.not_shared(ours_later);
+        if let (Some(store), false) = (&self.store, changed.is_empty()) {
+            if let Err(e) = store.put_keys(&rows(&changed)) {
+                tracing::warn!(error = %e, "cannot keep keys the fleet shared; they are in force until a restart");
+            }
+        }
+        changed.len()
+    }
+
+    fn unshared_set(&self) -> std::sync::MutexGuard<'_, Option<HashSet<String>>> {
+        self.unshared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Key>>> {
@@ -436,6 +571,45 @@ impl Keys {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The keys, as the fleet shares them (`fleet::runtime`): records in JSON, without their last use.
+impl crate::fleet::SharedKeys for Keys {
+    fn take_unshared(&self) -> Vec<crate::fleet::KeyCopy> {
+        Keys::take_unshared(self)
+            .into_iter()
+            .map(|mut r| {
+                r.last_used_ms = None;
+                crate::fleet::KeyCopy {
+                    json: serde_json::to_string(&r).unwrap_or_default(),
+                    revoked: r.revoked_ms.is_some(),
+                    rev: r.rev,
+                    id: r.id,
+                }
+            })
+            .collect()
+    }
+
+    fn not_shared(&self, ids: Vec<String>) {
+        Keys::not_shared(self, ids);
+    }
+
+    fn share_all_again(&self) {
+        Keys::share_all_again(self);
+    }
+
+    fn merge(&self, copies: Vec<String>) -> usize {
+        let records = copies
+            .iter()
+            .filter_map(|json| serde_json::from_str(json).ok())
+            .collect();
+        Keys::merge(self, records)
+    }
+}
+
+/// Whether `a` is a later copy of a key than `b`: revoked over not, else the higher `rev`.
+pub fn later(a: &Record, b: &Record) -> bool {
+    (a.revoked_ms.is_some(), a.rev) > (b.revoked_ms.is_some(), b.rev)
 }
 
 /// Records as the store keeps them.
@@ -464,6 +638,97 @@ pub enum KeyError {
     NotFound(String),
     #[error("the key could not be kept: {0}")]
     Store(String),
+}
+
+/// A new key's record and its secret, kept nowhere yet: `key create` keeps it in the store,
+/// `key mint` prints it for the keys file.
+pub fn issue(new: NewKey, now_ms: i64) -> Result<(Record, String), KeyError> {
+    check_fields(
+        &new.tenant,
+        new.team.as_deref(),
+        &new.models,
+        &new.labels,
+        new.max_in_service,
+    )?;
+    let expires_ms = match &new.expires {
+        Some(text) => {
+            let d = humantime::parse_duration(text).map_err(|e| {
+                KeyError::Invalid(format!(
+                    "expires `{text}` is not a duration (30d, 12h): {e}"
+                ))
+            })?;
+            if d.is_zero() {
+                return Err(KeyError::Invalid("expires must be more than 0".into()));
+            }
+            Some(now_ms.saturating_add(d.as_millis().min(i64::MAX as u128) as i64))
+        }
+        None => None,
+    };
+    let minted = secret::mint().map_err(KeyError::Store)?;
+    let record = Record {
+        id: minted.id,
+        tenant: new.tenant,
+        team: new.team,
+        models: new.models,
+        priority: new.priority,
+        max_in_service: new.max_in_service,
+        labels: new.labels,
+        allow_from: new.allow_from,
+        created_ms: now_ms,
+        expires_ms,
+        revoked_ms: None,
+        last_used_ms: None,
+        digest: secret::hex(&secret::digest(minted.secret.as_bytes())),
+        previous: None,
+        rev: 1,
+        from_file: false,
+    };
+    Ok((record, minted.secret))
+}
+
+/// A key from the keys file changes only there.
+fn refuse_file_key(record: &Record) -> Result<(), KeyError> {
+    if record.from_file {
+        return Err(KeyError::Invalid(format!(
+            "key {} comes from the keys file: change it there (`revoked = true`, or a new entry)",
+            record.id
+        )));
+    }
+    Ok(())
+}
+
+/// What a key names, checked alike for `key create` and the keys file.
+fn check_fields(
+    tenant: &str,
+    team: Option<&str>,
+    models: &[String],
+    labels: &BTreeMap<String, String>,
+    max_in_service: Option<usize>,
+) -> Result<(), KeyError> {
+    check_name("tenant", tenant)?;
+    if let Some(t) = team {
+        check_name("team", t)?;
+    }
+    if models.len() > MAX_MODELS || models.iter().any(|m| m.is_empty() || m.len() > 256) {
+        return Err(KeyError::Invalid(format!(
+            "models: at most {MAX_MODELS} names, each 1 to 256 bytes"
+        )));
+    }
+    if labels.len() > MAX_LABELS
+        || labels
+            .iter()
+            .any(|(k, v)| k.is_empty() || k.len() > MAX_LABEL_KEY || v.len() > MAX_LABEL_VALUE)
+    {
+        return Err(KeyError::Invalid(format!(
+            "labels: at most {MAX_LABELS}, each key 1 to {MAX_LABEL_KEY} bytes and value up to {MAX_LABEL_VALUE}"
+        )));
+    }
+    if max_in_service == Some(0) {
+        return Err(KeyError::Invalid(
+            "max_in_service must be at least 1".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A tenant's or team's name (see `config::check_name`).
@@ -538,6 +803,34 @@ mod tests {
         let (_, third) = keys.rotate(&rec.id, Duration::ZERO, 70_000).unwrap();
         assert!(keys.check(fresh.as_bytes(), 70_001).is_err());
         assert!(keys.check(third.as_bytes(), 70_001).is_ok());
+    }
+
+    #[test]
+    fn a_fleets_copies_meet_at_the_later_and_a_revocation_always_wins() {
+        let a = Keys::none();
+        let b = Keys::none();
+        a.share();
+        b.share();
+        let (rec, secret) = a.create(new("alice"), 0).unwrap();
+        let pushed = a.take_unshared();
+        assert_eq!(pushed.len(), 1);
+        assert!(a.take_unshared().is_empty(), "taken once");
+        assert_eq!(b.merge(pushed.clone()), 1);
+        assert!(b.check(secret.as_bytes(), 1).is_ok(), "b lets a's key in");
+        assert_eq!(b.merge(pushed), 0, "the same copy again changes nothing");
+        // a rotates twice (rev 3) while b revokes its rev-1 copy (rev 2): the revocation wins.
+        let (_, s2) = a.rotate(&rec.id, Duration::ZERO, 10).unwrap();
+        a.rotate(&rec.id, Duration::ZERO, 20).unwrap();
+        let revoked = b.revoke(&rec.id, 15).unwrap();
+        assert!(later(&revoked, &a.get(&rec.id).unwrap()));
+        assert_eq!(a.merge(b.take_unshared()), 1);
+        assert_eq!(a.check(s2.as_bytes(), 30).unwrap_err(), Refused::Unknown);
+        assert_eq!(a.get(&rec.id).unwrap().state(30), "revoked");
+        // b's own copy is later than a's rotations: merging them leaves b's revocation, and marks
+        // nothing of a's as later.
+        b.take_unshared();
+        assert_eq!(b.merge(a.list()), 0);
+        assert_eq!(b.get(&rec.id).unwrap().state(30), "revoked");
     }
 
     #[test]

@@ -138,11 +138,7 @@ async fn admit_to_slot(
         ex.set_deadline(d - ctx.arrived);
     }
     let deadline = own.unwrap_or(deadline);
-    let key_cap = ctx
-        .named
-        .as_ref()
-        .and_then(|n| n.key.as_ref()?.record.max_in_service);
-    let (claim, demand) = claim_of(app, intake, decided, own, key_cap, ex)?;
+    let (claim, demand) = claim_of(app, intake, decided, own, ctx.named.as_ref(), ex)?;
     if let Some(band) = admission.band_of(claim.priority) {
         ex.set_band(band);
     }
@@ -232,9 +228,10 @@ fn claim_of(
     intake: &mut Intake,
     decided: &Decided,
     own: Option<Instant>,
-    key_cap: Option<usize>,
+    named: Option<&super::caller::Named>,
     ex: &mut Exchange,
 ) -> Result<(Claim, Demand), GateError> {
+    let key_cap = named.and_then(|n| n.key.as_ref()?.record.max_in_service);
     let demand = demand_of(app, intake)?;
     let decision = decided.decision.as_ref();
     let claim = Claim::new(&intake.summary, decision, decided.priority, demand.charge);
@@ -243,8 +240,14 @@ fn claim_of(
     if let Some(n) = key_cap {
         cap.in_service = Some(cap.in_service.map_or(n, |c| c.min(n)));
     }
+    // Its team's cap (`[teams."NAME"]`), for a caller a key named into a capped team.
+    let team = named.and_then(|n| n.team()).and_then(|t| {
+        let n = app.config.tenant_caps.of_team(t)?;
+        Some((Arc::<str>::from(t), n))
+    });
     let claim = claim
         .capped(cap)
+        .team_capped(team)
         .holding(demand.slots, demand.kv)
         .tagged(ex.live().key)
         .due(own)

@@ -17,11 +17,12 @@ use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use slotgate_sdk::Peer;
 
-use crate::config::{ClientAuth, UidTenants};
+use crate::config::{ClientAuth, Networks, UidTenants};
 use crate::error::{GateError, KeyProblem};
 use crate::keys::{Key, Keys, Refused};
 use crate::upstream::verdicts::Shown;
@@ -137,6 +138,7 @@ pub async fn let_in(
     credential: Option<&Credential<'_>>,
     digest: Option<[u8; 32]>,
     peer: Option<Peer>,
+    addr: Option<IpAddr>,
 ) -> Result<Option<Named>, GateError> {
     match app.config.client_auth {
         ClientAuth::Open => Ok(None),
@@ -151,8 +153,24 @@ pub async fn let_in(
             &app.config.client_auth_uids,
             credential,
             peer,
+            addr,
             crate::policy::state::wall_ms(),
         ),
+    }
+}
+
+/// `--allow-from`: a TCP peer outside the networks the listeners take, refused before anything
+/// else; a Unix-socket peer (no address) is local and passes.
+pub fn check_source(networks: &Networks, addr: Option<IpAddr>) -> Result<(), GateError> {
+    match addr.filter(|a| !networks.allows(Some(*a))) {
+        None => Ok(()),
+        Some(addr) => {
+            crate::metrics::caller_refused("source_network");
+            Err(GateError::SourceNotAllowed {
+                addr,
+                by_key: false,
+            })
+        }
     }
 }
 
@@ -164,6 +182,7 @@ pub fn named_by_key(
     uids: &UidTenants,
     credential: Option<&Credential<'_>>,
     peer: Option<Peer>,
+    addr: Option<IpAddr>,
     now_ms: i64,
 ) -> Result<Option<Named>, GateError> {
     if mode != ClientAuth::Keys {
@@ -182,6 +201,15 @@ pub fn named_by_key(
         };
     };
     match keys.check(c.key, now_ms) {
+        // A key that may be used only from some networks: refused elsewhere, as 403, since the
+        // caller holds a good key.
+        Ok(key) if !key.record.allow_from.allows(addr) => {
+            crate::metrics::caller_refused("source_network");
+            Err(GateError::SourceNotAllowed {
+                addr: addr.expect("a refused source has an address"),
+                by_key: true,
+            })
+        }
         Ok(key) => Ok(Some(Named {
             tenant: Arc::from(key.tenant()),
             key: Some(key),
@@ -314,7 +342,7 @@ mod tests {
         let named = |pairs: &[(&str, &str)], p: Option<Peer>, mode| {
             let h = headers(pairs);
             let c = credential(&h).unwrap();
-            named_by_key(mode, &keys, &uids, c.as_ref(), p, 1)
+            named_by_key(mode, &keys, &uids, c.as_ref(), p, None, 1)
                 .map(|n| n.map(|n| n.tenant.to_string()))
                 .map_err(|e| e.to_string())
         };

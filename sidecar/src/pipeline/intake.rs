@@ -206,6 +206,7 @@ pub(crate) fn summarize(
         tenant: None,
         team: None,
         key_id: None,
+        key_labels: Default::default(),
     }
 }
 
@@ -293,6 +294,13 @@ impl Intake {
         s.tenant = Some(named.tenant.to_string());
         s.team = named.team().map(str::to_owned);
         s.key_id = named.key_id().map(str::to_owned);
+        if let Some(key) = named.key.as_ref().filter(|k| !k.record.labels.is_empty()) {
+            s.key_labels = key.record.labels.clone();
+            s.headers.insert(
+                slotgate_sdk::KEY_LABELS_HEADER.to_owned(),
+                serde_json::to_string(&s.key_labels).unwrap_or_default(),
+            );
+        }
         let headers = [
             (slotgate_sdk::TENANT_NAMED_HEADER, s.tenant.clone()),
             (slotgate_sdk::TEAM_NAMED_HEADER, s.team.clone()),

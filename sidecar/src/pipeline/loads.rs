@@ -32,7 +32,7 @@ pub const PATH: &str = "/v1/loads";
 const KEY_PROBE: &str = "/v1/models";
 
 /// The answer to `GET /v1/loads` with `headers`.
-pub async fn answer(app: &App, headers: &HeaderMap) -> Response {
+pub async fn answer(app: &App, headers: &HeaderMap, addr: Option<std::net::IpAddr>) -> Response {
     if app.config.load_report == LoadReport::Never {
         return respond::error(
             &GateError::NotFound {
@@ -42,13 +42,16 @@ pub async fn answer(app: &App, headers: &HeaderMap) -> Response {
             None,
         );
     }
+    if let Err(e) = super::caller::check_source(&app.config.allow_from, addr) {
+        return respond::error(&e, None);
+    }
     // Under `--client-auth keys` the caller's key is slotgate's to check, never llama-server's
     // to see.
     if app.config.client_auth == crate::config::ClientAuth::Keys {
         let checked = match super::caller::credential(headers) {
             Ok(c) => {
                 let digest = c.as_ref().map(super::caller::Credential::digest);
-                super::caller::let_in(app, c.as_ref(), digest, None).await
+                super::caller::let_in(app, c.as_ref(), digest, None, addr).await
             }
             Err(e) => Err(e),
         };

@@ -24,8 +24,13 @@ type Response = http::Response<crate::respond::Body>;
 /// Its path (not one of llama-server's routes).
 pub const PATH: &str = "/v1/slotgate/me";
 
-pub async fn answer(app: &App, headers: &HeaderMap, peer: Option<Peer>) -> Response {
-    match who(app, headers, peer).await {
+pub async fn answer(
+    app: &App,
+    headers: &HeaderMap,
+    peer: Option<Peer>,
+    addr: Option<std::net::IpAddr>,
+) -> Response {
+    match who(app, headers, peer, addr).await {
         Ok((name, named)) => respond::json(200, &view(app, &name, named.as_ref())),
         Err(e) => respond::error(&e, None),
     }
@@ -37,10 +42,12 @@ async fn who(
     app: &App,
     headers: &HeaderMap,
     peer: Option<Peer>,
+    addr: Option<std::net::IpAddr>,
 ) -> Result<(String, Option<Named>), GateError> {
+    caller::check_source(&app.config.allow_from, addr)?;
     let credential = caller::credential(headers)?;
     let digest = credential.as_ref().map(caller::Credential::digest);
-    let named = caller::let_in(app, credential.as_ref(), digest, peer).await?;
+    let named = caller::let_in(app, credential.as_ref(), digest, peer, addr).await?;
     let name = match (&named, digest, peer) {
         (Some(n), _, _) => n.tenant.to_string(),
         (None, Some(d), _) => format!("sha256:{}", crate::keys::secret::hex(&d)),

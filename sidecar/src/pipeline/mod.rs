@@ -125,9 +125,9 @@ pub async fn handle(app: Arc<App>, mut req: Request<Incoming>, peer: Option<Peer
     let mut resp = if let Ok(Handling::Health) = found {
         reply.health()
     } else if let Ok(Handling::Loads) = found {
-        reply.loads(req.headers()).await
+        reply.loads(req.headers(), client_ip(&req)).await
     } else if let Ok(Handling::Me) = found {
-        reply.me(req.headers(), peer).await
+        reply.me(req.headers(), peer, client_ip(&req)).await
     } else {
         let addr = req.extensions().get::<ClientAddr>().map(|a| a.0);
         let span = crate::otel::request(req.method(), req.uri().path(), req.headers());
@@ -321,6 +321,11 @@ async fn phases(
     })
 }
 
+/// The TCP peer's address of `req` (none on a Unix socket).
+fn client_ip<B>(req: &Request<B>) -> Option<std::net::IpAddr> {
+    req.extensions().get::<ClientAddr>().map(|a| a.0.ip())
+}
+
 /// Who is asking: the request's one credential, read as llama-server reads it (400 when it could be
 /// read two ways), then let in by `--client-auth` before anything is charged (see `caller`): a key
 /// slotgate issued (`keys`, which also names the caller), what llama-server would take
@@ -332,13 +337,16 @@ async fn who(
     peer: Option<Peer>,
     ctx: &Ctx,
 ) -> Result<(crate::admission::Caller, Option<caller::Named>), GateError> {
+    // Where it comes from, before anything else (`--allow-from`).
+    let addr = client_ip(req);
+    caller::check_source(&app.config.allow_from, addr)?;
     let credential = caller::credential(req.headers())
         .inspect_err(|_| crate::metrics::caller_refused("ambiguous"))?;
     // The key is hashed once, for the verdict and for the caller both.
     let digest = credential.as_ref().map(caller::Credential::digest);
     let named = match ctx.preflight {
         true => None,
-        false => caller::let_in(app, credential.as_ref(), digest, peer).await?,
+        false => caller::let_in(app, credential.as_ref(), digest, peer, addr).await?,
     };
     Ok((crate::admission::Caller::of(digest, peer), named))
 }

@@ -170,8 +170,12 @@ impl<'a> Reply<'a> {
     }
 
     /// `GET /v1/loads` (see `loads`).
-    pub async fn loads(&self, headers: &http::HeaderMap) -> Response {
-        let mut resp = super::loads::answer(self.app, headers).await;
+    pub async fn loads(
+        &self,
+        headers: &http::HeaderMap,
+        addr: Option<std::net::IpAddr>,
+    ) -> Response {
+        let mut resp = super::loads::answer(self.app, headers, addr).await;
         self.app
             .cors
             .apply(self.origin.as_ref(), resp.headers_mut());
@@ -183,8 +187,9 @@ impl<'a> Reply<'a> {
         &self,
         headers: &http::HeaderMap,
         peer: Option<slotgate_sdk::Peer>,
+        addr: Option<std::net::IpAddr>,
     ) -> Response {
-        let mut resp = super::me::answer(self.app, headers, peer).await;
+        let mut resp = super::me::answer(self.app, headers, peer, addr).await;
         self.app
             .cors
             .apply(self.origin.as_ref(), resp.headers_mut());

@@ -5,5 +5,6 @@
 //! policies. Not in the fast tier.
 
 mod fleet_budget;
+mod fleet_keys;
 mod fleet_quota;
 mod fleet_store;

@@ -19,12 +19,17 @@ use crate::admission::claim::Claim;
 use crate::error::GateError;
 
 impl Admission {
-    /// Whether `claim`'s tenant already has as many requests in service as `claim`'s cap allows.
+    /// Whether `claim`'s tenant already has as many requests in service as `claim`'s cap allows,
+    /// or its team as many as the team's cap.
     pub(super) fn at_cap(&self, st: &State, claim: &Claim) -> bool {
         claim
             .cap
             .in_service
             .is_some_and(|cap| st.tenants.in_service(&claim.tenant) >= cap)
+            || claim
+                .team_cap
+                .as_ref()
+                .is_some_and(|(team, cap)| st.in_service.of_team(team) >= *cap)
     }
 
     /// At arrival (not admitted at once): 429 `tenant_busy` when `claim`'s tenant is over its caps,
@@ -150,6 +155,35 @@ mod tests {
         let s = adm.stats();
         assert_eq!((s.busy, s.serving, s.depth), (0, 0, 0));
         assert_eq!(adm.lock().in_service.at_cap(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_team_at_its_cap_holds_back_each_of_its_tenants_and_nobody_else() {
+        let adm = pool(4, false);
+        let of_team = |tenant: &str| {
+            Claim::test(tenant, 0).team_capped(Some((std::sync::Arc::from("research"), 2)))
+        };
+        let Entry::Admitted(a1) = adm.enter(of_team("alice"), far()).unwrap() else {
+            panic!("a free slot")
+        };
+        let Entry::Admitted(b1) = adm.enter(of_team("bob"), far()).unwrap() else {
+            panic!("the team's second")
+        };
+        // Two slots free, but the team has two in service: its third waits, whoever sends it.
+        let mut a2 = queued(adm.enter(of_team("alice"), far()).unwrap());
+        assert!(granted(&mut a2).await.is_none());
+        let Entry::Admitted(c1) = adm.enter(Claim::test("carol", 0), far()).unwrap() else {
+            panic!("carol is in no team: not held back by it")
+        };
+        drop(b1);
+        let a2 = granted(&mut a2)
+            .await
+            .expect("bob's request ended: the team has room for alice's");
+        assert_eq!(adm.lock().in_service.of_team("research"), 2);
+        drop((a1, a2, c1));
+        let s = adm.stats();
+        assert_eq!((s.busy, s.serving, s.depth), (0, 0, 0));
+        assert_eq!(adm.lock().in_service.of_team("research"), 0, "nothing kept");
     }
 
     #[tokio::test(start_paused = true)]

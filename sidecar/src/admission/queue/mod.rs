@@ -340,6 +340,7 @@ impl Admission {
             started: Instant::now(),
             completed: false,
             tenant: claim.tenant.clone(),
+            team: claim.team_cap.as_ref().map(|(t, _)| t.clone()),
             weight: claim.weight,
             unsettled: Some(claim.charge()),
             cost: claim.cost,

@@ -112,5 +112,8 @@ impl Admission {
         st.drain.in_service += claim.cost as f64;
         st.in_service
             .start(&claim.tenant, claim.cap.in_service, hold.since);
+        if let Some((team, _)) = &claim.team_cap {
+            st.in_service.team_start(team);
+        }
     }
 }

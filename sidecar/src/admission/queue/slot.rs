@@ -19,6 +19,8 @@ pub struct SlotGuard {
     pub(super) started: Instant,
     pub(super) completed: bool,
     pub(super) tenant: Arc<str>,
+    /// Its team, when the team is capped.
+    pub(super) team: Option<Arc<str>>,
     pub(super) weight: f64,
     /// The up-front charge to the tenant, until [`SlotGuard::settle`] replaces it by the real count.
     pub(super) unsettled: Option<f64>,
@@ -87,6 +89,9 @@ impl Drop for SlotGuard {
             .finish(&self.tenant, self.unsettled.unwrap_or(0.0));
         // Its tenant's next waiter, held back by its cap, may start now (dispatched below).
         st.in_service.end(&self.tenant, self.hold.since);
+        if let Some(team) = &self.team {
+            st.in_service.team_end(team);
+        }
         if let Some(id) = self.shed_id {
             self.admission.discharge(&mut st, id);
         }

@@ -4,6 +4,9 @@
 //! is counted, queued or kept, and never reach llama-server, which sees slotgate's own key only.
 //! Keys and revocations survive a SIGKILL; no secret is in a log, an answer or the store.
 
+mod file;
+mod scopes;
+
 use std::path::Path;
 use std::time::Duration;
 
