@@ -381,6 +381,19 @@ impl GateError {
         self.row().status
     }
 
+    /// A refusal of the caller itself, before anything was charged: no key or one not taken, a
+    /// network not allowed, credentials read two ways (held back for a peer refused too often,
+    /// `server::tarpit`).
+    pub fn refuses_caller(&self) -> bool {
+        matches!(
+            self,
+            GateError::Unauthorized(_)
+                | GateError::InvalidApiKey
+                | GateError::SourceNotAllowed { .. }
+                | GateError::AmbiguousCredentials(_)
+        )
+    }
+
     /// OpenAI's `error.type`.
     pub fn error_type(&self) -> &'static str {
         self.row().error_type

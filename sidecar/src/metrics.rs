@@ -65,6 +65,7 @@ pub const STATE_LEASE_TOKENS: &str = "slotgate_state_lease_tokens";
 pub const CALLERS_REFUSED_TOTAL: &str = "slotgate_callers_refused_total";
 pub const STATE_EVICTED_TOTAL: &str = "slotgate_state_evicted_total";
 pub const KEYS_FILE_READS_TOTAL: &str = "slotgate_keys_file_reads_total";
+pub const REFUSALS_DELAYED_TOTAL: &str = "slotgate_refusals_delayed_total";
 pub const KEYS_SYNCED_TOTAL: &str = "slotgate_keys_synced_total";
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "slotgate_connections_refused_total";
 
@@ -372,6 +373,10 @@ const HELP: &[Help] = &[
     counter(
         CALLERS_REFUSED_TOTAL,
         "Requests refused before anything was charged, by reason: llama-server would refuse their caller (no_key, refused_key); their credentials could be read two ways (ambiguous); under --client-auth keys no_key, unknown_key, revoked_key, expired_key; from outside --allow-from or a key's networks (source_network).",
+    ),
+    counter(
+        REFUSALS_DELAYED_TOTAL,
+        "Refusals of callers (no key, a made-up one, a network not allowed, a bad admin token) sent a second late because their peer was refused more than 100 times at once or 20 a second.",
     ),
     counter(
         KEYS_FILE_READS_TOTAL,

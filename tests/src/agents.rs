@@ -137,6 +137,9 @@ impl Agent {
     pub async fn run(self, target: &Target) -> Outcome {
         let dir = unique_dir("agent");
         let mut cmd = headless::command(self, &dir, &target.base, &target.key);
+        if let (Some(n), Agent::ClaudeCode) = (target.retries, self) {
+            cmd.env("CLAUDE_CODE_MAX_RETRIES", n.to_string());
+        }
         // Not Claude Code: with a proxy set it leaves out the `HEAD /` it sends its base URL first,
         // which slotgate must answer as llama-server does. Its one switch for other traffic
         // (`CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`) was checked under `strace` (docs/agents.md).
@@ -194,6 +197,17 @@ pub struct Target {
     pub base: String,
     pub key: String,
     pub proxy: String,
+    /// Claude Code's own retries of a failed call (`CLAUDE_CODE_MAX_RETRIES`); its default when
+    /// `None`. A run meant to be refused sets 0: it would otherwise back off and ask again.
+    pub retries: Option<u32>,
+}
+
+impl Target {
+    /// The same target, without Claude Code's retries: for a run that is to be refused.
+    pub fn no_retries(mut self) -> Target {
+        self.retries = Some(0);
+        self
+    }
 }
 
 /// A burst: every run in `runs` started at once against `target`; their outcomes in that order, and
@@ -257,6 +271,7 @@ impl Stage {
             base,
             key: key.to_owned(),
             proxy: self.sentinel.url(),
+            retries: None,
         }
     }
 

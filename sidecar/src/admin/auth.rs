@@ -32,6 +32,16 @@ impl Caller {
         }
     }
 
+    /// Who it is for the per-peer tables (the connection cap, the tarpit).
+    pub fn peer_key(&self) -> crate::server::capacity::PeerKey {
+        use crate::server::capacity::PeerKey;
+        match self {
+            Caller::Unix(p) => PeerKey::Uid(p.uid),
+            Caller::Tcp(a) => PeerKey::ip(a.ip()),
+            Caller::Unknown => PeerKey::Unknown,
+        }
+    }
+
     /// `uid=1000 pid=4242`, or `127.0.0.1:50000`: for messages.
     pub fn describe(&self) -> String {
         match self {

@@ -63,6 +63,10 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
                 audit::Pending::new(caller, req.method(), req.uri(), b"", id, "-")
                     .refused(refusal.response.status().as_u16(), refusal.result);
             }
+            // A peer guessing tokens is answered more slowly once past its burst.
+            if refusal.response.status() == http::StatusCode::UNAUTHORIZED {
+                crate::server::tarpit::hold(caller.peer_key()).await;
+            }
             return *refusal.response;
         }
     };

@@ -50,8 +50,10 @@ pub async fn run(app: Arc<App>, source: ConfigSource, mut hangup: Signal) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let trigger = tokio::select! {
-            _ = hangup.recv() => "SIGHUP",
+        // The files as they were before this reload read them: one changed while it ran is seen
+        // as changed at the next poll, not taken for what was loaded.
+        let (trigger, before) = tokio::select! {
+            _ = hangup.recv() => ("SIGHUP", stamps(&watched)),
             _ = tick.tick(), if app.config.policy_watch.is_some() => {
                 let now = stamps(&watched);
                 if now != last {
@@ -61,13 +63,17 @@ pub async fn run(app: Arc<App>, source: ConfigSource, mut hangup: Signal) {
                 if now == loaded {
                     continue;
                 }
-                "file change"
+                ("file change", now)
             }
         };
+        loaded = before;
         if let Some(specs) = reload(&app, &source, trigger).await {
-            watched = watch_list(&app.config, &source, &specs);
+            let now_watched = watch_list(&app.config, &source, &specs);
+            if now_watched != watched {
+                watched = now_watched;
+                loaded = stamps(&watched);
+            }
         }
-        loaded = stamps(&watched);
         last = loaded.clone();
     }
 }

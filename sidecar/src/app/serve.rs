@@ -52,6 +52,7 @@ pub(super) fn serve(b: Bound, source: ConfigSource, workers: &[Handle]) -> Servi
     let cfg = &app.config;
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
+    crate::server::tarpit::configure(cfg.refusal_burst, cfg.refusal_rate);
     let capacity = Capacity::new(Limits {
         listener: "client",
         connections: cfg.max_connections,

@@ -133,6 +133,10 @@ pub struct Config {
     pub max_connections: usize,
     /// The most of `max_connections` one peer (address or uid) holds.
     pub max_connections_per_peer: usize,
+    /// Refusals of callers a peer may have at once before the rest are sent late.
+    pub refusal_burst: u32,
+    /// Refusals a second a peer may have after its burst; 0: none is ever sent late.
+    pub refusal_rate: f64,
     /// Who may use slotgate (docs/keys.md).
     pub client_auth: ClientAuth,
     /// Unix peers let in without a key under `keys`, by uid, as tenants.
@@ -263,6 +267,9 @@ key_table! {
             => format!("{s} is not a client-error status (400 to 499)");
         max_connections: Plain = 1024, unless |n| *n == 0 => "must be at least 1";
         max_connections_per_peer: Plain = 256, unless |n| *n == 0 => "must be at least 1";
+        refusal_burst: Plain = 100;
+        refusal_rate: Plain = 20.0, unless |r| !(r.is_finite() && *r >= 0.0)
+            => format!("{r} is not a rate (0 or more a second; 0 turns the delay off)");
         client_auth: Plain = ClientAuth::Upstream;
         client_auth_uids: Plain = UidTenants::default();
         allow_from: Plain = Networks::default();

@@ -354,6 +354,19 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections_per_peer: Option<usize>,
 
+    /// Refusals of callers (no key, a made-up one, a network not allowed, a bad admin token) one
+    /// peer may have at once; past them, and past --refusal-rate, its refusals are sent a second
+    /// late, so a flood of made-up keys takes no CPU from the callers served (docs/security.md).
+    /// [default: 100]
+    #[arg(long, env = "SLOTGATE_REFUSAL_BURST", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal_burst: Option<u32>,
+
+    /// Refusals a second one peer may have after its --refusal-burst; 0 sends none late. [default: 20.0]
+    #[arg(long, env = "SLOTGATE_REFUSAL_RATE", value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal_rate: Option<f64>,
+
     /// Who may use slotgate, checked before anything is counted, stored or queued (docs/keys.md):
     /// `keys`, a key slotgate issued (`slotgate key create`), whose tenant names the caller
     /// everywhere; `upstream`, whoever llama-server would let in (when it runs with --api-key, a

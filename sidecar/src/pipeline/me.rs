@@ -32,7 +32,12 @@ pub async fn answer(
 ) -> Response {
     match who(app, headers, peer, addr).await {
         Ok((name, named)) => respond::json(200, &view(app, &name, named.as_ref())),
-        Err(e) => respond::error(&e, None),
+        Err(e) => {
+            if e.refuses_caller() {
+                crate::server::tarpit::hold(crate::server::capacity::PeerKey::of(addr, peer)).await;
+            }
+            respond::error(&e, None)
+        }
     }
 }
 

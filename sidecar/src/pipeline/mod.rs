@@ -337,8 +337,25 @@ async fn who(
     peer: Option<Peer>,
     ctx: &Ctx,
 ) -> Result<(crate::admission::Caller, Option<caller::Named>), GateError> {
-    // Where it comes from, before anything else (`--allow-from`).
     let addr = client_ip(req);
+    let found = let_in(app, req, peer, addr, ctx).await;
+    if let Err(e) = &found {
+        if e.refuses_caller() {
+            crate::server::tarpit::hold(crate::server::capacity::PeerKey::of(addr, peer)).await;
+        }
+    }
+    found
+}
+
+/// [`who`], before a refusal is held back.
+async fn let_in(
+    app: &App,
+    req: &Request<Incoming>,
+    peer: Option<Peer>,
+    addr: Option<std::net::IpAddr>,
+    ctx: &Ctx,
+) -> Result<(crate::admission::Caller, Option<caller::Named>), GateError> {
+    // Where it comes from, before anything else (`--allow-from`).
     caller::check_source(&app.config.allow_from, addr)?;
     let credential = caller::credential(req.headers())
         .inspect_err(|_| crate::metrics::caller_refused("ambiguous"))?;

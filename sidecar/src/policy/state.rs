@@ -318,10 +318,22 @@ impl SharedState {
 
     /// What a grant adds to a quota in its current window (0 without one, or once it ended).
     fn grant_now(&self, id: &(Arc<str>, String, String), key: &str, period: &str) -> f64 {
+        self.grant_at(id, key, period, wall_ms())
+    }
+
+    /// What a grant adds to a quota in the window that holds `at_ms`: only the window it was
+    /// given in.
+    fn grant_at(
+        &self,
+        id: &(Arc<str>, String, String),
+        key: &str,
+        period: &str,
+        at_ms: i64,
+    ) -> f64 {
         let Some((start, amount)) = self.grants.get(id).map(|g| *g) else {
             return 0.0;
         };
-        match self.quota_window(key, period, wall_ms()) {
+        match self.quota_window(key, period, at_ms) {
             Ok((_, (now_start, _))) if now_start == start => amount,
             _ => 0.0,
         }
@@ -978,6 +990,49 @@ mod tests {
         );
         assert!(s.bucket_refund(&p, "a", 100.0, 10.0, 50.0) >= 90.0);
         assert_eq!(s.bucket_take(&p, "a", 100.0, 0.0, 500.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn a_grant_ends_with_its_window_whatever_the_zone() {
+        let s = SharedState::default();
+        for period in ["day", "day@Europe/Berlin", "week", "month@America/New_York"] {
+            let id = (
+                Arc::from("quota"),
+                "tokens:alice".to_owned(),
+                canonical(period),
+            );
+            s.grant_quota("quota", "tokens:alice", period, 500.0)
+                .unwrap();
+            s.grant_quota("quota", "tokens:alice", period, 250.0)
+                .unwrap();
+            let now = wall_ms();
+            let (_, (start, end)) = s.quota_window("tokens:alice", period, now).unwrap();
+            assert_eq!(
+                s.grant_at(&id, "tokens:alice", period, now),
+                750.0,
+                "{period}"
+            );
+            assert_eq!(
+                s.grant_at(&id, "tokens:alice", period, start),
+                750.0,
+                "{period}"
+            );
+            assert_eq!(
+                s.grant_at(&id, "tokens:alice", period, end - 1),
+                750.0,
+                "{period}"
+            );
+            assert_eq!(
+                s.grant_at(&id, "tokens:alice", period, end),
+                0.0,
+                "{period}: the grant ends at its window's end, {end}"
+            );
+            assert_eq!(
+                s.grant_at(&id, "tokens:alice", period, start - 1),
+                0.0,
+                "{period}"
+            );
+        }
     }
 
     #[test]

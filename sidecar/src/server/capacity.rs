@@ -49,6 +49,15 @@ pub enum PeerKey {
 }
 
 impl PeerKey {
+    /// A request's peer: its TCP address, else its Unix uid.
+    pub fn of(addr: Option<IpAddr>, peer: Option<slotgate_sdk::Peer>) -> Self {
+        match (addr, peer) {
+            (Some(ip), _) => PeerKey::ip(ip),
+            (None, Some(p)) => PeerKey::Uid(p.uid),
+            (None, None) => PeerKey::Unknown,
+        }
+    }
+
     pub fn ip(ip: IpAddr) -> Self {
         PeerKey::Ip(match ip.to_canonical() {
             IpAddr::V6(v6) => IpAddr::V6((v6.to_bits() & !u128::from(u64::MAX)).into()),

@@ -8,6 +8,7 @@ pub mod capacity;
 pub mod conn;
 pub mod listener;
 pub mod notify;
+pub mod tarpit;
 pub mod write_watch;
 
 use std::future::Future;

@@ -6,7 +6,8 @@
 //! - `echo` (the default): allows, with a response header `x-probe-earlier-v1` or `-v2` (its
 //!   contract) holding what earlier policies of the chain decided, as JSON, and
 //!   `x-probe-dialect-v1|v2` the request's dialect, `x-probe-calls-v1|v2` how many calls this
-//!   instance has served (itself included) and `x-probe-pages-v1|v2` its linear memory in pages;
+//!   instance has served (itself included), `x-probe-pages-v1|v2` its linear memory in pages and
+//!   `x-probe-caller-v1|v2` whom the host named the caller (tenant, team, key id, key labels);
 //! - `leak`: leaks 1 MiB, then echoes;
 //! - `spin`: loops for ever; `bomb`: allocates until it cannot; `trap`: panics;
 //! - `huge`: denies with a message of 1 MiB; `host_loop`: calls the host without end;
@@ -85,6 +86,13 @@ impl Policy for Probe {
                 d.mutations
                     .response_headers
                     .insert(format!("x-probe-pages-{CONTRACT}"), pages().to_string());
+                let r = &input.request;
+                let caller = serde_json::json!({
+                    "tenant": r.tenant, "team": r.team, "key_id": r.key_id, "key_labels": r.key_labels,
+                });
+                d.mutations
+                    .response_headers
+                    .insert(format!("x-probe-caller-{CONTRACT}"), caller.to_string());
                 d
             }
         }

@@ -45,10 +45,12 @@ async fn claude_code_with_a_slotgate_key_is_served_under_its_name_and_refused_on
 
     // An invented key, then the real one revoked: Claude Code fails on slotgate's 401.
     let invented = Agent::ClaudeCode
-        .run(&stage.through("sk-ant-invented"))
+        .run(&stage.through("sk-ant-invented").no_retries())
         .await;
     cli(&stage, &["key", "revoke", id]);
-    let revoked = Agent::ClaudeCode.run(&stage.through(secret)).await;
+    let revoked = Agent::ClaudeCode
+        .run(&stage.through(secret).no_retries())
+        .await;
     for (what, run) in [("invented", &invented), ("revoked", &revoked)] {
         assert!(
             run.code != Some(0) || run.error.is_some(),

@@ -22,7 +22,10 @@ async fn twenty_thousand_made_up_keys_leave_no_state_and_take_no_place() {
     let key_file = dir.join("upstream-key");
     std::fs::write(&key_file, KEY).unwrap();
     let state = dir.join("state");
+    // The tarpit off: this test measures what 20,000 refusals leave behind, as a flood from as
+    // many peers would (one peer's flood is slowed: gate::keys).
     let (up, gate) = Gate::one_slot(8)
+        .opt("--refusal-rate", "0")
         .opt("--upstream-api-key-file", key_file.display())
         .opt("--state-dir", state.display())
         .opt("--state-flush-interval", "100ms")

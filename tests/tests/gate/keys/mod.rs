@@ -322,7 +322,13 @@ async fn a_flood_of_made_up_keys_takes_no_queue_place_and_leaves_nothing() {
         .delay(Duration::from_millis(50))
         .start()
         .await;
-    let gate = keyed(&state, 4).upstream(&up).start().await;
+    // The tarpit off: this test measures what 20,000 refusals leave behind, as a flood from as
+    // many peers would (one peer's is slowed: `a_flood_from_one_peer_is_slowed_and_the_valid_client_is_not`).
+    let gate = keyed(&state, 4)
+        .opt("--refusal-rate", "0")
+        .upstream(&up)
+        .start()
+        .await;
     let (_, secret) = create(&gate, &["--tenant", "valid"]);
     let rss = |pid: u32| -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -386,5 +392,130 @@ async fn a_flood_of_made_up_keys_takes_no_queue_place_and_leaves_nothing() {
         !usage.contains("sha256:") && usage.contains(",valid,"),
         "{usage}"
     );
+    gate.assert_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policies_of_both_contracts_read_the_keys_tenant_team_id_and_labels() {
+    let state = unique_dir("keys-probe");
+    let config = state.join("probes.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[policy]]\nname = \"probe-v1\"\npath = {:?}\n\n[[policy]]\nname = \"probe-v2\"\npath = {:?}\n",
+            slotgate_tests::wat::built("probe-policy"),
+            slotgate_tests::wat::built("probe-policy-v2"),
+        ),
+    )
+    .unwrap();
+    let (_up, gate) = keyed(&state, 8)
+        .config_file(&config)
+        .start_with(upstream())
+        .await;
+    let (id, secret) = create(
+        &gate,
+        &[
+            "--tenant",
+            "alice",
+            "--team",
+            "research",
+            "--label",
+            "laptop=alice-mbp",
+        ],
+    );
+    let resp = chat_with(&gate, &[("x-api-key", &secret)]).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let want = json!({"tenant": "alice", "team": "research", "key_id": id,
+                      "key_labels": {"laptop": "alice-mbp"}});
+    for contract in ["v1", "v2"] {
+        let seen = resp
+            .header(&format!("x-probe-caller-{contract}"))
+            .unwrap_or_else(|| panic!("the {contract} probe answered"));
+        assert_eq!(
+            serde_json::from_str::<Value>(&seen).unwrap(),
+            want,
+            "what a {contract} policy reads"
+        );
+    }
+    // A client cannot pass for another: its own header of the host's names is not passed on.
+    let forged = chat_with(
+        &gate,
+        &[
+            ("x-api-key", &secret),
+            ("x-slotgate-key-labels", "{\"laptop\":\"forged\"}"),
+            ("x-slotgate-tenant", "mallory"),
+        ],
+    )
+    .await;
+    for contract in ["v1", "v2"] {
+        let seen: Value = serde_json::from_str(
+            &forged
+                .header(&format!("x-probe-caller-{contract}"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(seen, want, "{contract}");
+    }
+    gate.assert_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_from_one_peer_is_slowed_and_the_valid_client_is_not() {
+    let state = unique_dir("keys-tarpit");
+    let up = FakeUpstream::instant().api_key(UPSTREAM_KEY).start().await;
+    let gate = keyed(&state, 4).upstream(&up).start().await;
+    let (_, secret) = create(&gate, &["--tenant", "valid"]);
+    // 32 flooders from the same peer (this test's uid) for three seconds, at the defaults: a burst
+    // of 100, then 20 a second, the rest a second late.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for f in 0..32 {
+        let client = gate.client();
+        let stop = stop.clone();
+        flood.push(tokio::spawn(async move {
+            let mut refused = 0;
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let key = format!("sk-made-up-{f}-{n}");
+                let r = client
+                    .send_with(Method::POST, CHAT, &[("x-api-key", key.as_str())], chat())
+                    .await;
+                assert_eq!(r.status, 401, "{}", r.body);
+                refused += 1;
+            }
+            refused
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The valid client meanwhile, from the same peer: served, none of its requests held back.
+    for _ in 0..8 {
+        let began = std::time::Instant::now();
+        let r = chat_with(&gate, &[("x-api-key", &secret)]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(
+            began.elapsed() < Duration::from_secs(1),
+            "a served request is never held back: {:?}",
+            began.elapsed()
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut refused = 0;
+    for f in flood {
+        refused += f.await.unwrap();
+    }
+    // Three seconds: the burst, 20 a second, and each connection's one-a-second; without the
+    // tarpit the same flood is refused tens of thousands of times.
+    assert!(
+        (100..=100 + 3 * 20 + 4 * 32 + 32).contains(&refused),
+        "{refused} refusals in three seconds"
+    );
+    let delayed = gate
+        .metric("slotgate_refusals_delayed_total", &[])
+        .await
+        .unwrap_or(0.0);
+    assert!(delayed >= 32.0, "{delayed} refusals delayed");
+    assert_eq!(up.count(), 8, "only the valid client reached llama-server");
     gate.assert_idle().await;
 }
