@@ -42,7 +42,9 @@ cpu_ticks() { # PID: utime + stime, in clock ticks
 }
 
 start open --client-auth open
-start keys --client-auth keys
+# The tarpit off (--refusal-rate 0): part 2 measures what one refusal costs, as a flood from many
+# peers pays it; one peer's flood is slowed to a trickle (scripts/bench/keys-flood.sh).
+start keys --client-auth keys --refusal-rate 0
 key=$("$bin" key create --tenant bench --json --admin "unix:$root/keys/admin.sock" \
   --admin-token-file "$root/admin.token" | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])')
 
