@@ -12,7 +12,8 @@
 //! - `fake_usage: "timings"`: report those counts only as llama-server's `timings` (`prompt_n`,
 //!   `cache_n`, `predicted_n`), with no `usage`, the way llama-server ends a stream whose client did not
 //!   ask for `stream_options.include_usage`; `fake_cached_tokens` of the prompt tokens (default 0) are
-//!   reported as `cache_n`, the rest as `prompt_n`.
+//!   reported as `cache_n`, the rest as `prompt_n` (and, with `usage`, as its
+//!   `prompt_tokens_details.cached_tokens`).
 //!
 //! A generation request is counted in [`RunningUpstream::current`] by an RAII guard that travels inside the
 //! response body, so it lives until the body is fully sent or dropped: `max_concurrency` covers streams.
@@ -713,9 +714,11 @@ impl Report {
                 "predicted_per_token_ms": 0.4, "predicted_per_second": 2500.0,
             });
         } else {
+            // As llama-server reports it: the cached part of the prompt in its details.
             answer["usage"] = json!({"prompt_tokens": prompt_tokens,
                                      "completion_tokens": completion_tokens,
-                                     "total_tokens": prompt_tokens + completion_tokens});
+                                     "total_tokens": prompt_tokens + completion_tokens,
+                                     "prompt_tokens_details": {"cached_tokens": self.cached.min(prompt_tokens)}});
         }
     }
 }

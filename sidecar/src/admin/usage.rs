@@ -1,122 +1,233 @@
-//! `GET /usage`: the usage ledger (requests that reached llama-server and the tokens they used,
-//! per UTC day, tenant and model) over a range of days, as JSON or CSV.
+//! `GET /usage`: the usage ledger (requests that reached llama-server, their prompt tokens, how many
+//! of those came from llama-server's cache, the tokens generated and, with `[prices]`, their cost)
+//! over a range of days of the ledger's zone, as JSON or CSV; row by row, or summed by the columns
+//! asked for (`by`).
 //!
-//! `?from=YYYY-MM-DD&to=YYYY-MM-DD` (both included; by default the last 30 days to today),
-//! `&tenant=T`, `&model=M`, `&format=csv` (or `Accept: text/csv`). The names in a CSV are a
-//! client's: each cell is made safe to open (`log::shown::csv_cell`: no formula, one row a line).
+//! `?from=YYYY-MM-DD&to=YYYY-MM-DD` (both included; by default the last 30 days to today) or
+//! `?month=YYYY-MM`; `&tenant=T&team=T&key=ID&model=M` to keep only those; `&by=month,tenant` to
+//! sum by those columns (of `day`, `month`, `tenant`, `team`, `key`, `model`; by default every row
+//! as kept: day, tenant, team, key, model); `&format=csv` (or `Accept: text/csv`). The names in a
+//! CSV are a client's: each cell is made safe to open (`log::shown::csv_cell`: no formula, one row
+//! a line).
+
+use std::collections::BTreeMap;
 
 use http::{header, HeaderMap, HeaderValue, Response};
-use serde_json::json;
+use serde_json::{json, Map, Value};
 
+use crate::config::prices::from_nanos;
 use crate::log::shown::csv_cell;
 use crate::policy::state::wall_ms;
 use crate::respond::{self, Body};
 use crate::state::App;
-use crate::store::ledger::day_of;
+use crate::store::ledger::{Row, Usage};
 
 /// Days shown when the request names none.
 const DEFAULT_DAYS: u32 = 30;
 
+/// The columns rows may be summed by, in the order they are shown.
+const COLUMNS: &[&str] = &["day", "month", "tenant", "team", "key", "model"];
+
 pub fn usage(app: &App, query: Option<&str>, headers: &HeaderMap) -> Response<Body> {
+    match answer(app, query, headers) {
+        Ok(resp) => resp,
+        Err(e) => bad(&e),
+    }
+}
+
+fn answer(app: &App, query: Option<&str>, headers: &HeaderMap) -> Result<Response<Body>, String> {
     let param = |name: &str| {
         form_urlencoded::parse(query.unwrap_or("").as_bytes())
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.into_owned())
     };
-    let today = day_of(wall_ms());
-    let to = match param("to").map(|d| parse_day(&d)).transpose() {
-        Ok(d) => d.unwrap_or(today),
-        Err(e) => return bad(&e),
-    };
-    let from = match param("from").map(|d| parse_day(&d)).transpose() {
-        Ok(d) => d.unwrap_or(to.saturating_sub(DEFAULT_DAYS - 1)),
-        Err(e) => return bad(&e),
-    };
-    if from > to {
-        return bad("from is after to");
-    }
-    let (tenant, model) = (param("tenant"), param("model"));
-    let rows = match app
-        .ledger
-        .read(from, to, tenant.as_deref(), model.as_deref())
-    {
-        Ok(rows) => rows,
-        Err(e) => {
-            return respond::json(
-                500,
-                &json!({"error": {"code": "state_error", "message": e.to_string(), "type": "api_error"}}),
-            )
+    let today = app.ledger.day_of(wall_ms());
+    let (from, to) = match param("month") {
+        Some(m) => month_days(&m)?,
+        None => {
+            let to = param("to")
+                .map(|d| parse_day(&d))
+                .transpose()?
+                .unwrap_or(today);
+            let from = param("from")
+                .map(|d| parse_day(&d))
+                .transpose()?
+                .unwrap_or(to.saturating_sub(DEFAULT_DAYS - 1));
+            (from, to)
         }
     };
+    if from > to {
+        return Err("from is after to".into());
+    }
+    let by: Vec<&'static str> = match param("by") {
+        None => vec!["day", "tenant", "team", "key", "model"],
+        Some(list) => {
+            let mut by = Vec::new();
+            for c in list.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+                let known = COLUMNS.iter().find(|k| **k == c).ok_or_else(|| {
+                    format!("by: `{c}` is not a column; use {}", COLUMNS.join(", "))
+                })?;
+                by.push(*known);
+            }
+            by.sort_by_key(|c| COLUMNS.iter().position(|k| k == c));
+            by.dedup();
+            by
+        }
+    };
+    let only = |name: &str| param(name).filter(|v| !v.is_empty());
+    let (tenant, team, key, model) = (only("tenant"), only("team"), only("key"), only("model"));
+    let rows = app
+        .ledger
+        .read(from, to, |w| {
+            tenant.as_deref().is_none_or(|t| *w.tenant == *t)
+                && team.as_deref().is_none_or(|t| *w.team == *t)
+                && key.as_deref().is_none_or(|k| *w.key == *k)
+                && model.as_deref().is_none_or(|m| *w.model == *m)
+        })
+        .map_err(|e| format!("the ledger cannot be read: {e}"))?;
+    let summed = sum_by(&rows, &by);
+    let priced = app.config.prices.any();
     let csv = param("format").as_deref() == Some("csv")
         || headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|a| a.contains("text/csv"));
     if csv {
-        let mut out = String::from("day,tenant,model,requests,prompt_tokens,completion_tokens\n");
-        for (day, t, m, u) in &rows {
-            out.push_str(&format!(
-                "{},{},{},{},{},{}\n",
-                date(*day),
-                csv_cell(t),
-                csv_cell(m),
-                u.requests,
-                u.prompt_tokens,
-                u.completion_tokens
-            ));
-        }
-        let mut resp = Response::new(respond::full(out));
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/csv; charset=utf-8"),
-        );
-        return resp;
+        return Ok(csv_answer(
+            &summed,
+            &by,
+            priced,
+            &app.config.prices.currency,
+        ));
     }
-    let (mut requests, mut prompt, mut completion) = (0, 0, 0);
-    let list: Vec<serde_json::Value> = rows
+    let mut total = Usage::default();
+    let list: Vec<Value> = summed
         .iter()
-        .map(|(day, t, m, u)| {
-            requests += u.requests;
-            prompt += u.prompt_tokens;
-            completion += u.completion_tokens;
-            json!({
-                "day": date(*day),
-                "tenant": t,
-                "model": m,
-                "requests": u.requests,
-                "prompt_tokens": u.prompt_tokens,
-                "completion_tokens": u.completion_tokens,
-            })
+        .map(|(cells, u)| {
+            add(&mut total, u);
+            let mut row = Map::new();
+            for (c, v) in by.iter().zip(cells) {
+                row.insert((*c).to_owned(), json!(v));
+            }
+            numbers(&mut row, u, priced);
+            Value::Object(row)
         })
         .collect();
-    respond::json(
-        200,
-        &json!({
-            "from": date(from),
-            "to": date(to),
-            "rows": list,
-            "total": {"requests": requests, "prompt_tokens": prompt, "completion_tokens": completion},
-        }),
-    )
+    let mut t = Map::new();
+    numbers(&mut t, &total, priced);
+    let mut body = json!({
+        "from": date(from),
+        "to": date(to),
+        "by": by,
+        "rows": list,
+        "total": t,
+    });
+    if priced {
+        body["currency"] = json!(app.config.prices.currency);
+    }
+    Ok(respond::json(200, &body))
 }
 
-/// `YYYY-MM-DD` as days since the epoch.
+/// The rows summed by the columns `by`, in their order.
+fn sum_by(rows: &[Row], by: &[&str]) -> BTreeMap<Vec<String>, Usage> {
+    let mut out: BTreeMap<Vec<String>, Usage> = BTreeMap::new();
+    for r in rows {
+        let cells = by
+            .iter()
+            .map(|c| match *c {
+                "day" => date(r.day),
+                "month" => date(r.day)[..7].to_owned(),
+                "tenant" => r.who.tenant.to_string(),
+                "team" => r.who.team.to_string(),
+                "key" => r.who.key.to_string(),
+                _ => r.who.model.to_string(),
+            })
+            .collect();
+        add(out.entry(cells).or_default(), &r.usage);
+    }
+    out
+}
+
+fn add(to: &mut Usage, u: &Usage) {
+    to.requests += u.requests;
+    to.prompt_tokens += u.prompt_tokens;
+    to.cached_tokens += u.cached_tokens;
+    to.completion_tokens += u.completion_tokens;
+    to.cost_nanos += u.cost_nanos;
+}
+
+fn numbers(row: &mut Map<String, Value>, u: &Usage, priced: bool) {
+    row.insert("requests".into(), json!(u.requests));
+    row.insert("prompt_tokens".into(), json!(u.prompt_tokens));
+    row.insert("cached_tokens".into(), json!(u.cached_tokens));
+    row.insert("completion_tokens".into(), json!(u.completion_tokens));
+    if priced {
+        row.insert("cost".into(), json!(from_nanos(u.cost_nanos)));
+    }
+}
+
+fn csv_answer(
+    summed: &BTreeMap<Vec<String>, Usage>,
+    by: &[&str],
+    priced: bool,
+    currency: &str,
+) -> Response<Body> {
+    let mut out = by.join(",");
+    out.push_str(",requests,prompt_tokens,cached_tokens,completion_tokens");
+    if priced {
+        out.push_str(&format!(",cost_{}", currency.to_ascii_lowercase()));
+    }
+    out.push('\n');
+    for (cells, u) in summed {
+        for c in cells {
+            out.push_str(&csv_cell(c));
+            out.push(',');
+        }
+        out.push_str(&format!(
+            "{},{},{},{}",
+            u.requests, u.prompt_tokens, u.cached_tokens, u.completion_tokens
+        ));
+        if priced {
+            out.push_str(&format!(",{:.6}", from_nanos(u.cost_nanos)));
+        }
+        out.push('\n');
+    }
+    let mut resp = Response::new(respond::full(out));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/csv; charset=utf-8"),
+    );
+    resp
+}
+
+/// `YYYY-MM-DD` as days since the epoch (a civil date: the ledger's days are its zone's).
 fn parse_day(s: &str) -> Result<u32, String> {
     let d: jiff::civil::Date = s
         .parse()
         .map_err(|e| format!("`{s}` is not a date (YYYY-MM-DD): {e}"))?;
-    let ms = d
-        .to_zoned(jiff::tz::TimeZone::UTC)
-        .map_err(|e| e.to_string())?
-        .timestamp()
-        .as_millisecond();
-    Ok(day_of(ms))
+    days_since_epoch(d)
+}
+
+/// The first and last day of the month `YYYY-MM`.
+fn month_days(s: &str) -> Result<(u32, u32), String> {
+    let first: jiff::civil::Date = format!("{s}-01")
+        .parse()
+        .map_err(|_| format!("month: `{s}` is not a month (YYYY-MM)"))?;
+    let last = first.last_of_month();
+    Ok((days_since_epoch(first)?, days_since_epoch(last)?))
+}
+
+fn days_since_epoch(d: jiff::civil::Date) -> Result<u32, String> {
+    jiff::civil::date(1970, 1, 1)
+        .until(d)
+        .map(|s| s.get_days().max(0) as u32)
+        .map_err(|e| e.to_string())
 }
 
 fn date(day: u32) -> String {
-    jiff::Timestamp::from_second(i64::from(day) * 86_400)
-        .map(|t| t.strftime("%Y-%m-%d").to_string())
+    jiff::civil::date(1970, 1, 1)
+        .checked_add(jiff::Span::new().days(i64::from(day)))
+        .map(|d| d.to_string())
         .unwrap_or_default()
 }
 
@@ -125,4 +236,22 @@ fn bad(message: &str) -> Response<Body> {
         400,
         &json!({"error": {"code": "invalid_request", "message": message, "type": "invalid_request_error"}}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_and_months_read_and_print_back() {
+        let d = parse_day("2026-12-07").unwrap();
+        assert_eq!(date(d), "2026-12-07");
+        let (a, b) = month_days("2026-02").unwrap();
+        assert_eq!(
+            (date(a), date(b)),
+            ("2026-02-01".into(), "2026-02-28".into())
+        );
+        assert!(month_days("2026-13").is_err());
+        assert!(parse_day("yesterday").is_err());
+    }
 }

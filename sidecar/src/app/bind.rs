@@ -105,7 +105,11 @@ pub(super) async fn bind(
     // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
     crate::app::memory::trim();
     let fleet = fleet(&config, &policies)?;
-    let ledger = Arc::new(Ledger::new(config.state.usage_retention_days));
+    let ledger = Arc::new(Ledger::priced(
+        config.state.usage_retention_days,
+        config.state.usage_zone.0.clone(),
+        config.prices.clone(),
+    ));
     let (persister, store) = state_on_disk(&config, &policies, &ledger)?;
     let keys = keys(&config, store)?;
     if let (Some(fleet), crate::config::ClientAuth::Keys) = (&fleet, config.client_auth) {

@@ -79,19 +79,37 @@ pub struct QuotaTarget {
 pub struct UsageArgs {
     #[command(flatten)]
     admin: AdminArgs,
-    /// First day, `YYYY-MM-DD` (UTC) [default: 29 days before --to]
-    #[arg(long)]
+    /// First day, `YYYY-MM-DD` (a day of the ledger's zone, `state.usage-zone`) [default: 29
+    /// days before --to]
+    #[arg(long, conflicts_with = "month")]
     from: Option<String>,
-    /// Last day, `YYYY-MM-DD` (UTC) [default: today]
-    #[arg(long)]
+    /// Last day, `YYYY-MM-DD` [default: today]
+    #[arg(long, conflicts_with = "month")]
     to: Option<String>,
+    /// A whole month, `YYYY-MM`, in place of --from and --to.
+    #[arg(long, value_name = "YYYY-MM")]
+    month: Option<String>,
+    /// Sum by these columns: day, month, tenant, team, key, model [default: every row, by day,
+    /// tenant, team, key and model]
+    #[arg(long, value_name = "A,B")]
+    by: Option<String>,
     /// Only this tenant.
     #[arg(long)]
     tenant: Option<String>,
+    /// Only this team.
+    #[arg(long)]
+    team: Option<String>,
+    /// Only this key (its id).
+    #[arg(long)]
+    key: Option<String>,
     /// Only this model.
     #[arg(long)]
     model: Option<String>,
-    /// Print CSV (`day,tenant,model,requests,prompt_tokens,completion_tokens`).
+    /// Show the cost column ([prices] must price the models; otherwise there is none).
+    #[arg(long)]
+    cost: bool,
+    /// Print CSV (the columns of --by, then requests, prompt_tokens, cached_tokens,
+    /// completion_tokens and, priced, cost_<currency>).
     #[arg(long, conflicts_with = "json")]
     csv: bool,
     /// Print the JSON slotgate answered.
@@ -151,7 +169,11 @@ pub fn usage(args: UsageArgs) -> ExitCode {
     let query = query(&[
         ("from", args.from.as_deref()),
         ("to", args.to.as_deref()),
+        ("month", args.month.as_deref()),
+        ("by", args.by.as_deref()),
         ("tenant", args.tenant.as_deref()),
+        ("team", args.team.as_deref()),
+        ("key", args.key.as_deref()),
         ("model", args.model.as_deref()),
         ("format", format),
     ]);
@@ -163,28 +185,76 @@ pub fn usage(args: UsageArgs) -> ExitCode {
         if args.json {
             return v.to_string();
         }
-        let mut out = format!(
-            "{:<10}  {:<24}  {:<16}  {:>9}  {:>12}  {:>12}\n",
-            "day", "tenant", "model", "requests", "prompt", "completion"
-        );
-        for r in v["rows"].as_array().into_iter().flatten() {
-            out.push_str(&format!(
-                "{:<10}  {:<24}  {:<16}  {:>9}  {:>12}  {:>12}\n",
-                text(&r["day"]),
-                text(&r["tenant"]),
-                text(&r["model"]),
-                r["requests"],
-                r["prompt_tokens"],
-                r["completion_tokens"]
-            ));
-        }
-        let t = &v["total"];
-        out.push_str(&format!(
-            "{:<10}  {:<24}  {:<16}  {:>9}  {:>12}  {:>12}",
-            "total", "", "", t["requests"], t["prompt_tokens"], t["completion_tokens"]
-        ));
-        out
+        usage_table(v, args.cost)
     })
+}
+
+/// `/usage` as a table: the columns it was summed by, then the counts (and the cost, asked for
+/// and priced).
+fn usage_table(v: &Value, cost: bool) -> String {
+    let by: Vec<&str> = v["by"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let currency = v["currency"].as_str().filter(|_| cost);
+    let width = |c: &str| match c {
+        "day" => 10,
+        "month" => 7,
+        "key" => 12,
+        _ => 20,
+    };
+    let mut head: Vec<String> = by
+        .iter()
+        .map(|c| format!("{c:<w$}", w = width(c)))
+        .collect();
+    for n in ["requests", "prompt", "cached", "completion"] {
+        head.push(format!("{n:>10}"));
+    }
+    if let Some(c) = currency {
+        head.push(format!("{:>12}", format!("cost {c}")));
+    }
+    let mut out = head.join("  ").trim_end().to_owned() + "\n";
+    let line = |r: &Value, first: &[String]| {
+        let mut cells = first.to_vec();
+        for n in [
+            "requests",
+            "prompt_tokens",
+            "cached_tokens",
+            "completion_tokens",
+        ] {
+            cells.push(format!("{:>10}", r[n]));
+        }
+        if currency.is_some() {
+            cells.push(format!("{:>12.6}", r["cost"].as_f64().unwrap_or(0.0)));
+        }
+        cells.join("  ")
+    };
+    for r in v["rows"].as_array().into_iter().flatten() {
+        let first: Vec<String> = by
+            .iter()
+            .map(|c| {
+                let t = text(&r[*c]);
+                let t = if t.is_empty() { "-".into() } else { t };
+                format!("{t:<w$}", w = width(c))
+            })
+            .collect();
+        out.push_str(&line(r, &first));
+        out.push('\n');
+    }
+    let mut first = vec![format!(
+        "{:<w$}",
+        "total",
+        w = by.first().map_or(5, |c| width(c))
+    )];
+    first.extend(
+        by.iter()
+            .skip(1)
+            .map(|c| format!("{:<w$}", "", w = width(c))),
+    );
+    out.push_str(&line(&v["total"], &first));
+    out
 }
 
 fn change(t: &QuotaTarget, path: &str, mut body: Value) -> ExitCode {

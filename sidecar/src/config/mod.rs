@@ -50,6 +50,7 @@ pub mod client_auth;
 pub mod hints;
 pub mod launch;
 pub mod policy;
+pub mod prices;
 pub mod settings;
 pub mod state;
 pub mod tenants;
@@ -108,6 +109,8 @@ pub struct Config {
     pub tenant_queue_share: f64,
     /// Per-tenant concurrency caps, and what a request at its tenant's cap gets.
     pub tenant_caps: TenantCaps,
+    /// What tokens cost (`[prices]`); empty: no cost is booked.
+    pub prices: prices::Prices,
     pub max_body: usize,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
@@ -289,12 +292,13 @@ key_table! {
         launch: NotASetting<launch::Launch> [];
         tenant_caps: TenantCaps [tenant_max_in_service, tenant_max_waiting, tenant_over_cap,
             tenants, teams];
+        prices: prices::Prices [prices];
         tokenizer: CostTokenizer [cost_tokenizer, cost];
         count_first: CostCountFirst [cost_count_first];
         state: StateConfig [state, state_backend, state_redis_url, state_prefix, state_fleet,
             state_on_unavailable, state_fetch_timeout, state_lease_horizon, state_lease_max_share,
             state_lease_idle, state_lease_max_age, state_dir, state_flush_interval,
-            state_usage_retention_days];
+            state_usage_retention_days, state_usage_zone];
         policies: policy::PolicyChain [policy, policy_flags, policy_paths, policy_settings];
         models: Models [models];
         bands: Bands [bands];

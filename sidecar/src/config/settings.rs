@@ -572,8 +572,8 @@ pub struct Settings {
     #[serde(skip)]
     pub state_flush_interval: Option<Dur>,
 
-    /// Days of the usage ledger kept (requests and tokens per tenant, model and UTC day; `GET
-    /// /usage`): older days are dropped. TOML: `state.usage-retention-days`. [default: 400]
+    /// Days of the usage ledger kept (requests, tokens and cost per day, tenant, team, key and
+    /// model; `GET /usage`): older days are dropped. TOML: `state.usage-retention-days`. [default: 400]
     #[arg(
         long = "state-usage-retention-days",
         env = "SLOTGATE_STATE_USAGE_RETENTION_DAYS",
@@ -581,6 +581,12 @@ pub struct Settings {
     )]
     #[serde(skip)]
     pub state_usage_retention_days: Option<u32>,
+
+    /// The time zone whose days the usage ledger's rows are (`Europe/Berlin`), as the quotas'
+    /// calendar days can be. TOML: `state.usage-zone`. [default: UTC]
+    #[arg(long = "state-usage-zone", env = "SLOTGATE_STATE_USAGE_ZONE", value_name = "ZONE")]
+    #[serde(skip)]
+    pub state_usage_zone: Option<super::state::Zone>,
 
     /// In front of llama-server's router: `[models."NAME"]` tables, one model's own slots, queue
     /// depth and queue timeout (NAME: an id or alias of the router's `/models`).
@@ -605,6 +611,12 @@ pub struct Settings {
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teams: Option<std::collections::BTreeMap<String, TeamTable>>,
+
+    /// What tokens cost: the `[prices]` table, per million tokens of input, cached input and
+    /// output, by model, with a default and a currency (docs/spend.md).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<super::prices::PricesTable>,
 
     /// The `[state]` table of the config file.
     #[arg(skip)]

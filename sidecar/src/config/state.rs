@@ -55,7 +55,37 @@ pub struct StateTable {
     /// See `--state-usage-retention-days`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_retention_days: Option<u32>,
+    /// See `--state-usage-zone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_zone: Option<Zone>,
 }
+
+/// A time zone by its IANA name (`Europe/Berlin`, `UTC`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Zone(pub jiff::tz::TimeZone, String);
+
+impl Zone {
+    pub fn utc() -> Zone {
+        Zone(jiff::tz::TimeZone::UTC, "UTC".into())
+    }
+}
+
+impl std::str::FromStr for Zone {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Zone, String> {
+        let name = s.trim();
+        jiff::tz::TimeZone::get(name)
+            .map(|tz| Zone(tz, name.to_owned()))
+            .map_err(|_| format!("`{name}` is not a time zone (an IANA name: UTC, Europe/Berlin)"))
+    }
+}
+
+impl std::fmt::Display for Zone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.1)
+    }
+}
+string_serde!(Zone);
 
 impl StateTable {
     /// Keys set in `self` (the flags) win; the rest come from `lower` (the file).
@@ -74,6 +104,7 @@ impl StateTable {
             dir: self.dir.or(lower.dir),
             flush_interval: self.flush_interval.or(lower.flush_interval),
             usage_retention_days: self.usage_retention_days.or(lower.usage_retention_days),
+            usage_zone: self.usage_zone.or(lower.usage_zone),
         }
     }
 }
@@ -97,6 +128,8 @@ pub struct StateConfig {
     pub flush_interval: Duration,
     /// Days of the usage ledger kept.
     pub usage_retention_days: u32,
+    /// The zone whose days the usage ledger's rows are.
+    pub usage_zone: Zone,
 }
 
 /// How big a sidecar's lease of a fleet bucket grows and when it goes back.
@@ -136,6 +169,7 @@ key_table! {
             => "at most 60s: a crash loses the charges of up to one interval";
         usage_retention_days: Plain = 400, unless |n| *n == 0
             => "at least 1: the ledger keeps today's usage at least";
+        usage_zone: Plain = Zone::utc();
     }
     groups {
         redis_url: RedisUrl [redis_url];
@@ -171,6 +205,7 @@ impl Keys<Settings> for StateConfig {
             dir: s.state_dir.clone(),
             flush_interval: s.state_flush_interval,
             usage_retention_days: s.state_usage_retention_days,
+            usage_zone: s.state_usage_zone.clone(),
         };
         let table = flags.over(s.state.clone().unwrap_or_default());
         let state = <StateConfig as Keys<StateTable>>::read(&table)?;

@@ -77,6 +77,7 @@ impl Dialect for Messages {
             prompt,
             // `message_start` says 0 before anything was generated: not the final count.
             completion: count("output_tokens").filter(|_| !start),
+            cached: count("cache_read_input_tokens"),
         })
     }
 
@@ -151,7 +152,8 @@ mod tests {
             Some(Reported {
                 trust: Trust::Reported,
                 prompt: Some(29),
-                completion: Some(5)
+                completion: Some(5),
+                cached: Some(3),
             })
         );
         let start = json!({"type": "message_start", "message": {"usage": {"cache_read_input_tokens": 28, "input_tokens": 1, "output_tokens": 0}}});

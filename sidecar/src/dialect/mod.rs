@@ -196,8 +196,11 @@ pub const OPENAI_OUTPUT_KEYS: &[&[&str]] =
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reported {
     pub trust: Trust,
+    /// The whole prompt, read from the cache or not.
     pub prompt: Option<u64>,
     pub completion: Option<u64>,
+    /// Of the prompt, the tokens llama-server reused from its prompt cache.
+    pub cached: Option<u64>,
 }
 
 /// How much a report is trusted: a reported usage (or native count) beats `timings`.
@@ -344,6 +347,10 @@ pub fn openai_usage(v: &Value) -> Option<Reported> {
             trust: Trust::Reported,
             prompt: Some(count(u, "prompt_tokens").unwrap_or(0)),
             completion: Some(count(u, "completion_tokens").unwrap_or(0)),
+            cached: u
+                .get("prompt_tokens_details")
+                .and_then(|d| count(d, "cached_tokens"))
+                .or_else(|| timings_cached(v, count(u, "prompt_tokens"))),
         });
     }
     let predicted = count(v, "tokens_predicted");
@@ -353,9 +360,17 @@ pub fn openai_usage(v: &Value) -> Option<Reported> {
             trust: Trust::Reported,
             prompt: Some(evaluated.unwrap_or(0)),
             completion: Some(predicted.unwrap_or(0)),
+            cached: count(v, "tokens_cached").or_else(|| timings_cached(v, evaluated)),
         });
     }
     timings(v)
+}
+
+/// The cached part of a prompt of `prompt` tokens by the same document's `timings`, when they count
+/// the same prompt (an older llama-server's usage without its cached part).
+pub fn timings_cached(v: &Value, prompt: Option<u64>) -> Option<u64> {
+    let t = timings(v)?;
+    (t.prompt == prompt).then_some(t.cached).flatten()
 }
 
 /// llama-server's `timings` object, when it counts anything.
@@ -371,6 +386,7 @@ pub fn timings(v: &Value) -> Option<Reported> {
         trust: Trust::Timings,
         prompt: Some(processed.unwrap_or(0).saturating_add(cached.unwrap_or(0))),
         completion: Some(predicted.unwrap_or(0)),
+        cached,
     })
 }
 

@@ -72,6 +72,10 @@ impl Dialect for Opaque {
                 trust: Trust::Reported,
                 prompt: count("input_tokens"),
                 completion: count("output_tokens"),
+                cached: u
+                    .get("input_tokens_details")
+                    .and_then(|d| d.get("cached_tokens"))
+                    .and_then(Value::as_u64),
             });
         }
         super::openai_usage(doc)
@@ -92,6 +96,7 @@ fn predictions_usage(each: &[Value]) -> Option<Reported> {
         trust: first.trust,
         prompt: sum(|r| r.prompt),
         completion: sum(|r| r.completion),
+        cached: sum(|r| r.cached),
     })
 }
 

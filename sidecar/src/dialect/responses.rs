@@ -53,6 +53,11 @@ impl Dialect for Responses {
             trust: Trust::Reported,
             prompt: count("input_tokens"),
             completion: count("output_tokens"),
+            cached: u
+                .get("input_tokens_details")
+                .and_then(|d| d.get("cached_tokens"))
+                .and_then(Value::as_u64)
+                .or_else(|| super::timings_cached(doc, count("input_tokens"))),
         })
     }
 

@@ -20,8 +20,19 @@ const MAX_SSE_LINE: usize = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
+    /// The whole prompt, cached part included.
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Of `prompt_tokens`, those llama-server reused from its prompt cache (0 when it said none,
+    /// or nothing).
+    pub cached_tokens: u64,
+}
+
+impl Usage {
+    /// The prompt's tokens llama-server processed now.
+    pub fn uncached_tokens(&self) -> u64 {
+        self.prompt_tokens.saturating_sub(self.cached_tokens)
+    }
 }
 
 /// Counts reported so far by one kind of source; each part is the latest that said it.
@@ -29,18 +40,24 @@ pub struct Usage {
 struct Partial {
     prompt: Option<u64>,
     completion: Option<u64>,
+    cached: Option<u64>,
 }
 
 impl Partial {
     fn merge(&mut self, r: &Reported) {
         self.prompt = r.prompt.or(self.prompt);
         self.completion = r.completion.or(self.completion);
+        self.cached = r.cached.or(self.cached);
     }
 
     fn usage(&self) -> Option<Usage> {
-        (self.prompt.is_some() || self.completion.is_some()).then(|| Usage {
-            prompt_tokens: self.prompt.unwrap_or(0),
-            completion_tokens: self.completion.unwrap_or(0),
+        (self.prompt.is_some() || self.completion.is_some()).then(|| {
+            let prompt = self.prompt.unwrap_or(0);
+            Usage {
+                prompt_tokens: prompt,
+                completion_tokens: self.completion.unwrap_or(0),
+                cached_tokens: self.cached.unwrap_or(0).min(prompt),
+            }
         })
     }
 }
@@ -160,7 +177,16 @@ impl UsageScanner {
             }
             self.buf.clear();
         }
-        self.reported.usage().or(self.timings.usage())
+        // A report without the cached part takes it from `timings` when they say it.
+        match self.reported.usage() {
+            Some(mut u) => {
+                if self.reported.cached.is_none() && self.timings.prompt == Some(u.prompt_tokens) {
+                    u.cached_tokens = self.timings.cached.unwrap_or(0).min(u.prompt_tokens);
+                }
+                Some(u)
+            }
+            None => self.timings.usage(),
+        }
     }
 }
 
@@ -188,6 +214,7 @@ const USAGE_MEMBERS: &[&str] = &[
     "usage",
     "tokens_predicted",
     "tokens_evaluated",
+    "tokens_cached",
     "timings",
     "type",
 ];
@@ -289,7 +316,8 @@ mod tests {
             s.finish(),
             Some(Usage {
                 prompt_tokens: 7,
-                completion_tokens: 3
+                completion_tokens: 3,
+                cached_tokens: 0,
             })
         );
     }
@@ -305,7 +333,8 @@ mod tests {
             s.finish(),
             Some(Usage {
                 prompt_tokens: 5,
-                completion_tokens: 9
+                completion_tokens: 9,
+                cached_tokens: 0,
             })
         );
 
@@ -315,15 +344,21 @@ mod tests {
             n.finish(),
             Some(Usage {
                 prompt_tokens: 11,
-                completion_tokens: 4
+                completion_tokens: 4,
+                cached_tokens: 0,
             })
         );
     }
 
     fn usage(prompt_tokens: u64, completion_tokens: u64) -> Option<Usage> {
+        cached(prompt_tokens, completion_tokens, 0)
+    }
+
+    fn cached(prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64) -> Option<Usage> {
         Some(Usage {
             prompt_tokens,
             completion_tokens,
+            cached_tokens,
         })
     }
 
@@ -349,12 +384,16 @@ data: [DONE]\n\n";
         // Whole, and fed a few bytes at a time so the timings chunk is split mid-object.
         let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         s.feed(CHAT_STREAM_TIMINGS_ONLY);
-        assert_eq!(s.finish(), usage(9 + 4, 7), "prompt = prompt_n + cache_n");
+        assert_eq!(
+            s.finish(),
+            cached(9 + 4, 7, 9),
+            "prompt = prompt_n + cache_n, cache_n of it cached"
+        );
         let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
         for piece in CHAT_STREAM_TIMINGS_ONLY.chunks(7) {
             s.feed(piece);
         }
-        assert_eq!(s.finish(), usage(13, 7));
+        assert_eq!(s.finish(), cached(13, 7, 9));
 
         // A last line without its newline is still read at the end.
         let mut s = UsageScanner::new(Some("text/event-stream"), CHAT);
@@ -377,7 +416,7 @@ data: [DONE]\n\n";
             s.feed(format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t\"}}}}],\"timings\":{{\"cache_n\":2,\"prompt_n\":6,\"predicted_n\":{n}}}}}\n\n").as_bytes());
         }
         s.feed(b"data: [DONE]\n\n");
-        assert_eq!(s.finish(), usage(8, 4));
+        assert_eq!(s.finish(), cached(8, 4, 2));
     }
 
     #[test]
@@ -407,10 +446,25 @@ data: [DONE]\n\n";
     }
 
     #[test]
+    fn the_cached_part_is_read_in_every_dialect() {
+        // llama-server b11434's answers: chat's `prompt_tokens_details`, the native `tokens_cached`.
+        let mut s = UsageScanner::new(Some("application/json"), CHAT);
+        s.feed(br#"{"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":40,"total_tokens":43,"prompt_tokens_details":{"cached_tokens":32}}}"#);
+        assert_eq!(s.finish(), cached(40, 3, 32));
+        let mut s = UsageScanner::new(Some("text/event-stream"), COMPLETION);
+        s.feed(b"data: {\"content\":\"\",\"stop\":true,\"tokens_predicted\":2,\"tokens_evaluated\":40,\"tokens_cached\":31}\n\n");
+        assert_eq!(s.finish(), cached(40, 2, 31));
+        // Usage without its cached part, and timings of another prompt: nothing taken from them.
+        let mut s = UsageScanner::new(Some("application/json"), CHAT);
+        s.feed(br#"{"choices":[],"usage":{"prompt_tokens":13,"completion_tokens":7},"timings":{"cache_n":100,"prompt_n":100,"predicted_n":7}}"#);
+        assert_eq!(s.finish(), cached(13, 7, 0));
+    }
+
+    #[test]
     fn whole_json_bodies_fall_back_to_timings() {
         let mut s = UsageScanner::new(Some("application/json; charset=utf-8"), CHAT);
         s.feed(br#"{"choices":[{"index":0,"message":{"content":"x"}}],"timings":{"cache_n":20,"prompt_n":5,"predicted_n":8}}"#);
-        assert_eq!(s.finish(), usage(25, 8));
+        assert_eq!(s.finish(), cached(25, 8, 20));
 
         let mut s = UsageScanner::new(Some("application/json"), CHAT);
         s.feed(br#"{"choices":[],"usage":{"prompt_tokens":25,"completion_tokens":8},"timings":{"cache_n":0,"prompt_n":1,"predicted_n":1}}"#);
@@ -452,13 +506,13 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             s.feed(piece);
         }
         assert_eq!((s.generated(), s.done()), (2, true));
-        assert_eq!(s.finish(), usage(29, 2));
+        assert_eq!(s.finish(), cached(29, 2, 28));
 
         let responses = b"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n\
 event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":29,\"output_tokens\":1}},\"timings\":{\"cache_n\":28,\"prompt_n\":1,\"predicted_n\":1}}\n\n";
         let mut s = UsageScanner::new(Some("text/event-stream"), RESPONSES);
         s.feed(responses);
         assert_eq!((s.generated(), s.done()), (1, true));
-        assert_eq!(s.finish(), usage(29, 1));
+        assert_eq!(s.finish(), cached(29, 1, 28));
     }
 }

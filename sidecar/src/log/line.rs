@@ -16,6 +16,14 @@ pub enum Field<'a> {
     Int(i64),
     /// An address, written as a string.
     Addr(std::net::SocketAddr),
+    /// Money in billionths of its currency, written as a number with six decimals.
+    Money(u64),
+}
+
+/// `nanos` billionths as a decimal number with six places (`0.001700`).
+fn money(out: &mut Vec<u8>, nanos: u64) {
+    let micros = (nanos + 500) / 1000;
+    let _ = write!(out, "{}.{:06}", micros / 1_000_000, micros % 1_000_000);
 }
 
 /// Appends an INFO line of `target` with `message` and `fields` (those `None` left out), in the
@@ -50,6 +58,7 @@ pub fn info_line(
                     Field::Addr(a) => {
                         let _ = write!(out, "\"{a}\"");
                     }
+                    Field::Money(n) => money(out, *n),
                 }
             }
             out.extend_from_slice(b",\"target\":");
@@ -79,6 +88,7 @@ pub fn info_line(
                     Field::Addr(a) => {
                         let _ = write!(out, "{a}");
                     }
+                    Field::Money(n) => money(out, *n),
                 }
             }
             out.push(b'\n');

@@ -14,7 +14,7 @@ use crate::live::{Ended, Live, Tracked};
 use crate::log::{self, Field};
 use crate::metrics as m;
 use crate::policy::complete::CompletionHook;
-use crate::store::ledger::{Ledger, Usage as LedgerUsage};
+use crate::store::ledger::{Ledger, Usage as LedgerUsage, Who};
 
 /// The shutdown is closing the connections still open (its drain timeout ran out, or a second
 /// signal came): a request ended now was cut by slotgate, not left by its client.
@@ -52,6 +52,8 @@ pub struct Exchange {
     started: Instant,
     priority: i64,
     tenant: Option<Arc<str>>,
+    /// The team and id of the key slotgate let the caller in with (`--client-auth keys`).
+    key: Option<(Option<Arc<str>>, Arc<str>)>,
     /// In front of llama-server's router: the model's id (one the router lists).
     model: Option<Arc<str>>,
     /// Where a request that reached llama-server is counted.
@@ -104,6 +106,7 @@ impl Exchange {
             started: Instant::now(),
             priority: 0,
             tenant: None,
+            key: None,
             model: None,
             ledger: ledger.clone(),
             queue_wait: None,
@@ -144,6 +147,11 @@ impl Exchange {
     pub fn set_tenant(&mut self, tenant: Arc<str>) {
         self.live.set_tenant(&tenant);
         self.tenant = Some(tenant);
+    }
+
+    /// The key the caller was let in with (its team, if any, and its id).
+    pub fn set_key(&mut self, team: Option<&str>, id: &str) {
+        self.key = Some((team.map(Arc::from), Arc::from(id)));
     }
 
     /// The router's model the request was queued for (its id: bounded by the router's list).
@@ -296,7 +304,7 @@ impl Drop for Exchange {
             );
         }
         m::hot().requests(outcome).increment(1);
-        self.record_usage();
+        let cost = self.record_usage();
         if let Some(model) = &self.model {
             metrics::counter!(m::MODEL_REQUESTS_TOTAL, "model" => model.to_string(), "outcome" => outcome.label())
                 .increment(1);
@@ -315,7 +323,7 @@ impl Drop for Exchange {
             // Only a request given a slot queued (or not) for one.
             queue_wait: self.reserved.and(self.queue_wait),
         });
-        self.log_line(outcome);
+        self.log_line(outcome, cost);
     }
 }
 
@@ -324,28 +332,42 @@ impl Exchange {
     /// served (the router's model the request was queued for, else the one llama-server serves:
     /// never a name the client chose). A request llama-server refused for its caller (401, 403)
     /// is no usage: it adds nothing.
-    fn record_usage(&self) {
+    /// Returns its cost, in billionths of the currency, when `[prices]` prices its model.
+    fn record_usage(&self) -> Option<u64> {
         if self.upstream.is_none() && self.usage.is_none() {
-            return;
+            return None;
         }
         if matches!(self.status, Some(401 | 403)) {
-            return;
+            return None;
         }
         let u = self.usage.unwrap_or_default();
+        let model = self.ledger.served(self.model.as_deref());
+        let cost = self.ledger.cost(&model, &u);
+        let (team, key) = match &self.key {
+            Some((team, id)) => (team.as_deref(), Some(&**id)),
+            None => (None, None),
+        };
         self.ledger.record(
             crate::policy::state::wall_ms(),
-            self.tenant.as_deref().unwrap_or("anonymous"),
-            &self.ledger.served(self.model.as_deref()),
+            Who::new(
+                self.tenant.as_deref().unwrap_or("anonymous"),
+                team,
+                key,
+                &model,
+            ),
             &LedgerUsage {
                 requests: 1,
                 prompt_tokens: u.prompt_tokens,
+                cached_tokens: u.cached_tokens,
                 completion_tokens: u.completion_tokens,
+                cost_nanos: cost.unwrap_or(0),
             },
         );
+        cost
     }
 
     /// The access log's line for it, when the access log is on.
-    fn log_line(&self, outcome: Outcome) {
+    fn log_line(&self, outcome: Outcome, cost: Option<u64>) {
         // Absent values (no status yet, no peer on TCP) are left out of the line rather than faked,
         // and numbers stay numbers in JSON logs.
         let Some(format) = log::format() else { return };
@@ -395,9 +417,16 @@ impl Exchange {
                 self.usage.map(|u| Field::Num(u.prompt_tokens)),
             ),
             (
+                "cached_tokens",
+                self.usage
+                    .filter(|u| u.cached_tokens > 0)
+                    .map(|u| Field::Num(u.cached_tokens)),
+            ),
+            (
                 "completion_tokens",
                 self.usage.map(|u| Field::Num(u.completion_tokens)),
             ),
+            ("cost", cost.map(Field::Money)),
             ("retry_after", self.retry_after.map(Field::Num)),
             ("policy", self.denied.as_ref().map(|d| Field::Str(&d.0))),
             ("reason", self.denied.as_ref().map(|d| Field::Str(&d.1))),

@@ -249,9 +249,11 @@ impl GuardedBody {
                 0
             };
             if completion > 0 {
+                // What of the prompt came from the cache is known only from llama-server's report.
                 let u = Usage {
                     prompt_tokens: prompt,
                     completion_tokens: completion,
+                    cached_tokens: 0,
                 };
                 held.exchange.set_usage(u);
                 m::hot().prompt_tokens.increment(prompt);

@@ -275,6 +275,9 @@ async fn phases(
         .map_err(Refusal::reading)?;
     conversation::lookup(app, &mut intake, ctx.caller);
     if let Some(named) = &ctx.named {
+        if let Some(id) = named.key_id() {
+            ex.set_key(named.team(), id);
+        }
         intake
             .named(named, app.capacity.served_model().as_deref(), &app.upstream)
             .map_err(Refusal::reading)?;

@@ -187,6 +187,8 @@ impl Store {
             tx.open_table(GRANTS).map_err(|e| self.write_err(e))?;
             tx.open_table(ledger::USAGE)
                 .map_err(|e| self.write_err(e))?;
+            tx.open_table(ledger::USAGE2)
+                .map_err(|e| self.write_err(e))?;
         }
         tx.commit().map_err(|e| self.write_err(e))
     }

@@ -37,6 +37,7 @@ mod sessions;
 mod shedding;
 mod shutdown;
 mod slots_auto;
+mod spend;
 mod status;
 mod stream_holds_slot;
 mod tcp_listener;

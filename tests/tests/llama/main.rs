@@ -35,5 +35,6 @@ mod router_asks;
 mod routes_source;
 mod service_levels;
 mod soak_ci;
+mod spend;
 mod top;
 mod traces;

@@ -357,11 +357,11 @@ async fn an_operator_sees_and_changes_quotas_and_reads_the_ledger_through_the_cl
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(
         lines[0],
-        "day,tenant,model,requests,prompt_tokens,completion_tokens"
+        "day,tenant,team,key,model,requests,prompt_tokens,cached_tokens,completion_tokens"
     );
     assert_eq!(lines.len(), 2, "{csv}");
     let fields: Vec<&str> = lines[1].split(',').collect();
-    assert_eq!((fields[3], fields[5]), ("3", "21"), "{csv}");
+    assert_eq!((fields[5], fields[8]), ("3", "21"), "{csv}");
     let bad = first.admin_get("/usage?from=yesterday").await;
     assert_eq!(bad.status, 400, "{}", bad.body);
 
