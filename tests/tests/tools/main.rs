@@ -8,6 +8,7 @@
 mod config;
 mod example_config;
 mod fuzz_corpus;
+mod install;
 mod policy_cli;
 mod security_doc;
 mod startup;
