@@ -136,7 +136,7 @@ fn sum_by(rows: &[Row], by: &[&str]) -> BTreeMap<Vec<String>, Usage> {
             .iter()
             .map(|c| match *c {
                 "day" => date(r.day),
-                "month" => date(r.day)[..7].to_owned(),
+                "month" => date(r.day).get(..7).unwrap_or_default().to_owned(),
                 "tenant" => r.who.tenant.to_string(),
                 "team" => r.who.team.to_string(),
                 "key" => r.who.key.to_string(),
