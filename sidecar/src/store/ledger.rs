@@ -366,6 +366,12 @@ pub fn day_of(unix_ms: i64) -> u32 {
 }
 
 fn cut(s: &str) -> Arc<str> {
+    // No team or key, on every request outside `--client-auth keys`: one shared empty name, no
+    // allocation.
+    static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    if s.is_empty() {
+        return EMPTY.clone();
+    }
     match s.char_indices().nth(MAX_NAME) {
         Some((at, _)) => Arc::from(&s[..at]),
         None => Arc::from(s),
