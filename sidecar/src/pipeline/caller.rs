@@ -159,6 +159,21 @@ pub async fn let_in(
     }
 }
 
+/// `result`, its refusal of the caller held back first when the caller's peer is refused too often
+/// (`server::tarpit`); the one place every route that lets callers in goes through.
+pub async fn held<T>(
+    result: Result<T, GateError>,
+    addr: Option<IpAddr>,
+    peer: Option<Peer>,
+) -> Result<T, GateError> {
+    if let Err(e) = &result {
+        if e.refuses_caller() {
+            crate::server::tarpit::hold(crate::server::capacity::PeerKey::of(addr, peer)).await;
+        }
+    }
+    result
+}
+
 /// `--allow-from`: a TCP peer outside the networks the listeners take, refused before anything
 /// else; a Unix-socket peer (no address) is local and passes.
 pub fn check_source(networks: &Networks, addr: Option<IpAddr>) -> Result<(), GateError> {

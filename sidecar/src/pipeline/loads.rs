@@ -42,7 +42,8 @@ pub async fn answer(app: &App, headers: &HeaderMap, addr: Option<std::net::IpAdd
             None,
         );
     }
-    if let Err(e) = super::caller::check_source(&app.config.allow_from, addr) {
+    let source = super::caller::check_source(&app.config.allow_from, addr);
+    if let Err(e) = super::caller::held(source, addr, None).await {
         return respond::error(&e, None);
     }
     // Under `--client-auth keys` the caller's key is slotgate's to check, never llama-server's
@@ -55,7 +56,7 @@ pub async fn answer(app: &App, headers: &HeaderMap, addr: Option<std::net::IpAdd
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = checked {
+        if let Err(e) = super::caller::held(checked, addr, None).await {
             return respond::error(&e, None);
         }
     } else {

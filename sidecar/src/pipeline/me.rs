@@ -30,14 +30,9 @@ pub async fn answer(
     peer: Option<Peer>,
     addr: Option<std::net::IpAddr>,
 ) -> Response {
-    match who(app, headers, peer, addr).await {
+    match caller::held(who(app, headers, peer, addr).await, addr, peer).await {
         Ok((name, named)) => respond::json(200, &view(app, &name, named.as_ref())),
-        Err(e) => {
-            if e.refuses_caller() {
-                crate::server::tarpit::hold(crate::server::capacity::PeerKey::of(addr, peer)).await;
-            }
-            respond::error(&e, None)
-        }
+        Err(e) => respond::error(&e, None),
     }
 }
 

@@ -341,13 +341,7 @@ async fn who(
     ctx: &Ctx,
 ) -> Result<(crate::admission::Caller, Option<caller::Named>), GateError> {
     let addr = client_ip(req);
-    let found = let_in(app, req, peer, addr, ctx).await;
-    if let Err(e) = &found {
-        if e.refuses_caller() {
-            crate::server::tarpit::hold(crate::server::capacity::PeerKey::of(addr, peer)).await;
-        }
-    }
-    found
+    caller::held(let_in(app, req, peer, addr, ctx).await, addr, peer).await
 }
 
 /// [`who`], before a refusal is held back.
