@@ -20,7 +20,7 @@ use crate::log::shown::csv_cell;
 use crate::policy::state::wall_ms;
 use crate::respond::{self, Body};
 use crate::state::App;
-use crate::store::ledger::{Row, Usage};
+use crate::store::ledger::{date_of, day_number, Row, Usage};
 
 /// Days shown when the request names none.
 const DEFAULT_DAYS: u32 = 30;
@@ -104,7 +104,7 @@ fn answer(app: &App, query: Option<&str>, headers: &HeaderMap) -> Result<Respons
     let list: Vec<Value> = summed
         .iter()
         .map(|(cells, u)| {
-            add(&mut total, u);
+            total.add(u);
             let mut row = Map::new();
             for (c, v) in by.iter().zip(cells) {
                 row.insert((*c).to_owned(), json!(v));
@@ -143,17 +143,9 @@ fn sum_by(rows: &[Row], by: &[&str]) -> BTreeMap<Vec<String>, Usage> {
                 _ => r.who.model.to_string(),
             })
             .collect();
-        add(out.entry(cells).or_default(), &r.usage);
+        out.entry(cells).or_default().add(&r.usage);
     }
     out
-}
-
-fn add(to: &mut Usage, u: &Usage) {
-    to.requests += u.requests;
-    to.prompt_tokens += u.prompt_tokens;
-    to.cached_tokens += u.cached_tokens;
-    to.completion_tokens += u.completion_tokens;
-    to.cost_nanos += u.cost_nanos;
 }
 
 fn numbers(row: &mut Map<String, Value>, u: &Usage, priced: bool) {
@@ -218,17 +210,11 @@ fn month_days(s: &str) -> Result<(u32, u32), String> {
 }
 
 fn days_since_epoch(d: jiff::civil::Date) -> Result<u32, String> {
-    jiff::civil::date(1970, 1, 1)
-        .until(d)
-        .map(|s| s.get_days().max(0) as u32)
-        .map_err(|e| e.to_string())
+    day_number(d).ok_or_else(|| format!("{d} is outside the ledger's calendar"))
 }
 
 fn date(day: u32) -> String {
-    jiff::civil::date(1970, 1, 1)
-        .checked_add(jiff::Span::new().days(i64::from(day)))
-        .map(|d| d.to_string())
-        .unwrap_or_default()
+    date_of(day).map(|d| d.to_string()).unwrap_or_default()
 }
 
 fn bad(message: &str) -> Response<Body> {

@@ -50,7 +50,8 @@ pub struct Usage {
 }
 
 impl Usage {
-    fn add(&mut self, o: &Usage) {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &Usage) {
         self.requests += o.requests;
         self.prompt_tokens += o.prompt_tokens;
         self.cached_tokens += o.cached_tokens;
@@ -352,12 +353,22 @@ pub fn day_in(unix_ms: i64, zone: &jiff::tz::TimeZone) -> u32 {
     let Ok(ts) = jiff::Timestamp::from_millisecond(unix_ms) else {
         return day_of(unix_ms);
     };
-    let date = ts.to_zoned(zone.clone()).date();
-    let epoch = jiff::civil::date(1970, 1, 1);
-    epoch
+    day_number(ts.to_zoned(zone.clone()).date()).unwrap_or_else(|| day_of(unix_ms))
+}
+
+/// A civil date as the ledger numbers its days: days since 1970-01-01 (0 before it).
+pub fn day_number(date: jiff::civil::Date) -> Option<u32> {
+    jiff::civil::date(1970, 1, 1)
         .until(date)
+        .ok()
         .map(|span| span.get_days().clamp(0, i32::MAX) as u32)
-        .unwrap_or_else(|_| day_of(unix_ms))
+}
+
+/// The civil date of the ledger's day `day`, when the calendar holds it.
+pub fn date_of(day: u32) -> Option<jiff::civil::Date> {
+    jiff::civil::date(1970, 1, 1)
+        .checked_add(jiff::Span::new().days(i64::from(day)))
+        .ok()
 }
 
 /// The UTC day (since the Unix epoch) of `unix_ms`.
