@@ -84,6 +84,17 @@ fn on_complete_with<P: Policy>(s: &P::Settings, c: WitCompletion) {
     } else {
         Decision::deny(403, "")
     };
+    // Contract 2.0.0's record has no fields for them: the host lists them in a header.
+    #[derive(serde::Deserialize, Default)]
+    struct More {
+        #[serde(default)]
+        cached_tokens: u64,
+        cached_weight: Option<f64>,
+        cost: Option<f64>,
+    }
+    let more: More = header(&c.request.headers, crate::identity::USAGE_HEADER)
+        .and_then(|json| serde_json::from_str(&json).ok())
+        .unwrap_or_default();
     let completion = Completion {
         abi: ABI_VERSION,
         request: request(c.request),
@@ -94,6 +105,9 @@ fn on_complete_with<P: Policy>(s: &P::Settings, c: WitCompletion) {
         outcome: c.outcome,
         prompt_tokens: c.prompt_tokens,
         completion_tokens: c.completion_tokens,
+        cached_tokens: more.cached_tokens,
+        cached_weight: more.cached_weight,
+        cost: more.cost,
         queue_wait_ms: c.queue_wait_ms,
         upstream_ms: c.upstream_ms,
         evaluated_unix_ms: c.evaluated_unix_ms,
@@ -177,6 +191,8 @@ fn request(r: t::Request) -> RequestSummary {
         key_labels: header(&r.headers, crate::identity::KEY_LABELS_HEADER)
             .and_then(|json| serde_json::from_str(&json).ok())
             .unwrap_or_default(),
+        price: header(&r.headers, crate::identity::PRICE_HEADER)
+            .and_then(|json| serde_json::from_str(&json).ok()),
         headers: r.headers.into_iter().collect::<BTreeMap<_, _>>(),
         queue: QueueSnapshot {
             depth: r.queue.depth as usize,

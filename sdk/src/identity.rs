@@ -32,6 +32,12 @@ pub const TEAM_NAMED_HEADER: &str = "x-slotgate-team";
 pub const KEY_ID_HEADER: &str = "x-slotgate-key-id";
 /// The labels of the caller's key, as one JSON object (see [`TENANT_NAMED_HEADER`]).
 pub const KEY_LABELS_HEADER: &str = "x-slotgate-key-labels";
+/// The price of the model a request is booked under, as one JSON object ([`crate::Price`]'s
+/// members), when the operator's `[prices]` prices it (see [`TENANT_NAMED_HEADER`]).
+pub const PRICE_HEADER: &str = "x-slotgate-price";
+/// In `on_complete`'s request only: what it used beyond the record's counts, as one JSON object
+/// (`cached_tokens`, `cached_weight`, `cost`: [`crate::Completion`]'s members).
+pub const USAGE_HEADER: &str = "x-slotgate-usage";
 
 /// Whether `s` is a tenant's name as slotgate's keys give them: 1 to 64 of `A-Z a-z 0-9 . _ @ -`,
 /// not a name slotgate gives callers itself, and not shaped like a raw API key (`sk-…`, `sgk_…`):

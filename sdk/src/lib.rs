@@ -124,13 +124,14 @@ pub mod __guest;
 
 pub use identity::{
     check_tenant, check_tenant_header, is_hashed_key, is_tenant_name, Identity, KEY_ID_HEADER,
-    KEY_LABELS_HEADER, TEAM_NAMED_HEADER, TENANT_HEADERS, TENANT_NAMED_HEADER,
+    KEY_LABELS_HEADER, PRICE_HEADER, TEAM_NAMED_HEADER, TENANT_HEADERS, TENANT_NAMED_HEADER,
+    USAGE_HEADER,
 };
 pub use policy::Policy;
 /// The v2 contract (`slotgate policy wit` prints it too).
 pub const WIT: &str = include_str!("../wit/policy.wit");
 
 pub use types::{
-    Completion, Decision, Earlier, EvaluateInput, Mutations, Peer, QueueSnapshot, RateLimit,
+    Completion, Decision, Earlier, EvaluateInput, Mutations, Peer, Price, QueueSnapshot, RateLimit,
     RateLimits, RequestSummary, SettingsValidation, Verdict, ABI_VERSION,
 };

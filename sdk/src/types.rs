@@ -122,6 +122,31 @@ pub struct RequestSummary {
     /// That key's labels (`key create --label K=V`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub key_labels: BTreeMap<String, String>,
+    /// What the model it is booked under costs (the operator's `[prices]`), when priced: a money
+    /// budget estimates its charge from it, and settles it by [`Completion::cost`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
+}
+
+/// Prices per million tokens, in `currency` (docs/spend.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Price {
+    /// ISO 4217: `EUR`, `USD`, ...
+    pub currency: String,
+    /// A prompt token llama-server processed.
+    pub input: f64,
+    /// A prompt token it read from its prompt cache.
+    pub cached_input: f64,
+    /// A generated token.
+    pub output: f64,
+}
+
+impl Price {
+    /// What `prompt` tokens (none of them cached) and `output` generated ones cost, in the
+    /// currency: the most a request may cost before llama-server says what it reused.
+    pub fn most(&self, prompt: u64, output: u64) -> f64 {
+        (prompt as f64 * self.input + output as f64 * self.output) / 1e6
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -348,6 +373,17 @@ pub struct Completion {
     pub prompt_tokens: u64,
     /// Completion tokens the upstream reported, or generated before the client left.
     pub completion_tokens: u64,
+    /// Of `prompt_tokens`, those llama-server read from its prompt cache.
+    #[serde(default)]
+    pub cached_tokens: u64,
+    /// What a cached prompt token counts for in token budgets, as in fair scheduling (the
+    /// operator's `--cached-token-weight`; `None`: 1, in full): see [`Completion::counted_tokens`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_weight: Option<f64>,
+    /// What the request cost, in [`RequestSummary::price`]'s currency, as booked in the usage
+    /// ledger; `None` when its model is not priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
     /// Time spent waiting for a slot.
     pub queue_wait_ms: u64,
     /// Time from forwarding to the end of the response.
@@ -356,6 +392,18 @@ pub struct Completion {
     /// the calendar window it was taken from ([`host::quota_refund`](crate::host::quota_refund)).
     #[serde(default)]
     pub evaluated_unix_ms: u64,
+}
+
+impl Completion {
+    /// The tokens the request counts for in a token budget: its new prompt tokens and its output
+    /// in full, its cached prompt tokens at [`Completion::cached_weight`].
+    pub fn counted_tokens(&self, prompt_tokens: u64) -> u64 {
+        let cached = self.cached_tokens.min(prompt_tokens);
+        let weight = self.cached_weight.unwrap_or(1.0).clamp(0.0, 1.0);
+        (prompt_tokens - cached)
+            .saturating_add(self.completion_tokens)
+            .saturating_add((cached as f64 * weight).round() as u64)
+    }
 }
 
 impl Decision {

@@ -91,6 +91,7 @@ impl App {
             reject_doomed: config.reject_doomed_waits,
             shed_from: config.sheddable_priority,
             refuse_at_cap: config.tenant_caps.over_cap == crate::config::OverCap::Refuse,
+            cached_weight: crate::admission::CachedWeight::new(config.cached_token_weight),
         };
         let admission = Admission::with_fairness(slots, config.queue_depth, fairness);
         let bands = crate::admission::Bands::new(

@@ -1,5 +1,6 @@
-//! Quota: calendar quotas of tokens and of requests per tenant (and per tenant and model), over an
-//! hour, a day, a week or a month in a time zone, whole again at the window's end. Each request is
+//! Quota: calendar quotas of tokens, of requests and of money per tenant (and per tenant and
+//! model, team or key), over an hour, a day, a week or a month in a time zone, whole again at the
+//! window's end. Each request is
 //! charged its estimate up front and settled against its real usage once it has ended. A spent
 //! quota answers 429 `quota_exceeded` with `Retry-After` at the window's end and `x-should-retry:
 //! false`; a share of a quota spent (`soft_limit`) is counted and logged once per window. Every
@@ -29,6 +30,10 @@ pub struct Settings {
     /// Requests each tenant may make per period. Absent: no request quota.
     #[serde(default)]
     pub requests: Option<u64>,
+    /// Money each tenant may spend per period, in the currency of the operator's `[prices]`
+    /// (docs/spend.md). Absent: no money quota.
+    #[serde(default)]
+    pub cost: Option<f64>,
     /// The share of a quota at which the tenant is warned about (logged, and counted as the event
     /// `soft_limit`) when a charge crosses it. Absent: 0.8; 1 turns it off.
     #[serde(default = "default_soft_limit")]
@@ -57,7 +62,7 @@ pub struct Settings {
     pub tenant_header: Option<String>,
 }
 
-/// A quota of tokens and one of requests, each optional.
+/// A quota of tokens, one of requests and one of money, each optional.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
@@ -65,6 +70,14 @@ pub struct Limits {
     pub tokens: Option<u64>,
     #[serde(default)]
     pub requests: Option<u64>,
+    #[serde(default)]
+    pub cost: Option<f64>,
+}
+
+impl Limits {
+    fn any(&self) -> bool {
+        self.tokens.is_some() || self.requests.is_some() || self.cost.is_some()
+    }
 }
 
 fn default_soft_limit() -> f64 {
@@ -80,9 +93,9 @@ struct Charge {
     /// The host's key: the tenant, and the model for a model's quota.
     key: String,
     kind: Kind,
-    limit: u64,
+    limit: f64,
     /// What this request takes from it.
-    amount: u64,
+    amount: f64,
     /// Said in messages: `tenant uid:1000`, `tenant uid:1000 on model m`, `team research`.
     whose: String,
     /// Whose quota it is, in the `x-slotgate-quota-scope` header of its refusal: `tenant`,
@@ -94,15 +107,54 @@ struct Charge {
 enum Kind {
     Tokens,
     Requests,
+    /// Money, in the price's currency.
+    Cost,
 }
 
 impl Kind {
+    /// The first part of its host key: `tokens:alice`, `cost:team:research`.
+    fn key(self) -> &'static str {
+        match self {
+            Kind::Tokens => "tokens",
+            Kind::Requests => "requests",
+            Kind::Cost => "cost",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kind::Tokens => "token",
             Kind::Requests => "request",
+            Kind::Cost => "cost",
         }
     }
+
+    /// `amount` of it, for a message: `300 tokens`, `1 request`, `0.25 EUR`.
+    fn amount(self, amount: f64, currency: &str) -> String {
+        match self {
+            Kind::Cost => money(amount, currency),
+            _ => format!("{amount:.0} {}s", self.name()),
+        }
+    }
+
+    /// A limit of it: `300`, `5.00 EUR`.
+    fn limit(self, limit: f64, currency: &str) -> String {
+        match self {
+            Kind::Cost => money(limit, currency),
+            _ => format!("{limit:.0}"),
+        }
+    }
+}
+
+/// `0.000516 EUR`, `5.00 EUR`: to the millionth, at least to the cent.
+fn money(amount: f64, currency: &str) -> String {
+    let text = format!("{amount:.6}");
+    let text = text.trim_end_matches('0');
+    let text = match text.split_once('.') {
+        Some((_, cents)) if cents.len() < 2 => format!("{text}{}", "0".repeat(2 - cents.len())),
+        _ => text.to_owned(),
+    };
+    format!("{text} {currency}")
 }
 
 /// Whom a request is charged to.
@@ -117,17 +169,30 @@ fn estimate(request: &RequestSummary, s: &Settings) -> u64 {
     request.prompt_tokens_best().saturating_add(output)
 }
 
-/// What a request really used; nothing if it never reached llama-server.
+/// What a request may cost up front, in its price's currency: its prompt as if none of it were
+/// cached, and the most it may generate. Nothing for a model without a price.
+fn estimate_cost(request: &RequestSummary, s: &Settings) -> Option<f64> {
+    let output = request.max_tokens.unwrap_or(s.default_max_tokens);
+    let price = request.price.as_ref()?;
+    Some(price.most(request.prompt_tokens_best(), output))
+}
+
+/// Whether a request reached llama-server: otherwise it used nothing.
+fn reached(c: &Completion) -> bool {
+    c.prompt_tokens > 0 || c.completion_tokens > 0 || c.upstream_ms > 0
+}
+
+/// The tokens a request really counts for (its cached prompt tokens at the operator's weight);
+/// nothing if it never reached llama-server.
 fn usage(c: &Completion) -> Option<u64> {
-    let reached = c.prompt_tokens > 0 || c.completion_tokens > 0 || c.upstream_ms > 0;
-    if !reached {
+    if !reached(c) {
         return None;
     }
     let prompt = match c.prompt_tokens {
         0 => c.request.prompt_tokens_best(),
         n => n,
     };
-    Some(prompt.saturating_add(c.completion_tokens))
+    Some(c.counted_tokens(prompt))
 }
 
 /// The quotas `request` is charged to, tenant's first.
@@ -136,31 +201,31 @@ fn charges(request: &RequestSummary, s: &Settings) -> Vec<Charge> {
     let own = s.tenants.get(&tenant).copied().unwrap_or(Limits {
         tokens: s.tokens,
         requests: s.requests,
+        cost: s.cost,
     });
-    let cost = estimate(request, s);
+    let tokens = estimate(request, s) as f64;
+    let money = estimate_cost(request, s);
     let mut out = Vec::with_capacity(4);
     // An operator's limit (the quota admin API) replaces the configured one.
-    let in_force = |key: &str, limit: u64| host::quota_limit(key, &s.period, limit as f64) as u64;
+    let in_force = |key: &str, limit: f64| host::quota_limit(key, &s.period, limit);
     let mut add = |key: &str, limits: Limits, whose: String, scope: &'static str| {
-        if let Some(limit) = limits.tokens {
-            let key = format!("tokens:{key}");
+        // A model without a price costs nothing: its requests are not charged to money quotas.
+        let kinds = [
+            (Kind::Tokens, limits.tokens.map(|l| l as f64), Some(tokens)),
+            (Kind::Requests, limits.requests.map(|l| l as f64), Some(1.0)),
+            (Kind::Cost, limits.cost, money),
+        ];
+        for (kind, limit, amount) in kinds {
+            let (Some(limit), Some(amount)) = (limit, amount) else {
+                continue;
+            };
+            let key = format!("{}:{key}", kind.key());
             out.push(Charge {
                 limit: in_force(&key, limit),
                 key,
-                kind: Kind::Tokens,
-                amount: cost,
+                kind,
+                amount,
                 whose: whose.clone(),
-                scope,
-            });
-        }
-        if let Some(limit) = limits.requests {
-            let key = format!("requests:{key}");
-            out.push(Charge {
-                limit: in_force(&key, limit),
-                key,
-                kind: Kind::Requests,
-                amount: 1,
-                whose,
                 scope,
             });
         }
@@ -211,15 +276,17 @@ fn adjective(period: &str) -> &'static str {
 fn allowance(charges: &[Charge], period: &str, reset_ms: i64) -> RateLimits {
     let mut limits = RateLimits::default();
     for c in charges {
-        let left = host::quota_level(&c.key, period, c.limit as f64).max(0.0) as u64;
+        let left = host::quota_level(&c.key, period, c.limit).max(0.0) as u64;
         let this = RateLimit {
-            limit: c.limit,
+            limit: c.limit as u64,
             remaining: left,
             reset_unix_ms: reset_ms.max(0) as u64,
         };
+        // Neither OpenAI's nor Anthropic's headers have a name for money.
         let slot = match c.kind {
             Kind::Tokens => &mut limits.tokens,
             Kind::Requests => &mut limits.requests,
+            Kind::Cost => continue,
         };
         if slot.is_none_or(|s| left < s.remaining) {
             *slot = Some(this);
@@ -278,17 +345,29 @@ impl Policy for Quota {
                 ));
             }
         }
-        let any = s.tokens.is_some()
-            || s.requests.is_some()
-            || s.tenants
-                .values()
+        let everyone = Limits {
+            tokens: s.tokens,
+            requests: s.requests,
+            cost: s.cost,
+        };
+        let all = || {
+            std::iter::once(&everyone)
+                .chain(s.tenants.values())
                 .chain(s.models.values())
                 .chain(s.teams.values())
                 .chain(s.keys.values())
-                .any(|l| l.tokens.is_some() || l.requests.is_some());
-        if !any {
+        };
+        if let Some(bad) = all()
+            .filter_map(|l| l.cost)
+            .find(|c| !(c.is_finite() && *c >= 0.0))
+        {
+            return Err(format!(
+                "cost {bad} is not an amount of money (0 or more, in the currency of [prices])"
+            ));
+        }
+        if !all().any(Limits::any) {
             return Err(
-                "no quota: set tokens or requests (for everyone, a tenant or a model)".into(),
+                "no quota: set tokens, requests or cost (for everyone, a tenant or a model)".into(),
             );
         }
         Ok(())
@@ -298,46 +377,51 @@ impl Policy for Quota {
         let charges = charges(&input.request, s);
         let period = s.period.as_str();
         let reset = host::quota_reset_ms(period);
+        let currency = input.request.price.as_ref().map_or("", |p| &p.currency);
         for c in &charges {
             // A limit an operator set to 0 is a spent quota, not a request too large for it.
-            if c.amount > c.limit && c.limit > 0 {
+            if c.amount > c.limit && c.limit > 0.0 {
+                let what = match c.kind {
+                    Kind::Cost => "cost",
+                    _ => "use",
+                };
                 return Decision::forbidden(format!(
-                    "this request may use {} tokens, more than the {} {} quota of {} of {}: \
+                    "this request may {what} {}, more than the {} {} quota of {} of {}: \
                      lower max_tokens",
-                    c.amount,
+                    Kind::amount(c.kind, c.amount, currency),
                     adjective(period),
                     c.kind.name(),
-                    c.limit,
+                    c.kind.limit(c.limit, currency),
                     c.whose
                 ));
             }
         }
         for (i, c) in charges.iter().enumerate() {
-            let before = host::quota_level(&c.key, period, c.limit as f64);
-            let wait = host::quota_take(&c.key, period, c.limit as f64, c.amount as f64);
+            let before = host::quota_level(&c.key, period, c.limit);
+            let wait = host::quota_take(&c.key, period, c.limit, c.amount);
             if wait > 0.0 {
                 // Nothing is taken unless everything is: what the earlier quotas gave goes back.
                 for taken in &charges[..i] {
-                    host::quota_refund(
-                        &taken.key,
-                        period,
-                        taken.limit as f64,
-                        taken.amount as f64,
-                        0,
-                    );
+                    host::quota_refund(&taken.key, period, taken.limit, taken.amount, 0);
                 }
                 // Something is left, only less than this request may use: a smaller one passes.
-                let short = before >= 1.0 && c.amount <= c.limit;
+                let some_left = match c.kind {
+                    Kind::Cost => before > 0.0,
+                    _ => before >= 1.0,
+                };
+                let short = some_left && c.amount <= c.limit;
+                let left = match c.kind {
+                    Kind::Cost => money(before, currency),
+                    _ => format!("{:.0}", before.floor()),
+                };
                 let message = match short {
                     true => format!(
-                        "this request may use {} {}s, more than the {:.0} left of the {} {} quota \
+                        "this request may use {}, more than the {left} left of the {} {} quota \
                          of {} of {}: ask for fewer (lower max_tokens); it is whole again at {}",
-                        c.amount,
-                        c.kind.name(),
-                        before.floor(),
+                        c.kind.amount(c.amount, currency),
                         adjective(period),
                         c.kind.name(),
-                        c.limit,
+                        c.kind.limit(c.limit, currency),
                         c.whose,
                         utc(reset)
                     ),
@@ -345,7 +429,7 @@ impl Policy for Quota {
                         "the {} {} quota of {} of {} is spent; it is whole again at {}",
                         adjective(period),
                         c.kind.name(),
-                        c.limit,
+                        c.kind.limit(c.limit, currency),
                         c.whose,
                         utc(reset)
                     ),
@@ -366,9 +450,9 @@ impl Policy for Quota {
                 d.rate_limits = allowance(&charges, period, reset);
                 return d;
             }
-            let soft = s.soft_limit * c.limit as f64;
-            let used_before = c.limit as f64 - before;
-            if s.soft_limit < 1.0 && used_before < soft && used_before + c.amount as f64 >= soft {
+            let soft = s.soft_limit * c.limit;
+            let used_before = c.limit - before;
+            if s.soft_limit < 1.0 && used_before < soft && used_before + c.amount >= soft {
                 host::event("soft_limit");
                 host::log(
                     Level::Warn,
@@ -378,7 +462,7 @@ impl Policy for Quota {
                         s.soft_limit * 100.0,
                         adjective(period),
                         c.kind.name(),
-                        c.limit
+                        c.kind.limit(c.limit, currency)
                     ),
                 );
             }
@@ -400,13 +484,15 @@ impl Policy for Quota {
         for q in charges(&c.request, s) {
             // The estimate less the usage (negative: more was used, and is charged); a request that
             // never reached llama-server gives back everything, its place among the requests too.
+            // Money is settled by the cost the usage ledger booked (cached tokens at their price).
             let back = match (q.kind, used) {
-                (Kind::Tokens, Some(n)) => q.amount as f64 - n as f64,
+                (Kind::Tokens, Some(n)) => q.amount - n as f64,
                 (Kind::Requests, Some(_)) => 0.0,
-                (_, None) => q.amount as f64,
+                (Kind::Cost, Some(_)) => q.amount - c.cost.unwrap_or(0.0),
+                (_, None) => q.amount,
             };
             if back != 0.0 {
-                host::quota_refund(&q.key, &s.period, q.limit as f64, back, at);
+                host::quota_refund(&q.key, &s.period, q.limit, back, at);
             }
         }
     }
@@ -606,6 +692,81 @@ mod tests {
         ] {
             assert!(!testing::validate::<Quota>(bad).valid, "{bad}");
         }
+    }
+
+    /// EUR 1 per million prompt tokens, 0.1 cached, 4 generated.
+    const PRICE: &str =
+        r#""price": {"currency": "EUR", "input": 1.0, "cached_input": 0.1, "output": 4.0}"#;
+
+    fn priced(who: &str, prompt: u64, max_tokens: u64, settings: &str) -> String {
+        req(&format!("{who}, {PRICE}"), prompt, max_tokens, settings)
+    }
+
+    #[test]
+    fn a_money_quota_is_charged_the_most_a_request_may_cost_and_settled_by_the_ledgers_cost() {
+        testing::reset();
+        // 0.01 EUR a day: 1000 prompt tokens and 1000 generated may cost 0.005.
+        let s =
+            r#"{"period": "day@Europe/Berlin", "cost": 0.01, "teams": {"research": {"cost": 1}}}"#;
+        let who = format!(r#"{ALICE}, "team": "research""#);
+        let d = run::<Quota>(&priced(&who, 1000, 1000, s));
+        assert!(d.is_allowed());
+        assert_eq!(d.rate_limits, RateLimits::default(), "no API names money");
+        assert!(run::<Quota>(&priced(&who, 1000, 1000, s)).is_allowed());
+        // Spent: refused with the scope, the amount and the window's end (midnight in Berlin).
+        let d = run::<Quota>(&priced(&who, 1000, 1000, s));
+        assert_eq!(
+            (d.status, d.reason.as_deref()),
+            (Some(429), Some("quota_exceeded"))
+        );
+        let said = d.message.clone().unwrap();
+        assert!(
+            said.contains("daily cost quota of 0.01 EUR of tenant uid:1000 is spent")
+                && said.contains("2027-01-15T23:00:00Z"),
+            "{said}"
+        );
+        assert_eq!(
+            d.mutations
+                .response_headers
+                .get("x-slotgate-quota-scope")
+                .map(String::as_str),
+            Some("tenant")
+        );
+        // The first request used 1000 prompt tokens, 900 of them cached, and generated 100: the
+        // ledger booked 0.0001 + 0.00009 + 0.0004 = 0.00059; the rest of its 0.005 comes back.
+        let done = format!(
+            r#"{{"request": {{{who}, {PRICE}, "model": "m", "prompt_tokens_estimate": 1000, "max_tokens": 1000}},
+                "settings": {s}, "prompt_tokens": 1000, "cached_tokens": 900, "completion_tokens": 100,
+                "cost": 0.00059, "upstream_ms": 10, "evaluated_unix_ms": {}}}"#,
+            host::wall_ms()
+        );
+        testing::complete::<Quota>(&done);
+        let left = host::quota_level("cost:uid:1000", "day@Europe/Berlin", 0.01);
+        assert!((left - (0.01 - 0.005 - 0.00059)).abs() < 1e-12, "{left}");
+        // A model without a price costs nothing and is not held by the money quota.
+        assert!(run::<Quota>(&req(&who, 1000, 1000, s)).is_allowed());
+        // A request that could never fit is forbidden, in money.
+        let d = run::<Quota>(&priced(&who, 1000, 10_000, s));
+        assert_eq!(d.status, Some(403));
+        assert!(d.message.unwrap().contains("may cost 0.041 EUR"));
+        assert!(!testing::validate::<Quota>(r#"{"period": "day", "cost": -1}"#).valid);
+    }
+
+    #[test]
+    fn cached_tokens_count_at_the_operators_weight_in_token_quotas() {
+        testing::reset();
+        let s = r#"{"period": "day", "tokens": 10000}"#;
+        assert!(run::<Quota>(&req(ALICE, 8000, 1000, s)).is_allowed());
+        // 8000 prompt tokens, 7000 from the cache at a tenth: 1000 + 700 + 500 generated.
+        let done = format!(
+            r#"{{"request": {{{ALICE}, "model": "m", "prompt_tokens_estimate": 8000, "max_tokens": 1000}},
+                "settings": {s}, "prompt_tokens": 8000, "cached_tokens": 7000, "cached_weight": 0.1,
+                "completion_tokens": 500, "upstream_ms": 10, "evaluated_unix_ms": {}}}"#,
+            host::wall_ms()
+        );
+        testing::complete::<Quota>(&done);
+        let d = run::<Quota>(&req(ALICE, 1, 1, s));
+        assert_eq!(d.rate_limits.tokens.unwrap().remaining, 10000 - 2200 - 2);
     }
 
     #[test]

@@ -25,7 +25,8 @@ pub fn list(app: &App, query: Option<&str>) -> Response<Body> {
         .filter(|q| policy.as_ref().is_none_or(|p| *p == q.policy))
         .filter(|q| key.as_ref().is_none_or(|k| *k == q.key))
         .map(|q| {
-            json!({
+            let currency = app.config.prices.quota_currency(&q.key);
+            let mut row = json!({
                 "policy": q.policy,
                 "key": q.key,
                 "period": q.period,
@@ -35,7 +36,11 @@ pub fn list(app: &App, query: Option<&str>) -> Response<Body> {
                 "used": q.limit.map(|l| l - q.left),
                 "left": q.left,
                 "limit_set_by": if app.policies.shared().has_quota_limit(&q.policy, &q.key, &q.period) { "operator" } else { "policy" },
-            })
+            });
+            if let Some(c) = currency {
+                row["currency"] = json!(c);
+            }
+            row
         })
         .collect();
     respond::json(200, &json!({ "count": quotas.len(), "quotas": quotas }))

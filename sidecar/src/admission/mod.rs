@@ -16,7 +16,7 @@ pub use claim::{estimated_cost, Claim, DEFAULT_MAX_TOKENS};
 pub use demand::{demand, Demand, SlotContext, Want};
 pub use owners::{Caller, Owners, MAX_OWNED, MAX_OWNED_PER_CALLER};
 pub use queue::{
-    Admission, BandStats, Entry, Fairness, QueueStats, Shed, SlotGuard, TenantStats, Ticket, Turn,
-    WaiterView, WeakAdmission, MAX_REQUEUES, SHED_GUARD,
+    Admission, BandStats, CachedWeight, Entry, Fairness, QueueStats, Shed, SlotGuard, TenantStats,
+    Ticket, Turn, WaiterView, WeakAdmission, MAX_REQUEUES, SHED_GUARD,
 };
 pub use stops::{Stops, Waiting};

@@ -107,6 +107,8 @@ pub struct Config {
     pub priority_aging: Option<Duration>,
     /// Fraction of the queue one tenant may hold, in `(0, 1]`; 1 is no limit.
     pub tenant_queue_share: f64,
+    /// What a cached prompt token counts for in fair scheduling and token quotas (0 to 1).
+    pub cached_token_weight: f64,
     /// Per-tenant concurrency caps, and what a request at its tenant's cap gets.
     pub tenant_caps: TenantCaps,
     /// What tokens cost (`[prices]`); empty: no cost is booked.
@@ -252,6 +254,8 @@ key_table! {
         priority_aging: ZeroOff = Some(secs(10));
         tenant_queue_share: Plain = 0.5, unless |f| !(*f > 0.0 && *f <= 1.0)
             => format!("{f} is not a fraction in (0, 1]; 1.0 turns the limit off");
+        cached_token_weight: Plain = 1.0, unless |w| !(w.is_finite() && (0.0..=1.0).contains(w))
+            => format!("{w} is not a weight from 0 (a cached token counts for nothing) to 1 (in full)");
         max_body: Bytes = 8 << 20, unless |b| *b == 0 => "must be at least 1 byte";
         header_timeout: Positive = secs(10);
         body_timeout: Positive = secs(30);

@@ -97,6 +97,12 @@ impl Prices {
         })
     }
 
+    /// The currency a policy's quota is kept in: this one for a money quota (`cost:…`, the `quota`
+    /// policy's), none for tokens and requests.
+    pub fn quota_currency(&self, key: &str) -> Option<&str> {
+        (key.starts_with("cost:") && self.any()).then_some(&*self.currency)
+    }
+
     /// Whether anything is priced.
     pub fn any(&self) -> bool {
         self.default.is_some() || !self.models.is_empty()

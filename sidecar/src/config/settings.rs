@@ -223,6 +223,14 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_queue_share: Option<f64>,
 
+    /// What a prompt token llama-server read from its prompt cache counts for in fair scheduling,
+    /// from 0 (nothing) to 1 (as much as a token it processed): an agent resending its 20k-token
+    /// prefix is then charged for what it adds (docs/scheduling.md#cached-tokens). The quota
+    /// policy's token quotas follow it. [default: 1.0]
+    #[arg(long, env = "SLOTGATE_CACHED_TOKEN_WEIGHT", value_name = "WEIGHT")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_token_weight: Option<f64>,
+
     /// The most requests of one tenant in service at once (at least 1); `[tenants."NAME"]` sets a
     /// tenant's own, and a policy's `max_in_service` may lower it for a request. What a request
     /// beyond it gets: --tenant-over-cap (docs/scheduling.md). [default: none]

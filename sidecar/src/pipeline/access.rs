@@ -294,17 +294,19 @@ impl Drop for Exchange {
                 .tokens_refunded
                 .increment(reserved.saturating_sub(used));
         }
+        // Booked first: the policies settle a money budget by the ledger's own figure.
+        let cost = self.record_usage();
         if let Some(hook) = self.completion.take() {
             hook.fire(
                 self.status.unwrap_or(0),
                 outcome,
                 self.usage.unwrap_or_default(),
+                cost,
                 self.queue_wait.map_or(0, |d| d.as_millis() as u64),
                 self.upstream.map_or(0, |d| d.as_millis() as u64),
             );
         }
         m::hot().requests(outcome).increment(1);
-        let cost = self.record_usage();
         if let Some(model) = &self.model {
             metrics::counter!(m::MODEL_REQUESTS_TOTAL, "model" => model.to_string(), "outcome" => outcome.label())
                 .increment(1);

@@ -225,7 +225,7 @@ impl GuardedBody {
                 slot.complete();
                 // Without a usage report the tenant stays charged its estimate.
                 if let Some(u) = usage {
-                    slot.settle(u.prompt_tokens.saturating_add(u.completion_tokens));
+                    slot.settle_usage(&u);
                 }
             }
         }

@@ -75,6 +75,7 @@ pub(super) async fn decide(
             request: summary,
             decision: outcome.decision(),
             evaluated_unix_ms: now,
+            cached_weight: Some(app.config.cached_token_weight).filter(|w| *w != 1.0),
         });
     }
     // A fast evaluation may have been over before this task was suspended, so it could not
@@ -182,6 +183,27 @@ fn rate_limit_headers(
 /// task of its own, so a policy that has taken from a budget always finishes, and hears
 /// (`on_complete`, outcome `client_gone`) that the request was never served. Returns the summary
 /// the chain saw (with the queue's figures), for the completion.
+/// The price of the model the request will be booked under (the router's model it is queued for,
+/// else the one llama-server serves), for a money budget's estimate: a field in v1's input and the
+/// host's header in contract 2.0.0's.
+fn price(app: &App, summary: &mut RequestSummary, router_model: Option<&str>) {
+    let model = app.ledger.served(router_model);
+    let prices = &app.config.prices;
+    let Some(p) = prices.of(&model) else { return };
+    let price = slotgate_sdk::Price {
+        currency: prices.currency.clone(),
+        input: p.input,
+        cached_input: p.cached_input.unwrap_or(p.input),
+        output: p.output,
+    };
+    if let Ok(json) = serde_json::to_string(&price) {
+        summary
+            .headers
+            .insert(slotgate_sdk::PRICE_HEADER.to_owned(), json);
+    }
+    summary.price = Some(price);
+}
+
 async fn evaluate(
     app: &App,
     intake: &Intake,
@@ -190,6 +212,9 @@ async fn evaluate(
 ) -> (ChainOutcome, Vec<Option<Decision>>, RequestSummary) {
     let mut summary = intake.summary.clone();
     let pool = intake.model_pool(app);
+    if app.config.prices.any() {
+        price(app, &mut summary, pool.as_ref().map(|p| p.id.as_str()));
+    }
     let q = pool
         .as_ref()
         .map_or(&app.admission, |p| &p.admission)
@@ -293,8 +318,9 @@ impl Drop for Orphan {
                     policies,
                     request,
                     evaluated_unix_ms: now,
+                    cached_weight: None,
                 };
-                hook.fire(0, Outcome::ClientGone, Default::default(), 0, 0);
+                hook.fire(0, Outcome::ClientGone, Default::default(), None, 0, 0);
             }
         });
     }

@@ -207,6 +207,7 @@ pub(crate) fn summarize(
         team: None,
         key_id: None,
         key_labels: Default::default(),
+        price: None,
     }
 }
 

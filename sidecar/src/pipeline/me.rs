@@ -72,7 +72,7 @@ fn view(app: &App, name: &str, named: Option<&Named>) -> Value {
                 || key.as_deref().is_some_and(|k| charged_to(&q.key, k))
         })
         .map(|q| {
-            json!({
+            let mut row = json!({
                 "policy": q.policy,
                 "key": q.key,
                 "period": q.period,
@@ -80,7 +80,11 @@ fn view(app: &App, name: &str, named: Option<&Named>) -> Value {
                 "used": q.limit.map(|l| (l - q.left).max(0.0)),
                 "remaining": q.left.max(0.0),
                 "resets": crate::keys::rfc3339(q.window_end_ms),
-            })
+            });
+            if let Some(c) = app.config.prices.quota_currency(&q.key) {
+                row["currency"] = json!(c);
+            }
+            row
         })
         .collect();
     json!({

@@ -1,5 +1,5 @@
 //! `on_complete`: once a request is over, every policy that allowed it hears how it ended (status,
-//! outcome, usage), so what it took from a budget can be settled or given back.
+//! outcome, usage, cost), so what it took from a budget can be settled or given back.
 
 use std::sync::Arc;
 
@@ -21,6 +21,8 @@ pub struct CompletionHook {
     pub decision: Decision,
     /// The evaluation's `now_unix_ms`.
     pub evaluated_unix_ms: u64,
+    /// `--cached-token-weight`, when it is not 1.
+    pub cached_weight: Option<f64>,
 }
 
 impl CompletionHook {
@@ -32,6 +34,7 @@ impl CompletionHook {
         status: u16,
         outcome: Outcome,
         usage: Usage,
+        cost_nanos: Option<u64>,
         queue_wait_ms: u64,
         upstream_ms: u64,
     ) {
@@ -45,6 +48,9 @@ impl CompletionHook {
             outcome: outcome.label().to_owned(),
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
+            cached_tokens: usage.cached_tokens,
+            cached_weight: self.cached_weight,
+            cost: cost_nanos.map(crate::config::prices::from_nanos),
             queue_wait_ms,
             upstream_ms,
             evaluated_unix_ms: self.evaluated_unix_ms,

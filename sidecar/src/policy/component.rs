@@ -585,8 +585,20 @@ pub fn allow_of(d: &Decision) -> t::Allow {
 /// How a request ended, for a component that allowed it with `mine`; `c.decision` is the chain's
 /// (as [`crate::policy::complete::CompletionHook`] fires it).
 pub fn completion_of(c: &Completion, mine: &Decision) -> t::Completion {
+    let mut request = request_of(&c.request);
+    // Contract 2.0.0's record has no fields for them: a header of the host's lists them.
+    if c.cached_tokens > 0 || c.cached_weight.is_some() || c.cost.is_some() {
+        let more = serde_json::json!({
+            "cached_tokens": c.cached_tokens,
+            "cached_weight": c.cached_weight,
+            "cost": c.cost,
+        });
+        request
+            .headers
+            .push((slotgate_sdk::USAGE_HEADER.to_owned(), more.to_string()));
+    }
     t::Completion {
-        request: request_of(&c.request),
+        request,
         decision: allow_of(mine),
         chain_allowed: c.decision.verdict == Verdict::Allow,
         status: c.status,

@@ -10,6 +10,7 @@ mod denial_line;
 mod durable_budgets;
 mod example_policies;
 mod made_up_keys;
+mod money_quotas;
 mod named_tenants;
 mod policy_chain;
 mod policy_complete;

@@ -75,6 +75,42 @@ pub struct Fairness {
     /// A request whose tenant is at its concurrency cap is refused at arrival (429
     /// `tenant_busy`) rather than queued until one of its tenant's requests ends (see [`cap`]).
     pub refuse_at_cap: bool,
+    /// What a prompt token llama-server read from its cache counts for in the tenants' shares
+    /// (`--cached-token-weight`): all of a new one by default.
+    pub cached_weight: CachedWeight,
+}
+
+/// The share of a new token a cached prompt token counts for, in millionths (so [`Fairness`] stays
+/// `Eq`): 1 by default, every token in full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedWeight(u32);
+
+impl Default for CachedWeight {
+    fn default() -> Self {
+        CachedWeight(1_000_000)
+    }
+}
+
+impl CachedWeight {
+    /// `w`, a share from 0 to 1 (the configuration has checked it).
+    pub fn new(w: f64) -> Self {
+        CachedWeight((w.clamp(0.0, 1.0) * 1e6).round() as u32)
+    }
+
+    pub fn get(self) -> f64 {
+        f64::from(self.0) / 1e6
+    }
+
+    /// The tokens `usage` counts for: its new prompt tokens and output in full, its cached ones
+    /// at this weight (rounded to the nearest token).
+    pub fn count(self, usage: &crate::dialect::usage::Usage) -> u64 {
+        let cached = usage.cached_tokens.min(usage.prompt_tokens);
+        let weighted = (cached as u128 * u128::from(self.0) + 500_000) / 1_000_000;
+        usage
+            .uncached_tokens()
+            .saturating_add(usage.completion_tokens)
+            .saturating_add(weighted as u64)
+    }
 }
 
 struct Shared {

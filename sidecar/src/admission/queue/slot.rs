@@ -52,6 +52,13 @@ impl SlotGuard {
         }
     }
 
+    /// [`SlotGuard::settle`] by what llama-server reported: its cached prompt tokens at the
+    /// queue's `--cached-token-weight`.
+    pub fn settle_usage(&mut self, usage: &crate::dialect::usage::Usage) {
+        let counted = self.admission.shared.fairness.cached_weight.count(usage);
+        self.settle(counted);
+    }
+
     /// Releases the slot `after` from now instead of at once: for a request abandoned while its
     /// upstream connection is still being torn down on another task, so the next request does not
     /// reach llama-server before it has noticed. Outside a runtime it is released at once.

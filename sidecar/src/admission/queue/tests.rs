@@ -1529,3 +1529,26 @@ async fn a_request_no_longer_sheddable_is_not_told_to_yield() {
     drop(stuck);
     assert!(urgent.wait(far()).await.is_ok());
 }
+
+#[tokio::test]
+async fn cached_prompt_tokens_count_at_the_configured_weight_in_the_tenants_shares() {
+    use crate::dialect::usage::Usage;
+    // An agent's turn: 9000 prompt tokens, 8000 of them from llama-server's cache, 100 out.
+    let turn = Usage {
+        prompt_tokens: 9000,
+        completion_tokens: 100,
+        cached_tokens: 8000,
+    };
+    for (weight, counted) in [(1.0, 9100.0), (0.1, 1900.0), (0.0, 1100.0)] {
+        let fairness = Fairness {
+            cached_weight: CachedWeight::new(weight),
+            ..Default::default()
+        };
+        let adm = Admission::with_fairness(1, 4, fairness);
+        let (mut slot, _) = adm.acquire(claim("agent", 0, 500), far()).await.unwrap();
+        slot.settle_usage(&turn);
+        let agent = adm.tenants(4).into_iter().find(|t| t.tenant == "agent");
+        assert_eq!(agent.map(|t| t.counter), Some(counted), "weight {weight}");
+    }
+    assert_eq!(CachedWeight::default().get(), 1.0, "in full unless set");
+}
