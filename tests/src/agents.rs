@@ -135,10 +135,16 @@ impl Agent {
     /// Runs the agent once on [`PROMPT`] against `target`, in a fresh home and working directory;
     /// waits for its end (at most [`RUN_TIMEOUT`], then it is killed and the outcome says so).
     pub async fn run(self, target: &Target) -> Outcome {
-        let dir = unique_dir("agent");
+        let dir = target
+            .cacheable
+            .clone()
+            .unwrap_or_else(|| unique_dir("agent"));
         let mut cmd = headless::command(self, &dir, &target.base, &target.key);
         if let (Some(n), Agent::ClaudeCode) = (target.retries, self) {
             cmd.env("CLAUDE_CODE_MAX_RETRIES", n.to_string());
+        }
+        if target.cacheable.is_some() && self == Agent::ClaudeCode {
+            cmd.env("CLAUDE_CODE_ATTRIBUTION_HEADER", "0");
         }
         // Not Claude Code: with a proxy set it leaves out the `HEAD /` it sends its base URL first,
         // which slotgate must answer as llama-server does. Its one switch for other traffic
@@ -162,7 +168,9 @@ impl Agent {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.name()));
         let out = tokio::time::timeout(RUN_TIMEOUT, child.wait_with_output()).await;
         let took = t0.elapsed();
-        let _ = std::fs::remove_dir_all(&dir);
+        if target.cacheable.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         let (code, stdout, stderr) = match out {
             Ok(Ok(o)) => (
                 o.status.code(),
@@ -200,12 +208,24 @@ pub struct Target {
     /// Claude Code's own retries of a failed call (`CLAUDE_CODE_MAX_RETRIES`); its default when
     /// `None`. A run meant to be refused sets 0: it would otherwise back off and ask again.
     pub retries: Option<u32>,
+    /// Runs as a developer's agent runs all day, so llama-server's prompt cache can match their
+    /// prompts: in one home and working directory (the system prompt names it), and Claude Code
+    /// without its attribution header (`CLAUDE_CODE_ATTRIBUTION_HEADER=0`, as operators of local
+    /// models run it: the header opens the system prompt with a hash that changes every request).
+    /// `None`: a fresh directory per run.
+    pub cacheable: Option<std::path::PathBuf>,
 }
 
 impl Target {
     /// The same target, without Claude Code's retries: for a run that is to be refused.
     pub fn no_retries(mut self) -> Target {
         self.retries = Some(0);
+        self
+    }
+
+    /// The same target, its runs' prompts cacheable ([`Target::cacheable`]).
+    pub fn cacheable(mut self) -> Target {
+        self.cacheable = Some(unique_dir("agent-cacheable"));
         self
     }
 }
@@ -272,6 +292,7 @@ impl Stage {
             key: key.to_owned(),
             proxy: self.sentinel.url(),
             retries: None,
+            cacheable: None,
         }
     }
 
