@@ -1,14 +1,15 @@
 //! The admin listener: Prometheus scrape, liveness, readiness, the operator's JSON (`/status`,
-//! `/live`), quotas, usage and keys, and llama-server's own whole-server endpoints forwarded
-//! (`forward`). Its own routes are one table (`routes`). Every request is first checked (`auth`:
-//! the uid allow-list, then the admin token) and every call that changes something is audited
-//! (`audit`). docs/security.md is this room for operators.
+//! `/live`), quotas, usage and keys, its OpenAPI document (`openapi`), and llama-server's own
+//! whole-server endpoints forwarded (`forward`). Its own routes are one table (`routes`). Every
+//! request is first checked (`auth`: the uid allow-list, then the admin token) and every call that
+//! changes something is audited (`audit`). docs/security.md is this room for operators.
 
 pub mod audit;
 pub mod auth;
 mod forward;
 mod keys;
 mod live;
+mod openapi;
 mod quotas;
 mod routes;
 mod scrape;
@@ -130,6 +131,7 @@ async fn own(
         Serve::KeyCreate | Serve::KeyRevoke | Serve::KeyRotate => {
             key_change(app, caller, req, serve, param, id).await
         }
+        Serve::OpenApi => openapi::answer(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The admin listener's own routes, one row each: method, path (`{name}` matches one segment),
 //! what the route asks of its caller, and what serves it. The dispatcher (`admin::serve`) and the
-//! token check read this table, so a route added here is one line. llama-server's whole-server
+//! token check read this table, and docs/openapi.json is held equal to it (`openapi`'s tests),
+//! so a route added here is one line and cannot go undocumented. llama-server's whole-server
 //! routes, forwarded, are not here: they are `pipeline::routes::ROUTES`'s `Admin` rows.
 
 use http::Method;
@@ -24,6 +25,7 @@ pub enum Serve {
     KeyCreate,
     KeyRevoke,
     KeyRotate,
+    OpenApi,
 }
 
 impl Serve {
@@ -73,6 +75,7 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/keys/{id}", Change, Serve::Key),
     r("POST", "/keys/{id}/revoke", Change, Serve::KeyRevoke),
     r("POST", "/keys/{id}/rotate", Change, Serve::KeyRotate),
+    r("GET", "/openapi.json", Read, Serve::OpenApi),
 ];
 
 /// What the table says of `method path`.
