@@ -1,8 +1,8 @@
 //! docs/openapi.json against a running slotgate: `GET /openapi.json` serves the repository's
 //! document to the read-only token, and every answer the document describes as JSON, read from a
 //! slotgate that has keys, a quota in use and a row in its ledger, has the members its schema
-//! names: each required one, and none it does not name (down through objects and arrays whose
-//! schema lists members). A member added to or dropped from an answer without the document fails
+//! names: each required one, and none it does not name, each of the type the schema gives (down
+//! through objects and arrays whose schema lists members). A member added to or dropped from an answer without the document fails
 //! here. The route tables themselves are held to the document by `admin::openapi`'s unit tests.
 
 use http::Method;
@@ -158,11 +158,36 @@ fn names_members(doc: &Value, schema: &Value) -> bool {
     !members(doc, schema).0.is_empty()
 }
 
-/// `value` has every member `schema` requires and none it does not name, and so on down.
+/// Whether `value` is of the JSON Schema type `t`.
+fn is(t: &str, value: &Value) -> bool {
+    match t {
+        "null" => value.is_null(),
+        "boolean" => value.is_boolean(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "string" => value.is_string(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        _ => panic!("unknown type {t}"),
+    }
+}
+
+/// `value` is of the type `schema` says, has every member it requires and none it does not name,
+/// and so on down.
 fn conforms(doc: &Value, schema: &Value, value: &Value, at: &str) {
     if let Some(r) = schema["$ref"].as_str() {
         let target = doc.pointer(r.trim_start_matches('#')).unwrap();
         return conforms(doc, target, value, at);
+    }
+    if let Some(types) = schema.get("type") {
+        let types: Vec<&str> = match types {
+            Value::Array(all) => all.iter().filter_map(Value::as_str).collect(),
+            t => t.as_str().into_iter().collect(),
+        };
+        assert!(
+            types.iter().any(|t| is(t, value)),
+            "{at}: {value} is not of type {types:?}"
+        );
     }
     match value {
         Value::Object(m) => {
