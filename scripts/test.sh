@@ -131,7 +131,7 @@ step "Kubernetes manifest validator (PyPI kubernetes-validate and CRD schemas, c
 eval "$(bash scripts/setup-kubernetes-tools.sh)"
 export KUBE_VALIDATE
 
-step "Python clients: the OpenAI SDK and LiteLLM's proxy (PyPI, pinned in tests/python/requirements.txt, cached)"
+step "Python clients: the OpenAI SDK, LiteLLM's proxy, openapi-spec-validator (PyPI, pinned in tests/python/requirements.txt, cached)"
 eval "$(bash scripts/setup-python-clients.sh)"
 export SLOTGATE_PYTHON
 export LITELLM="$(dirname "$SLOTGATE_PYTHON")/litellm"

@@ -63,6 +63,8 @@ pub enum Need {
     Change,
 }
 
+/// What a route the admin table (`routes::ROUTES`) does not have asks: llama-server's forwarded
+/// routes, and a path unknown or called with another method (answered 404 or 405 once let in).
 pub fn need(method: &Method, path: &str) -> Need {
     if matches!(path, "/livez" | "/readyz") {
         Need::Open
@@ -91,11 +93,11 @@ pub struct Refusal {
     pub result: &'static str,
 }
 
-/// Decides whether `caller` may make this request.
+/// Decides whether `caller` may make this request, which asks `need`.
 pub fn check(
     app: &App,
     caller: &Caller,
-    method: &Method,
+    need: Need,
     path: &str,
     headers: &HeaderMap,
 ) -> Result<Admitted, Refusal> {
@@ -115,7 +117,6 @@ pub fn check(
             )));
         }
     }
-    let need = need(method, path);
     let tokens = app.admin_tokens();
     if need == Need::Open || !tokens.required() {
         return Ok(Admitted::Anonymous);

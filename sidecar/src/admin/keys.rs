@@ -9,53 +9,43 @@ use serde_json::{json, Value};
 
 use super::audit::{self, Entry, Who};
 use super::auth::Caller;
+use super::routes::Serve;
 use crate::keys::KeyError;
 use crate::respond::{self, Body};
 use crate::state::App;
 
-/// The routes of this API: `/keys` and what is under it.
-pub fn is_keys_path(path: &str) -> bool {
-    path == "/keys" || path.starts_with("/keys/")
+/// `GET /keys`: every key, never a secret.
+pub fn list(app: &App) -> Response<Body> {
+    let now = crate::policy::state::wall_ms();
+    let all: Vec<Value> = app.keys.list().iter().map(|r| r.shown(now)).collect();
+    respond::json(200, &json!({"count": all.len(), "keys": all}))
 }
 
-/// One call on `/keys…` with its body (already read, bounded).
-pub fn call(
+/// `GET /keys/{id}`.
+pub fn show(app: &App, id: &str) -> Response<Body> {
+    match app.keys.get(id) {
+        Some(r) => respond::json(200, &r.shown(crate::policy::state::wall_ms())),
+        None => not_found(id),
+    }
+}
+
+/// A change (`serve`: create, revoke or rotate the key `id`) with its body (already read,
+/// bounded), audited.
+pub fn change(
     app: &App,
     caller: &Caller,
-    method: &Method,
-    path: &str,
+    serve: Serve,
+    id: &str,
+    (method, path): (&Method, &str),
     body: &[u8],
     request_id: &str,
 ) -> Response<Body> {
     let now = crate::policy::state::wall_ms();
     let keys = &app.keys;
-    let rest = path.strip_prefix("/keys").unwrap_or("");
-    let rest = rest.strip_prefix('/').unwrap_or(rest);
-    let (id, verb) = match rest.split_once('/') {
-        Some((id, verb)) => (id, Some(verb)),
-        None => (rest, None),
-    };
-    if *method == Method::GET || *method == Method::HEAD {
-        return match (id, verb) {
-            ("", None) => {
-                let all: Vec<Value> = keys.list().iter().map(|r| r.shown(now)).collect();
-                respond::json(200, &json!({"count": all.len(), "keys": all}))
-            }
-            (id, None) => match keys.get(id) {
-                Some(r) => respond::json(200, &r.shown(now)),
-                None => not_found(id),
-            },
-            _ => bad(405, "method_not_allowed", "this key route is POST"),
-        };
-    }
-    if *method != Method::POST {
-        return bad(405, "method_not_allowed", "key changes are POST");
-    }
-    let action = match (id, verb) {
-        ("", None) => "key_create",
-        (_, Some("revoke")) => "key_revoke",
-        (_, Some("rotate")) => "key_rotate",
-        _ => return bad(404, "not_found", &format!("no admin endpoint {path}")),
+    let action = match serve {
+        Serve::KeyCreate => "key_create",
+        Serve::KeyRevoke => "key_revoke",
+        _ => "key_rotate",
     };
     let done = match action {
         "key_create" => match serde_json::from_slice::<crate::keys::NewKey>(body) {

@@ -1,14 +1,17 @@
 //! The admin listener: Prometheus scrape, liveness, readiness, the operator's JSON (`/status`,
-//! `/live`), and llama-server's own whole-server endpoints forwarded (`forward`). Every request is
-//! first checked (`auth`: the uid allow-list, then the admin token) and every call that changes
-//! something is audited (`audit`). docs/security.md is this room for operators.
+//! `/live`), quotas, usage and keys, its OpenAPI document (`openapi`), and llama-server's own
+//! whole-server endpoints forwarded (`forward`). Its own routes are one table (`routes`). Every
+//! request is first checked (`auth`: the uid allow-list, then the admin token) and every call that
+//! changes something is audited (`audit`). docs/security.md is this room for operators.
 
 pub mod audit;
 pub mod auth;
 mod forward;
 mod keys;
 mod live;
+mod openapi;
 mod quotas;
+mod routes;
 mod scrape;
 mod status;
 mod usage;
@@ -20,13 +23,14 @@ use hyper::body::Incoming;
 use serde_json::json;
 use slotgate_sdk::Peer;
 
+use crate::pipeline;
 use crate::pipeline::request_id::{self, REQUEST_ID};
-use crate::pipeline::routes;
 use crate::respond::{self, Body};
 use crate::server::conn::ClientAddr;
 use crate::state::App;
 use auth::{Caller, Need};
 pub use live::live;
+use routes::{Found, Serve};
 pub use status::status;
 
 pub async fn handle(
@@ -45,21 +49,18 @@ pub async fn handle(
 
 async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> Response<Body> {
     let path = req.uri().path();
-    let own = matches!(
-        path,
-        "/metrics" | "/livez" | "/readyz" | "/status" | "/live" | "/usage" | "/quotas"
-    ) || path.starts_with("/quotas/")
-        || keys::is_keys_path(path);
-    let forwarded = !own
-        && routes::lookup(req.method().as_str(), path)
-            .is_some_and(|r| matches!(r.handling, routes::Handling::Admin));
-    let admitted = match auth::check(app, caller, req.method(), path, req.headers()) {
+    let found = routes::find(req.method(), path);
+    let forwarded = matches!(found, Found::None)
+        && pipeline::routes::lookup(req.method().as_str(), path)
+            .is_some_and(|r| matches!(r.handling, pipeline::routes::Handling::Admin));
+    let (need, audited) = match &found {
+        Found::Route(r, _) => (r.need, r.serve.audited()),
+        _ => (auth::need(req.method(), path), forwarded),
+    };
+    let admitted = match auth::check(app, caller, need, path, req.headers()) {
         Ok(a) => a,
         Err(refusal) => {
-            let changes = forwarded
-                || path.starts_with("/quotas/")
-                || keys::is_keys_path(path) && req.method() == Method::POST;
-            if changes && auth::need(req.method(), path) == Need::Change {
+            if audited && need == Need::Change {
                 audit::Pending::new(caller, req.method(), req.uri(), b"", id, "-")
                     .refused(refusal.response.status().as_u16(), refusal.result);
             }
@@ -74,20 +75,37 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
         let (parts, body) = req.into_parts();
         return forward::forward(app, caller, admitted, parts, body, id).await;
     }
-    if path.starts_with("/quotas/") {
-        return quota_change(app, caller, req, id).await;
-    }
-    if keys::is_keys_path(path) {
-        return key_call(app, caller, req, id).await;
-    }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return respond::json(
-            405,
-            &json!({"error": {"message": "admin endpoints are GET only", "type": "invalid_request_error", "code": "method_not_allowed"}}),
-        );
-    }
-    match path {
-        "/metrics" => {
+    let (route, param) = match found {
+        Found::Route(route, param) => (route, param.unwrap_or_default().to_owned()),
+        Found::OtherMethod(allowed) => return method_not_allowed(path, &allowed),
+        // As before the table: what no route has is GET only.
+        Found::None if req.method() != Method::GET && req.method() != Method::HEAD => {
+            return respond::json(
+                405,
+                &json!({"error": {"message": "admin endpoints are GET only", "type": "invalid_request_error", "code": "method_not_allowed"}}),
+            )
+        }
+        Found::None => {
+            return respond::json(
+                404,
+                &json!({"error": {"message": format!("no admin endpoint {path}"), "type": "not_found_error", "code": "not_found"}}),
+            )
+        }
+    };
+    own(app, caller, req, route.serve, &param, id).await
+}
+
+/// One of the admin listener's own routes, its caller let in; `param` its `{name}` segment's value.
+async fn own(
+    app: &App,
+    caller: &Caller,
+    req: Request<Incoming>,
+    serve: Serve,
+    param: &str,
+    id: &str,
+) -> Response<Body> {
+    match serve {
+        Serve::Metrics => {
             let mut resp = Response::new(respond::full(scrape::metrics_text(app).await));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
@@ -95,27 +113,50 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
             );
             resp
         }
-        "/livez" => respond::text(200, "ok\n"),
-        "/readyz" => {
+        Serve::Livez => respond::text(200, "ok\n"),
+        Serve::Readyz => {
             if app.upstream.is_ready() && !app.admission.is_closed() {
                 respond::text(200, "ready\n")
             } else {
                 respond::text(503, "not ready\n")
             }
         }
-        "/status" => respond::json(200, &status(app)),
-        "/live" => respond::json(200, &serde_json::json!(live(app))),
-        "/usage" => usage::usage(app, req.uri().query(), req.headers()),
-        "/quotas" => quotas::list(app, req.uri().query()),
-        _ => respond::json(
-            404,
-            &json!({"error": {"message": format!("no admin endpoint {path}"), "type": "not_found_error", "code": "not_found"}}),
-        ),
+        Serve::Status => respond::json(200, &status(app)),
+        Serve::Live => respond::json(200, &serde_json::json!(live(app))),
+        Serve::Usage => usage::usage(app, req.uri().query(), req.headers()),
+        Serve::Quotas => quotas::list(app, req.uri().query()),
+        Serve::QuotaChange => quota_change(app, caller, req, id).await,
+        Serve::Keys => keys::list(app),
+        Serve::Key => keys::show(app, param),
+        Serve::KeyCreate | Serve::KeyRevoke | Serve::KeyRotate => {
+            key_change(app, caller, req, serve, param, id).await
+        }
+        Serve::OpenApi => openapi::answer(),
     }
 }
 
-/// A call on the keys: its body read within the limits, then the call (each change audited there).
-async fn key_call(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> Response<Body> {
+/// 405 for a path served with other methods, naming them (`Allow`).
+fn method_not_allowed(path: &str, allowed: &[&str]) -> Response<Body> {
+    let allowed = allowed.join(", ");
+    let mut resp = respond::json(
+        405,
+        &json!({"error": {"message": format!("{path} takes {allowed}"), "type": "invalid_request_error", "code": "method_not_allowed"}}),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(&allowed) {
+        resp.headers_mut().insert(http::header::ALLOW, v);
+    }
+    resp
+}
+
+/// A change of the keys: its body read within the limits, then the change (audited there).
+async fn key_change(
+    app: &App,
+    caller: &Caller,
+    req: Request<Incoming>,
+    serve: Serve,
+    key: &str,
+    id: &str,
+) -> Response<Body> {
     use http_body_util::BodyExt;
     let (parts, body) = req.into_parts();
     let read = tokio::time::timeout(
@@ -130,7 +171,8 @@ async fn key_call(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) 
         );
     };
     // A change is one durable commit of a few rows, as a quota change is.
-    keys::call(app, caller, &parts.method, parts.uri.path(), &body, id)
+    let call = (&parts.method, parts.uri.path());
+    keys::change(app, caller, serve, key, call, &body, id)
 }
 
 /// A quota change: its body read within the limits, the change made, and one audit line.

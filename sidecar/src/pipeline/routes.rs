@@ -150,11 +150,19 @@ pub struct Vertex {
     health: Option<String>,
 }
 
-/// slotgate's one route of its own on the client listener: `GET` its load in the engine-native
-/// schema SGLang serves and SMG (the Shepherd Model Gateway) polls for its load-aware policies
-/// (`pipeline::loads`, docs/observability.md#load-polled-by-routers-v1loads).
+/// `GET` slotgate's load in the engine-native schema SGLang serves and SMG (the Shepherd Model
+/// Gateway) polls for its load-aware policies (`pipeline::loads`,
+/// docs/observability.md#load-polled-by-routers-v1loads).
 pub use super::loads::PATH as LOADS_PATH;
+/// `GET` the caller's own tenant, key and quotas (`pipeline::me`, docs/keys.md#what-a-caller-sees).
 pub use super::me::PATH as ME_PATH;
+
+/// slotgate's own routes on the client listener, none of them llama-server's; looked up before
+/// [`ROUTES`], and described in docs/openapi.json (a test holds the two equal).
+pub const OWN: &[Route] = &[
+    r("GET", ME_PATH, Handling::Me),
+    r("GET", LOADS_PATH, Handling::Loads),
+];
 
 /// The predict route's path when `AIP_PREDICT_ROUTE` is unset, as `server-http.cpp` has it.
 pub const VERTEX_PREDICT_DEFAULT: &str = "/predict";
@@ -211,18 +219,9 @@ pub fn find(method: &Method, path: &str) -> Result<Handling, GateError> {
     if let Some(found) = Vertex::get().and_then(|v| v.find(method, path)) {
         return found;
     }
-    if path == ME_PATH {
-        return match method == Method::GET {
-            true => Ok(Handling::Me),
-            false => Err(GateError::MethodNotAllowed {
-                method: method.to_string(),
-                path: path.to_owned(),
-            }),
-        };
-    }
-    if path == LOADS_PATH {
-        return match method == Method::GET {
-            true => Ok(Handling::Loads),
+    if let Some(own) = OWN.iter().find(|r| r.path == path) {
+        return match own.method == method.as_str() {
+            true => Ok(own.handling),
             false => Err(GateError::MethodNotAllowed {
                 method: method.to_string(),
                 path: path.to_owned(),

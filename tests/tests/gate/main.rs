@@ -25,6 +25,7 @@ mod keys;
 mod live;
 mod load_report;
 mod metrics;
+mod openapi;
 mod passthrough;
 mod peer_credentials;
 mod priority;
