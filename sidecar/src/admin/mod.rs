@@ -5,6 +5,7 @@
 
 pub mod audit;
 pub mod auth;
+mod console;
 mod forward;
 mod keys;
 mod live;
@@ -49,7 +50,8 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
         path,
         "/metrics" | "/livez" | "/readyz" | "/status" | "/live" | "/usage" | "/quotas"
     ) || path.starts_with("/quotas/")
-        || keys::is_keys_path(path);
+        || keys::is_keys_path(path)
+        || console::serves(path);
     let forwarded = !own
         && routes::lookup(req.method().as_str(), path)
             .is_some_and(|r| matches!(r.handling, routes::Handling::Admin));
@@ -70,6 +72,9 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
             return *refusal.response;
         }
     };
+    if console::serves(path) {
+        return console::serve(req.method(), path, req.headers());
+    }
     if forwarded {
         let (parts, body) = req.into_parts();
         return forward::forward(app, caller, admitted, parts, body, id).await;
