@@ -36,7 +36,7 @@ export function table(columns, rows, { empty = "none", id, caption } = {}) {
         ),
       )
     : [h("tr", { class: "empty" }, h("td", { colspan: columns.length }, empty))];
-  return h("table", { id }, caption ? h("caption", {}, caption) : null, h("thead", {}, head), h("tbody", {}, body));
+  return h("table", { id, class: "grid" }, caption ? h("caption", {}, caption) : null, h("thead", {}, head), h("tbody", {}, body));
 }
 
 /** Replaces what `el` holds. */

@@ -181,7 +181,8 @@ async function draw(el, answer, metric, priced) {
     if (i !== undefined) raw[tenants.indexOf(r.tenant)][i] += value(r, metric);
   }
   // Stacked: each series is the sum of those below it; the tallest is drawn first.
-  const stacked = raw.map((_, s) => xs.map((_, i) => raw.slice(0, s + 1).reduce((a, row) => a + row[i], 0)));
+  // A day without use is no bar at all, not a bar of height 0.
+  const stacked = raw.map((_, s) => xs.map((_, i) => raw.slice(0, s + 1).reduce((a, row) => a + row[i], 0) || null));
   const order = tenants.map((_, s) => tenants.length - 1 - s);
   const label = METRICS.find(([m]) => m === metric)[1] + (metric === "cost" && priced ? ` (${answer.currency})` : "");
   const bars = uPlot.paths.bars({ size: [0.7, 60] });
@@ -190,7 +191,10 @@ async function draw(el, answer, metric, priced) {
     {
       width: Math.max(320, el.clientWidth || 800),
       height: 280,
-      scales: { x: { time: true, range: (u, lo, hi) => [lo - 43200, hi + 43200] } },
+      scales: {
+        x: { time: true, range: (u, lo, hi) => [lo - 43200, hi + 43200] },
+        y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] },
+      },
       axes: [{}, { label, size: 70, values: (u, vals) => vals.map((v) => (metric === "cost" ? money(v) : count(v))) }],
       legend: { live: true },
       series: [
