@@ -107,6 +107,7 @@ def login_page(c, cfg):
     page.goto(cfg["url"] + "/")
     assert page.url.endswith("/console/"), f"/ did not lead to the console: {page.url}"
     page.wait_for_selector("#login:not([hidden])")
+    assert not page.is_visible("#nav"), "the pages' links show before signing in"
     c.shot("login")
     c.sign_in(cfg["wrong_token"])
     page.wait_for_selector("#login-error:not([hidden])")
@@ -148,7 +149,6 @@ def admin(c, cfg):
     page.click("#create-key button[type=submit]")
     page.wait_for_selector("#secret-box")
     secret = page.inner_text("#secret")
-    c.shot("keys-new-secret")
     key_id = page.get_attribute("#keys tbody tr[data-key]:has-text('dave')", "data-key")
     page.click("#dismiss-secret")
     page.wait_for_selector("#secret-box", state="detached")
