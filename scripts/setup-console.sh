@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the console's browser tests need (tests/tests/console/): Debian's `chromium`
-# package (apt-get, through sudo when not root), and Playwright's Python package, pinned in
-# tests/console/requirements.txt, in a venv at $SLOTGATE_CACHE/venv-console (default
+# package (apt-get, through sudo when not root), and Playwright's Python package (and libfaketime's,
+# for a usage history of several days), pinned in tests/console/requirements.txt, in a venv at $SLOTGATE_CACHE/venv-console (default
 # ~/.cache/slotgate). Playwright never downloads a browser of its own: the tests launch the system
 # chromium through `executable_path`. A second run only checks (well under a second).
 #
@@ -40,7 +40,7 @@ fi
 want="$(sha256sum "$requirements" | cut -d' ' -f1)"
 installed() {
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$python" -c \
-    'import importlib.util as u, sys; sys.exit(u.find_spec("playwright") is None)' 2>/dev/null
+    'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("playwright", "libfaketime"))))' 2>/dev/null
 }
 if ! installed; then
   mkdir -p "$cache"

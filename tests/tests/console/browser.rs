@@ -94,8 +94,8 @@ fn config(gate: &RunningGate, scenario: &str, token: &str, forbidden: &[String])
     })
 }
 
-/// Two slots, keys, both admin tokens, the quota policy and prices.
-async fn start(dir: &Path) -> (slotgate_tests::RunningUpstream, RunningGate) {
+/// Two slots, keys, both admin tokens, the quota policy and prices, its state in `dir`.
+fn gate(dir: &Path) -> Gate {
     std::fs::create_dir_all(dir).unwrap();
     let config = dir.join("console.toml");
     let quota = wat::built("quota");
@@ -117,8 +117,62 @@ async fn start(dir: &Path) -> (slotgate_tests::RunningUpstream, RunningGate) {
         .opt("--admin-read-token-file", read.display())
         .config_file(&config)
         .admin_token(ADMIN)
-        .start_with(FakeUpstream::instant())
-        .await
+}
+
+async fn start(dir: &Path) -> (slotgate_tests::RunningUpstream, RunningGate) {
+    gate(dir).start_with(FakeUpstream::instant()).await
+}
+
+/// The LD_PRELOAD library of libfaketime, from its wheel in the console's venv.
+fn libfaketime() -> PathBuf {
+    let (py, _) = tools();
+    let out = std::process::Command::new(py)
+        .args([
+            "-c",
+            "import libfaketime, os; print(os.path.join(os.path.dirname(libfaketime.__file__), \
+             'vendor', 'libfaketime', 'src', 'libfaketime.so.1'))",
+        ])
+        .output()
+        .expect("run the console venv's python");
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        path.is_file(),
+        "no libfaketime at {} ({}): is it in tests/console/requirements.txt?",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+/// Days before today that get ledger rows, and the requests of alice, bob and carol on each.
+const PAST: [(u32, [usize; 3]); 3] = [(5, [2, 1, 0]), (3, [1, 3, 1]), (1, [2, 2, 1])];
+
+/// Ledger rows on the days of [`PAST`], each written by a slotgate whose wall clock is set back
+/// that many days (libfaketime; its monotonic clock left alone), on the state of `dir`: the keys
+/// of alice, bob and carol, made on the first of them.
+async fn history(dir: &Path) -> [String; 3] {
+    let mut keys = None;
+    for (days_ago, counts) in PAST {
+        let (_up, mut gate) = gate(dir)
+            .env("LD_PRELOAD", libfaketime().to_str().unwrap())
+            .env("FAKETIME", &format!("-{days_ago}d"))
+            .env("DONT_FAKE_MONOTONIC", "1")
+            .start_with(FakeUpstream::instant())
+            .await;
+        let people = keys.get_or_insert_with(|| make_keys(&gate)).clone();
+        for (secret, n) in people.iter().zip(counts) {
+            for _ in 0..n {
+                let r = gate.client().post_chat(&chat(secret, 0)).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+            }
+        }
+        gate.wait_outcome("ok", counts.iter().sum::<usize>() as u64)
+            .await;
+        // A clean stop writes the ledger whole.
+        gate.sigterm();
+        gate.wait_exit(Duration::from_secs(15)).await;
+    }
+    keys.unwrap()
 }
 
 fn key(gate: &RunningGate, tenant: &str, team: Option<&str>) -> String {
@@ -143,15 +197,20 @@ fn chat(secret: &str, delay_ms: u64) -> Req {
         .set("fake_delay_ms", delay_ms)
 }
 
-/// Three tenants' keys (alice and bob of the team research), each served once: the ledger and
-/// the quotas have rows before the browser looks.
-async fn people(gate: &RunningGate) -> [String; 3] {
-    let alice = key(gate, "alice", Some("research"));
-    let bob = key(gate, "bob", Some("research"));
-    let carol = key(gate, "carol", None);
+/// Three tenants' keys: alice and bob of the team research, and carol.
+fn make_keys(gate: &RunningGate) -> [String; 3] {
+    [
+        key(gate, "alice", Some("research")),
+        key(gate, "bob", Some("research")),
+        key(gate, "carol", None),
+    ]
+}
+
+/// Each of `people` served once: the ledger and the quotas have rows of today.
+async fn serve(gate: &RunningGate, people: &[String; 3]) {
     // A second each, two at a time: the queue's model of service time has something to go by.
-    let served: Vec<_> = [&alice, &bob, &carol]
-        .into_iter()
+    let served: Vec<_> = people
+        .iter()
         .map(|s| spawn_post(&gate.client(), CHAT, &chat(s, 1000)))
         .collect();
     for h in served {
@@ -159,7 +218,6 @@ async fn people(gate: &RunningGate) -> [String; 3] {
         assert_eq!(r.status, 200, "{}", r.body);
     }
     gate.wait_outcome("ok", 3).await;
-    [alice, bob, carol]
 }
 
 /// Every secret and token the pages must never show, with the key digests.
@@ -181,8 +239,9 @@ fn text(v: &Value) -> String {
 async fn with_the_admin_token_the_console_shows_the_burst_manages_keys_and_downloads_the_csv() {
     let _one = BROWSER.lock().await;
     let dir = unique_dir("console-admin");
+    let [alice, bob, carol] = history(&dir).await;
     let (_up, gate) = start(&dir).await;
-    let [alice, bob, carol] = people(&gate).await;
+    serve(&gate, &[alice.clone(), bob.clone(), carol.clone()]).await;
     let forbidden = secrets(&[alice.clone(), bob.clone(), carol.clone()]);
 
     // The burst, once the page is signed in: alice holds both slots, bob and carol wait.
@@ -279,7 +338,7 @@ async fn with_the_admin_token_the_console_shows_the_burst_manages_keys_and_downl
         lines[0],
         "day,tenant,requests,prompt_tokens,cached_tokens,completion_tokens,cost_eur"
     );
-    // alice 1 + 2 in the burst, bob 1 + 2, carol 1 + 1: all of today.
+    // Each day of the history, then today: alice 1 + 2 in the burst, bob 1 + 2, carol 1 + 1.
     let requests: Vec<(&str, &str)> = lines[1..]
         .iter()
         .map(|l| {
@@ -287,11 +346,23 @@ async fn with_the_admin_token_the_console_shows_the_burst_manages_keys_and_downl
             (c[1], c[2])
         })
         .collect();
-    assert_eq!(
-        requests,
-        [("alice", "3"), ("bob", "3"), ("carol", "2")],
-        "{csv}"
-    );
+    let mut want: Vec<(&str, String)> = Vec::new();
+    for (_, counts) in PAST {
+        for (t, n) in ["alice", "bob", "carol"].into_iter().zip(counts) {
+            if n > 0 {
+                want.push((t, n.to_string()));
+            }
+        }
+    }
+    want.extend([
+        ("alice", "3".into()),
+        ("bob", "3".into()),
+        ("carol", "2".into()),
+    ]);
+    let want: Vec<(&str, &str)> = want.iter().map(|(t, n)| (*t, n.as_str())).collect();
+    assert_eq!(requests, want, "{csv}");
+    let days: std::collections::BTreeSet<&str> = lines[1..].iter().map(|l| &l[..10]).collect();
+    assert_eq!(days.len(), PAST.len() + 1, "{csv}");
     assert!(
         out["usage"]["csv_name"]
             .as_str()
@@ -306,7 +377,8 @@ async fn with_the_read_only_token_the_console_has_no_write_control_and_the_api_r
     let _one = BROWSER.lock().await;
     let dir = unique_dir("console-read");
     let (_up, gate) = start(&dir).await;
-    let people = people(&gate).await;
+    let people = make_keys(&gate);
+    serve(&gate, &people).await;
     let forbidden = secrets(&people);
     let cfg = config(&gate, "read", READ, &forbidden);
     let out = tokio::time::timeout(DRIVER_TIMEOUT, driver(&cfg).output())
