@@ -13,10 +13,6 @@ const $ = (id) => document.getElementById(id);
 const ctx = {
   role: null,
   version: null,
-  /** Shows an API error in the banner (a page's own errors stay on the page too). */
-  report(e) {
-    showError(e instanceof Error ? e.message : String(e));
-  },
   clear() {
     $("error").hidden = true;
   },
@@ -136,5 +132,10 @@ whenUnauthorized(() => {
   showLogin("slotgate no longer accepts this token (was it replaced?). Sign in again.");
 });
 
+// A failure no page caught is shown, not lost in the browser's console.
+window.addEventListener("unhandledrejection", (ev) => {
+  showError(ev.reason instanceof Error ? ev.reason.message : String(ev.reason));
+});
+window.addEventListener("error", (ev) => showError(ev.message));
 window.addEventListener("hashchange", route);
 signIn();

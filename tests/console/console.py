@@ -8,7 +8,7 @@ for the tests in tests/tests/console/. One JSON argument says what to do:
 The admin scenario signs in, says `ready` on stdout and waits for `go` on stdin (the test then
 starts a burst), reads the live view while the burst runs, creates, rotates and revokes a key,
 reads the quotas, and downloads the usage CSV. The read scenario signs in with the read-only
-token and looks for write controls. Both check on every page that no string of `forbidden` (the
+token and looks for write controls. The open scenario is a slotgate without an admin token. Both check on every page that no string of `forbidden` (the
 tokens, key secrets and their digests) is in the page, its inputs, its storage or its URL, and
 that the page ran without a script error or a Content-Security-Policy violation.
 
@@ -239,6 +239,21 @@ def read_only(c, cfg):
     return out
 
 
+def open_listener(c, cfg):
+    """No admin token configured: no form, every page, a warning saying so."""
+    page = c.page
+    page.goto(cfg["url"] + "/")
+    page.wait_for_selector("#nav:not([hidden])")
+    assert not page.is_visible("#login"), "a sign-in form where no token is configured"
+    out = {"who": page.inner_text("#who")}
+    page.wait_for_selector("#running")
+    c.go("keys")
+    page.wait_for_selector("#create-key")
+    out["keys"] = rows(page, "#keys")
+    c.no_secret("keys")
+    return out
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     with sync_playwright() as p:
@@ -248,7 +263,7 @@ def main():
         page = context.new_page()
         page.set_default_timeout(20000)
         c = Console(page, cfg)
-        out = admin(c, cfg) if cfg["scenario"] == "admin" else read_only(c, cfg)
+        out = {"admin": admin, "read": read_only, "open": open_listener}[cfg["scenario"]](c, cfg)
         c.done()
         out["requests"] = len(c.urls)
         browser.close()

@@ -373,6 +373,34 @@ async fn with_the_admin_token_the_console_shows_the_burst_manages_keys_and_downl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_an_admin_token_configured_the_console_opens_at_once_and_says_so() {
+    let _one = BROWSER.lock().await;
+    let dir = unique_dir("console-open");
+    let (_up, gate) = Gate::new()
+        .opt("--client-auth", "keys")
+        .opt("--state-dir", dir.join("state").display())
+        .start_instant()
+        .await;
+    let (ok, out, err) = gate.admin_cli(&["key", "create", "--json", "--tenant", "erin"]);
+    assert!(ok, "{out}{err}");
+    let secret = serde_json::from_str::<Value>(out.trim()).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cfg = config(&gate, "open", "", &[secret.clone(), hash_key(&secret)]);
+    let out = tokio::time::timeout(DRIVER_TIMEOUT, driver(&cfg).output())
+        .await
+        .expect("console.py open finished in time")
+        .expect("run console.py");
+    let out: Value = python::result("console.py", &["open".into()], &out);
+    assert!(
+        text(&out["who"]).contains("no admin token configured"),
+        "{out}"
+    );
+    assert!(text(&out["keys"]).contains("erin"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_the_read_only_token_the_console_has_no_write_control_and_the_api_refuses_one() {
     let _one = BROWSER.lock().await;
     let dir = unique_dir("console-read");
