@@ -48,7 +48,24 @@ async function load(message) {
   if (el !== root || !el) return;
   const status = h("p", { id: "keys-status", class: message ? "ok" : "muted", role: "status" }, message || "");
   const box = secretBox;
-  fill(el, h("h1", {}, "Keys"), createForm(status), box, status, keyTable(list.keys, status));
+  fill(el, h("h1", {}, "Keys"), createForm(status), box, status, keyTable(list.keys, status), graceChoice());
+}
+
+/** How long a rotated key's old secret keeps working (`grace`, docs/keys.md). */
+let grace = "0s";
+function graceChoice() {
+  const pick = h(
+    "select",
+    { id: "rotate-grace" },
+    [
+      ["0s", "stops at once"],
+      ["5m", "works 5 more minutes"],
+      ["1h", "works 1 more hour"],
+      ["24h", "works 1 more day"],
+    ].map(([v, label]) => h("option", { value: v, selected: v === grace }, label)),
+  );
+  pick.addEventListener("change", () => (grace = pick.value));
+  return h("p", { class: "muted small" }, h("label", {}, "After a rotation, the old secret ", pick));
 }
 
 function createForm(status) {
@@ -112,7 +129,7 @@ function keyTable(keys, status) {
   const act = (label, confirm, path, body, done, id) =>
     confirmButton(label, confirm, async () => {
       try {
-        const r = await post(path, body);
+        const r = await post(path, typeof body === "function" ? body() : body);
         done(r);
       } catch (e) {
         status.className = "error";
@@ -123,9 +140,10 @@ function keyTable(keys, status) {
     const actions = [];
     if (admin && k.source !== "file" && k.state === "active") {
       actions.push(
-        act("Rotate", "Confirm rotate", `/keys/${encodeURIComponent(k.id)}/rotate`, {}, async (r) => {
+        act("Rotate", "Confirm rotate", `/keys/${encodeURIComponent(k.id)}/rotate`, () => ({ grace }), async (r) => {
           showSecret(r, "rotated");
-          await load(`Key ${r.id} rotated: its old secret no longer works.`);
+          const old = r.old_secret_until ? `its old secret works until ${when(r.old_secret_until)}` : "its old secret no longer works";
+          await load(`Key ${r.id} rotated: ${old}.`);
         }, k.id),
         " ",
         act("Revoke", "Confirm revoke", `/keys/${encodeURIComponent(k.id)}/revoke`, undefined, async (r) => {

@@ -155,10 +155,14 @@ def admin(c, cfg):
     c.forbidden.append(secret)
     c.no_secret("keys, after the secret was dismissed")
 
+    # Rotated with an hour's grace for the old secret, as chosen on the page.
+    page.select_option("#rotate-grace", "1h")
     page.click(f"button.act-rotate[data-key='{key_id}']")
     page.click(f"button.act-rotate[data-key='{key_id}']")
     page.wait_for_selector("#secret-box")
     rotated = page.inner_text("#secret")
+    page.wait_for_selector("#keys-status:has-text('rotated')")
+    out["rotate_status"] = page.inner_text("#keys-status")
     assert rotated != secret
     # Away and back, then a reload: the box is gone without being dismissed.
     c.go("live")

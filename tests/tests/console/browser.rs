@@ -306,6 +306,11 @@ async fn with_the_admin_token_the_console_shows_the_burst_manages_keys_and_downl
         .unwrap_or_else(|| panic!("{out}"));
     assert_eq!(row[4], "revoked");
     assert!(text(&out["keys_status"]).contains("revoked"), "{out}");
+    // The grace chosen on the page reached the API; a revocation ends it too (both 401 above).
+    assert!(
+        text(&out["rotate_status"]).contains("old secret works until"),
+        "{out}"
+    );
 
     // Quotas per tenant and per team, every one the API lists.
     let quotas = gate.admin().get("/quotas").await.json();
