@@ -88,13 +88,7 @@ pub fn serve(method: &Method, path: &str, headers: &HeaderMap) -> Response<Body>
         return secured(respond::text(404, "no such console file\n"));
     };
     let etag = &etags()[i];
-    let fresh = headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().trim_start_matches("W/"))
-        .any(|t| t == "*" || t == etag.to_str().unwrap_or_default());
+    let fresh = still_fresh(headers, etag);
     let mut resp = match (fresh, method == Method::HEAD) {
         (true, _) => {
             let mut r = Response::new(respond::full(""));
@@ -121,6 +115,18 @@ pub fn serve(method: &Method, path: &str, headers: &HeaderMap) -> Response<Body>
         );
     }
     secured(resp)
+}
+
+/// Whether the browser's copy is this one: `If-None-Match` names `etag` (weak or strong) or `*`.
+fn still_fresh(headers: &HeaderMap, etag: &HeaderValue) -> bool {
+    let etag = etag.to_str().unwrap_or_default();
+    headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().trim_start_matches("W/"))
+        .any(|t| t == "*" || t == etag)
 }
 
 /// Each asset's ETag, the start of its SHA-256, computed once.
@@ -187,6 +193,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_copy_is_fresh_when_its_tag_is_named_weak_strong_or_star() {
+        let tag = HeaderValue::from_static("\"abc\"");
+        let asked = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::IF_NONE_MATCH, v.parse().unwrap());
+            still_fresh(&h, &tag)
+        };
+        assert!(asked("\"abc\""));
+        assert!(asked("W/\"abc\""));
+        assert!(asked("\"x\", \"abc\""));
+        assert!(asked("*"));
+        assert!(!asked("\"abcd\""));
+        assert!(!asked("abc"));
+        assert!(!still_fresh(&HeaderMap::new(), &tag));
     }
 
     #[test]
