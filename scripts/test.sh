@@ -5,7 +5,8 @@
 #                                        end-to-end test. The README's and CI's command. On a fresh
 #                                        machine it first builds llama-server and the tiny model and
 #                                        installs Redis, Valkey, promtool, the Kubernetes validator, the
-#                                        Python clients and the coding agents (all cached in
+#                                        Python clients, the console's Chromium and Playwright and the
+#                                        coding agents (all cached in
 #                                        ~/.cache/slotgate). ARGS go to
 #                                        `cargo test --workspace --no-fail-fast` as they are, e.g.
 #                                        `-- some_filter` or `--test llama -- e2e_llama::`.
@@ -135,6 +136,13 @@ step "Python clients: the OpenAI SDK, LiteLLM's proxy, openapi-spec-validator (P
 eval "$(bash scripts/setup-python-clients.sh)"
 export SLOTGATE_PYTHON
 export LITELLM="$(dirname "$SLOTGATE_PYTHON")/litellm"
+
+step "the console's browser: Debian's chromium and Playwright's Python package (PyPI, pinned, cached)"
+eval "$(bash scripts/setup-console.sh)"
+export SLOTGATE_CONSOLE_PYTHON SLOTGATE_CHROMIUM
+"$SLOTGATE_CHROMIUM" --version
+# The chart library is vendored: the same bytes as its npm package, or a failure.
+bash scripts/vendor-uplot.sh --check
 
 step "SMG, the router of the load-report scale-out test (PyPI smg, pinned, cached)"
 eval "$(bash scripts/setup-smg.sh)"

@@ -55,7 +55,7 @@ impl Caller {
 /// What a route asks of its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {
-    /// `/livez` and `/readyz`: probes carry no credentials.
+    /// `/livez` and `/readyz`: probes carry no credentials; the console's files hold no data.
     Open,
     /// Reads, changes nothing (`GET`, `HEAD`).
     Read,
@@ -66,12 +66,16 @@ pub enum Need {
 /// What a route the admin table (`routes::ROUTES`) does not have asks: llama-server's forwarded
 /// routes, and a path unknown or called with another method (answered 404 or 405 once let in).
 pub fn need(method: &Method, path: &str) -> Need {
+    let read = method == Method::GET || method == Method::HEAD;
     if matches!(path, "/livez" | "/readyz") {
+        Need::Open
+    } else if read && super::console::serves(path) {
+        // The console's files hold no data: what it shows, it reads with the caller's token.
         Need::Open
     } else if path == "/keys" || path.starts_with("/keys/") {
         // Who holds which key is the admin token's alone to see.
         Need::Change
-    } else if method == Method::GET || method == Method::HEAD {
+    } else if read {
         Need::Read
     } else {
         Need::Change
@@ -181,6 +185,8 @@ mod tests {
     fn probes_are_open_reads_are_gets_the_rest_changes() {
         assert_eq!(need(&Method::GET, "/livez"), Need::Open);
         assert_eq!(need(&Method::GET, "/readyz"), Need::Open);
+        assert_eq!(need(&Method::GET, "/console/app.js"), Need::Open);
+        assert_eq!(need(&Method::POST, "/console/"), Need::Change);
         assert_eq!(need(&Method::GET, "/slots"), Need::Read);
         assert_eq!(need(&Method::HEAD, "/metrics"), Need::Read);
         assert_eq!(need(&Method::POST, "/slots/0"), Need::Change);

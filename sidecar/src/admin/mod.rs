@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod auth;
+mod console;
 mod forward;
 mod keys;
 mod live;
@@ -51,6 +52,7 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
     let path = req.uri().path();
     let found = routes::find(req.method(), path);
     let forwarded = matches!(found, Found::None)
+        && !console::serves(path)
         && pipeline::routes::lookup(req.method().as_str(), path)
             .is_some_and(|r| matches!(r.handling, pipeline::routes::Handling::Admin));
     let (need, audited) = match &found {
@@ -71,6 +73,9 @@ async fn serve(app: &App, caller: &Caller, req: Request<Incoming>, id: &str) -> 
             return *refusal.response;
         }
     };
+    if console::serves(path) {
+        return console::serve(req.method(), path, req.headers());
+    }
     if forwarded {
         let (parts, body) = req.into_parts();
         return forward::forward(app, caller, admitted, parts, body, id).await;

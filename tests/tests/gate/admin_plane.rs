@@ -450,6 +450,9 @@ async fn a_unix_admin_socket_is_owner_only_and_keeps_to_its_allowed_uids() {
         out.ends_with("\n403"),
         "GET, but refused all the same: {out}"
     );
+    // The console's files need no token, but the socket's own list still holds.
+    let (_, out) = curl_as(4242, &socket, "/console/");
+    assert!(out.ends_with("\n403"), "{out}");
     let (_, out) = curl_as(4243, &socket, "/status");
     assert!(out.ends_with("\n200"), "{out}");
     assert_eq!(

@@ -11,6 +11,7 @@ mod admission;
 mod bad_input;
 mod burst;
 mod callers;
+mod console;
 mod cost;
 mod deadlines;
 mod displacement;
