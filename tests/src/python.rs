@@ -195,3 +195,25 @@ pub fn assert_anthropic_whole(answer: &Value, max_tokens: u64) {
         other => panic!("stop_reason {other:?}, not max_tokens or end_turn: {answer}"),
     }
 }
+
+/// The LD_PRELOAD library of libfaketime, from its wheel in the venv of `python` (the Python
+/// clients' or the console's; both pin it): a slotgate run under it, with `FAKETIME`, sees the wall
+/// clock the test sets.
+pub fn libfaketime(python: &Path) -> PathBuf {
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import libfaketime, os; print(os.path.join(os.path.dirname(libfaketime.__file__), \
+             'vendor', 'libfaketime', 'src', 'libfaketime.so.1'))",
+        ])
+        .output()
+        .expect("run the venv's python");
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        path.is_file(),
+        "no libfaketime at {} ({}): is it in the venv's requirements?",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}

@@ -126,22 +126,7 @@ async fn start(dir: &Path) -> (slotgate_tests::RunningUpstream, RunningGate) {
 /// The LD_PRELOAD library of libfaketime, from its wheel in the console's venv.
 fn libfaketime() -> PathBuf {
     let (py, _) = tools();
-    let out = std::process::Command::new(py)
-        .args([
-            "-c",
-            "import libfaketime, os; print(os.path.join(os.path.dirname(libfaketime.__file__), \
-             'vendor', 'libfaketime', 'src', 'libfaketime.so.1'))",
-        ])
-        .output()
-        .expect("run the console venv's python");
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        path.is_file(),
-        "no libfaketime at {} ({}): is it in tests/console/requirements.txt?",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    path
+    slotgate_tests::python::libfaketime(py.as_ref())
 }
 
 /// Days before today that get ledger rows, and the requests of alice, bob and carol on each.

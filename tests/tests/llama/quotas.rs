@@ -140,22 +140,7 @@ async fn the_sdks_read_the_allowance_and_do_not_retry_a_spent_quota() {
 
 /// The LD_PRELOAD library of libfaketime, from its wheel in the Python clients' venv.
 fn libfaketime() -> PathBuf {
-    let out = std::process::Command::new(python())
-        .args([
-            "-c",
-            "import libfaketime, os; print(os.path.join(os.path.dirname(libfaketime.__file__), \
-             'vendor', 'libfaketime', 'src', 'libfaketime.so.1'))",
-        ])
-        .output()
-        .expect("run the venv's python");
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        path.is_file(),
-        "no libfaketime at {} ({}): is it in tests/python/requirements.txt?",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    path
+    slotgate_tests::python::libfaketime(&python())
 }
 
 /// One request a day in Tokyo (UTC+9, no summer time: midnight there is 15:00 UTC).

@@ -106,3 +106,113 @@ async fn the_ledgers_cost_is_the_reported_tokens_times_the_prices_cached_apart()
     gate.assert_idle().await;
     llama.assert_idle().await;
 }
+
+/// One chat of 1,000 prompt tokens (900 cached) and 50 generated, as the fake llama-server
+/// reports it, sent with `secret`: 100 × 3 + 900 × 0.3 + 50 × 15 per million USD.
+async fn fake_chat(gate: &RunningGate, secret: &str) {
+    let body = json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 50, "fake_prompt_tokens": 1000, "fake_cached_tokens": 900,
+                      "fake_completion_tokens": 50});
+    let r = gate
+        .client()
+        .send_with(
+            http::Method::POST,
+            request::CHAT,
+            &[("x-api-key", secret)],
+            body.to_string(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+const FAKE_ONE: f64 = (100.0 * 3.0 + 900.0 * 0.3 + 50.0 * 15.0) / 1e6;
+
+/// The month's report is the operator's month: with `--state-usage-zone Europe/Berlin`, requests
+/// at 23:30 UTC on 30 November are December's (00:30 in Berlin), and those an hour earlier are
+/// November's; `usage --month` gives one row per person, in money. Written by slotgates whose wall
+/// clock libfaketime sets (from the clients' venv, hence this suite), on the fake llama-server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_months_report_is_one_row_per_person_in_the_operators_zone() {
+    let dir = wait::unique_dir("spend-zone");
+    let config = dir.join("spend.toml");
+    std::fs::write(&config, PRICES).unwrap();
+    let gate = |at: Option<&str>| {
+        let g = Gate::one_slot(8)
+            .opt("--client-auth", "keys")
+            .opt("--state-dir", dir.join("state").display())
+            .opt("--state-usage-zone", "Europe/Berlin")
+            .config_file(&config)
+            .admin_token("admin-token-zone");
+        match at {
+            Some(at) => g
+                .env(
+                    "LD_PRELOAD",
+                    python::libfaketime(&python::python()).to_str().unwrap(),
+                )
+                .env("FAKETIME", &format!("@{at}"))
+                .env("TZ", "UTC")
+                .env("DONT_FAKE_MONOTONIC", "1"),
+            None => g,
+        }
+    };
+    let mut secrets = std::collections::BTreeMap::new();
+    // (the wall clock, and who sends how many)
+    let phases = [
+        ("2026-11-30 23:30:00", [("alice", 2), ("bob", 1)]),
+        ("2026-11-30 22:30:00", [("alice", 1), ("carol", 1)]),
+    ];
+    for (at, sends) in phases {
+        let (_up, mut g) = gate(Some(at))
+            .start_with(fake_upstream::FakeUpstream::instant())
+            .await;
+        let mut sent = 0;
+        for (who, n) in sends {
+            let secret = secrets.entry(who).or_insert_with(|| {
+                let (ok, out, err) = g.admin_cli(&["key", "create", "--json", "--tenant", who]);
+                assert!(ok, "{out}{err}");
+                serde_json::from_str::<Value>(out.trim()).unwrap()["secret"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            });
+            for _ in 0..n {
+                fake_chat(&g, secret).await;
+                sent += 1;
+            }
+        }
+        g.wait_outcome("ok", sent).await;
+        // A clean stop writes the ledger whole.
+        g.sigterm();
+        g.wait_exit(std::time::Duration::from_secs(15)).await;
+    }
+
+    let (_up, g) = gate(None)
+        .start_with(fake_upstream::FakeUpstream::instant())
+        .await;
+    let month = |m: &str| {
+        let (ok, csv, err) = g.admin_cli(&["usage", "--month", m, "--by", "tenant", "--csv"]);
+        assert!(ok, "{err}");
+        csv.lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        month("2026-12"),
+        [
+            format!("alice,2,2000,1800,100,{:.6}", 2.0 * FAKE_ONE),
+            format!("bob,1,1000,900,50,{FAKE_ONE:.6}"),
+        ],
+        "December in Berlin: 00:30 on the 1st"
+    );
+    assert_eq!(
+        month("2026-11"),
+        [
+            format!("alice,1,1000,900,50,{FAKE_ONE:.6}"),
+            format!("carol,1,1000,900,50,{FAKE_ONE:.6}"),
+        ],
+        "still November in Berlin at 23:30"
+    );
+    let december = g.admin_get("/usage?month=2026-12&by=tenant").await.json();
+    assert_eq!(december["total"]["requests"], 3, "{december}");
+    let cost = december["total"]["cost"].as_f64().unwrap();
+    assert!((cost - 3.0 * FAKE_ONE).abs() < 1e-9, "{december}");
+    g.assert_idle().await;
+}
