@@ -77,7 +77,10 @@ pub fn deb(version: &'static str) -> &'static Path {
     }
     // The binary the harness drives is the one packaged.
     binary_path();
-    let out_dir = unique_dir("deb");
+    // Under the target directory, replaced by the next run: nothing left in the temp dir.
+    let out_dir = crate::target_dir().join("package-test").join(version);
+    let _ = std::fs::remove_dir_all(&out_dir);
+    std::fs::create_dir_all(&out_dir).expect("the package's output directory");
     let out = run(Command::new(cargo_deb())
         .current_dir(crate::workspace())
         .args([
