@@ -6,6 +6,7 @@
 //! (`scripts/setup-kubernetes-tools.sh`), `$CARGO_DEB` (`scripts/setup-package.sh`), dpkg and the
 //! Rust example policies. Not in the fast tier.
 
+mod deploy_image;
 mod deploy_kubernetes;
 mod deploy_package;
 mod deploy_systemd;
