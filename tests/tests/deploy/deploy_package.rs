@@ -132,6 +132,27 @@ fn the_package_holds_the_stripped_binary_the_units_and_the_conffile() {
         text(&control.join("conffiles")).trim(),
         "/etc/slotgate/slotgate.toml"
     );
+    // An upgrade restarts the service only: a restarted socket unit drops the clients in its
+    // backlog. A removal stops every unit.
+    let postinst = text(&control.join("postinst"));
+    let restarts: Vec<&str> = postinst
+        .lines()
+        .filter(|l| l.contains("restart"))
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    assert_eq!(
+        restarts,
+        ["    deb-systemd-invoke try-restart slotgate.service >/dev/null || true"],
+        "{postinst}"
+    );
+    let prerm = text(&control.join("prerm"));
+    assert!(
+        prerm.contains(r#"[ "$1" = remove ]; then"#)
+            && prerm.contains(
+                "deb-systemd-invoke stop slotgate-admin.socket slotgate.service slotgate.socket"
+            ),
+        "{prerm}"
+    );
     let _ = std::fs::remove_dir_all(&control);
 }
 
