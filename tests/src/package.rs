@@ -1,11 +1,10 @@
-//! Packaging, for the tests: the Debian package built by cargo-deb from the binary this test run
-//! built (stripped), a throwaway root that dpkg installs it into, and podman with the flags that work
-//! on this kind of machine, on a storage of its own.
+//! The Debian package, for the tests: built by cargo-deb from the binary this test run built
+//! (stripped), and a throwaway root that dpkg installs it into. Also the tools both the package and
+//! image tests find through `scripts/setup-package.sh`.
 //!
 //! ```ignore
 //! let root = Root::new("pkg");
-//! root.dpkg(&["--install", deb().to_str().unwrap()]);
-//! let out = podman.run(&["run", "--rm", "slotgate:test", "--version"]);
+//! root.dpkg(&["--install", deb("0.1.0-1").to_str().unwrap()]);
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -42,7 +41,7 @@ pub fn cargo_deb() -> PathBuf {
 }
 
 /// `$PODMAN`, else `/usr/bin/podman`.
-pub fn podman_path() -> PathBuf {
+pub(crate) fn podman_path() -> PathBuf {
     tool("PODMAN", PathBuf::from("/usr/bin/podman"))
 }
 
@@ -201,75 +200,6 @@ impl Root {
 
 impl Drop for Root {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// podman on a storage of its own (under a temp dir, removed on drop), with what this kind of
-/// machine needs: the `vfs` driver (no overlay mounts needed), `runc` (Debian's crun refuses a
-/// hybrid cgroup layout), `cgroupfs` (no systemd as pid 1), events to a file, the host's network
-/// (no bridge), and `RLIMIT_NOFILE` and `RLIMIT_NPROC` of 4096: podman's defaults, and on this
-/// machine anything from 65536 processes up, are refused (`error setting rlimit ... operation not
-/// permitted`; the sandbox has no `CAP_SYS_RESOURCE`).
-pub struct Podman {
-    dir: PathBuf,
-}
-
-impl Podman {
-    pub fn new() -> Self {
-        let dir = unique_dir("podman");
-        Podman { dir }
-    }
-
-    pub fn command(&self) -> Command {
-        let mut cmd = Command::new(podman_path());
-        cmd.arg("--root")
-            .arg(self.dir.join("storage"))
-            .arg("--runroot")
-            .arg(self.dir.join("run"))
-            .args([
-                "--storage-driver",
-                "vfs",
-                "--runtime",
-                "runc",
-                "--cgroup-manager",
-                "cgroupfs",
-                "--events-backend",
-                "file",
-                "--network-backend",
-                "netavark",
-            ])
-            .env("TMPDIR", &self.dir);
-        cmd
-    }
-
-    /// `podman ARGS` to its end.
-    pub fn run(&self, args: &[&str]) -> Output {
-        run(self.command().args(args))
-    }
-
-    /// The options of `podman run` that this machine needs (see [`Podman`]).
-    pub fn run_options() -> Vec<String> {
-        [
-            "--network=host",
-            "--ulimit=nofile=4096:4096",
-            "--ulimit=nproc=4096:4096",
-        ]
-        .map(String::from)
-        .to_vec()
-    }
-}
-
-impl Default for Podman {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        // vfs layers are plain directories; containers still listed are gone with them.
-        let _ = self.run(&["rm", "--all", "--force"]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 use serde_json::Value;
 use slotgate_tests::gate::{binary_path, free_port};
 use slotgate_tests::kube::{named, object, slotgate_toml};
-use slotgate_tests::package::{ok, run, Podman};
+use slotgate_tests::package::{ok, run};
+use slotgate_tests::podman::Podman;
 use slotgate_tests::*;
 
 /// The tag docs/packaging.md builds and the Kubernetes example runs.
@@ -73,47 +74,34 @@ fn the_kubernetes_example_runs_the_image_docs_packaging_builds() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_image_from_scratch_holds_no_shell_runs_as_non_root_and_serves_the_pod_config() {
-    let podman = Podman::new();
-    let staged = stage(&podman);
-
-    // What the image is: its user, entry point, and exactly the staged files.
-    let inspect = ok(
-        "podman image inspect",
-        &podman.run(&[
-            "image",
-            "inspect",
-            "--format",
-            "{{.Config.User}}|{{json .Config.Entrypoint}}|{{json .Config.Env}}|{{.Size}}",
-            IMAGE,
-        ]),
-    );
+/// The image's user, entry point and `PATH`; its size, printed.
+fn assert_config(podman: &Podman) {
+    let format = "{{.Config.User}}|{{json .Config.Entrypoint}}|{{json .Config.Env}}|{{.Size}}";
+    let inspect = podman.run(&["image", "inspect", "--format", format, IMAGE]);
+    let inspect = ok("podman image inspect", &inspect);
     let fields: Vec<&str> = inspect.trim().split('|').collect();
     assert_eq!(fields[0], format!("{USER}:{USER}"), "{inspect}");
     assert_eq!(fields[1], r#"["/usr/local/bin/slotgate"]"#, "{inspect}");
     assert!(fields[2].contains("PATH=/usr/local/bin"), "{inspect}");
-    let size: u64 = fields[3].parse().unwrap();
-    eprintln!("image {IMAGE}: {size} bytes");
+    eprintln!("image {IMAGE}: {} bytes", fields[3]);
+}
 
+/// The files of a container of the image (`podman export`) are exactly those `stage.sh` listed.
+fn assert_contents(podman: &Podman, staged: &str) {
     let created = ok("podman create", &podman.run(&["create", IMAGE]));
     let export = unique_dir("image-export").join("image.tar");
-    ok(
-        "podman export",
-        &podman.run(&["export", "-o", export.to_str().unwrap(), created.trim()]),
-    );
+    let out = podman.run(&["export", "-o", export.to_str().unwrap(), created.trim()]);
+    ok("podman export", &out);
     let tar = ok("tar -t", &run(Command::new("tar").arg("-tvf").arg(&export)));
-    let files: BTreeSet<String> = tar
+    let _ = std::fs::remove_dir_all(export.parent().unwrap());
+    let _ = podman.run(&["rm", created.trim()]);
+    let files: BTreeSet<&str> = tar
         .lines()
         .filter(|l| l.starts_with('-'))
         .filter_map(|l| l.split_whitespace().nth(5))
-        .map(|p| p.trim_start_matches("./").to_owned())
+        .map(|p| p.trim_start_matches("./"))
         .collect();
-    let expected: BTreeSet<String> = staged
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let expected: BTreeSet<&str> = staged.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(
         files, expected,
         "the image holds what stage.sh staged, only"
@@ -131,129 +119,157 @@ async fn the_image_from_scratch_holds_no_shell_runs_as_non_root_and_serves_the_p
             .any(|f| f.ends_with("/sh") || f.ends_with("bash")),
         "{files:?}"
     );
-    let _ = std::fs::remove_dir_all(export.parent().unwrap());
+}
 
-    let opts = Podman::run_options();
-    let podman_run = |extra: &[&str]| {
-        let mut args: Vec<&str> = vec!["run", "--rm"];
-        args.extend(opts.iter().map(String::as_str));
-        args.extend(extra);
-        podman.run(&args)
-    };
-    let version = ok(
-        "podman run IMAGE --version",
-        &podman_run(&[IMAGE, "--version"]),
-    );
-    assert!(version.starts_with("slotgate "), "{version}");
-    let shell = podman_run(&["--entrypoint", "/bin/sh", IMAGE, "-c", "true"]);
-    assert!(!shell.status.success(), "the image has a shell");
-    let check = ok(
-        "podman run IMAGE check",
-        &podman_run(&[IMAGE, "check", "--admin-listen", "off"]),
-    );
-    assert!(check.contains("upstream"), "{check}");
+/// A pod's volumes for the slotgate container, laid out in a temp dir as the kubelet would: the
+/// ConfigMap's slotgate.toml, the Secret's tokens (root's, group 65532, 0440), the state and socket
+/// emptyDirs (the pod user's). The policies are those `scripts/build-policies.sh` built.
+struct PodVolumes {
+    dir: std::path::PathBuf,
+    read_token: String,
+}
 
-    // As the Kubernetes example runs it: its command, args and settings; the ConfigMap's
-    // slotgate.toml, the policies, the Secret's tokens (root's, group 65532, 0440), the state and
-    // socket emptyDirs; a read-only root, no capabilities, no privilege escalation.
-    let deployment = object("deployment.yaml", "Deployment");
-    let gate = slotgate_container(&deployment);
-    let pod = unique_dir("pod");
-    std::fs::set_permissions(&pod, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let config_dir = pod.join("config");
-    std::fs::create_dir(&config_dir).unwrap();
-    let config = slotgate_toml(&object("configmap.yaml", "ConfigMap"));
-    std::fs::write(
-        config_dir.join("slotgate.toml"),
-        toml::to_string(&config).unwrap(),
-    )
-    .unwrap();
-    let secrets = pod.join("secrets");
-    std::fs::create_dir(&secrets).unwrap();
-    let (admin_token, read_token) = ("a".repeat(32), "r".repeat(32));
-    for (key, token) in [("admin-token", &admin_token), ("read-token", &read_token)] {
-        std::fs::write(secrets.join(key), format!("{token}\n")).unwrap();
-        give(&secrets.join(key), Some(0), 0o440);
+impl PodVolumes {
+    fn new() -> Self {
+        let dir = unique_dir("pod");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for sub in ["config", "secrets", "state", "sockets"] {
+            std::fs::create_dir(dir.join(sub)).unwrap();
+        }
+        let config = slotgate_toml(&object("configmap.yaml", "ConfigMap"));
+        let toml = toml::to_string(&config).unwrap();
+        std::fs::write(dir.join("config/slotgate.toml"), toml).unwrap();
+        let (admin_token, read_token) = ("a".repeat(32), "r".repeat(32));
+        for (key, token) in [("admin-token", &admin_token), ("read-token", &read_token)] {
+            let file = dir.join("secrets").join(key);
+            std::fs::write(&file, format!("{token}\n")).unwrap();
+            give(&file, Some(0), 0o440);
+        }
+        give(&dir.join("state"), Some(USER), 0o700);
+        give(&dir.join("sockets"), Some(USER), 0o770);
+        PodVolumes { dir, read_token }
     }
-    let state = pod.join("state");
-    std::fs::create_dir(&state).unwrap();
-    give(&state, Some(USER), 0o700);
-    let sockets = pod.join("sockets");
-    std::fs::create_dir(&sockets).unwrap();
-    give(&sockets, Some(USER), 0o770);
-    let up = FakeUpstream::instant()
-        .at(sockets.join("llama.sock"))
-        .start()
-        .await;
-    give(up.socket_path(), None, 0o660);
-    let policy = slotgate_tests::wat::built("request-guard");
-    let policies = policy.parent().unwrap();
 
-    let mounts = [
-        (config_dir.as_path(), "slotgate-config", "ro"),
-        (policies, "slotgate-policies", "ro"),
-        (secrets.as_path(), "slotgate-admin", "ro"),
-        (state.as_path(), "slotgate-state", "rw"),
-        (sockets.as_path(), "sockets", "rw"),
-    ];
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        "--detach".into(),
-        "--read-only".into(),
-        format!("--user={USER}:{USER}"),
-        "--cap-drop=all".into(),
-        "--security-opt=no-new-privileges".into(),
-    ];
-    args.extend(opts.iter().cloned());
-    for (host, volume, mode) in mounts {
-        let at = kube_mount(gate, volume);
-        args.push(format!("--volume={}:{at}:{mode}", host.display()));
+    /// `--volume` options: each at the slotgate container's mount of the pod volume.
+    fn options(&self, container: &Value) -> Vec<String> {
+        let policy = slotgate_tests::wat::built("request-guard");
+        let policies = policy.parent().unwrap().to_path_buf();
+        [
+            (self.dir.join("config"), "slotgate-config", "ro"),
+            (policies, "slotgate-policies", "ro"),
+            (self.dir.join("secrets"), "slotgate-admin", "ro"),
+            (self.dir.join("state"), "slotgate-state", "rw"),
+            (self.dir.join("sockets"), "sockets", "rw"),
+        ]
+        .into_iter()
+        .map(|(host, volume, mode)| {
+            format!(
+                "--volume={}:{}:{mode}",
+                host.display(),
+                kube_mount(container, volume)
+            )
+        })
+        .collect()
     }
-    // The pod's ports on this host's network: free ones instead of 8081 and 9464.
-    let (port, admin_port) = (free_port(), free_port());
+}
+
+impl Drop for PodVolumes {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `podman run --detach` of the image as `container` (the Kubernetes example's slotgate container)
+/// runs: its command, args and environment, with `volumes`, a read-only root, its user, no
+/// capabilities and no privilege escalation; on the host's network, listening on `port` and the
+/// admin `admin_port` instead of 8081 and 9464.
+fn pod_run(container: &Value, volumes: &PodVolumes, port: u16, admin_port: u16) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "run",
+        "--detach",
+        "--read-only",
+        "--cap-drop=all",
+        "--security-opt=no-new-privileges",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push(format!("--user={USER}:{USER}"));
+    args.extend(Podman::run_options());
+    args.extend(volumes.options(container));
     args.push(format!("--env=SLOTGATE_LISTEN=tcp:127.0.0.1:{port}"));
     args.push(format!(
         "--env=SLOTGATE_ADMIN_LISTEN=tcp:127.0.0.1:{admin_port}"
     ));
-    for env in gate["env"].as_array().into_iter().flatten() {
-        args.push(format!(
-            "--env={}={}",
+    for env in container["env"].as_array().into_iter().flatten() {
+        let (name, value) = (
             env["name"].as_str().unwrap(),
-            env["value"].as_str().unwrap()
-        ));
+            env["value"].as_str().unwrap(),
+        );
+        args.push(format!("--env={name}={value}"));
     }
-    let command = gate["command"][0].as_str().expect("command");
+    let command = container["command"][0].as_str().expect("command");
     args.push(format!("--entrypoint={command}"));
     args.push(IMAGE.into());
+    let container_args = container["args"].as_array().expect("args");
     args.extend(
-        gate["args"]
-            .as_array()
-            .expect("args")
+        container_args
             .iter()
             .map(|a| a.as_str().unwrap().to_owned()),
     );
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_image_from_scratch_holds_no_shell_runs_as_non_root_and_serves_the_pod_config() {
+    let podman = Podman::new();
+    let staged = stage(&podman);
+    assert_config(&podman);
+    assert_contents(&podman, &staged);
+
+    let podman_run = |extra: &[&str]| {
+        let mut args: Vec<String> = vec!["run".into(), "--rm".into()];
+        args.extend(Podman::run_options());
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        podman.run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let version = ok("IMAGE --version", &podman_run(&[IMAGE, "--version"]));
+    assert!(version.starts_with("slotgate "), "{version}");
+    let shell = podman_run(&["--entrypoint", "/bin/sh", IMAGE, "-c", "true"]);
+    assert!(!shell.status.success(), "the image has a shell");
+    let check = ok(
+        "IMAGE check",
+        &podman_run(&[IMAGE, "check", "--admin-listen", "off"]),
+    );
+    assert!(check.contains("upstream"), "{check}");
+
+    // As the Kubernetes example runs it, a fake llama-server on the socket volume.
+    let deployment = object("deployment.yaml", "Deployment");
+    let gate = slotgate_container(&deployment);
+    let volumes = PodVolumes::new();
+    let up = FakeUpstream::instant()
+        .at(volumes.dir.join("sockets/llama.sock"))
+        .start()
+        .await;
+    give(up.socket_path(), None, 0o660);
+    let (port, admin_port) = (free_port(), free_port());
+    let args = pod_run(gate, &volumes, port, admin_port);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let id = ok("podman run --detach", &podman.run(&args))
         .trim()
         .to_owned();
     let logs = || {
         let out = podman.run(&["logs", &id]);
-        format!(
-            "{}{}",
+        let (o, e) = (
             String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
+            String::from_utf8_lossy(&out.stderr),
+        );
+        format!("{o}{e}")
     };
 
     let admin = Client::tcp(([127, 0, 0, 1], admin_port).into());
-    let probe = admin.clone();
     let live = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            if let Ok(r) = probe.try_send(client::get_request("/livez")).await {
-                if r.status == 200 {
-                    return;
-                }
-            }
+        while !matches!(admin.try_send(client::get_request("/livez")).await, Ok(r) if r.status == 200)
+        {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
@@ -269,15 +285,17 @@ async fn the_image_from_scratch_holds_no_shell_runs_as_non_root_and_serves_the_p
         .await;
     assert_eq!(chat.status, 200, "{}\n{}", chat.body, logs());
     assert_eq!(admin.get("/metrics").await.status, 401);
-    let metrics = admin.clone().with_bearer(&read_token).get("/metrics").await;
+    let metrics = admin
+        .clone()
+        .with_bearer(&volumes.read_token)
+        .get("/metrics")
+        .await;
     assert_eq!(metrics.status, 200, "{}", metrics.body);
     assert!(metrics.body.contains("slotgate_"), "{}", metrics.body);
 
     // The process is uid 65532, without capabilities.
-    let pid = ok(
-        "podman inspect",
-        &podman.run(&["inspect", "--format", "{{.State.Pid}}", &id]),
-    );
+    let pid = podman.run(&["inspect", "--format", "{{.State.Pid}}", &id]);
+    let pid = ok("podman inspect", &pid);
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
     let line = |key: &str| {
         status
@@ -286,13 +304,12 @@ async fn the_image_from_scratch_holds_no_shell_runs_as_non_root_and_serves_the_p
             .unwrap()
             .to_owned()
     };
+    let uids = line("Uid:");
     assert!(
-        line("Uid:")
-            .split_whitespace()
+        uids.split_whitespace()
             .skip(1)
             .all(|u| u == USER.to_string()),
-        "{}",
-        line("Uid:")
+        "{uids}"
     );
     assert_eq!(
         line("CapEff:").split_whitespace().nth(1),
@@ -301,18 +318,11 @@ async fn the_image_from_scratch_holds_no_shell_runs_as_non_root_and_serves_the_p
 
     // SIGTERM drains and exits 0, as when the kubelet stops the sidecar.
     ok("podman stop", &podman.run(&["stop", "--time", "20", &id]));
-    let code = ok(
-        "podman inspect",
-        &podman.run(&["inspect", "--format", "{{.State.ExitCode}}", &id]),
-    );
-    assert_eq!(code.trim(), "0", "{}", logs());
-    assert!(
-        std::fs::read_dir(&state).unwrap().next().is_some(),
-        "no state in the state volume"
-    );
+    let code = podman.run(&["inspect", "--format", "{{.State.ExitCode}}", &id]);
+    assert_eq!(ok("podman inspect", &code).trim(), "0", "{}", logs());
+    let state = std::fs::read_dir(volumes.dir.join("state")).unwrap().next();
+    assert!(state.is_some(), "no state in the state volume");
     let _ = podman.run(&["rm", "--force", &id]);
-    drop(up);
-    let _ = std::fs::remove_dir_all(&pod);
 }
 
 /// Where the slotgate container mounts `volume` in the Kubernetes example.

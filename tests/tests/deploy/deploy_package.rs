@@ -334,30 +334,10 @@ fn the_package_units_differ_from_the_examples_only_where_a_package_must() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it() {
-    let root = installed("pkg-run");
-    let binary = root.path("/usr/bin/slotgate");
-    let config = root.path("/etc/slotgate/slotgate.toml");
-
-    let version = ok(
-        "slotgate --version",
-        &run(Command::new(&binary).arg("--version")),
-    );
-    assert!(version.starts_with("slotgate "), "{version}");
-    let check = ok(
-        "slotgate check",
-        &run(Command::new(&binary)
-            .args(["check", "--config"])
-            .arg(&config)
-            .env_clear()),
-    );
-    assert!(check.contains("upstream"), "{check}");
-
-    // As systemd would run it: the package's user; StateDirectory= made and owned for it; the
-    // credential copied where only it reads; the sockets of slotgate.socket and
-    // slotgate-admin.socket passed in (under the root, and the admin port a free one, so nothing on
-    // this machine is in the way).
+/// What systemd does for slotgate.service before it starts it, done in `root`: the state directory
+/// (`StateDirectory=`, 0700, the package's user's), the credential copied where only that user reads
+/// it (`LoadCredential=`). Returns the user's uid and gid and the admin token.
+fn prepare_as_systemd(root: &Root) -> (u32, u32, String) {
     let user = root.entry("passwd", "slotgate").expect("the user");
     let (uid, gid): (u32, u32) = (user[2].parse().unwrap(), user[3].parse().unwrap());
     let own = |path: &Path, mode: u32| {
@@ -367,34 +347,25 @@ async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it()
     let state = root.path("/var/lib/slotgate");
     std::fs::create_dir_all(&state).unwrap();
     own(&state, 0o700);
-    let credentials = root.path("/run/credentials/slotgate.service");
+    let credentials = root.path(CREDENTIALS);
     std::fs::create_dir_all(&credentials).unwrap();
-    std::fs::copy(
-        root.path("/etc/slotgate/admin-token"),
-        credentials.join("admin-token"),
-    )
-    .unwrap();
-    own(&credentials.join("admin-token"), 0o400);
+    let token = credentials.join("admin-token");
+    std::fs::copy(root.path("/etc/slotgate/admin-token"), &token).unwrap();
+    own(&token, 0o400);
     own(&credentials, 0o500);
-    let token = text(&credentials.join("admin-token")).trim().to_owned();
+    (uid, gid, text(&token).trim().to_owned())
+}
 
-    let up_dir = unique_dir("pkg-up");
-    std::fs::set_permissions(&up_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let up = FakeUpstream::instant()
-        .at(up_dir.join("llama.sock"))
-        .start()
-        .await;
-    std::fs::set_permissions(up.socket_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+/// Where systemd puts slotgate.service's credentials (`%d`).
+const CREDENTIALS: &str = "/run/credentials/slotgate.service";
 
-    let service = text(&root.path("/usr/lib/systemd/system/slotgate.service"));
-    let client_socket = values(
-        &text(&root.path("/usr/lib/systemd/system/slotgate.socket")),
-        "ListenStream",
-    )[0]
-    .to_owned();
-    let clients = root.path(&client_socket);
+/// The installed slotgate.service's `ExecStart=` behind `systemd-socket-activate` on the installed
+/// slotgate.socket's path (under `root`) and an admin socket at `admin`, as the user `uid`:`gid`
+/// (`setpriv`), with the unit's environment (`%d` resolved) and `upstream` in place of llama-server.
+fn activation(root: &Root, admin: SocketAddr, ids: (u32, u32), upstream: &str) -> Vec<String> {
+    let unit = |name: &str| text(&root.path(&format!("/usr/lib/systemd/system/{name}")));
+    let clients = root.path(values(&unit("slotgate.socket"), "ListenStream")[0]);
     std::fs::create_dir_all(clients.parent().unwrap()).unwrap();
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     systemd::require("setpriv");
     let mut argv = systemd::socket_activate(
         &[
@@ -403,32 +374,65 @@ async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it()
         ],
         &[],
     );
-    // The unit's environment, %d and %C resolved, and the upstream the fake plays.
-    let env = [
-        format!("STATE_DIRECTORY={}", state.display()),
+    let credentials = root.path(CREDENTIALS);
+    for env in [
+        format!(
+            "STATE_DIRECTORY={}",
+            root.path("/var/lib/slotgate").display()
+        ),
         format!("CREDENTIALS_DIRECTORY={}", credentials.display()),
         format!(
             "SLOTGATE_ADMIN_TOKEN_FILE={}/admin-token",
             credentials.display()
         ),
-        format!("SLOTGATE_UPSTREAM={}", up.url()),
-    ];
-    for e in &env {
-        argv.extend(["-E".to_owned(), e.clone()]);
+        format!("SLOTGATE_UPSTREAM={upstream}"),
+    ] {
+        argv.extend(["-E".to_owned(), env]);
     }
-    let exec = values(&service, "ExecStart")[0]
-        .replace("/usr/bin/slotgate", &binary.display().to_string());
-    let exec = exec.replace(
-        "/etc/slotgate/",
-        &format!("{}/", config.parent().unwrap().display()),
-    );
     argv.extend([
         "setpriv".to_owned(),
-        format!("--reuid={uid}"),
-        format!("--regid={gid}"),
+        format!("--reuid={}", ids.0),
+        format!("--regid={}", ids.1),
         "--clear-groups".to_owned(),
     ]);
-    argv.extend(exec.split_whitespace().map(str::to_owned));
+    // Its absolute paths are the root's.
+    let exec = values(&unit("slotgate.service"), "ExecStart")[0].to_owned();
+    argv.extend(exec.split_whitespace().map(|w| {
+        if w.starts_with('/') {
+            root.path(w).display().to_string()
+        } else {
+            w.to_owned()
+        }
+    }));
+    argv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it() {
+    let root = installed("pkg-run");
+    let binary = root.path("/usr/bin/slotgate");
+    let version = ok(
+        "slotgate --version",
+        &run(Command::new(&binary).arg("--version")),
+    );
+    assert!(version.starts_with("slotgate "), "{version}");
+    let check = run(Command::new(&binary)
+        .args(["check", "--config"])
+        .arg(root.path("/etc/slotgate/slotgate.toml"))
+        .env_clear());
+    assert!(ok("slotgate check", &check).contains("upstream"));
+
+    // As systemd would run it, the admin port a free one instead of 9464, which this machine may use.
+    let (uid, gid, token) = prepare_as_systemd(&root);
+    let up_dir = unique_dir("pkg-up");
+    std::fs::set_permissions(&up_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let up = FakeUpstream::instant()
+        .at(up_dir.join("llama.sock"))
+        .start()
+        .await;
+    std::fs::set_permissions(up.socket_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let argv = activation(&root, admin, (uid, gid), &up.url());
     let log = unique_dir("pkg-log").join("slotgate.log");
     let mut child = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
@@ -438,6 +442,7 @@ async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it()
         .kill_on_drop(true)
         .spawn()
         .expect("systemd-socket-activate");
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // The first connection execs slotgate, as a socket unit starts its service.
     let admin_client = Client::tcp(admin);
@@ -452,19 +457,15 @@ async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it()
         },
     )
     .await;
-    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     eventually(Duration::from_secs(10), "/readyz 200", || {
         let c = admin_client.clone();
         async move { (c.get("/readyz").await.status == 200).then_some(()) }
     })
     .await;
-    let chat = Client::unix(&clients).post_chat(&Req::chat("pkg")).await;
+    let clients = Client::unix(root.path("/run/slotgate/slotgate.sock"));
+    let chat = clients.post_chat(&Req::chat("pkg")).await;
     assert_eq!(chat.status, 200, "{}\n{}", chat.body, log_text());
-    assert_eq!(
-        admin_client.get("/status").await.status,
-        401,
-        "the token is on"
-    );
+    assert_eq!(admin_client.get("/status").await.status, 401, "no token");
     let status = admin_client
         .clone()
         .with_bearer(&token)
@@ -472,18 +473,18 @@ async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it()
         .await;
     assert_eq!(status.status, 200, "{}", status.body);
 
-    // The process is the package's user, and its state is where StateDirectory= puts it.
-    // systemd-socket-activate exec'd setpriv, which exec'd slotgate: one pid all along.
+    // The process is the package's user (systemd-socket-activate exec'd setpriv, which exec'd
+    // slotgate: one pid), and its state is where StateDirectory= puts it.
     let pid = child.id().expect("running");
     let proc_status = text(Path::new(&format!("/proc/{pid}/status")));
-    let uid_line = proc_status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let uids = proc_status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert!(
-        uid_line
-            .split_whitespace()
+        uids.split_whitespace()
             .skip(1)
             .all(|u| u == uid.to_string()),
-        "{uid_line}"
+        "{uids}"
     );
+    let state = root.path("/var/lib/slotgate");
     eventually(Duration::from_secs(5), "state in /var/lib/slotgate", || {
         let found = std::fs::read_dir(&state)
             .ok()
