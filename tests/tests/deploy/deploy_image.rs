@@ -254,9 +254,13 @@ async fn the_image_from_scratch_holds_no_shell_runs_as_non_root_and_serves_the_p
     let (port, admin_port) = (free_port(), free_port());
     let args = pod_run(gate, &volumes, port, admin_port);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // conmon and slotgate outlive the call: hold off the systemd tests' socket hand-overs.
+    let spawning = slotgate_tests::systemd::spawning().await;
     let id = ok("podman run --detach", &podman.run(&args))
         .trim()
         .to_owned();
+    drop(spawning);
+
     let logs = || {
         let out = podman.run(&["logs", &id]);
         let (o, e) = (

@@ -434,6 +434,7 @@ async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it()
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let argv = activation(&root, admin, (uid, gid), &up.url());
     let log = unique_dir("pkg-log").join("slotgate.log");
+    let spawning = systemd::spawning().await;
     let mut child = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())
@@ -442,6 +443,7 @@ async fn the_installed_binary_checks_its_config_and_serves_as_the_units_run_it()
         .kill_on_drop(true)
         .spawn()
         .expect("systemd-socket-activate");
+    drop(spawning);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // The first connection execs slotgate, as a socket unit starts its service.
