@@ -4,9 +4,9 @@
 #   bash scripts/test.sh [ARGS...]       everything: formatting, lints, every unit, integration and
 #                                        end-to-end test. The README's and CI's command. On a fresh
 #                                        machine it first builds llama-server and the tiny model and
-#                                        installs Redis, Valkey, promtool, the Kubernetes validator, the
-#                                        Python clients, the console's Chromium and Playwright and the
-#                                        coding agents (all cached in
+#                                        installs Redis, Valkey, promtool, the Kubernetes validator,
+#                                        cargo-deb and podman, the Python clients, the console's
+#                                        Chromium and Playwright and the coding agents (all cached in
 #                                        ~/.cache/slotgate). ARGS go to
 #                                        `cargo test --workspace --no-fail-fast` as they are, e.g.
 #                                        `-- some_filter` or `--test llama -- e2e_llama::`.
@@ -131,6 +131,11 @@ promtool --version 2>&1 | head -n1
 step "Kubernetes manifest validator (PyPI kubernetes-validate and CRD schemas, cached)"
 eval "$(bash scripts/setup-kubernetes-tools.sh)"
 export KUBE_VALIDATE
+
+step "packaging: cargo-deb (crates.io, pinned, cached), podman and runc (Debian)"
+eval "$(bash scripts/setup-package.sh)"
+export CARGO_DEB PODMAN
+"$CARGO_DEB" --version
 
 step "Python clients: the OpenAI SDK, LiteLLM's proxy, openapi-spec-validator (PyPI, pinned in tests/python/requirements.txt, cached)"
 eval "$(bash scripts/setup-python-clients.sh)"

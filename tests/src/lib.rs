@@ -21,6 +21,9 @@
 //! - [`redis`]: a real redis-server per test, on a Unix socket, for the fleet state.
 //! - [`soak`]: long mixed traffic against a real llama-server, with RSS, fds and invariants.
 //! - [`systemd`]: a notify socket, sockets handed over as systemd does, the example units verified.
+//! - [`package`]: the Debian package built from the test run's binary, a throwaway root dpkg installs
+//!   it into.
+//! - [`podman`]: podman with the flags this machine needs, on a storage of its own.
 //! - [`tmux`]: a terminal of a given size for `slotgate top`: keys in, the screen out as text.
 //! - [`flood`]: a slow-loris flood on its own thread and runtime, and a kubelet-like probe.
 //! - [`wait`]: polling with deadlines instead of sleeps, and unique temp paths.
@@ -38,7 +41,9 @@ pub mod llama;
 pub mod logged;
 pub mod metrics;
 pub mod otlp;
+pub mod package;
 pub mod pair;
+pub mod podman;
 pub mod python;
 pub mod redis;
 pub mod request;

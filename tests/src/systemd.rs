@@ -36,6 +36,12 @@ const HAND_OVER_FROM: i32 = 100;
 /// binary at that moment would keep the sockets open.
 pub(crate) static SPAWN: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
+/// Held while spawning a process that outlives the call (a socket-activated slotgate, a container)
+/// other than through [`Gate`]: no sockets are being handed over meanwhile (see [`SPAWN`]).
+pub async fn spawning() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    SPAWN.read().await
+}
+
 /// Starts `gate` while no sockets are being handed over (see [`SPAWN`]; every [`Gate::start`] does).
 pub async fn start_exclusive(gate: Gate) -> RunningGate {
     gate.start().await
