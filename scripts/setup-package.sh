@@ -29,19 +29,8 @@ for tool in podman runc dpkg-deb systemd-analyze systemd-sysusers deb-systemd-he
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  if ! command -v apt-get >/dev/null 2>&1; then
-    log "missing ${missing[*]} and this is not a Debian-like system (no apt-get)"
-    exit 1
-  fi
-  sudo=()
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { log "missing ${missing[*]}; installing needs root"; exit 1; }
-    sudo=(sudo)
-  fi
-  log "installing podman, runc and systemd's tools from Debian (missing: ${missing[*]})"
-  "${sudo[@]}" apt-get update -qq >&2
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    podman runc netavark dpkg systemd init-system-helpers >&2
+  apt_install "the package and image tests (missing: ${missing[*]})" \
+    podman runc netavark dpkg systemd init-system-helpers || exit 1
 fi
 
 echo "CARGO_DEB=$cargo_deb"

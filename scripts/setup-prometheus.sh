@@ -17,20 +17,7 @@ if ! command -v apt-get >/dev/null 2>&1; then
   log "install promtool from https://prometheus.io/download/ and put it on PATH (or set PROMTOOL)"
   exit 1
 fi
-
-sudo=()
-if [ "$(id -u)" -ne 0 ]; then
-  if ! command -v sudo >/dev/null 2>&1; then
-    log "promtool is missing; installing it needs root and there is no sudo"
-    exit 1
-  fi
-  sudo=(sudo)
-fi
-
-log "installing Debian's prometheus package for promtool"
-"${sudo[@]}" apt-get update -qq >&2
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y -qq --no-install-recommends prometheus >&2
+apt_install "promtool" prometheus || exit 1
 
 if ! command -v promtool >/dev/null 2>&1; then
   log "the prometheus package is installed but promtool is still not on PATH"
