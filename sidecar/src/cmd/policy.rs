@@ -89,10 +89,50 @@ pub struct LimitArgs {
     /// Largest linear memory. [default: 16MiB]
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<ByteSize>,
-    /// Keep compiled policies here, as the sidecar's `--policy-cache-dir` does (a Python or
-    /// JavaScript component takes seconds to compile). [default: off]
+    /// Keep compiled policies here, as the sidecar's `--policy-cache-dir` does: a Python or
+    /// JavaScript component takes seconds to compile, and a second check of the same file then
+    /// takes a fraction of one. [default: $XDG_CACHE_HOME/slotgate/policies, else
+    /// ~/.cache/slotgate/policies]
     #[arg(long, env = "SLOTGATE_POLICY_CACHE_DIR", value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Compile the policy afresh and keep nothing (over --cache-dir).
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+impl LimitArgs {
+    /// Where compiled policies are kept: `--cache-dir`, else the user's cache directory; none with
+    /// `--no-cache`, without a home, or where the user's is not safe to load code from (said, and
+    /// the check goes on without it: only a directory asked for by name must be usable).
+    fn cache_dir(&self) -> Option<PathBuf> {
+        if self.no_cache {
+            return None;
+        }
+        if let Some(dir) = &self.cache_dir {
+            return Some(dir.clone());
+        }
+        let user_cache = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        let dir = user_cache.join("slotgate").join("policies");
+        match crate::owner_only::dir(&dir) {
+            Ok(()) => Some(dir),
+            Err(e) => {
+                eprintln!("warning: no compile cache ({}: {e})", dir.display());
+                None
+            }
+        }
+    }
+}
+
+/// What the compile cache did for one check or evaluation, for its report.
+fn cache_note(dir: Option<&Path>, hits: usize) -> String {
+    match (dir, hits) {
+        (None, _) => "compiled now, not kept (--no-cache)".to_owned(),
+        (Some(d), 0) => format!("compiled now, kept in {}", d.display()),
+        (Some(d), _) => format!("read from the compile cache in {}", d.display()),
+    }
 }
 
 pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
@@ -115,7 +155,8 @@ fn check(a: CheckArgs) -> anyhow::Result<()> {
     if let Some(what) = not_wasm(&bytes) {
         bail!("{}: not a slotgate policy: {what}", a.policy.display());
     }
-    let set = load(&a.policy, a.settings.as_ref(), &a.limits)?;
+    let cache_dir = a.limits.cache_dir();
+    let set = load(&a.policy, a.settings.as_ref(), &a.limits, cache_dir.clone())?;
     let chain = set.current();
     let p = chain.policies().next().context("the policy is loaded")?;
     warn_about_cost(&bytes, p)?;
@@ -125,8 +166,9 @@ fn check(a: CheckArgs) -> anyhow::Result<()> {
         (_, Guest::Component(_)) => "is a v2 component (slotgate:policy@2.0.0)".to_owned(),
         (_, Guest::Core(_)) => format!("speaks ABI v{ABI_VERSION}"),
     };
+    let hits = set.cache_status()["disk"]["hits"].as_u64().unwrap_or(0) as usize;
     println!(
-        "ok: {} {speaks}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}",
+        "ok: {} {speaks}; sha256 {}; validate_settings: {}; canary evaluation: passed; on_complete: {}; exact prompt count before deciding: {}; {}",
         a.policy.display(),
         hex(&p.sha256),
         if p.policy.has_validate() {
@@ -145,6 +187,7 @@ fn check(a: CheckArgs) -> anyhow::Result<()> {
         } else {
             "not needed"
         },
+        cache_note(cache_dir.as_deref(), hits),
     );
     Ok(())
 }
@@ -157,9 +200,9 @@ fn eval(a: EvalArgs) -> anyhow::Result<()> {
     let settings = read_settings(a.settings.as_deref())?;
     let limits = spec_limits(&spec);
     // The sidecar's engine settings, so the compile cache serves both.
-    let engine =
-        PolicyEngine::with_disk_cache(EngineLimits::default(), a.limits.cache_dir.as_deref())
-            .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
+    let cache_dir = a.limits.cache_dir();
+    let engine = PolicyEngine::with_disk_cache(EngineLimits::default(), cache_dir.as_deref())
+        .map_err(|e| anyhow::anyhow!("starting wasmtime: {e:#}"))?;
     let usable =
         |e: LoadError| anyhow::anyhow!("{}: not a usable slotgate policy: {e}", a.policy.display());
     let bytes =
@@ -168,6 +211,7 @@ fn eval(a: EvalArgs) -> anyhow::Result<()> {
         bail!("{}: not a slotgate policy: {what}", a.policy.display());
     }
     let module = Compiled::new(&engine, &bytes, limits).map_err(usable)?;
+    let hits = engine.disk_cache_stats().map_or(0, |(h, _)| h);
     let name = spec.display_name();
     let probe = Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
     probe.validate_settings(&settings).map_err(usable)?;
@@ -190,6 +234,7 @@ fn eval(a: EvalArgs) -> anyhow::Result<()> {
         "fuel_consumed": ev.fuel_used,
         "elapsed_us": ev.elapsed.as_micros() as u64,
         "canary": canary,
+        "compile": cache_note(cache_dir.as_deref(), hits),
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
@@ -326,9 +371,14 @@ fn spec(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::
 }
 
 /// Loads the policy exactly as the sidecar does: compile, ABI check, settings, one canary evaluation.
-fn load(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::Result<PolicySet> {
+fn load(
+    path: &Path,
+    settings: Option<&PathBuf>,
+    limits: &LimitArgs,
+    cache_dir: Option<PathBuf>,
+) -> anyhow::Result<PolicySet> {
     let spec = spec(path, settings, limits)?;
-    PolicySet::load(&[spec], limits.cache_dir.clone()).map_err(|e| {
+    PolicySet::load(&[spec], cache_dir).map_err(|e| {
         anyhow::anyhow!(
             "{}: not a usable slotgate policy: {}",
             path.display(),

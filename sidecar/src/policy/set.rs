@@ -874,7 +874,15 @@ impl<'a> Run<'a> {
         }
         if p.mode == Mode::Monitor {
             if let Ok((d, _)) = &result {
-                tracing::info!(policy = %p.name, verdict = ?d.verdict, cost = ?d.cost, priority = ?d.priority, tenant = ?d.tenant, "monitor-mode decision (not enforced)");
+                // Enough to find the request and see what would have happened to whom.
+                let r = self.request;
+                let id = r.headers.get("x-request-id").map_or("-", String::as_str);
+                let tenant = d.tenant.clone().unwrap_or_else(|| r.tenant_key(None));
+                let verdict = match d.verdict {
+                    Verdict::Allow => "allow",
+                    Verdict::Deny => "deny",
+                };
+                tracing::info!(policy = %p.name, request_id = %id, tenant = %tenant, verdict, status = d.status, reason = d.reason.as_deref(), said = d.message.as_deref(), cost = d.cost, priority = d.priority, "monitor-mode decision (not enforced)");
             }
         }
         let result = result.map(|(d, _)| d);

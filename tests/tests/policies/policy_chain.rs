@@ -209,6 +209,23 @@ async fn monitor_mode_evaluates_but_never_decides() {
         &[("policy", "strict"), ("decision", "deny")],
         1.0,
     );
+    // What it would have done, to which request and whom, in one line to grep.
+    let id = resp.header("x-request-id").expect("a request id");
+    let log = gate.stderr_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("monitor-mode decision"))
+        .unwrap_or_else(|| panic!("no monitor line in {log}"));
+    for part in [
+        "policy=strict".to_owned(),
+        format!("request_id={id}"),
+        "tenant=".to_owned(),
+        "verdict=\"deny\"".to_owned(),
+        "status=403".to_owned(),
+        "said=\"no\"".to_owned(),
+    ] {
+        assert!(line.contains(&part), "{part} not in {line}");
+    }
     gate.assert_settled(&up, 1).await;
 }
 

@@ -235,3 +235,50 @@ fn check_names_a_native_build_and_warns_of_debug_builds_and_costly_policies() {
     assert!(out.status.success(), "{}", text(&out));
     assert_says(&out, "the example policies' (at most 32000)");
 }
+
+/// An author's loop: `check` and `eval` keep what they compile in the user's cache directory
+/// unless told otherwise, so a second check of the same file reads it from there instead of
+/// compiling again; `--no-cache` keeps nothing. Each says which it was.
+#[test]
+fn check_and_eval_keep_what_they_compile_in_the_users_cache() {
+    let dir = unique_dir("policy-cache");
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let p = policy(&dir, "cached", 1, r#"{"verdict":"allow"}"#, "");
+    let run = |args: &[&str]| {
+        command()
+            .args(args)
+            .env("HOME", &home)
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("SLOTGATE_POLICY_CACHE_DIR")
+            .output()
+            .expect("run slotgate")
+    };
+    let kept = home.join(".cache/slotgate/policies");
+    let path = p.to_str().unwrap();
+    let first = run(&["policy", "check", path]);
+    assert!(first.status.success(), "{}", text(&first));
+    assert_says(&first, &format!("compiled now, kept in {}", kept.display()));
+    let again = run(&["policy", "check", path]);
+    assert_says(
+        &again,
+        &format!("read from the compile cache in {}", kept.display()),
+    );
+    let req = request(&dir);
+    let eval = run(&[
+        "policy",
+        "eval",
+        "--policy",
+        path,
+        "--input",
+        req.to_str().unwrap(),
+    ]);
+    let report: Value =
+        serde_json::from_slice(&eval.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&eval)));
+    assert_eq!(
+        report["compile"],
+        format!("read from the compile cache in {}", kept.display())
+    );
+    let fresh = run(&["policy", "check", "--no-cache", path]);
+    assert_says(&fresh, "compiled now, not kept (--no-cache)");
+}
