@@ -168,21 +168,6 @@ fn rate_limit_headers(
     }
 }
 
-/// Runs the policy chain: on this async worker while the chain has always been fast
-/// ([`Chain::runs_inline`]), else on the blocking pool. On the worker each evaluation runs on a
-/// fiber and yields to the worker's other tasks at every epoch tick (1 ms), so even a runaway policy
-/// holds up no other connection for longer than that, and a fast one costs only itself: no thread
-/// hand-off (the blocking pool's cost ~35-50 us per request at p50 on 2 cores, and `block_in_place`,
-/// which hands the worker's other tasks to another thread, about as much under load; measured by
-/// `sidecar/benches/policy_eval.rs` and `scripts/bench.sh`). A chain moves to the blocking pool for
-/// good once an evaluation used more than `INLINE_LIMIT` (3 ms) of CPU or ran out of fuel or time.
-///
-/// The evaluation is polled from this request's own task, not spawned: a fast chain is over within
-/// its first poll, with no task, channel or copy of the summary. Should the client leave while it
-/// is suspended (an epoch yield, or waiting for the blocking pool), [`Orphan`] hands the rest to a
-/// task of its own, so a policy that has taken from a budget always finishes, and hears
-/// (`on_complete`, outcome `client_gone`) that the request was never served. Returns the summary
-/// the chain saw (with the queue's figures), for the completion.
 /// The price of the model the request will be booked under (the router's model it is queued for,
 /// else the one llama-server serves), for a money budget's estimate: a field in v1's input and the
 /// host's header in contract 2.0.0's.
@@ -204,6 +189,21 @@ fn price(app: &App, summary: &mut RequestSummary, router_model: Option<&str>) {
     summary.price = Some(price);
 }
 
+/// Runs the policy chain: on this async worker while the chain has always been fast
+/// ([`Chain::runs_inline`]), else on the blocking pool. On the worker each evaluation runs on a
+/// fiber and yields to the worker's other tasks at every epoch tick (1 ms), so even a runaway policy
+/// holds up no other connection for longer than that, and a fast one costs only itself: no thread
+/// hand-off (the blocking pool's cost ~35-50 us per request at p50 on 2 cores, and `block_in_place`,
+/// which hands the worker's other tasks to another thread, about as much under load; measured by
+/// `sidecar/benches/policy_eval.rs` and `scripts/bench.sh`). A chain moves to the blocking pool for
+/// good once an evaluation used more than `INLINE_LIMIT` (3 ms) of CPU or ran out of fuel or time.
+///
+/// The evaluation is polled from this request's own task, not spawned: a fast chain is over within
+/// its first poll, with no task, channel or copy of the summary. Should the client leave while it
+/// is suspended (an epoch yield, or waiting for the blocking pool), [`Orphan`] hands the rest to a
+/// task of its own, so a policy that has taken from a budget always finishes, and hears
+/// (`on_complete`, outcome `client_gone`) that the request was never served. Returns the summary
+/// the chain saw (with the queue's figures), for the completion.
 async fn evaluate(
     app: &App,
     intake: &Intake,
