@@ -167,7 +167,7 @@ pub fn json(status: u16, value: &serde_json::Value) -> Response<Body> {
 }
 
 /// A JSON answer of text already made.
-pub fn json_bytes(status: u16, body: Vec<u8>) -> Response<Body> {
+pub fn json_bytes(status: u16, body: impl Into<Bytes>) -> Response<Body> {
     let mut resp = Response::new(full(body));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(

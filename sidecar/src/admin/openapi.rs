@@ -3,7 +3,7 @@
 //! tables: the admin listener's (`routes::ROUTES`, and llama-server's routes it forwards) and the
 //! client listener's own (`pipeline::routes::OWN`), with each route's need as its security.
 
-use http::{header, HeaderValue, Response};
+use http::Response;
 
 use crate::respond::{self, Body};
 
@@ -11,12 +11,7 @@ use crate::respond::{self, Body};
 pub const DOCUMENT: &str = include_str!("../../../docs/openapi.json");
 
 pub fn answer() -> Response<Body> {
-    let mut resp = Response::new(respond::full(DOCUMENT));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    respond::json_bytes(200, DOCUMENT)
 }
 
 #[cfg(test)]
