@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slotgate::config::{PolicyIsolation, PolicySpec};
-use slotgate::policy::{module, Chain, PolicySet};
+use slotgate::policy::{v1, Chain, PolicySet};
 use slotgate_sdk::{Peer, QueueSnapshot, RequestSummary};
 
 const EXAMPLES: &[&str] = &[
@@ -438,7 +438,7 @@ fn runaway_chain() -> Arc<Chain> {
     let path = dir.join("runaway.wat");
     // The canary must pass: loop only when the input is longer than the canary's.
     let spin = "(if (i32.gt_u (local.get $n) (i32.const 1000)) (then (loop $l (br $l))))";
-    let wat = module::raw_v1_wat("", 1, 1024, r#"{"verdict":"allow"}"#, spin, "");
+    let wat = v1::raw_v1_wat("", 1, 1024, r#"{"verdict":"allow"}"#, spin, "");
     std::fs::write(&path, wat).expect("write runaway policy");
     let mut spec = PolicySpec::from_path(path, None);
     // Fuel high enough that the 20 ms wall-clock deadline is what stops it.
@@ -481,7 +481,7 @@ fn fuel(chain: &Chain, request: &RequestSummary) -> u64 {
     };
     loaded
         .policy
-        .evaluate(&input)
+        .evaluate_input(&input)
         .map_or(0, |(_, evaluation)| evaluation.fuel_used)
 }
 

@@ -48,6 +48,26 @@ const PHASES: &[&str] = &[
     "reply",
 ];
 
+/// The parts of `policy/`, top first: each may name only the parts below it. The contract's part
+/// runs `compiled` → `v1` → `guest` → `v2`: a file's contract is told and linked in `compiled`; v1 is
+/// an adapter to the contract the chain speaks (`guest`), which speaks v2's records.
+const POLICY_PARTS: &[&str] = &[
+    "complete", "set", "chain", "fold", "compiled", "v1", "guest", "v2", "sandbox", "engine",
+    "state", "error",
+];
+
+/// Names only ABI v1 has. Outside `policy/v1/` only `policy/compiled.rs`, which tells a policy
+/// file's contract, and `fuzzing/`, which fuzzes v1's decision parser, may use them.
+const V1_NAMES: &[&str] = &[
+    "v1::",
+    "parse_decision",
+    "settings_verdict",
+    "raw_v1_wat",
+    "evaluate_json",
+    "InputJson",
+    "Adapter",
+];
+
 /// What every phase may use and which uses no phase: the request's record, its caller, the usage
 /// stripper, the request id, its lineage, the load report and a waiting stream's early answer.
 const BESIDE_PHASES: &[&str] = &[
@@ -152,10 +172,16 @@ fn rooms_depend_one_way() {
 /// The modules of `pipeline/` a file's code names (`super::x`, `crate::pipeline::x`), comments left
 /// out; items of `mod.rs` itself (`super::Ctx`, `super::DEADLINE_HEADER`) are not modules.
 fn phases_used(text: &str) -> BTreeSet<String> {
+    modules_named(text, &["super::", "crate::pipeline::"])
+}
+
+/// The lower-case names a file's code puts after any of `prefixes` (alone or in a `{…}` group),
+/// comments left out.
+fn modules_named(text: &str, prefixes: &[&str]) -> BTreeSet<String> {
     let mut used = BTreeSet::new();
     for line in text.lines() {
         let code = line.split("//").next().unwrap_or("");
-        for prefix in ["super::", "crate::pipeline::"] {
+        for prefix in prefixes {
             let mut rest = code;
             while let Some(at) = rest.find(prefix) {
                 rest = &rest[at + prefix.len()..];
@@ -346,4 +372,125 @@ fn a_drifted_doc_is_caught() {
         (missing, stale),
         (vec!["cmd/new.rs".to_owned()], vec!["cmd/run.rs".to_owned()])
     );
+}
+
+/// The parts of `policy/` that `file` (its path under `policy/`) names: from a file of a folder
+/// (`v1/json.rs`) `super::` is its own folder's, so only `super::super::` and `crate::policy::`
+/// name parts.
+fn policy_parts_used(file: &str, text: &str) -> BTreeSet<String> {
+    let nested = file.contains('/') && !file.ends_with("/mod.rs");
+    let prefixes: &[&str] = match nested {
+        true => &["super::super::", "crate::policy::"],
+        false => &["super::", "crate::policy::"],
+    };
+    let mut used = modules_named(text, prefixes);
+    used.retain(|u| POLICY_PARTS.contains(&u.as_str()));
+    used
+}
+
+/// What is wrong with `file` (its path under `policy/`) naming `used`.
+fn policy_arrows(file: &str, used: &BTreeSet<String>) -> Vec<String> {
+    let part = file
+        .split('/')
+        .next()
+        .unwrap_or(file)
+        .trim_end_matches(".rs");
+    let rank = |p: &str| POLICY_PARTS.iter().position(|x| *x == p);
+    let Some(own) = rank(part) else {
+        return vec![format!(
+            "policy/{file}: part `{part}` is not in POLICY_PARTS"
+        )];
+    };
+    used.iter()
+        .filter(|u| **u != part && rank(u).is_some_and(|r| r <= own))
+        .map(|u| format!("policy/{file}: `{part}` names `{u}`, not below it"))
+        .collect()
+}
+
+/// Where `text` (the file `rel`, under `src/`) uses a name only ABI v1 has, outside the rooms
+/// allowed to.
+fn v1_names_outside(rel: &str, text: &str) -> Vec<String> {
+    let allowed = rel.starts_with("policy/v1/") || rel.starts_with("fuzzing/");
+    if allowed || matches!(rel, "policy/compiled.rs" | "arrows.rs") {
+        return Vec::new();
+    }
+    let code: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    V1_NAMES
+        .iter()
+        .filter(|n| {
+            code.match_indices(**n).any(|(at, _)| {
+                // A whole name: not the tail of a longer one (`my_v1::`, `parse_decisions`).
+                let before = code[..at].chars().next_back();
+                let after = code[at + n.len()..].chars().next();
+                !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && (n.ends_with("::")
+                        || !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_'))
+            })
+        })
+        .map(|n| format!("{rel}: uses `{n}`, a name of ABI v1's adapter"))
+        .collect()
+}
+
+#[test]
+fn the_policy_room_runs_one_way_and_only_v1_names_v1() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut wrong = Vec::new();
+    for path in files {
+        let rel = path
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        let text = std::fs::read_to_string(&path).unwrap();
+        wrong.extend(v1_names_outside(&rel, &text));
+        if let Some(file) = rel.strip_prefix("policy/").filter(|f| *f != "mod.rs") {
+            wrong.extend(policy_arrows(file, &policy_parts_used(file, &text)));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the policy room's parts must name only parts below them (POLICY_PARTS), and only v1/ \
+         (and compiled.rs) names ABI v1:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn a_circle_in_the_policy_room_and_a_v1_name_outside_are_caught() {
+    // The circle issue 49 removed: the store's data naming v2's WASI type, v2 naming the sandbox.
+    let used = policy_parts_used("sandbox.rs", "pub wasi: Option<Box<super::v2::Wasi>>,");
+    assert_eq!(policy_arrows("sandbox.rs", &used).len(), 1);
+    // From inside a folder, `super::` is the folder's own; `super::super::` is the room's.
+    assert!(
+        policy_parts_used("v1/json.rs", "use super::abi; use super::super::set;").contains("set")
+    );
+    assert_eq!(
+        policy_arrows(
+            "v1/json.rs",
+            &policy_parts_used("v1/json.rs", "use super::guest;")
+        ),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        policy_arrows(
+            "v2/mod.rs",
+            &policy_parts_used("v2/mod.rs", "use super::guest::Ask;")
+        )
+        .len(),
+        1
+    );
+    // The chain calling the v1 decoder, as it once did.
+    assert_eq!(
+        v1_names_outside("policy/chain.rs", "core.evaluate_json(input)").len(),
+        1
+    );
+    assert!(v1_names_outside("policy/chain.rs", "// evaluate_json").is_empty());
+    assert!(v1_names_outside("policy/v1/mod.rs", "evaluate_json").is_empty());
+    assert!(v1_names_outside("pipeline/x.rs", "parse_decisions()").is_empty());
 }

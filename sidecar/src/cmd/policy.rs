@@ -12,9 +12,10 @@ use slotgate_sdk::{EvaluateInput, ABI_VERSION};
 
 use crate::config::PolicySpec;
 use crate::config::{ByteSize, Dur};
-use crate::policy::component;
-use crate::policy::guest::{Compiled, Contract, Guest};
+use crate::policy::compiled::{Compiled, Linking};
+use crate::policy::guest::Contract;
 use crate::policy::set::{canary_input, hex, read_settings, spec_limits};
+use crate::policy::v2 as component;
 use crate::policy::{EngineLimits, LoadError, PolicyEngine, PolicySet};
 
 #[derive(Debug, Subcommand)]
@@ -160,11 +161,11 @@ fn check(a: CheckArgs) -> anyhow::Result<()> {
     let chain = set.current();
     let p = chain.policies().next().context("the policy is loaded")?;
     warn_about_cost(&bytes, p)?;
-    let speaks = match (Contract::of(&bytes), &p.policy) {
+    let speaks = match (Contract::of(&bytes), p.policy.imports_wasi()) {
         (Contract::V2Embedded, _) => "is a v2 policy (slotgate:policy@2.0.0; a core module carrying the contract, made a component on load)".to_owned(),
-        (_, Guest::Component(c)) if c.imports_wasi() => "is a v2 component (slotgate:policy@2.0.0; its WASI imports get an empty context: no files, sockets, environment or arguments)".to_owned(),
-        (_, Guest::Component(_)) => "is a v2 component (slotgate:policy@2.0.0)".to_owned(),
-        (_, Guest::Core(_)) => format!("speaks ABI v{ABI_VERSION}"),
+        (Contract::V2, true) => "is a v2 component (slotgate:policy@2.0.0; its WASI imports get an empty context: no files, sockets, environment or arguments)".to_owned(),
+        (Contract::V2, false) => "is a v2 component (slotgate:policy@2.0.0)".to_owned(),
+        (Contract::V1, _) => format!("speaks ABI v{ABI_VERSION}"),
     };
     let hits = set.cache_status()["disk"]["hits"].as_u64().unwrap_or(0) as usize;
     println!(
@@ -176,11 +177,11 @@ fn check(a: CheckArgs) -> anyhow::Result<()> {
         } else {
             "not exported"
         },
-        match (&p.policy, p.policy.has_on_complete()) {
-            (Guest::Core(_), true) => "exported",
-            (Guest::Core(_), false) => "not exported",
-            (Guest::Component(_), true) => "wanted",
-            (Guest::Component(_), false) => "not wanted",
+        match (p.policy.contract(), p.policy.has_on_complete()) {
+            (Contract::V1, true) => "exported",
+            (Contract::V1, false) => "not exported",
+            (_, true) => "wanted",
+            (_, false) => "not wanted",
         },
         if p.needs_prompt_tokens {
             "needed (every request is counted first)"
@@ -213,9 +214,10 @@ fn eval(a: EvalArgs) -> anyhow::Result<()> {
     let module = Compiled::new(&engine, &bytes, limits).map_err(usable)?;
     let hits = engine.disk_cache_stats().map_or(0, |(h, _)| h);
     let name = spec.display_name();
-    let probe = Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
+    let link = || module.link(&engine, Arc::default(), &name, limits, Linking::default());
+    let probe = link().map_err(usable)?;
     probe.validate_settings(&settings).map_err(usable)?;
-    let canary = match probe.evaluate(&canary_input(&settings)) {
+    let canary = match probe.evaluate_input(&canary_input(&settings)) {
         Ok(_) => "passed".to_owned(),
         Err(e) => {
             eprintln!(
@@ -224,10 +226,10 @@ fn eval(a: EvalArgs) -> anyhow::Result<()> {
             format!("failed ({}): {e}", e.kind())
         }
     };
-    let policy = Guest::link(&engine, Arc::default(), &name, &module, limits).map_err(usable)?;
+    let policy = link().map_err(usable)?;
     let input = read_input(&a.input, settings, a.api_key.as_deref())?;
     let (decision, ev) = policy
-        .evaluate(&input)
+        .evaluate_input(&input)
         .map_err(|e| anyhow::anyhow!("evaluation failed ({}): {e}", e.kind()))?;
     let report = json!({
         "decision": decision,
@@ -295,7 +297,7 @@ const EXAMPLE_FUEL: u64 = 32_000;
 
 /// Warns of a debug build (DWARF sections) and of a canary evaluation far costlier than the
 /// examples': both pass, and both cost every request.
-fn warn_about_cost(bytes: &[u8], p: &crate::policy::set::Loaded) -> anyhow::Result<()> {
+fn warn_about_cost(bytes: &[u8], p: &crate::policy::chain::Loaded) -> anyhow::Result<()> {
     let wasm = wat::parse_bytes(bytes).map_or_else(|_| Vec::new(), |b| b.into_owned());
     let debug = wasm_section_bytes(&wasm, ".debug_");
     if debug > 0 {
@@ -311,7 +313,7 @@ fn warn_about_cost(bytes: &[u8], p: &crate::policy::set::Loaded) -> anyhow::Resu
     } else {
         p.settings.clone()
     };
-    if let Ok((_, ev)) = p.policy.evaluate(&canary_input(&settings)) {
+    if let Ok((_, ev)) = p.policy.evaluate_input(&canary_input(&settings)) {
         if ev.fuel_used > 10 * EXAMPLE_FUEL {
             eprintln!(
                 "warning: its canary evaluation used {} fuel, {}x the example policies' (at most \

@@ -24,8 +24,9 @@ use crate::error::GateError;
 use crate::pipeline::intake::Intake;
 use crate::pipeline::routes::{self, Handling};
 use crate::pipeline::strip::StripUsage;
-use crate::policy::chain::{self, ChainOutcome, Mode, OnError, Step};
-use crate::policy::module::{parse_decision, settings_verdict, MIN_WEIGHT};
+use crate::policy::fold::{self as chain, ChainOutcome, Mode, OnError, Step};
+use crate::policy::sandbox::MIN_WEIGHT;
+use crate::policy::v1::json::{parse_decision, settings_verdict};
 use crate::policy::{EvalError, LoadError};
 use crate::respond::BodyError;
 

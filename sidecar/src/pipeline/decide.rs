@@ -11,8 +11,8 @@ use futures_util::FutureExt;
 use slotgate_sdk::{Decision, QueueSnapshot, RequestSummary};
 
 use crate::error::{DenialDetail, GateError, Outcome};
-use crate::policy::chain::ChainOutcome;
 use crate::policy::complete::CompletionHook;
+use crate::policy::fold::ChainOutcome;
 use crate::policy::{Chain, EvalError, PolicySet};
 use crate::state::App;
 

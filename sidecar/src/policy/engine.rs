@@ -122,7 +122,7 @@ fn config(limits: EngineLimits) -> Config {
         .wasm_custom_page_sizes(false)
         .wasm_wide_arithmetic(false)
         .max_wasm_stack(512 << 10)
-        // Calls on an async worker run on a fiber of their own (see `Runs` in module.rs): room for
+        // Calls on an async worker run on a fiber of their own (see `Runs` in sandbox.rs): room for
         // the wasm stack and the host frames below it.
         .async_stack_size(1 << 20);
     let mut pool = PoolingAllocationConfig::default();

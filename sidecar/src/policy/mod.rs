@@ -1,21 +1,34 @@
-//! WebAssembly admission policies (ABI v1, `docs/policy-abi.md`): a sandboxed wasmtime host that
-//! evaluates each request in a fresh instance under fuel, wall-clock and memory limits.
+//! WebAssembly admission policies: a sandboxed wasmtime host that asks each request's policies,
+//! in chain order, what to do with it.
+//!
+//! - `guest.rs`: the one contract the chain speaks (`Guest`, asked with an `Ask`, told with a
+//!   `Tell`), and where a policy file's contract is told, compiled and linked.
+//! - `v2/`: `slotgate:policy@2.0.0` components (`sdk/wit/policy.wit`), the contract itself.
+//! - `v1/`: ABI v1 modules (`docs/policy-abi.md`) behind an adapter to it; it owns v1's JSON.
+//! - `sandbox.rs`: what every call runs in: limits, fuel, the CPU deadline, the memory limiter.
+//! - `engine.rs`: the wasmtime engine, its instance pool, epoch ticker and compile cache.
+//! - `set.rs`: loading, checking and reloading the chain; `chain.rs`: one version of it serving;
+//!   `fold.rs`: folding its decisions into one; `complete.rs`: `on_complete` once a request ends.
+//! - `state.rs`: the budgets policies keep in the host (buckets, windows, quotas).
 
-mod abi;
 pub mod chain;
+pub mod compiled;
 pub mod complete;
-pub mod component;
 pub mod engine;
 mod error;
+pub mod fold;
 pub mod guest;
-pub mod module;
+pub mod sandbox;
 pub mod set;
-mod snapshot;
 pub mod state;
+pub mod v1;
+pub mod v2;
 
-pub use chain::ChainOutcome;
-pub use component::{Isolation, KEPT_CALLS};
+pub use chain::Chain;
 pub use engine::{EngineLimits, PolicyEngine};
-pub use module::{EvalError, Evaluation, LoadError, Policy, PolicyLimits};
-pub use set::{Chain, PolicyLoadError, PolicySet, Reload};
-pub use state::HostState;
+pub use error::{EvalError, LoadError};
+pub use fold::ChainOutcome;
+pub use sandbox::HostState;
+pub use sandbox::{Evaluation, PolicyLimits};
+pub use set::{PolicyLoadError, PolicySet, Reload};
+pub use v2::{Isolation, KEPT_CALLS};

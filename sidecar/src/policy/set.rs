@@ -5,26 +5,22 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-use anyhow::Context;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::value::RawValue;
+use anyhow::Context;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use slotgate_sdk::{
-    Completion, Decision, Earlier, EvaluateInput, RequestSummary, Verdict, ABI_VERSION,
-};
+use slotgate_sdk::RequestSummary;
 
-use super::chain::{self, ChainOutcome, Mode, OnError, Step};
-use super::component::{self, t, Isolation};
+use super::chain::{Chain, Loaded, PolicyMetrics};
+use super::compiled::{declared_name, Compiled, Linking};
 use super::engine::{EngineLimits, PolicyEngine};
-use super::guest::{Compiled, Guest};
-use super::module::{EvalError, Evaluation, LoadError, PolicyLimits, Runs, LOAD_DEADLINE};
-use super::snapshot;
+use super::error::LoadError;
+use super::fold::{ChainOutcome, Mode, OnError};
+use super::sandbox::{PolicyLimits, LOAD_DEADLINE};
 use super::state::SharedState;
+use super::v2::Isolation;
 use crate::config::{PolicyIsolation, PolicyMode, PolicyOnError, PolicySpec};
 use crate::metrics as m;
 
@@ -40,118 +36,6 @@ pub struct PolicyLoadError {
     pub path: String,
     pub error: LoadError,
 }
-
-/// One policy ready to serve, and what it was built from.
-pub struct Loaded {
-    pub name: String,
-    /// Whose budgets its host state is: `name` when the operator set it, else the name the module
-    /// declares (so renaming its file keeps them), else the file's.
-    pub state_key: String,
-    pub spec: PolicySpec,
-    /// SHA-256 of the module file.
-    pub sha256: [u8; 32],
-    pub policy: Guest,
-    pub settings: Value,
-    pub mode: Mode,
-    pub on_error: OnError,
-    /// Its `validate_settings` asked for the exact prompt count before it decides.
-    pub needs_prompt_tokens: bool,
-    /// `settings` as JSON text, serialised once: every evaluation's input carries it as it is (a
-    /// component's calls take it as their `settings`). `None` when the policy serves from a
-    /// snapshot that holds them parsed (see `policy::snapshot`).
-    settings_json: Option<Box<RawValue>>,
-    /// The keys in the module cache of the compiled modules it was built from: the file's, and for
-    /// a snapshot the instrumented module's and the snapshot's (SHA-256 of each).
-    module_keys: Vec<[u8; 32]>,
-    /// Its metric series, looked up once rather than by name on every evaluation.
-    metrics: PolicyMetrics,
-}
-
-impl Loaded {
-    /// Whether it serves from a snapshot that holds its settings parsed (see `policy::snapshot`).
-    pub fn preinitialised(&self) -> bool {
-        self.settings_json.is_none()
-    }
-
-    /// Its settings as JSON text (`null` when it holds them already).
-    fn settings_text(&self) -> &str {
-        self.settings_json.as_deref().map_or("null", RawValue::get)
-    }
-}
-
-/// The handles of one policy's series in the metrics registry.
-struct PolicyMetrics {
-    eval_seconds: metrics::Histogram,
-    fuel: metrics::Histogram,
-    allow: metrics::Counter,
-    deny: metrics::Counter,
-    error: metrics::Counter,
-}
-
-impl PolicyMetrics {
-    fn register(policy: &str) -> PolicyMetrics {
-        let decision = |d: &'static str| metrics::counter!(m::POLICY_DECISIONS_TOTAL, "policy" => policy.to_owned(), "decision" => d);
-        PolicyMetrics {
-            eval_seconds: metrics::histogram!(m::POLICY_EVAL_SECONDS, "policy" => policy.to_owned()),
-            fuel: metrics::histogram!(m::POLICY_FUEL_CONSUMED, "policy" => policy.to_owned()),
-            allow: decision("allow"),
-            deny: decision("deny"),
-            error: decision("error"),
-        }
-    }
-}
-
-/// An [`EvaluateInput`] as JSON, for each policy of a chain in turn: the request is serialised once,
-/// and each policy's settings (already JSON text) put in beside it.
-struct InputJson {
-    buf: Vec<u8>,
-    /// `buf[..head]` is `{"abi":1,"request":{...}`: what every policy of the chain gets.
-    head: usize,
-}
-
-impl InputJson {
-    fn new(request: &RequestSummary) -> Result<InputJson, EvalError> {
-        let mut buf = Vec::with_capacity(1024);
-        buf.extend_from_slice(format!("{{\"abi\":{ABI_VERSION},\"request\":").as_bytes());
-        serde_json::to_writer(&mut buf, request).map_err(|e| EvalError::Abi(e.to_string()))?;
-        let head = buf.len();
-        Ok(InputJson { buf, head })
-    }
-
-    /// The whole input for a policy with `settings` (`None`: it holds its own), at `now_unix_ms`,
-    /// after the policies that decided `earlier`.
-    fn with(&mut self, settings: Option<&RawValue>, now_unix_ms: u64, earlier: &Earlier) -> &[u8] {
-        use std::io::Write;
-        self.buf.truncate(self.head);
-        if let Some(s) = settings {
-            self.buf.extend_from_slice(b",\"settings\":");
-            self.buf.extend_from_slice(s.get().as_bytes());
-        }
-        if !earlier.is_empty() {
-            self.buf.extend_from_slice(b",\"earlier\":");
-            // An `Earlier` always serialises.
-            let _ = serde_json::to_writer(&mut self.buf, earlier);
-        }
-        // Writing to a Vec cannot fail.
-        let _ = write!(self.buf, ",\"now_unix_ms\":{now_unix_ms}}}");
-        &self.buf
-    }
-}
-
-/// One version of the whole chain. Requests hold it for as long as they run, so a reload never
-/// changes the policies of a request already in progress.
-pub struct Chain {
-    policies: Vec<Arc<Loaded>>,
-    generation: u64,
-    /// Set once an evaluation of this version took longer than [`INLINE_LIMIT`] or failed by fuel or
-    /// deadline: from then on it runs on the blocking pool (see [`Chain::runs_inline`]).
-    offloaded: AtomicBool,
-}
-
-/// Most CPU time one evaluation of a whole chain may take and the chain still run inline on an async
-/// worker. The example policies take 10-50 us (a debug build several times that), the default
-/// deadline is 20 ms.
-pub const INLINE_LIMIT: Duration = Duration::from_millis(3);
 
 /// The live policy chain: cheap to clone, shared by every connection.
 #[derive(Clone)]
@@ -332,7 +216,7 @@ impl PolicySet {
             .current
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        let generation = current.generation + 1;
+        let generation = current.generation() + 1;
         *current = Arc::new(Chain::new(policies, generation));
         generation
     }
@@ -393,7 +277,7 @@ impl PolicySet {
         let state_key = spec
             .name
             .clone()
-            .or_else(|| super::abi::declared_name(&bytes))
+            .or_else(|| declared_name(&bytes))
             .unwrap_or_else(|| name.to_owned());
         let settings = settings_of(spec)?;
         if let Some(same) = old.policies.iter().find(|p| {
@@ -412,12 +296,13 @@ impl PolicySet {
             deadline: limits.deadline.max(LOAD_DEADLINE),
             ..limits
         };
-        let probe = Guest::link(&engine, scratch.clone(), name, &compiled, lenient)?;
+        let probe = compiled.link(&engine, scratch.clone(), name, lenient, Linking::default())?;
         let verdict = probe.validate_settings(&settings)?;
         // A policy that keeps its parsed settings serves from a snapshot taken after it parsed
         // them; one that cannot be snapshotted still serves, parsing them on every call.
         let snapshot = if verdict.keeps_settings {
-            match self.snapshot(&engine, name, &bytes, &settings, lenient) {
+            let compile = |key, bytes: &[u8]| self.module(&engine, key, bytes, limits);
+            match Compiled::preinitialise(&engine, name, &bytes, &settings, lenient, compile) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     tracing::warn!(policy = name, error = %e, "cannot pre-initialise the policy: it parses its settings on every call");
@@ -428,29 +313,30 @@ impl PolicySet {
             None
         };
         let (compiled, module_keys, settings_json) = match snapshot {
-            Some(([instrumented, snapshot], module)) => (
-                Compiled::Core(module),
-                vec![sha256, instrumented, snapshot],
-                None,
-            ),
+            Some(([instrumented, snapshot], module)) => {
+                (module, vec![sha256, instrumented, snapshot], None)
+            }
             None => {
                 let json = serde_json::value::to_raw_value(&settings)
                     .map_err(|e| LoadError::Settings(e.to_string()))?;
                 (compiled, vec![sha256], Some(json))
             }
         };
-        let probe = Guest::link(&engine, scratch, name, &compiled, lenient)?;
+        let probe = compiled.link(&engine, scratch, name, lenient, Linking::default())?;
         let canary_settings = match settings_json {
             Some(_) => settings.clone(),
             None => Value::Null,
         };
-        probe.evaluate(&canary_input(&canary_settings))?;
-        let policy = Guest::link(&engine, self.inner.shared.clone(), name, &compiled, limits)?
-            .keyed(&state_key, &verdict)
-            .isolated(spec.isolation.map(|i| match i {
+        probe.evaluate_input(&canary_input(&canary_settings))?;
+        let how = Linking {
+            state_key: Some(&state_key),
+            isolation: spec.isolation.map(|i| match i {
                 PolicyIsolation::Call => Isolation::Call,
                 PolicyIsolation::Caller => Isolation::Caller,
-            }))?;
+            }),
+            verdict,
+        };
+        let policy = compiled.link(&engine, self.inner.shared.clone(), name, limits, how)?;
         Ok((
             Arc::new(Loaded {
                 name: name.to_owned(),
@@ -514,38 +400,6 @@ impl PolicySet {
         Ok(module)
     }
 
-    /// The pre-initialised module of the module `sha256` (`bytes`) with `settings`, and the keys in
-    /// the module cache of the instrumented module and of the snapshot. Both compiles go through
-    /// the caches: a change of settings compiles only the new snapshot.
-    fn snapshot(
-        &self,
-        engine: &PolicyEngine,
-        name: &str,
-        bytes: &[u8],
-        settings: &Value,
-        limits: PolicyLimits,
-    ) -> Result<([[u8; 32]; 2], wasmtime::Module), LoadError> {
-        let started = std::time::Instant::now();
-        let wasm = wat::parse_bytes(bytes).map_err(|e| LoadError::Compile(format!("{e}")))?;
-        let (cx, instrumented) = snapshot::instrument(&wasm)?;
-        let instrumented_key: [u8; 32] = Sha256::digest(&instrumented).into();
-        let core = |c: Compiled| match c {
-            Compiled::Core(m) => Ok(m),
-            Compiled::Component(_) => Err(LoadError::Compile("not a core module".into())),
-        };
-        let instrumented = core(self.module(engine, instrumented_key, &instrumented, limits)?)?;
-        let wasm = snapshot::take(engine, name, &cx, &instrumented, settings, limits)?;
-        let key: [u8; 32] = Sha256::digest(&wasm).into();
-        let module = core(self.module(engine, key, &wasm, limits)?)?;
-        tracing::info!(
-            policy = name,
-            ms = started.elapsed().as_millis() as u64,
-            snapshot_bytes = wasm.len(),
-            "policy pre-initialised with its settings"
-        );
-        Ok(([instrumented_key, key], module))
-    }
-
     /// Keeps only the compiled modules the serving chain uses.
     fn prune_modules(&self) {
         let chain = self.current();
@@ -580,342 +434,6 @@ struct Built {
     changed: Vec<String>,
 }
 
-impl Chain {
-    fn new(policies: Vec<Arc<Loaded>>, generation: u64) -> Chain {
-        Chain {
-            policies,
-            generation,
-            offloaded: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether evaluations of this version run on the async worker that serves the request (on a
-    /// fiber that yields at every epoch tick, see [`Chain::evaluate_each_async`]), saving the
-    /// hand-off to the blocking pool (~30-50 us). True until one evaluation used more than
-    /// [`INLINE_LIMIT`] of CPU or ran out of fuel or time: such a chain (a slow or runaway policy)
-    /// is evaluated on the blocking pool from then on. A new version (a reload) starts inline again.
-    pub fn runs_inline(&self) -> bool {
-        !self.offloaded.load(Ordering::Relaxed)
-    }
-
-    /// Moves this version to the blocking pool for good, saying why once.
-    fn offload(&self, why: &str) {
-        if !self.offloaded.swap(true, Ordering::Relaxed) {
-            tracing::info!(
-                generation = self.generation,
-                reason = why,
-                "policy chain now evaluated on the blocking pool"
-            );
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.policies.is_empty()
-    }
-
-    /// Counts versions: 1 after start-up, +1 on every swap.
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    pub fn policies(&self) -> impl Iterator<Item = &Loaded> {
-        self.policies.iter().map(|p| &**p)
-    }
-
-    /// Whether a policy of this chain decides on the exact prompt count: then every request is
-    /// counted before the chain runs, not only those that wait for a slot.
-    pub fn needs_prompt_tokens(&self) -> bool {
-        self.policies.iter().any(|p| p.needs_prompt_tokens)
-    }
-
-    /// Evaluates every policy on `request` and folds the decisions. Synchronous and CPU-bound
-    /// (bounded by each policy's fuel and deadline): run it off the async workers, or use
-    /// [`Chain::evaluate_each_async`].
-    pub fn evaluate(&self, request: &RequestSummary) -> ChainOutcome {
-        self.evaluate_each(request).0
-    }
-
-    /// [`Chain::evaluate`], and also each policy's own decision (`None` where it failed), in chain
-    /// order, for [`Chain::complete`].
-    pub fn evaluate_each(&self, request: &RequestSummary) -> (ChainOutcome, Vec<Option<Decision>>) {
-        self.evaluate_each_at(request, unix_ms())
-    }
-
-    /// [`Chain::evaluate_each`] with `now_unix_ms` given: the time the request's `on_complete`
-    /// will say it was evaluated at (`evaluated_unix_ms`).
-    pub fn evaluate_each_at(
-        &self,
-        request: &RequestSummary,
-        now_unix_ms: u64,
-    ) -> (ChainOutcome, Vec<Option<Decision>>) {
-        let mut run = Run::new(self, request, now_unix_ms);
-        for p in &self.policies {
-            let result = match &p.policy {
-                Guest::Core(core) => run.json(p).and_then(|input| core.evaluate_json(input)),
-                Guest::Component(c) => c.evaluate(p.settings_text(), run.wit()),
-            };
-            run.record(p, result);
-        }
-        run.finish()
-    }
-
-    /// [`Chain::evaluate_each`] on an async worker: each evaluation yields to the worker's other
-    /// tasks at every epoch tick, so not even a runaway policy holds up another connection for more
-    /// than a tick (see `Runs` in module.rs). What it costs is only the evaluations themselves: no
-    /// hand-off to another thread.
-    pub async fn evaluate_each_async(
-        &self,
-        request: &RequestSummary,
-    ) -> (ChainOutcome, Vec<Option<Decision>>) {
-        self.evaluate_each_async_at(request, unix_ms()).await
-    }
-
-    /// [`Chain::evaluate_each_async`] with `now_unix_ms` given (see [`Chain::evaluate_each_at`]).
-    pub async fn evaluate_each_async_at(
-        &self,
-        request: &RequestSummary,
-        now_unix_ms: u64,
-    ) -> (ChainOutcome, Vec<Option<Decision>>) {
-        let mut run = Run::new(self, request, now_unix_ms);
-        for p in &self.policies {
-            let result = match &p.policy {
-                Guest::Core(core) => match run.json(p) {
-                    Ok(input) => core.evaluate_json_async(input).await,
-                    Err(e) => Err(e),
-                },
-                Guest::Component(c) => {
-                    c.evaluate_async(p.settings_text(), run.wit(), Runs::Async)
-                        .await
-                }
-            };
-            run.record(p, result);
-        }
-        run.finish()
-    }
-
-    /// Runs the `on_complete` of every policy that allowed the request (`own`: each policy's decision,
-    /// from [`Chain::evaluate_each`]) with the request's real outcome, so what it took from a budget
-    /// can be settled, also when a later policy denied the request. `completion.decision` is the
-    /// chain's; each policy gets its own as `decision`. Synchronous: run it off the async workers, or
-    /// use [`Chain::complete_async`].
-    pub fn complete(&self, completion: &Completion, own: &[Option<Decision>]) {
-        let mut told = Told::new(completion);
-        for (p, decision) in self.policies.iter().zip(own) {
-            let Some(mine) = allowed(p, decision) else {
-                continue;
-            };
-            let result = match &p.policy {
-                Guest::Core(core) => core.on_complete(&told.json(p, mine)),
-                Guest::Component(c) => c.on_complete(p.settings_text(), told.wit(mine)).map(Some),
-            };
-            report_completion(p, result);
-        }
-    }
-
-    /// [`Chain::complete`] on an async worker, as [`Chain::evaluate_each_async`].
-    pub async fn complete_async(&self, completion: &Completion, own: &[Option<Decision>]) {
-        let mut told = Told::new(completion);
-        for (p, decision) in self.policies.iter().zip(own) {
-            let Some(mine) = allowed(p, decision) else {
-                continue;
-            };
-            let result = match &p.policy {
-                Guest::Core(core) => core.on_complete_async(&told.json(p, mine)).await,
-                Guest::Component(c) => c
-                    .on_complete_async(p.settings_text(), told.wit(mine), Runs::Async)
-                    .await
-                    .map(Some),
-            };
-            report_completion(p, result);
-        }
-    }
-
-    /// Whether any policy that allowed the request (see [`Chain::complete`]) exports `on_complete`.
-    pub fn wants_completion(&self, own: &[Option<Decision>]) -> bool {
-        self.policies.iter().zip(own).any(|(p, d)| {
-            p.policy.has_on_complete() && d.as_ref().is_some_and(|d| d.verdict == Verdict::Allow)
-        })
-    }
-}
-
-/// `p`'s own decision, if it allowed the request and wants to hear how it ended.
-fn allowed<'d>(p: &Loaded, decision: &'d Option<Decision>) -> Option<&'d Decision> {
-    let decision = decision.as_ref()?;
-    (decision.verdict == Verdict::Allow && p.policy.has_on_complete()).then_some(decision)
-}
-
-/// How a request ended, as each policy of the chain is told it: the v2 record is made once for all
-/// the chain's components (only its `decision` differs between them).
-struct Told<'a> {
-    completion: &'a Completion,
-    wit: Option<t::Completion>,
-}
-
-impl<'a> Told<'a> {
-    fn new(completion: &'a Completion) -> Told<'a> {
-        Told {
-            completion,
-            wit: None,
-        }
-    }
-
-    /// What the v1 module `p` gets: the completion with its own decision, and its settings
-    /// unless it holds them.
-    fn json(&self, p: &Loaded, mine: &Decision) -> Completion {
-        let completion = self.completion;
-        Completion {
-            // A snapshotted policy holds its settings already.
-            settings: match p.settings_json {
-                Some(_) => p.settings.clone(),
-                None => Value::Null,
-            },
-            decision: mine.clone(),
-            chain_decision: completion.decision.clone(),
-            ..completion.clone()
-        }
-    }
-
-    /// What a component gets: the shared record with its own decision.
-    fn wit(&mut self, mine: &Decision) -> &t::Completion {
-        let completion = self.completion;
-        match &mut self.wit {
-            Some(wit) => wit.decision = component::allow_of(mine),
-            None => self.wit = Some(component::completion_of(completion, mine)),
-        }
-        self.wit.as_ref().expect("made above")
-    }
-}
-
-fn report_completion(p: &Loaded, result: Result<Option<Evaluation>, EvalError>) {
-    if let Err(e) = result {
-        metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind())
-            .increment(1);
-        tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy on_complete failed");
-    }
-}
-
-/// One evaluation of a chain in progress: the input, each policy's step, and the CPU time counted.
-struct Run<'a> {
-    chain: &'a Chain,
-    request: &'a RequestSummary,
-    /// The request as JSON, for v1 modules; made on first use.
-    input: Option<Result<InputJson, EvalError>>,
-    /// The request as the v2 contract carries it, for components; made on first use.
-    wit: Option<t::Evaluation>,
-    /// What the enforced policies so far allowed with, for the next one.
-    earlier: Earlier,
-    now: u64,
-    steps: Vec<Step<'a>>,
-    own: Vec<Option<Decision>>,
-    cpu: Duration,
-}
-
-impl<'a> Run<'a> {
-    fn new(chain: &'a Chain, request: &'a RequestSummary, now: u64) -> Run<'a> {
-        Run {
-            chain,
-            request,
-            input: None,
-            wit: None,
-            earlier: Earlier::default(),
-            now,
-            steps: Vec::with_capacity(chain.policies.len()),
-            own: Vec::with_capacity(chain.policies.len()),
-            cpu: Duration::ZERO,
-        }
-    }
-
-    /// The JSON input for the v1 module `p`: the request, its settings unless it holds them, and
-    /// what earlier policies decided.
-    fn json(&mut self, p: &Loaded) -> Result<&[u8], EvalError> {
-        let request = self.request;
-        match self.input.get_or_insert_with(|| InputJson::new(request)) {
-            Ok(input) => Ok(input.with(p.settings_json.as_deref(), self.now, &self.earlier)),
-            Err(e) => Err(e.clone()),
-        }
-    }
-
-    /// The input of the component next in the chain.
-    fn wit(&mut self) -> &t::Evaluation {
-        let (request, now) = (self.request, self.now);
-        let wit = self.wit.get_or_insert_with(|| t::Evaluation {
-            request: component::request_of(request),
-            earlier: component::earlier_of(&Earlier::default()),
-            now_unix_ms: now,
-        });
-        wit.earlier = component::earlier_of(&self.earlier);
-        wit
-    }
-
-    /// Counts `p`'s result in the metrics and keeps it for the fold.
-    fn record(&mut self, p: &'a Loaded, result: Result<(Decision, Evaluation), EvalError>) {
-        let pm = &p.metrics;
-        match &result {
-            Ok((decision, ev)) => {
-                self.cpu += ev.cpu;
-                pm.eval_seconds.record(ev.elapsed.as_secs_f64());
-                pm.fuel.record(ev.fuel_used as f64);
-                if decision.verdict == Verdict::Deny {
-                    pm.deny.increment(1);
-                } else {
-                    pm.allow.increment(1);
-                }
-            }
-            Err(e) => {
-                if matches!(e, EvalError::Timeout | EvalError::Fuel) {
-                    self.chain
-                        .offload(&format!("policy `{}` failed: {e}", p.name));
-                }
-                metrics::counter!(m::POLICY_ERRORS_TOTAL, "policy" => p.name.clone(), "kind" => e.kind())
-                    .increment(1);
-                pm.error.increment(1);
-                tracing::warn!(policy = %p.name, kind = e.kind(), error = %e, "policy evaluation failed");
-            }
-        }
-        if p.mode == Mode::Monitor {
-            if let Ok((d, _)) = &result {
-                // Enough to find the request and see what would have happened to whom.
-                let r = self.request;
-                let id = r.headers.get("x-request-id").map_or("-", String::as_str);
-                let tenant = d.tenant.clone().unwrap_or_else(|| r.tenant_key(None));
-                let verdict = match d.verdict {
-                    Verdict::Allow => "allow",
-                    Verdict::Deny => "deny",
-                };
-                tracing::info!(policy = %p.name, request_id = %id, tenant = %tenant, verdict, status = d.status, reason = d.reason.as_deref(), said = d.message.as_deref(), cost = d.cost, priority = d.priority, "monitor-mode decision (not enforced)");
-            }
-        }
-        let result = result.map(|(d, _)| d);
-        if let (Mode::Enforce, Ok(d)) = (p.mode, &result) {
-            if d.verdict == Verdict::Allow {
-                self.earlier.add(d);
-            }
-        }
-        self.own.push(result.as_ref().ok().cloned());
-        self.steps.push(Step {
-            policy: &p.name,
-            mode: p.mode,
-            on_error: p.on_error,
-            result,
-        });
-    }
-
-    /// The folded outcome and each policy's decision. A chain whose evaluations the deadline checks
-    /// counted more than [`INLINE_LIMIT`] of CPU for moves to the blocking pool: CPU time decides,
-    /// not wall-clock, so a busy machine that preempts a fast evaluation does not make it slow; and
-    /// the clock is only read in those checks, from the first epoch tick of a call on, so a fast
-    /// evaluation never pays for it.
-    fn finish(self) -> (ChainOutcome, Vec<Option<Decision>>) {
-        if self.cpu > INLINE_LIMIT {
-            self.chain.offload(&format!(
-                "an evaluation took {:?} of CPU, over {INLINE_LIMIT:?}",
-                self.cpu
-            ));
-        }
-        (chain::fold(self.steps), self.own)
-    }
-}
-
 /// A `[[policy]]` entry's limits, defaults filled in.
 pub fn spec_limits(spec: &PolicySpec) -> PolicyLimits {
     let d = PolicyLimits::default();
@@ -928,9 +446,9 @@ pub fn spec_limits(spec: &PolicySpec) -> PolicyLimits {
 }
 
 /// The request every new policy version must answer before it may serve.
-pub fn canary_input(settings: &Value) -> EvaluateInput {
-    EvaluateInput {
-        abi: ABI_VERSION,
+pub fn canary_input(settings: &Value) -> slotgate_sdk::EvaluateInput {
+    slotgate_sdk::EvaluateInput {
+        abi: slotgate_sdk::ABI_VERSION,
         request: RequestSummary {
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
@@ -990,6 +508,7 @@ impl Drop for PendingCompletion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slotgate_sdk::Verdict;
 
     #[tokio::test]
     async fn policy_code_takes_turns() {

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dashmap::DashMap;
 use slotgate_sdk::bucket;
 use slotgate_sdk::calendar::{self, Period};
-use wasmtime::StoreLimits;
 
 use crate::fleet::Fleet;
 use crate::store::{BucketRow, Store, StoreError, WindowRow};
@@ -924,52 +923,6 @@ fn instant_of(ms: u64, now: Instant, wall: u64) -> Instant {
             }
         }
     })
-}
-
-/// What one store carries: its limits, the shared state and who it is evaluating for.
-pub struct HostState {
-    pub limits: StoreLimits,
-    pub shared: Arc<SharedState>,
-    pub policy: Arc<str>,
-    /// Whose budgets the state functions use: the operator's name for the policy, else the name
-    /// the module declares, else the file's (`Policy::keyed`).
-    pub state_key: Arc<str>,
-    /// Host calls made during this evaluation (each also costs fuel).
-    pub host_calls: u64,
-    /// Set when the memory cap refused a growth, to tell that failure from other traps.
-    pub memory_denied: bool,
-    /// Host calls this call may make (a component's; a core module's are charged fuel instead).
-    pub host_call_budget: u64,
-    /// The largest linear memory of the store so far, in bytes.
-    pub memory_high: usize,
-    /// A component's WASI context, made the first time it touches WASI.
-    pub wasi: Option<Box<super::component::Wasi>>,
-}
-
-impl HostState {
-    pub fn new(
-        limits: StoreLimits,
-        shared: Arc<SharedState>,
-        policy: Arc<str>,
-        state_key: Arc<str>,
-    ) -> HostState {
-        HostState {
-            limits,
-            shared,
-            policy,
-            state_key,
-            host_calls: 0,
-            memory_denied: false,
-            host_call_budget: u64::MAX,
-            memory_high: 0,
-            wasi: None,
-        }
-    }
-
-    pub fn with_host_call_budget(mut self, calls: u64) -> HostState {
-        self.host_call_budget = calls;
-        self
-    }
 }
 
 #[cfg(test)]

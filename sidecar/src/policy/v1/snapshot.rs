@@ -16,9 +16,11 @@ use std::task::{Context, Poll, Waker};
 use wasmtime::{Instance, Module, Store, Val};
 use wasmtime_wizer::{InstanceState, ModuleContext, SnapshotVal, ValType, Wizer};
 
-use super::engine::PolicyEngine;
-use super::module::{LoadError, Policy, PolicyLimits};
-use super::state::{HostState, SharedState};
+use super::module::Policy;
+use crate::policy::engine::PolicyEngine;
+use crate::policy::error::LoadError;
+use crate::policy::sandbox::{HostState, PolicyLimits};
+use crate::policy::state::SharedState;
 
 /// The module `wasm` (binary) instrumented for a snapshot: every global and the memory exported.
 /// The context is what [`take`] needs to rewrite it afterwards.

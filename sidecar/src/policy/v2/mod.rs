@@ -10,26 +10,23 @@
 //! are the host's and random numbers are random. Any other import outside the world fails the load,
 //! naming it.
 
-use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use slotgate_sdk::{
-    Completion, Decision, Earlier, Mutations, RateLimit, RateLimits, RequestSummary, Verdict,
-};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use slotgate_sdk::Decision;
+use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{ResourceLimiter, Store, StoreLimitsBuilder};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::engine::PolicyEngine;
-use super::module::{
-    arm, check_decision, classify, new_store, Evaluation, PolicyLimits, Runs, SettingsVerdict,
-    HOST_CALL_FUEL, LOAD_DEADLINE, MAX_HOST_STRING,
+use super::error::{EvalError, LoadError};
+use super::sandbox::{
+    arm, block_on, classify, new_store, CallClock, Evaluation, HostState, PolicyLimits, Runs,
+    SettingsVerdict, HOST_CALL_FUEL, LOAD_DEADLINE,
 };
-use super::state::{HostState, SharedState};
-use super::{EvalError, LoadError};
+use super::state::SharedState;
+
+mod host;
+pub mod records;
 
 /// The bindings of the contract, generated from the WIT at build time.
 #[allow(
@@ -48,43 +45,12 @@ mod wit {
 pub use wit::slotgate::policy::types as t;
 
 /// The contract, as `slotgate policy wit` prints it.
-pub const WIT: &str = include_str!("../../../sdk/wit/policy.wit");
+pub const WIT: &str = include_str!("../../../../sdk/wit/policy.wit");
 
 /// Instances, tables and memories one component may create: a Python component is a dozen core
 /// modules linked together; a Rust one is one or two. The pool holds as many per evaluation.
 const COMPONENT_INSTANCES: usize = super::engine::CORE_PER_CALL as usize;
 const COMPONENT_MEMORIES: usize = super::engine::MEMORIES_PER_CALL as usize;
-
-/// The empty WASI context of one call, made the first time the guest touches WASI.
-pub struct Wasi {
-    ctx: WasiCtx,
-    table: ResourceTable,
-}
-
-impl Wasi {
-    fn new() -> Wasi {
-        let ctx = WasiCtx::builder()
-            // No network at all, not even an address check that says no.
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
-        Wasi {
-            ctx,
-            table: ResourceTable::new(),
-        }
-    }
-}
-
-impl WasiView for HostState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        let wasi = self.wasi.get_or_insert_with(|| Box::new(Wasi::new()));
-        WasiCtxView {
-            ctx: &mut wasi.ctx,
-            table: &mut wasi.table,
-        }
-    }
-}
 
 /// Whether `bytes` (binary or text) are a component rather than a core module.
 pub fn is_component(bytes: &[u8]) -> bool {
@@ -346,7 +312,7 @@ impl ComponentPolicy {
                 keeps_settings: false,
                 wants_completions: v.wants_completions,
             }),
-            Err(message) => Err(LoadError::Settings(cut(message, 4096))),
+            Err(message) => Err(LoadError::Settings(records::cut(message, 4096))),
         }
     }
 
@@ -366,16 +332,10 @@ impl ComponentPolicy {
                 },
             )
             .await?;
-        Ok((decision_of(decision, self.limits.max_output_bytes)?, ev))
-    }
-
-    /// [`ComponentPolicy::evaluate_async`] on this thread.
-    pub fn evaluate(
-        &self,
-        settings: &str,
-        input: &t::Evaluation,
-    ) -> Result<(Decision, Evaluation), EvalError> {
-        block_on(self.evaluate_async(settings, input, Runs::Blocking))
+        Ok((
+            records::decision_of(decision, self.limits.max_output_bytes)?,
+            ev,
+        ))
     }
 
     /// Tells the policy what really happened to a request it allowed.
@@ -455,15 +415,6 @@ impl ComponentPolicy {
         Ok((r, ev))
     }
 
-    /// [`ComponentPolicy::on_complete_async`] on this thread.
-    pub fn on_complete(
-        &self,
-        settings: &str,
-        input: &t::Completion,
-    ) -> Result<Evaluation, EvalError> {
-        block_on(self.on_complete_async(settings, input, Runs::Blocking))
-    }
-
     fn finish(&self, store: &Store<HostState>, clock: &Clock, started: Instant) -> Evaluation {
         Evaluation {
             output: None,
@@ -477,324 +428,7 @@ impl ComponentPolicy {
     }
 }
 
-type Clock = Arc<super::module::CallClock>;
-
-/// The request as the contract carries it.
-pub fn request_of(r: &RequestSummary) -> t::Request {
-    t::Request {
-        method: r.method.clone(),
-        path: r.path.clone(),
-        dialect: r.dialect.clone(),
-        model: r.model.clone(),
-        stream: r.stream,
-        max_tokens: r.max_tokens,
-        prompt_chars: r.prompt_chars,
-        prompt_tokens_estimate: r.prompt_tokens_estimate,
-        prompt_tokens: r.prompt_tokens,
-        reserved_tokens: r.reserved_tokens,
-        body_bytes: r.body_bytes,
-        priority_hint: r.priority_hint,
-        deadline_ms: r.deadline_ms,
-        peer: r.peer.map(|p| t::Peer {
-            uid: p.uid,
-            gid: p.gid,
-            pid: p.pid,
-        }),
-        api_key: r.api_key.clone(),
-        headers: r
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        session_id: r.session_id.clone(),
-        conversation_id: r.conversation_id.clone(),
-        queue: t::QueueState {
-            depth: sat32(r.queue.depth),
-            capacity: sat32(r.queue.capacity),
-            in_flight: sat32(r.queue.in_flight),
-            estimated_wait_seconds: r.queue.estimated_wait_seconds,
-        },
-    }
-}
-
-fn sat32(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-/// What earlier policies decided, as the contract carries it.
-pub fn earlier_of(e: &Earlier) -> t::Earlier {
-    t::Earlier {
-        policies: e.policies,
-        tenant: e.tenant.clone(),
-        priority: e.priority,
-        cost: e.cost,
-    }
-}
-
-fn rate_limits_of(r: &RateLimits) -> t::RateLimits {
-    let one = |l: &Option<RateLimit>| {
-        l.map(|l| t::RateLimit {
-            limit: l.limit,
-            remaining: l.remaining,
-            reset_unix_ms: l.reset_unix_ms,
-        })
-    };
-    t::RateLimits {
-        requests: one(&r.requests),
-        tokens: one(&r.tokens),
-    }
-}
-
-fn rate_limits_from(r: t::RateLimits) -> RateLimits {
-    let one = |l: Option<t::RateLimit>| {
-        l.map(|l| RateLimit {
-            limit: l.limit,
-            remaining: l.remaining,
-            reset_unix_ms: l.reset_unix_ms,
-        })
-    };
-    RateLimits {
-        requests: one(r.requests),
-        tokens: one(r.tokens),
-    }
-}
-
-/// An allowing decision as the contract carries it (a completion's `decision`).
-pub fn allow_of(d: &Decision) -> t::Allow {
-    t::Allow {
-        tenant: d.tenant.clone(),
-        cost: d.cost,
-        weight: d.weight,
-        priority: d.priority,
-        deadline_ms: d.deadline_ms,
-        max_in_service: d.max_in_service,
-        max_waiting: d.max_waiting,
-        cap_max_tokens: d.mutations.cap_max_tokens,
-        disable_prompt_cache: d.mutations.disable_prompt_cache,
-        strip_id_slot: d.mutations.strip_id_slot,
-        response_headers: d
-            .mutations
-            .response_headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        rate_limits: rate_limits_of(&d.rate_limits),
-    }
-}
-
-/// How a request ended, for a component that allowed it with `mine`; `c.decision` is the chain's
-/// (as [`crate::policy::complete::CompletionHook`] fires it).
-pub fn completion_of(c: &Completion, mine: &Decision) -> t::Completion {
-    let mut request = request_of(&c.request);
-    // Contract 2.0.0's record has no fields for them: a header of the host's lists them.
-    if c.cached_tokens > 0 || c.cached_weight.is_some() || c.cost.is_some() {
-        let more = serde_json::json!({
-            "cached_tokens": c.cached_tokens,
-            "cached_weight": c.cached_weight,
-            "cost": c.cost,
-        });
-        request
-            .headers
-            .push((slotgate_sdk::USAGE_HEADER.to_owned(), more.to_string()));
-    }
-    t::Completion {
-        request,
-        decision: allow_of(mine),
-        chain_allowed: c.decision.verdict == Verdict::Allow,
-        status: c.status,
-        outcome: c.outcome.clone(),
-        prompt_tokens: c.prompt_tokens,
-        completion_tokens: c.completion_tokens,
-        queue_wait_ms: c.queue_wait_ms,
-        upstream_ms: c.upstream_ms,
-        evaluated_unix_ms: c.evaluated_unix_ms,
-    }
-}
-
-/// A component's decision as the host's, checked as a v1 decision is: over `max_output` bytes of
-/// text in all is refused, as a v1 answer of that size is.
-pub fn decision_of(d: t::Decision, max_output: usize) -> Result<Decision, EvalError> {
-    let headers = |h: &[(String, String)]| h.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
-    let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
-    let size = match &d {
-        t::Decision::Allow(a) => text(&a.tenant) + headers(&a.response_headers),
-        t::Decision::Deny(x) => x.message.len() + text(&x.reason),
-    };
-    if size > max_output {
-        return Err(EvalError::InvalidOutput(format!(
-            "decision of {size} bytes of text is over the {max_output}-byte limit"
-        )));
-    }
-    let decision = match d {
-        t::Decision::Allow(a) => Decision {
-            verdict: Verdict::Allow,
-            tenant: a.tenant,
-            cost: a.cost,
-            weight: a.weight,
-            priority: a.priority,
-            deadline_ms: a.deadline_ms,
-            max_in_service: a.max_in_service,
-            max_waiting: a.max_waiting,
-            mutations: Mutations {
-                cap_max_tokens: a.cap_max_tokens,
-                disable_prompt_cache: a.disable_prompt_cache,
-                strip_id_slot: a.strip_id_slot,
-                response_headers: a.response_headers.into_iter().collect::<BTreeMap<_, _>>(),
-            },
-            rate_limits: rate_limits_from(a.rate_limits),
-            ..Decision::default()
-        },
-        t::Decision::Deny(x) => Decision {
-            verdict: Verdict::Deny,
-            status: Some(x.status),
-            reason: x.reason,
-            message: Some(x.message),
-            retry_after_seconds: x.retry_after_seconds,
-            should_retry: x.should_retry,
-            rate_limits: rate_limits_from(x.rate_limits),
-            ..Decision::default()
-        },
-    };
-    check_decision(decision)
-}
-
-fn cut(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
-}
-
-// The host's interfaces. Every call is counted against the policy's budget of host calls (its fuel
-// over the fuel one call costs), so a loop of host calls ends as a v1 module's does.
-
-impl HostState {
-    fn host_call(&mut self) -> wasmtime::Result<()> {
-        self.host_calls += 1;
-        if self.host_calls > self.host_call_budget {
-            return Err(wasmtime::Error::new(EvalError::Fuel));
-        }
-        Ok(())
-    }
-
-    fn key(&mut self, key: &str) -> wasmtime::Result<()> {
-        self.host_call()?;
-        if key.len() > MAX_HOST_STRING {
-            return Err(wasmtime::Error::new(EvalError::Abi(format!(
-                "host string of {} bytes (limit {MAX_HOST_STRING})",
-                key.len()
-            ))));
-        }
-        Ok(())
-    }
-}
-
-impl t::Host for HostState {}
-
-impl wit::slotgate::policy::log::Host for HostState {
-    fn log(
-        &mut self,
-        level: wit::slotgate::policy::log::Level,
-        message: String,
-    ) -> wasmtime::Result<()> {
-        use wit::slotgate::policy::log::Level;
-        self.host_call()?;
-        let msg = cut(message, MAX_HOST_STRING);
-        let policy = &self.policy;
-        match level {
-            Level::Error => tracing::error!(target: "slotgate::policy", policy = %policy, "{msg}"),
-            Level::Warn => tracing::warn!(target: "slotgate::policy", policy = %policy, "{msg}"),
-            Level::Info => tracing::info!(target: "slotgate::policy", policy = %policy, "{msg}"),
-            Level::Debug => tracing::debug!(target: "slotgate::policy", policy = %policy, "{msg}"),
-        }
-        Ok(())
-    }
-}
-
-impl wit::slotgate::policy::clocks::Host for HostState {
-    fn monotonic_ms(&mut self) -> wasmtime::Result<i64> {
-        self.host_call()?;
-        Ok(super::module::monotonic_ms())
-    }
-
-    fn wall_ms(&mut self) -> wasmtime::Result<i64> {
-        self.host_call()?;
-        Ok(super::state::wall_ms())
-    }
-}
-
-/// `fn $name(key, [period,] $arg...)`: a host call on the policy's state, counted and its key
-/// checked as every host call is, answering what `SharedState::$method` does for the policy's
-/// state key.
-macro_rules! state_call {
-    (fn $name:ident(key, period $(, $arg:ident: $ty:ty)*) -> $ret:ty = $method:ident) => {
-        fn $name(&mut self, key: String, period: String $(, $arg: $ty)*) -> wasmtime::Result<$ret> {
-            self.key(&key)?;
-            Ok(self.shared.$method(&self.state_key, &key, &period $(, $arg)*))
-        }
-    };
-    (fn $name:ident(key $(, $arg:ident: $ty:ty)*) -> $ret:ty = $method:ident) => {
-        fn $name(&mut self, key: String $(, $arg: $ty)*) -> wasmtime::Result<$ret> {
-            self.key(&key)?;
-            Ok(self.shared.$method(&self.state_key, &key $(, $arg)*))
-        }
-    };
-}
-
-impl wit::slotgate::policy::state::Host for HostState {
-    state_call!(fn bucket_take(key, capacity: f64, refill: f64, amount: f64) -> f64 = bucket_take);
-    state_call!(fn bucket_refund(key, capacity: f64, refill: f64, amount: f64) -> f64 = bucket_refund);
-    state_call!(fn bucket_level(key, capacity: f64, refill: f64) -> f64 = bucket_level);
-    state_call!(fn window_add(key, window_ms: i64, amount: i64) -> i64 = window_add);
-    state_call!(fn quota_take(key, period, limit: f64, amount: f64) -> Result<f64, String> = quota_take);
-    state_call!(
-        fn quota_refund(key, period, limit: f64, amount: f64, at: i64) -> Result<f64, String> = quota_refund
-    );
-    state_call!(fn quota_level(key, period, limit: f64) -> Result<f64, String> = quota_level);
-    state_call!(fn quota_limit(key, period, limit: f64) -> f64 = quota_limit_in_force);
-
-    fn quota_reset_ms(&mut self, period: String) -> wasmtime::Result<Result<i64, String>> {
-        self.host_call()?;
-        Ok(self.shared.quota_reset_ms(&period))
-    }
-
-    fn event(&mut self, name: String) -> wasmtime::Result<()> {
-        self.host_call()?;
-        if !slotgate_sdk::host::is_event_name(&name) {
-            return Err(wasmtime::Error::new(EvalError::Abi(format!(
-                "event name `{}`: use [a-z0-9_], at most 64 bytes",
-                cut(name, 80)
-            ))));
-        }
-        self.shared.event(&self.policy, &name);
-        Ok(())
-    }
-}
-
-/// Runs `f` to its end on this thread: a call made with [`Runs::Blocking`] never yields at its
-/// deadline checks, and the host functions it calls do not wait, so this only parks when a WASI
-/// call truly waits (a guest sleeping, say).
-pub fn block_on<F: Future>(f: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    loop {
-        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
-    }
-}
+type Clock = Arc<CallClock>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -3,7 +3,7 @@
 
 use wasmtime::{AsContext, AsContextMut, Instance, Memory, TypedFunc};
 
-use super::error::EvalError;
+use crate::policy::error::EvalError;
 
 pub const ABI_VERSION: i32 = 1;
 pub const EXPORT_MEMORY: &str = "memory";
@@ -82,7 +82,7 @@ pub fn call_json(
 }
 
 /// [`call_json`] with the calls made on a fiber, so the deadline check may yield to the async
-/// executor (`Runs::Async` in `module.rs`).
+/// executor (`Runs::Async` in `sandbox.rs`).
 pub async fn call_json_async<T: Send>(
     mut store: impl AsContextMut<Data = T>,
     instance: &Instance,
