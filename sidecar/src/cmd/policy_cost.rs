@@ -18,28 +18,21 @@ pub enum Language {
 }
 
 impl Language {
-    /// The language of a binary policy: componentize-py and ComponentizeJS name themselves in a
-    /// `producers` section's `processed-by` field, in the component or a module nested in it.
+    /// The language of a binary policy, from what is nested in its component: componentize-py's
+    /// modules import from its runtime library (`libcomponentize_py_runtime.so`, beside
+    /// `libpython3.*.so`); ComponentizeJS names itself in a `producers` section.
     pub fn of(wasm: &[u8]) -> Language {
-        use wasmparser::{KnownCustom, Payload};
-        for payload in wasmparser::Parser::new(0).parse_all(wasm) {
-            let Ok(Payload::CustomSection(c)) = payload else {
-                continue;
-            };
-            let KnownCustom::Producers(fields) = c.as_known() else {
-                continue;
-            };
-            for field in fields.into_iter().flatten() {
-                for value in field.values.into_iter().flatten() {
-                    match value.name.to_ascii_lowercase().as_str() {
-                        "componentize-py" => return Language::Python,
-                        "componentizejs" | "componentize-js" => return Language::JavaScript,
-                        _ => {}
-                    }
-                }
+        let mut found = Language::Compiled;
+        nested(wasm, &mut |id, contents| {
+            let has = |what: &[u8]| contents.windows(what.len()).any(|w| w == what);
+            let producers = id == 0 && custom(contents).is_some_and(|(n, _)| n == b"producers");
+            if id == IMPORTS && has(b"libcomponentize_py_runtime.so") {
+                found = Language::Python;
+            } else if producers && (has(b"ComponentizeJS") || has(b"componentize-js")) {
+                found = Language::JavaScript;
             }
-        }
-        Language::Compiled
+        });
+        found
     }
 
     /// Fuel the canary evaluation of this language's example policies takes, at most: Python's
@@ -144,8 +137,8 @@ pub fn fuel_warning(language: Language, used: u64, limit: u64, debug: bool) -> O
     Some(w)
 }
 
-/// Bytes of a binary module's custom sections whose name starts with `prefix`.
-fn section_bytes(b: &[u8], prefix: &str) -> usize {
+/// The sections of a binary module or component: `(id, contents)`.
+fn sections(b: &[u8]) -> Vec<(u8, &[u8])> {
     let leb = |at: &mut usize| -> Option<usize> {
         let (mut v, mut shift) = (0usize, 0);
         loop {
@@ -158,24 +151,63 @@ fn section_bytes(b: &[u8], prefix: &str) -> usize {
             shift += 7;
         }
     };
-    let (mut at, mut total) = (8, 0);
+    let (mut at, mut out) = (8, Vec::new());
     while at < b.len() {
         let id = b[at];
         at += 1;
         let Some(size) = leb(&mut at) else { break };
-        let end = at.saturating_add(size);
-        if id == 0 {
-            let mut name_at = at;
-            if let Some(len) = leb(&mut name_at) {
-                let name = b.get(name_at..name_at.saturating_add(len));
-                if name.is_some_and(|n| n.starts_with(prefix.as_bytes())) {
-                    total += size;
-                }
-            }
-        }
+        let end = at.saturating_add(size).min(b.len());
+        out.push((id, &b[at..end]));
         at = end;
     }
-    total
+    out
+}
+
+/// A custom section's name and the rest of its contents.
+fn custom(contents: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (mut len, mut shift, mut at) = (0usize, 0u32, 0);
+    loop {
+        let byte = *contents.get(at)?;
+        at += 1;
+        len |= usize::from(byte & 0x7f).checked_shl(shift)?;
+        if byte < 0x80 {
+            break;
+        }
+        shift += 7;
+    }
+    let name = contents.get(at..at.checked_add(len)?)?;
+    Some((name, &contents[at + len..]))
+}
+
+/// A core module's import section id.
+const IMPORTS: u8 = 2;
+
+/// Calls `each` with every section of every core module of `b`: `b` itself if it is one, else
+/// those nested in the component (and in components nested in it), with the component's own
+/// custom sections.
+fn nested(b: &[u8], each: &mut dyn FnMut(u8, &[u8])) {
+    // A component's header says layer 1 (bytes 6-7), a core module's version 1 (bytes 4-7).
+    let component = b.get(4..8) == Some(&[0x0d, 0, 1, 0]);
+    for (id, contents) in sections(b) {
+        match (id, component) {
+            // A nested core module (1) or component (4).
+            (1 | 4, true) => nested(contents, each),
+            (0, true) => each(id, contents),
+            (_, false) => each(id, contents),
+            _ => {}
+        }
+    }
+}
+
+/// Bytes of a binary module's custom sections whose name starts with `prefix`.
+fn section_bytes(b: &[u8], prefix: &str) -> usize {
+    sections(b)
+        .into_iter()
+        .filter(|(id, _)| *id == 0)
+        .filter_map(|(_, c)| custom(c))
+        .filter(|(name, _)| name.starts_with(prefix.as_bytes()))
+        .map(|(name, rest)| name.len() + rest.len() + 1)
+        .sum()
 }
 
 #[cfg(test)]
