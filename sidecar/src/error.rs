@@ -153,6 +153,9 @@ pub enum GateError {
     Upstream(String),
     #[error("slotgate is shutting down")]
     ShuttingDown { retry_after: u64 },
+    /// The start is not done: the listeners are bound, the policies still compiling (`doing`).
+    #[error("slotgate is starting: {doing}; retry in a moment")]
+    Starting { doing: String },
     #[error("{message}")]
     PolicyDenied {
         policy: String,
@@ -367,6 +370,8 @@ impl GateError {
             }
             E::ModelUnavailable { .. } => row(503, SERVER, "model_unavailable", O::UpstreamError),
             E::ShuttingDown { .. } => row(503, SERVER, "shutting_down", O::ShuttingDown),
+            // Never counted: nothing is, before the start is done (`app::starting`).
+            E::Starting { .. } => row(503, SERVER, "starting", O::ShuttingDown),
             E::Shed { .. } => row(503, SERVER, "shed", O::Shed),
             E::PolicyFailed { .. } => row(503, SERVER, "policy_error", O::PolicyError),
             // A policy names its own status; its 429 reads as a rate limit.
@@ -448,6 +453,7 @@ impl GateError {
             E::UpstreamUnavailable { retry_after, .. } | E::ShuttingDown { retry_after } => {
                 Some(Wait::Seconds(*retry_after))
             }
+            E::Starting { .. } => Some(Wait::Seconds(1)),
             E::PolicyDenied { retry_after, .. } => retry_after.map(Wait::Seconds),
             _ => None,
         }

@@ -487,6 +487,9 @@ impl Gate {
                 ));
             }
             let live = matches!(gate.admin.try_send(get("/livez")).await, Ok(r) if r.status == 200);
+            // Live while its policies compile, but not started until they have (`app::starting`).
+            let live = live
+                && !matches!(gate.admin.try_send(get("/readyz")).await, Ok(r) if r.body.contains("starting"));
             let sockets = gate.unix_paths().iter().all(|p| p.exists());
             if live && sockets {
                 break;

@@ -1,6 +1,7 @@
-//! The start, in its order: SIGHUP taken over, systemd's sockets taken, the watchdog pinging, the
-//! policies compiled, the budgets' state opened, the `App` built, and every socket bound. Anything
-//! wrong fails the start ([`StartError`]) before a client is served.
+//! The start, in its order: SIGHUP taken over, systemd's sockets taken, the watchdog pinging,
+//! every socket bound ([`listen`]); then, while those sockets answer `starting`
+//! (`app::starting`), the policies compiled, the budgets' state opened and the `App` built
+//! ([`build`]). Anything wrong fails the start ([`StartError`]) before a request is served.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::persist::Persister;
 use super::signal::Signals;
+use super::starting::Starting;
 use crate::config::{AdminAddr, Config, ListenAddr, StateBackend};
 use crate::fleet::Fleet;
 use crate::owner_only::FileError;
@@ -64,9 +66,8 @@ impl StartError {
     }
 }
 
-/// What the start made, ready to serve.
-pub(super) struct Bound {
-    pub app: Arc<App>,
+/// The sockets and signals the start takes first.
+pub(super) struct Sockets {
     /// SIGHUP, for the reloader.
     pub hangup: Signal,
     pub notifier: Notifier,
@@ -75,17 +76,26 @@ pub(super) struct Bound {
     /// The client sockets: systemd's, or `--listen`'s.
     pub listeners: Vec<Listener>,
     pub admin: Option<Listener>,
+}
+
+/// What the start made, ready to serve.
+pub(super) struct Bound {
+    pub app: Arc<App>,
+    /// SIGHUP, for the reloader.
+    pub hangup: Signal,
+    pub notifier: Notifier,
+    /// The watchdog's pings, running since the start.
+    pub watchdog: Option<JoinHandle<()>>,
     /// SIGTERM and SIGINT, listened for from the end of the start.
     pub signals: Signals,
     /// Writes the budgets to `state.dir`; once more when dropped.
     pub persister: Option<Persister>,
 }
 
-/// Makes everything slotgate serves with, in the order the start needs.
-pub(super) async fn bind(
-    config: Config,
-    prometheus: PrometheusHandle,
-) -> Result<Bound, StartError> {
+/// Takes the signals and binds every socket: a bad address fails the start before anything else
+/// is done. Sockets inherited from systemd take the place of the configured ones (see
+/// `server::activation`).
+pub(super) async fn listen(config: &Config) -> Result<Sockets, StartError> {
     // SIGHUP's default action ends the process: take it over before anything else.
     let hangup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     // Sockets systemd passed: made close-on-exec, and LISTEN_* unset, before anything could start a
@@ -96,12 +106,32 @@ pub(super) async fn bind(
     let watchdog = notify::watchdog_interval_from_env()
         .filter(|_| notifier.is_enabled())
         .map(|every| tokio::spawn(notify::watchdog_loop(notifier.clone(), every)));
-    // Compile, validate and canary every policy before anything is bound: a bad policy fails the start.
-    // Checked (made 0700) first, so a cache another user could write refuses the start as such.
+    let listeners = client_listeners(config, inherited.clients).await?;
+    let admin = admin_listener(config, inherited.admin).await?;
+    Ok(Sockets {
+        hangup,
+        notifier,
+        watchdog,
+        listeners,
+        admin,
+    })
+}
+
+/// Makes everything slotgate serves with, in the order the start needs, while `starting` answers
+/// on the sockets.
+pub(super) async fn build(
+    config: Config,
+    prometheus: PrometheusHandle,
+    sockets: (Signal, Notifier, Option<JoinHandle<()>>),
+    starting: &Starting,
+) -> Result<Bound, StartError> {
+    let (hangup, notifier, watchdog) = sockets;
+    // Compile, validate and canary every policy: a bad policy fails the start. Checked (made 0700)
+    // first, so a cache another user could write refuses the start as such.
     if let Some(dir) = &config.policy_cache_dir {
         crate::owner_only::dir(dir).map_err(StartError::PolicyCache)?;
     }
-    let policies = PolicySet::load(&config.policies, config.policy_cache_dir.clone())?;
+    let policies = compile(&config, starting).await?;
     // Compiling the chain freed megabytes into malloc's arenas (see `memory::trim`).
     crate::app::memory::trim();
     let fleet = fleet(&config, &policies)?;
@@ -120,21 +150,54 @@ pub(super) async fn bind(
     let mut app = App::new(config, prometheus, policies, fleet, ledger);
     app.keys = keys;
     let app = Arc::new(app);
-    // Bind everything first, so a bad address fails the start before anything is served. Sockets
-    // inherited from systemd take the place of the configured ones (see `server::activation`).
-    let listeners = client_listeners(&app.config, inherited.clients).await?;
-    let admin = admin_listener(&app.config, inherited.admin).await?;
+    // Taken last: a SIGTERM while the policies compile ends the process as it always does.
     let signals = Signals::new().map_err(StartError::Signals)?;
     Ok(Bound {
         app,
         hangup,
         notifier,
         watchdog,
-        listeners,
-        admin,
         signals,
         persister,
     })
+}
+
+/// Compiles, validates and canaries the chain on the blocking pool (this runtime's accept loops
+/// answer meanwhile), one log line per policy before and one for the chain after: how long it
+/// took and how much of it the compile cache held.
+async fn compile(config: &Config, starting: &Starting) -> Result<PolicySet, StartError> {
+    let specs = config.policies.clone();
+    let cache = config.policy_cache_dir.clone();
+    if specs.is_empty() {
+        return Ok(PolicySet::load(&specs, cache)?);
+    }
+    let names: Vec<String> = specs.iter().map(|s| s.display_name()).collect();
+    for (spec, name) in specs.iter().zip(&names) {
+        let bytes = std::fs::metadata(&spec.path).map_or(0, |m| m.len());
+        tracing::info!(policy = %name, path = %spec.path.display(), bytes, compile_cache = %cache.as_ref().map_or("off".to_owned(), |d| d.display().to_string()), "compiling policy");
+    }
+    starting.doing(&format!("compiling policy `{}`", names.join("`, `")));
+    let started = std::time::Instant::now();
+    let load = tokio::task::spawn_blocking(move || PolicySet::load(&specs, cache));
+    let policies = match load.await {
+        Ok(loaded) => loaded?,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
+    let disk = &policies.cache_status()["disk"];
+    let cached = match (disk["hits"].as_u64(), disk["misses"].as_u64()) {
+        (Some(hits), Some(misses)) => format!(
+            "{hits} of {} modules read from the compile cache",
+            hits + misses
+        ),
+        _ => "no compile cache (--policy-cache-dir)".to_owned(),
+    };
+    tracing::info!(
+        policies = %names.join(","),
+        ms = started.elapsed().as_millis() as u64,
+        cached = %cached,
+        "policies compiled, validated and canaried"
+    );
+    Ok(policies)
 }
 
 /// With the redis backend, budgets are the fleet's: leases, synced in the background. The store

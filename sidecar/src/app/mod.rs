@@ -10,6 +10,7 @@ pub mod persist;
 pub mod reload;
 mod serve;
 pub mod signal;
+mod starting;
 pub mod workers;
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -27,8 +28,24 @@ pub async fn run(
     source: ConfigSource,
     workers: Vec<tokio::runtime::Handle>,
 ) -> Result<(), StartError> {
-    let bound = bind::bind(config, prometheus).await?;
-    let mut serving = serve::serve(bound, source, &workers);
+    let sockets = bind::listen(&config).await?;
+    let starting = starting::Starting::new();
+    let accepting = serve::accept(
+        &config,
+        (sockets.listeners, sockets.admin),
+        &starting,
+        &workers,
+    );
+    let signals = (sockets.hangup, sockets.notifier, sockets.watchdog);
+    let bound = match bind::build(config, prometheus, signals, &starting).await {
+        Ok(b) => b,
+        Err(e) => {
+            accepting.stop();
+            return Err(e);
+        }
+    };
+    starting.ready(bound.app.clone());
+    let mut serving = serve::serve(bound, accepting, source);
     let signal = serving.signals.next().await;
     drain::drain(serving, signal).await;
     Ok(())

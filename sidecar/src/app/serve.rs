@@ -1,9 +1,14 @@
-//! Serving: the background tasks started, every runtime accepting on every client socket, the
-//! admin listener on this one, and systemd told slotgate is ready. What the drain needs to stop it
-//! all is handed back as [`Serving`].
+//! Serving: every runtime accepting on every client socket and the admin listener on this one, from
+//! the moment they are bound ([`accept`], answering `starting` until the start is done); then the
+//! background tasks started and systemd told slotgate is ready ([`serve`]). What the drain needs to
+//! stop it all is handed back as [`Serving`].
 
 use std::sync::Arc;
 
+use futures_util::future::Either;
+use http::Request;
+use hyper::body::Incoming;
+use slotgate_sdk::Peer;
 use tokio::runtime::Handle;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
@@ -12,6 +17,8 @@ use super::bind::Bound;
 use super::persist::Persister;
 use super::reload::ConfigSource;
 use super::signal::Signals;
+use super::starting::Starting;
+use crate::config::Config;
 use crate::server::capacity::{Capacity, Limits};
 use crate::server::conn::LINGER_EXTRA_BYTES;
 use crate::server::notify::Notifier;
@@ -46,10 +53,35 @@ pub(super) struct Serving {
     pub persister: Option<Persister>,
 }
 
-/// Starts serving on what [`bind`](super::bind::bind) made; returns at once, with everything running.
-pub(super) fn serve(b: Bound, source: ConfigSource, workers: &[Handle]) -> Serving {
-    let app = b.app;
-    let cfg = &app.config;
+/// The accept loops, running from the moment the sockets are bound.
+pub(super) struct Accepting {
+    stop: watch::Sender<bool>,
+    admin_stop: watch::Sender<bool>,
+    conns: Arc<Semaphore>,
+    accepting: Vec<JoinHandle<()>>,
+    admin: Option<JoinHandle<()>>,
+    /// The sockets served, as systemd's status line names them.
+    serving: Vec<String>,
+    admin_at: String,
+}
+
+impl Accepting {
+    /// A start that failed: every accept loop stops, and the sockets close.
+    pub(super) fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.admin_stop.send(true);
+    }
+}
+
+/// Accepts on every socket at once: `starting` answers until the start is done, then the request
+/// path and the admin endpoints do.
+pub(super) fn accept(
+    cfg: &Config,
+    sockets: (Vec<Listener>, Option<Listener>),
+    starting: &Arc<Starting>,
+    workers: &[Handle],
+) -> Accepting {
+    let (listeners, admin) = sockets;
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
     crate::server::tarpit::configure(cfg.refusal_burst, cfg.refusal_rate);
@@ -68,15 +100,34 @@ pub(super) fn serve(b: Bound, source: ConfigSource, workers: &[Handle]) -> Servi
         linger_bytes: cfg.max_body as u64 + LINGER_EXTRA_BYTES,
         announce: true,
     };
-    let background = super::background::start(&app, source, b.hangup, b.watchdog);
     let mut accepting = Vec::new();
     let mut serving = Vec::new();
-    for listener in b.listeners {
+    for listener in listeners {
         serving.push(listener.describe());
-        accepting.extend(accept_clients(&app, listener, &opts, workers));
+        accepting.extend(accept_clients(starting, listener, &opts, workers));
     }
-    let admin_at = (b.admin.as_ref()).map_or_else(|| "off".to_owned(), Listener::describe);
-    let admin = (b.admin).map(|listener| serve_admin(&app, listener, admin_stop_rx));
+    let admin_at = admin
+        .as_ref()
+        .map_or_else(|| "off".to_owned(), Listener::describe);
+    let admin = admin.map(|listener| serve_admin(cfg, starting, listener, admin_stop_rx));
+    Accepting {
+        stop,
+        admin_stop,
+        conns,
+        accepting,
+        admin,
+        serving,
+        admin_at,
+    }
+}
+
+/// Starts the rest on what [`build`](super::bind::build) made, the sockets already accepting;
+/// returns at once, with everything running.
+pub(super) fn serve(b: Bound, a: Accepting, source: ConfigSource) -> Serving {
+    let app = b.app;
+    let cfg = &app.config;
+    let background = super::background::start(&app, source, b.hangup, b.watchdog);
+    warn_if_open(&app, &a.admin_at);
     tracing::info!(
         upstream = %cfg.upstream,
         slots = %cfg.slots,
@@ -85,19 +136,20 @@ pub(super) fn serve(b: Bound, source: ConfigSource, workers: &[Handle]) -> Servi
         "slotgate started"
     );
     b.notifier.ready(&format!(
-        "serving {}; admin {admin_at}; upstream {}",
-        serving.join(", "),
+        "serving {}; admin {}; upstream {}",
+        a.serving.join(", "),
+        a.admin_at,
         cfg.upstream
     ));
     Serving {
         app,
         notifier: b.notifier,
         signals: b.signals,
-        stop,
-        admin_stop,
-        conns,
-        accepting,
-        admin,
+        stop: a.stop,
+        admin_stop: a.admin_stop,
+        conns: a.conns,
+        accepting: a.accepting,
+        admin: a.admin,
         background,
         persister: b.persister,
     }
@@ -106,14 +158,17 @@ pub(super) fn serve(b: Bound, source: ConfigSource, workers: &[Handle]) -> Servi
 /// Accept loops on one client socket: one on each worker runtime and one on this, so whichever is
 /// free takes the next connection.
 fn accept_clients(
-    app: &Arc<App>,
+    starting: &Arc<Starting>,
     listener: Listener,
     opts: &ServeOpts,
     workers: &[Handle],
 ) -> Vec<JoinHandle<()>> {
     tracing::info!(listen = %listener.describe(), "accepting clients");
-    let app = app.clone();
-    let handler = move |req, peer| pipeline::handle(app.clone(), req, peer);
+    let starting = starting.clone();
+    let handler = move |req: Request<Incoming>, peer: Option<Peer>| match starting.app() {
+        Some(app) => Either::Left(pipeline::handle(app.clone(), req, peer)),
+        None => Either::Right(std::future::ready(starting.client_answer(&req))),
+    };
     let mut accepting = Vec::new();
     for worker in workers {
         let shared = match listener.share() {
@@ -140,11 +195,13 @@ fn accept_clients(
 }
 
 /// The admin listener's accept loop, on this runtime.
-fn serve_admin(app: &Arc<App>, listener: Listener, stop: watch::Receiver<bool>) -> JoinHandle<()> {
+fn serve_admin(
+    cfg: &Config,
+    starting: &Arc<Starting>,
+    listener: Listener,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
     tracing::info!(listen = %listener.describe(), "admin endpoints up");
-    warn_if_open(app, &listener);
-    let app = app.clone();
-    let cfg = &app.config;
     let capacity = Capacity::new(Limits {
         listener: "admin",
         connections: ADMIN_CONNECTIONS,
@@ -159,16 +216,20 @@ fn serve_admin(app: &Arc<App>, listener: Listener, stop: watch::Receiver<bool>) 
         linger_bytes: LINGER_EXTRA_BYTES,
         announce: true,
     };
-    let handler = move |req, peer| admin::handle(app.clone(), req, peer);
+    let starting = starting.clone();
+    let handler = move |req: Request<Incoming>, peer: Option<Peer>| match starting.app() {
+        Some(app) => Either::Left(admin::handle(app.clone(), req, peer)),
+        None => Either::Right(std::future::ready(starting.admin_answer(&req))),
+    };
     tokio::spawn(server::accept_loop(listener, handler, opts))
 }
 
-/// Says at start what an unauthenticated caller can do on a TCP admin listener without a token.
-fn warn_if_open(app: &App, listener: &Listener) {
-    if !matches!(listener, Listener::Tcp(_)) || app.admin_tokens().required() {
+/// Says at start what an unauthenticated caller can do on a TCP admin listener (`listen`, as
+/// [`Listener::describe`] names it) without a token.
+fn warn_if_open(app: &App, listen: &str) {
+    if !listen.starts_with("tcp:") || app.admin_tokens().required() {
         return;
     }
-    let listen = listener.describe();
     if app.upstream.has_key() {
         tracing::warn!(listen, "the admin listener is on TCP without --admin-token-file: anyone who can connect reads /status, /live and /metrics (tenants, request ids, paths); llama-server's admin routes (slots, LoRA, props, models) reach it with the caller's own credentials only, never slotgate's key; set --admin-token-file (docs/security.md)");
     } else {

@@ -6,6 +6,7 @@ pub mod admin_client;
 pub mod cli;
 pub mod key;
 pub mod policy;
+pub mod policy_cost;
 pub mod policy_new;
 pub mod quota;
 pub mod run;

@@ -160,7 +160,8 @@ fn check(a: CheckArgs) -> anyhow::Result<()> {
     let set = load(&a.policy, a.settings.as_ref(), &a.limits, cache_dir.clone())?;
     let chain = set.current();
     let p = chain.policies().next().context("the policy is loaded")?;
-    warn_about_cost(&bytes, p)?;
+    let fuel_limit = spec_limits(&spec(&a.policy, a.settings.as_ref(), &a.limits)?).fuel;
+    super::policy_cost::warn(&bytes, p, fuel_limit);
     let speaks = match (Contract::of(&bytes), p.policy.imports_wasi()) {
         (Contract::V2Embedded, _) => "is a v2 policy (slotgate:policy@2.0.0; a core module carrying the contract, made a component on load)".to_owned(),
         (Contract::V2, true) => "is a v2 component (slotgate:policy@2.0.0; its WASI imports get an empty context: no files, sockets, environment or arguments)".to_owned(),
@@ -290,75 +291,6 @@ fn not_wasm(bytes: &[u8]) -> Option<String> {
         }
         _ => None,
     }
-}
-
-/// Fuel one evaluation of the example policies' canary takes, at most (about 20k to 32k).
-const EXAMPLE_FUEL: u64 = 32_000;
-
-/// Warns of a debug build (DWARF sections) and of a canary evaluation far costlier than the
-/// examples': both pass, and both cost every request.
-fn warn_about_cost(bytes: &[u8], p: &crate::policy::chain::Loaded) -> anyhow::Result<()> {
-    let wasm = wat::parse_bytes(bytes).map_or_else(|_| Vec::new(), |b| b.into_owned());
-    let debug = wasm_section_bytes(&wasm, ".debug_");
-    if debug > 0 {
-        eprintln!(
-            "warning: a debug build: {} KB of DWARF sections in a {} KB module; build it with the \
-             policy profile (scripts/build-policies.sh) for a smaller, faster module",
-            debug.div_ceil(1024),
-            wasm.len().div_ceil(1024)
-        );
-    }
-    let settings = if p.preinitialised() {
-        Value::Null
-    } else {
-        p.settings.clone()
-    };
-    if let Ok((_, ev)) = p.policy.evaluate_input(&canary_input(&settings)) {
-        if ev.fuel_used > 10 * EXAMPLE_FUEL {
-            eprintln!(
-                "warning: its canary evaluation used {} fuel, {}x the example policies' (at most \
-                 {EXAMPLE_FUEL}): every request pays it{}",
-                ev.fuel_used,
-                ev.fuel_used / EXAMPLE_FUEL,
-                if debug > 0 { " (a debug build?)" } else { "" }
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Bytes of a binary module's custom sections whose name starts with `prefix`.
-fn wasm_section_bytes(b: &[u8], prefix: &str) -> usize {
-    let leb = |at: &mut usize| -> Option<usize> {
-        let (mut v, mut shift) = (0usize, 0);
-        loop {
-            let byte = *b.get(*at)?;
-            *at += 1;
-            v |= usize::from(byte & 0x7f).checked_shl(shift)?;
-            if byte < 0x80 {
-                return Some(v);
-            }
-            shift += 7;
-        }
-    };
-    let (mut at, mut total) = (8, 0);
-    while at < b.len() {
-        let id = b[at];
-        at += 1;
-        let Some(size) = leb(&mut at) else { break };
-        let end = at.saturating_add(size);
-        if id == 0 {
-            let mut name_at = at;
-            if let Some(len) = leb(&mut name_at) {
-                let name = b.get(name_at..name_at.saturating_add(len));
-                if name.is_some_and(|n| n.starts_with(prefix.as_bytes())) {
-                    total += size;
-                }
-            }
-        }
-        at = end;
-    }
-    total
 }
 
 fn spec(path: &Path, settings: Option<&PathBuf>, limits: &LimitArgs) -> anyhow::Result<PolicySpec> {

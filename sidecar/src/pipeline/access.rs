@@ -49,6 +49,8 @@ pub struct Exchange {
     retry_after: Option<u64>,
     /// The policy that denied the request, and its reason.
     denied: Option<(String, String)>,
+    /// What the monitor-mode policies would have done (`pipeline::decide::monitored`).
+    monitor: Option<Box<str>>,
     started: Instant,
     priority: i64,
     tenant: Option<Arc<str>>,
@@ -103,6 +105,7 @@ impl Exchange {
             addr,
             retry_after: None,
             denied: None,
+            monitor: None,
             started: Instant::now(),
             priority: 0,
             tenant: None,
@@ -220,6 +223,11 @@ impl Exchange {
     /// Arms the policies' `on_complete`, fired once when this record drops, whatever the outcome.
     pub fn on_complete(&mut self, hook: CompletionHook) {
         self.completion = Some(Box::new(hook));
+    }
+
+    /// What the chain's monitor-mode policies would have done to the request.
+    pub fn set_monitor(&mut self, entries: String) {
+        self.monitor = Some(entries.into());
     }
 
     /// What a refusal told the client: its Retry-After, and for a policy's denial who and why.
@@ -432,6 +440,7 @@ impl Exchange {
             ("retry_after", self.retry_after.map(Field::Num)),
             ("policy", self.denied.as_ref().map(|d| Field::Str(&d.0))),
             ("reason", self.denied.as_ref().map(|d| Field::Str(&d.1))),
+            ("monitor", self.monitor.as_deref().map(Field::Str)),
             ("upstream_ms", ms(self.upstream)),
             ("total_ms", ms(Some(self.started.elapsed()))),
             ("peer_uid", self.peer.map(|p| Field::Num(p.uid.into()))),

@@ -65,6 +65,9 @@ pub(super) async fn decide(
     }
     let now = crate::policy::state::wall_ms().max(0) as u64;
     let (outcome, own, summary) = evaluate(app, intake, chain.clone(), now).await;
+    if let Some(entries) = monitored(&chain, &own) {
+        ex.set_monitor(entries);
+    }
     // Every policy that allowed hears how the request ended, even when a later one refused it:
     // what it took from a budget can be given back.
     if chain.wants_completion(&own) {
@@ -90,6 +93,37 @@ pub(super) async fn decide(
             kind: error.kind(),
         }),
     }
+}
+
+/// What each monitor-mode policy would have done, for the access line's `monitor` field: entries
+/// in chain order, one space apart, each `NAME:allow`, `NAME:deny:STATUS:REASON:"MESSAGE"` (`-` for
+/// a reason it did not give, the message as a JSON string, left out with its colon when none) or
+/// `NAME:error` (its evaluation failed). `None` for a chain with no monitor-mode policy.
+fn monitored(chain: &Chain, own: &[Option<Decision>]) -> Option<String> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for (p, d) in chain.policies().zip(own) {
+        if p.mode != crate::policy::fold::Mode::Monitor {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(&p.name);
+        match d {
+            None => out.push_str(":error"),
+            Some(d) if d.verdict == slotgate_sdk::Verdict::Allow => out.push_str(":allow"),
+            Some(d) => {
+                let reason = d.reason.as_deref().unwrap_or("-");
+                let _ = write!(out, ":deny:{}:{reason}", d.status.unwrap_or(403));
+                if let Some(m) = &d.message {
+                    out.push(':');
+                    out.push_str(&serde_json::Value::from(m.as_str()).to_string());
+                }
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// An allowed request: its changes applied to the client's bytes, its priority and deadline the

@@ -196,9 +196,11 @@ async fn monitor_mode_evaluates_but_never_decides() {
         "strict",
         r#"{"verdict":"deny","status":403,"message":"no"}"#,
     );
+    let allow = wat::fixed(&dir, "lenient", r#"{"verdict":"allow"}"#);
     let text = format!(
-        "[[policy]]\npath = \"{}\"\nmode = \"monitor\"\n",
-        deny.display()
+        "[[policy]]\npath = \"{}\"\nmode = \"monitor\"\n[[policy]]\npath = \"{}\"\nmode = \"monitor\"\n",
+        deny.display(),
+        allow.display()
     );
     let (up, gate) = gate_with(&config(&dir, &text)).await;
     let resp = gate.client().post_chat(&Req::chat("watched")).await;
@@ -226,6 +228,15 @@ async fn monitor_mode_evaluates_but_never_decides() {
     ] {
         assert!(line.contains(&part), "{part} not in {line}");
     }
+    // And in the request's access line, both monitor policies in chain order: the message a JSON
+    // string inside the field's own quoted value.
+    let access = log
+        .lines()
+        .find(|l| l.contains("slotgate::access") && l.contains(&format!("request_id={id}")))
+        .unwrap_or_else(|| panic!("no access line in {log}"));
+    let monitor = r#"monitor="strict:deny:403:-:\"no\" lenient:allow""#;
+    assert!(access.contains(monitor), "{monitor} not in {access}");
+    assert!(access.contains("outcome=ok"), "{access}");
     gate.assert_settled(&up, 1).await;
 }
 

@@ -10,4 +10,5 @@ mod openapi_valid;
 mod policy_assemblyscript;
 mod policy_hostile_guests;
 mod policy_new;
+mod starting;
 mod tenant_header;

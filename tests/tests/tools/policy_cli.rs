@@ -233,7 +233,53 @@ fn check_names_a_native_build_and_warns_of_debug_builds_and_costly_policies() {
     );
     let out = check(&costly);
     assert!(out.status.success(), "{}", text(&out));
-    assert_says(&out, "the example policies' (at most 32000)");
+    assert_says(
+        &out,
+        "the Rust and AssemblyScript example policies' (policies/, at most 32000)",
+    );
+    assert_says(
+        &out,
+        "What helps: keep counts and budgets in the host's state interface",
+    );
+}
+
+/// The fuel warning compares a policy with the examples of its own language: the Python example
+/// (an interpreter inside, ~0.7M fuel a call) and the Rust one (~30k) load without it, while a
+/// compiled policy costing what the Python example costs is warned of, as the Rust examples'
+/// multiple, with what its author can change. (A heavy Python policy's message: the unit tests of
+/// `cmd::policy_cost`.)
+#[test]
+fn the_fuel_warning_compares_a_policy_with_examples_of_its_language() {
+    for name in ["request-guard-py", "request-guard-v2"] {
+        let out = check(&slotgate_tests::wat::built(name));
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        assert!(!text(&out).contains("warning"), "{name}: {}", text(&out));
+    }
+    // A compiled policy burning about what the Python example burns (a 100,000-round loop).
+    let dir = unique_dir("policy-check-language");
+    let heavy = policy(
+        &dir,
+        "heavy",
+        1,
+        r#"{"verdict":"allow"}"#,
+        "(local $i i32) (loop $l (local.set $i (i32.add (local.get $i) (i32.const 1))) \
+         (br_if $l (i32.lt_u (local.get $i) (i32.const 100000))))",
+    );
+    let out = check(&heavy);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_says(&out, "the Rust and AssemblyScript example policies'");
+    assert!(!text(&out).contains("isolation"), "{}", text(&out));
+    // Near its fuel limit: told to raise it.
+    let out = slotgate(&[
+        "policy",
+        "check",
+        "--fuel",
+        "1000000",
+        heavy.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_says(&out, "of its fuel limit (1000000)");
+    assert_says(&out, "raise `fuel` in the policy's [[policy]] entry");
 }
 
 /// An author's loop: `check` and `eval` keep what they compile in the user's cache directory
