@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use slotgate_sdk::{
     Completion, Decision, Earlier, Mutations, RateLimit, RateLimits, RequestSummary, Verdict,
+    CALLER_HEADER,
 };
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, Store, StoreLimitsBuilder};
@@ -479,7 +480,7 @@ impl ComponentPolicy {
 
 type Clock = Arc<super::module::CallClock>;
 
-/// The request as the contract carries it.
+/// The request as the contract carries it, the caller's identity among the host's headers.
 pub fn request_of(r: &RequestSummary) -> t::Request {
     t::Request {
         method: r.method.clone(),
@@ -504,7 +505,10 @@ pub fn request_of(r: &RequestSummary) -> t::Request {
         headers: r
             .headers
             .iter()
+            .filter(|(k, _)| *k != CALLER_HEADER)
             .map(|(k, v)| (k.clone(), v.clone()))
+            // Contract 2.0.0 has no field for it: the host's header gives it, always.
+            .chain([(CALLER_HEADER.to_owned(), r.identity().to_string())])
             .collect(),
         session_id: r.session_id.clone(),
         conversation_id: r.conversation_id.clone(),

@@ -936,6 +936,7 @@ pub fn canary_input(settings: &Value) -> EvaluateInput {
             path: "/v1/chat/completions".into(),
             prompt_chars: 16,
             prompt_tokens_estimate: 4,
+            caller: Some("anonymous".into()),
             ..RequestSummary::default()
         },
         settings: settings.clone(),
