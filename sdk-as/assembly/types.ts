@@ -98,6 +98,8 @@ export class RequestSummary {
   apiKey: string | null = null;
   /** The tenant slotgate itself named the caller (`--client-auth keys`, docs/keys.md), if it did. */
   tenant: string | null = null;
+  /** The caller's identity as the host named it (read it through `identity()`). */
+  caller: string | null = null;
   /** Allow-listed request headers, lower-cased names. */
   headers: Map<string, string> = new Map<string, string>();
   /** Queue state when the request arrived. */
@@ -109,18 +111,26 @@ export class RequestSummary {
   }
 
   /**
-   * The caller's identity as a stable key: the tenant slotgate named, else the API key's
-   * `sha256:<hex>`, else `uid:<n>` of the Unix-socket peer, else `anonymous`
-   * (`RequestSummary::identity()` in the Rust SDK).
+   * The caller's identity as the host named it (`caller`), a stable key: the tenant slotgate
+   * named, else the API key's `sha256:<hex>`, else `uid:<n>` of the Unix-socket peer, else
+   * `anonymous` (`RequestSummary::identity()` in the Rust SDK).
    */
   identity(): string {
-    const tenant = this.tenant;
-    if (tenant !== null) return tenant;
-    const key = this.apiKey;
-    if (key !== null) return key;
-    const peer = this.peer;
-    if (peer !== null) return "uid:" + peer.uid.toString();
-    return "anonymous";
+    const caller = this.caller;
+    return caller !== null ? caller : "anonymous";
+  }
+
+  /**
+   * Whom a budget or quota is kept for: `header:<value>` of `tenantHeader` when the request
+   * carries it (not empty), else its `identity()`. Any client that reaches slotgate can set the
+   * header: use it only when a router in front is the only caller.
+   */
+  tenantKey(tenantHeader: string | null): string {
+    if (tenantHeader !== null && this.headers.has(tenantHeader)) {
+      const value = this.headers.get(tenantHeader);
+      if (value.length > 0) return "header:" + value;
+    }
+    return this.identity();
   }
 
   static read(r: JsonReader): RequestSummary {
@@ -161,6 +171,7 @@ export class RequestSummary {
       } else if (r.is("peer")) s.peer = r.null() ? null : Peer.read(r);
       else if (r.is("api_key")) s.apiKey = r.stringOrNull();
       else if (r.is("tenant")) s.tenant = r.stringOrNull();
+      else if (r.is("caller")) s.caller = r.stringOrNull();
       else if (r.is("headers")) {
         if (!r.null()) s.headers = r.stringMap();
       } else if (r.is("queue")) {

@@ -27,6 +27,7 @@ const ECHO = {
     deadline_ms: 3000,
     peer: { uid: 1000, gid: 1001, pid: 4242 },
     api_key: "sha256:" + "ab".repeat(32),
+    caller: "sha256:" + "ab".repeat(32),
     headers: { "user-agent": "openai-python/1.40", "x-b": "2" },
     queue: { depth: 3, capacity: 8, in_flight: 1, estimated_wait_seconds: 2.5 },
     some_future_field: { nested: [1, 2, { x: null }] },
@@ -74,8 +75,8 @@ for (const snapshot of [true, false]) {
       });
     });
 
-    it("leaves out what is absent and falls back to the uid, then anonymous", () => {
-      const minimal = probe.run({ request: { path: "/echo", model: null, peer: { uid: 7, gid: 8 } } });
+    it("leaves out what is absent, and reads the identity the host named", () => {
+      const minimal = probe.run({ request: { path: "/echo", model: null, peer: { uid: 7, gid: 8 }, caller: "uid:7" } });
       const h = minimal.mutations.response_headers;
       assert.equal(h.model, "<none>");
       assert.equal(h["max-tokens"], "<none>");
@@ -88,9 +89,13 @@ for (const snapshot of [true, false]) {
       assert.equal(minimal.cost, 0, "the estimate stands in for the exact count");
       assert.equal(h.settings, "||0.0|10", "null settings read as {}: the defaults");
       assert.equal(probe.run({ request: { path: "/echo" } }).tenant, "anonymous");
-      // The tenant slotgate named (`--client-auth keys`) beats the key and the uid.
-      const named = probe.run({
+      // The host names the caller; the SDK does not look at the key, uid or tenant again.
+      const unnamed = probe.run({
         request: { path: "/echo", api_key: "sha256:ab", tenant: "alice", peer: { uid: 7, gid: 8 } },
+      });
+      assert.equal(unnamed.mutations.response_headers.identity, "anonymous");
+      const named = probe.run({
+        request: { path: "/echo", api_key: "sha256:ab", tenant: "alice", caller: "alice" },
       });
       assert.equal(named.mutations.response_headers.identity, "alice");
     });

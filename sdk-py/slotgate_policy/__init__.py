@@ -33,6 +33,7 @@ from .decisions import (
 )
 from .identity import (
     ANONYMOUS,
+    CALLER_HEADER,
     TENANT_HEADERS,
     check_tenant_header,
     header,
@@ -46,6 +47,7 @@ from .settings import kept, load_settings
 
 __all__ = [
     "ANONYMOUS",
+    "CALLER_HEADER",
     "TENANT_HEADERS",
     "allow",
     "check_tenant_header",

@@ -1,6 +1,6 @@
-"""Who sent a request: its API key's hash, else its Unix-socket uid, else nobody we can name. The
-same keys as the Rust SDK's `identity()` and `tenant_key()`, so Python and Rust policies sharing
-host state agree on whose budget is whose."""
+"""Who sent a request, as the host names it: slotgate decides the caller's identity once per
+request and gives it to every policy in its header `x-slotgate-caller` (docs/policy-abi.md); a
+policy only reads it, so policies in any language agree on whose budget is whose."""
 
 import re
 
@@ -14,24 +14,19 @@ TENANT_HEADERS = ("x-tenant", "openai-organization", "openai-project")
 
 _HASHED_KEY = re.compile(r"sha256:[0-9a-f]{64}")
 
-
 # Where the host lists the tenant it named the caller (`--client-auth keys`, docs/keys.md): contract
 # 2.0.0 has no field for it, and a client cannot send a header of this name to a policy.
 TENANT_NAMED_HEADER = "x-slotgate-tenant"
 
+# Where the host gives the caller's identity, always: contract 2.0.0 has no field for it.
+CALLER_HEADER = "x-slotgate-caller"
+
 
 def identity(request: types.Request) -> str:
-    """The strongest identity the request carries, as a stable key for settings and host state:
-    the tenant slotgate named, else its API key's hash (`sha256:<hex>`), else `uid:<n>` of its
+    """The caller's identity as the host named it, a stable key for settings and host state: the
+    tenant slotgate named, else the API key's hash (`sha256:<hex>`), else `uid:<n>` of the
     Unix-socket peer, else `anonymous`."""
-    named = header(request, TENANT_NAMED_HEADER)
-    if named:
-        return named
-    if request.api_key is not None:
-        return request.api_key
-    if request.peer is not None:
-        return f"uid:{request.peer.uid}"
-    return ANONYMOUS
+    return header(request, CALLER_HEADER) or ANONYMOUS
 
 
 def header(request: types.Request, name: str):

@@ -22,6 +22,7 @@ from wit_world.imports import clocks, log, state, types
 
 from . import periods
 from ._records import build
+from .identity import CALLER_HEADER
 
 # The wall clock at monotonic 0, and the default `now_unix_ms` of evaluation(): the Rust SDK's.
 WALL_START_MS = 1_800_000_000_000
@@ -282,14 +283,18 @@ def _refilled(level, elapsed_seconds, capacity, refill_per_sec):
 # --- inputs ---------------------------------------------------------------------------------------
 
 
-def request(**fields) -> types.Request:
+def request(*, caller="anonymous", **fields) -> types.Request:
     """A request as the host builds it: a POST to `/v1/chat/completions` over TCP with no key, an
     empty prompt and an idle queue of 8, with `fields` in its place. `headers` may be a dict,
-    `queue` a dict of QueueState fields, `peer` a dict of Peer fields."""
+    `queue` a dict of QueueState fields, `peer` a dict of Peer fields. `caller` is the identity the
+    host named (its header `x-slotgate-caller`); a test states it, as the host would have named
+    the request's key, uid or tenant."""
     defaults = {"method": "POST", "path": "/v1/chat/completions"}
     fields = {**defaults, **fields}
-    if isinstance(fields.get("headers"), dict):
-        fields["headers"] = list(fields["headers"].items())
+    headers = fields.get("headers", [])
+    if isinstance(headers, dict):
+        headers = list(headers.items())
+    fields["headers"] = [*headers, (CALLER_HEADER, caller)]
     queue = fields.get("queue", {})
     if isinstance(queue, dict):
         fields["queue"] = build(types.QueueState, fill_scalars=True, **{"capacity": 8, **queue})

@@ -5,22 +5,17 @@ from slotgate_policy import testing
 
 
 class Identity(unittest.TestCase):
-    def test_key_beats_uid_beats_nothing(self):
-        r = testing.request()
+    def test_the_identity_is_the_one_the_host_named(self):
+        # The host names the caller; the request's key and peer are not looked at again.
+        r = testing.request(peer={"uid": 1000, "gid": 1000}, api_key="sha256:ab")
         self.assertEqual(sdk.identity(r), "anonymous")
-        r = testing.request(peer={"uid": 1000, "gid": 1000})
-        self.assertEqual(sdk.identity(r), "uid:1000")
-        r = testing.request(peer={"uid": 1000}, api_key="sha256:ab")
-        self.assertEqual(sdk.identity(r), "sha256:ab")
-        # The tenant slotgate named (`--client-auth keys`) beats them all, and is the tenant key.
-        r = testing.request(
-            peer={"uid": 1000}, api_key="sha256:ab", headers={"x-slotgate-tenant": "alice"}
-        )
-        self.assertEqual(sdk.identity(r), "alice")
-        self.assertEqual(sdk.tenant_key(r), "alice")
+        for caller in ("uid:1000", "sha256:ab", "alice"):
+            r = testing.request(peer={"uid": 1000}, api_key="sha256:ab", caller=caller)
+            self.assertEqual(sdk.identity(r), caller)
+            self.assertEqual(sdk.tenant_key(r), caller)
 
     def test_tenant_key_prefers_a_non_empty_tenant_header(self):
-        r = testing.request(peer={"uid": 7}, headers={"x-tenant": "team-a"})
+        r = testing.request(caller="uid:7", headers={"x-tenant": "team-a"})
         self.assertEqual(sdk.tenant_key(r, "x-tenant"), "header:team-a")
         self.assertEqual(sdk.tenant_key(r), "uid:7")
         self.assertEqual(sdk.tenant_key(r, "openai-project"), "uid:7")

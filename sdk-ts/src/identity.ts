@@ -1,7 +1,7 @@
 /**
- * Who sent a request: its API key's hash, else its Unix-socket uid, else nobody we can name. The same
- * keys as the Rust SDK's `identity()` and `tenant_key()`, so TypeScript, Rust and AssemblyScript
- * policies sharing host state (buckets, quotas) agree on whose it is.
+ * Who sent a request, as the host names it: slotgate decides the caller's identity once per request
+ * and gives it to every policy in its header `x-slotgate-caller` (docs/policy-abi.md); a policy only
+ * reads it, so policies in any language sharing host state (buckets, quotas) agree on whose it is.
  */
 
 import type { Request } from 'slotgate:policy/types@2.0.0';
@@ -12,19 +12,16 @@ import type { Request } from 'slotgate:policy/types@2.0.0';
  */
 export const TENANT_NAMED_HEADER = 'x-slotgate-tenant';
 
+/** Where the host gives the caller's identity, always: contract 2.0.0 has no field for it. */
+export const CALLER_HEADER = 'x-slotgate-caller';
+
 /**
- * The strongest identity a request carries, as a stable key for settings and host state: the tenant
+ * The caller's identity as the host named it, a stable key for settings and host state: the tenant
  * slotgate named, else the API key's `sha256:<hex>`, else `uid:<n>` of the Unix-socket peer, else
  * `anonymous`.
  */
-export function identity(
-  request: Pick<Request, 'apiKey' | 'peer'> & Partial<Pick<Request, 'headers'>>,
-): string {
-  const named = request.headers?.find(([n]) => n === TENANT_NAMED_HEADER)?.[1];
-  if (named) return named;
-  if (request.apiKey !== undefined) return request.apiKey;
-  if (request.peer !== undefined) return `uid:${request.peer.uid}`;
-  return 'anonymous';
+export function identity(request: Pick<Request, 'headers'>): string {
+  return header(request, CALLER_HEADER) || 'anonymous';
 }
 
 /**
@@ -57,10 +54,7 @@ export function header(request: Pick<Request, 'headers'>, name: string): string 
  * (not empty), else its {@link identity}. Any client that reaches slotgate can set the header: use it
  * only when a router in front is the only caller.
  */
-export function tenantKey(
-  request: Pick<Request, 'apiKey' | 'peer' | 'headers'>,
-  tenantHeader?: string,
-): string {
+export function tenantKey(request: Pick<Request, 'headers'>, tenantHeader?: string): string {
   const value = tenantHeader === undefined ? undefined : header(request, tenantHeader);
   return value ? `header:${value}` : identity(request);
 }

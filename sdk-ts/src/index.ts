@@ -16,6 +16,7 @@ export {
   wholeSeconds,
 } from './decision.js';
 export {
+  CALLER_HEADER,
   TENANT_HEADERS,
   TENANT_NAMED_HEADER,
   checkTenantHeader,

@@ -4,17 +4,15 @@ import { test } from 'node:test';
 import { checkTenantHeader, header, identity, isHashedKey, promptTokensBest, tenantKey } from '../src/index.js';
 import { request } from '../src/testing/index.js';
 
-test('key beats uid beats nothing', () => {
-  const r = request();
+test('the identity is the one the host named', () => {
+  // The host names the caller; the request's key and peer are not looked at again.
+  const r = request({ peer: { uid: 1000, gid: 1000 }, apiKey: 'sha256:ab' });
   assert.equal(identity(r), 'anonymous');
-  r.peer = { uid: 1000, gid: 1000 };
-  assert.equal(identity(r), 'uid:1000');
-  r.apiKey = 'sha256:ab';
-  assert.equal(identity(r), 'sha256:ab');
-  // The tenant slotgate named (`--client-auth keys`) beats them all, and is the tenant key.
-  r.headers = [['x-slotgate-tenant', 'alice']];
-  assert.equal(identity(r), 'alice');
-  assert.equal(tenantKey(r), 'alice');
+  for (const caller of ['uid:1000', 'sha256:ab', 'alice']) {
+    const r = request({ peer: { uid: 1000, gid: 1000 }, apiKey: 'sha256:ab', caller });
+    assert.equal(identity(r), caller);
+    assert.equal(tenantKey(r), caller);
+  }
 });
 
 test('hashed keys are recognised', () => {
@@ -27,7 +25,7 @@ test('hashed keys are recognised', () => {
 });
 
 test('a tenant header names the tenant when sent and not empty', () => {
-  const r = request({ peer: { uid: 7, gid: 7 }, headers: [['x-tenant', 'team-a']] });
+  const r = request({ caller: 'uid:7', headers: [['x-tenant', 'team-a']] });
   assert.equal(header(r, 'x-tenant'), 'team-a');
   assert.equal(tenantKey(r, 'x-tenant'), 'header:team-a');
   assert.equal(tenantKey(r), 'uid:7');

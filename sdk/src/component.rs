@@ -186,6 +186,7 @@ fn request(r: t::Request) -> RequestSummary {
         agent_id: header(&r.headers, "x-agent-id"),
         parent_agent_id: header(&r.headers, "x-parent-agent-id"),
         tenant: header(&r.headers, crate::identity::TENANT_NAMED_HEADER),
+        caller: header(&r.headers, crate::identity::CALLER_HEADER),
         team: header(&r.headers, crate::identity::TEAM_NAMED_HEADER),
         key_id: header(&r.headers, crate::identity::KEY_ID_HEADER),
         key_labels: header(&r.headers, crate::identity::KEY_LABELS_HEADER)

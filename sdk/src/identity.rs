@@ -1,12 +1,14 @@
-//! Who sent a request: its API key's hash, else its Unix-socket uid, else nobody we can name.
+//! Who sent a request, as the host names it: the caller's identity is decided once by slotgate and
+//! handed to every policy (`caller` in ABI v1's request, the host's header [`CALLER_HEADER`] in
+//! contract 2.0.0's); policies only read it.
 
 use std::fmt;
 
 use crate::types::RequestSummary;
 
-/// The strongest identity a request carries, in the order policies should trust it: the tenant
-/// slotgate named (a key it issued, `--client-auth keys`), else the API key (as its `sha256:<hex>`
-/// hash), else the Unix-socket peer's uid, else anonymous.
+/// A caller's identity, in the order the host trusts what a request carries: the tenant slotgate
+/// named (a key it issued, `--client-auth keys`), else the API key (as its `sha256:<hex>` hash),
+/// else the Unix-socket peer's uid, else anonymous.
 ///
 /// Its `Display` form is a stable key for settings and host state: the tenant's name (which holds
 /// no `:`), `sha256:<hex>`, `uid:<n>` or `anonymous`.
@@ -21,6 +23,11 @@ pub enum Identity<'a> {
     /// Neither: a TCP client without an API key.
     Anonymous,
 }
+
+/// The header in which the host gives a component (contract 2.0.0, no field for it) the caller's
+/// identity, in [`Identity`]'s `Display` form; always sent. A client cannot send it: policies see
+/// only allow-listed headers, and this is the host's.
+pub const CALLER_HEADER: &str = "x-slotgate-caller";
 
 /// The headers in which slotgate lists, for a policy of contract 2.0.0 (no fields for them), the
 /// tenant, team and key id it named the caller by (`--client-auth keys`). A client cannot send
@@ -94,16 +101,27 @@ impl RequestSummary {
         self.parent_agent_id.is_some()
     }
 
-    /// The caller's [`Identity`]: API key, else uid, else anonymous.
+    /// The caller's [`Identity`], as the host named it (`caller`); `anonymous` when it named none
+    /// (a request summary written by hand).
     pub fn identity(&self) -> Identity<'_> {
-        if let Some(t) = &self.tenant {
-            return Identity::Tenant(t);
-        }
-        match (&self.api_key, &self.peer) {
-            (Some(key), _) => Identity::ApiKey(key),
-            (None, Some(peer)) => Identity::Uid(peer.uid),
-            (None, None) => Identity::Anonymous,
-        }
+        self.caller
+            .as_deref()
+            .map_or(Identity::Anonymous, Identity::parse)
+    }
+
+    /// The host's rule for the caller's identity: the tenant slotgate named, else the API key,
+    /// else the Unix-socket peer's uid, else anonymous. slotgate applies it once per request and
+    /// sends the result as `caller`; a policy reads [`RequestSummary::identity`] (the rule is not
+    /// compiled into policies).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn name_caller(&self) -> String {
+        let identity = match (&self.tenant, &self.api_key, &self.peer) {
+            (Some(t), _, _) => Identity::Tenant(t),
+            (None, Some(key), _) => Identity::ApiKey(key),
+            (None, None, Some(peer)) => Identity::Uid(peer.uid),
+            (None, None, None) => Identity::Anonymous,
+        };
+        identity.to_string()
     }
 }
 
@@ -138,6 +156,22 @@ impl RequestSummary {
     }
 }
 
+impl<'a> Identity<'a> {
+    /// The identity named by its `Display` form.
+    pub fn parse(s: &'a str) -> Identity<'a> {
+        if s == "anonymous" {
+            return Identity::Anonymous;
+        }
+        if s.starts_with("sha256:") {
+            return Identity::ApiKey(s);
+        }
+        match s.strip_prefix("uid:").map(str::parse) {
+            Some(Ok(uid)) => Identity::Uid(uid),
+            _ => Identity::Tenant(s),
+        }
+    }
+}
+
 impl fmt::Display for Identity<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -165,21 +199,44 @@ mod tests {
     use crate::types::Peer;
 
     #[test]
-    fn key_beats_uid_beats_nothing() {
+    fn the_host_names_the_key_before_the_uid_before_nobody() {
         let mut r = RequestSummary::default();
-        assert_eq!(r.identity().to_string(), "anonymous");
+        assert_eq!(r.name_caller(), "anonymous");
         r.peer = Some(Peer {
             uid: 1000,
             gid: 1000,
             pid: None,
         });
-        assert_eq!(r.identity(), Identity::Uid(1000));
-        assert_eq!(r.identity().to_string(), "uid:1000");
+        assert_eq!(r.name_caller(), "uid:1000");
         r.api_key = Some("sha256:ab".into());
-        assert_eq!(r.identity().to_string(), "sha256:ab");
+        assert_eq!(r.name_caller(), "sha256:ab");
         r.tenant = Some("alice".into());
-        assert_eq!(r.identity(), Identity::Tenant("alice"));
-        assert_eq!(r.tenant_key(None), "alice");
+        assert_eq!(r.name_caller(), "alice");
+    }
+
+    #[test]
+    fn a_policy_reads_the_identity_the_host_named() {
+        let mut r = RequestSummary {
+            api_key: Some("sha256:ab".into()),
+            ..RequestSummary::default()
+        };
+        // Named by nobody: a policy derives nothing from the fields.
+        assert_eq!(r.identity(), Identity::Anonymous);
+        for (caller, identity) in [
+            ("alice", Identity::Tenant("alice")),
+            ("sha256:ab", Identity::ApiKey("sha256:ab")),
+            ("uid:1000", Identity::Uid(1000)),
+            ("anonymous", Identity::Anonymous),
+        ] {
+            r.caller = Some(caller.into());
+            assert_eq!(r.identity(), identity);
+            assert_eq!(r.identity().to_string(), caller);
+            assert_eq!(r.tenant_key(None), caller);
+        }
+        r.headers.insert("x-tenant".into(), "team-a".into());
+        assert_eq!(r.tenant_key(Some("x-tenant")), "header:team-a");
+        r.headers.insert("x-tenant".into(), String::new());
+        assert_eq!(r.tenant_key(Some("x-tenant")), "anonymous");
     }
 
     #[test]

@@ -123,9 +123,9 @@ pub mod __component;
 pub mod __guest;
 
 pub use identity::{
-    check_tenant, check_tenant_header, is_hashed_key, is_tenant_name, Identity, KEY_ID_HEADER,
-    KEY_LABELS_HEADER, PRICE_HEADER, TEAM_NAMED_HEADER, TENANT_HEADERS, TENANT_NAMED_HEADER,
-    USAGE_HEADER,
+    check_tenant, check_tenant_header, is_hashed_key, is_tenant_name, Identity, CALLER_HEADER,
+    KEY_ID_HEADER, KEY_LABELS_HEADER, PRICE_HEADER, TEAM_NAMED_HEADER, TENANT_HEADERS,
+    TENANT_NAMED_HEADER, USAGE_HEADER,
 };
 pub use policy::Policy;
 /// The v2 contract (`slotgate policy wit` prints it too).

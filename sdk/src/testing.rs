@@ -2,7 +2,9 @@
 //! same code as the wasm32 exports), against the emulated host state. Not compiled on wasm32.
 //!
 //! Inputs are *partial*: the JSON given is merged (objects key by key, recursively) onto
-//! [`DEFAULT_INPUT`] or [`DEFAULT_COMPLETION`], so a test states only what matters to it.
+//! [`DEFAULT_INPUT`] or [`DEFAULT_COMPLETION`], so a test states only what matters to it. Unless
+//! the input names the request's `caller`, it is named as the host names it (from `tenant`,
+//! `api_key` and `peer`: [`RequestSummary::name_caller`]).
 //!
 //! The emulated host state (buckets, windows, clock, log) is per thread and survives between calls,
 //! like the real host's; call [`reset`] where a test needs a clean slate. [`run_fixture`] resets.
@@ -17,7 +19,7 @@ use serde_json::Value;
 use crate::dispatch;
 use crate::host::{emulated, Level};
 use crate::policy::Policy;
-use crate::types::{Decision, SettingsValidation};
+use crate::types::{Decision, RequestSummary, SettingsValidation};
 
 /// What [`run`] merges its input onto: a POST to `/v1/chat/completions` over TCP with no key and
 /// no settings.
@@ -252,7 +254,22 @@ fn parse(json: &str, what: &str) -> Value {
 fn merged(base: &str, patch: Value) -> Value {
     let mut v: Value = serde_json::from_str(base).expect("the defaults are JSON");
     merge(&mut v, patch);
+    name_caller(&mut v);
     v
+}
+
+/// Names the caller of an input's request as the host does, unless the input names it.
+fn name_caller(input: &mut Value) {
+    let Some(request) = input.get_mut("request").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if request.contains_key("caller") {
+        return;
+    }
+    // A request of the wrong shape is left for the policy to refuse, as the host's would be.
+    if let Ok(r) = serde_json::from_value::<RequestSummary>(Value::Object(request.clone())) {
+        request.insert("caller".into(), Value::String(r.name_caller()));
+    }
 }
 
 /// A partial evaluate input (as [`run`] takes it) merged onto [`DEFAULT_INPUT`]: what `slotgate

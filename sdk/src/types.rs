@@ -113,6 +113,11 @@ pub struct RequestSummary {
     /// mapped Unix peer's; docs/keys.md). When set, it is the caller's [`Identity`](crate::Identity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The caller's identity, as the host named it once for the whole request: the tenant above,
+    /// else `api_key`, else `uid:<n>` of `peer`, else `anonymous` (docs/policy-abi.md). Policies
+    /// read it through [`RequestSummary::identity`]; none derives it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     /// The team of the key slotgate let the caller in with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,

@@ -559,6 +559,9 @@ fn request() -> RequestSummary {
         },
         dialect: Some("chat".into()),
         body_bytes: 1400,
+        caller: Some(
+            "sha256:0c55d73decea73c6807948b6fc35a5f7c446ea3a8400224532c1249fe73587a9".into(),
+        ),
         ..RequestSummary::default()
     }
 }

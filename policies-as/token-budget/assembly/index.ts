@@ -14,9 +14,9 @@ import {
   Verdict,
   bucketRefund,
   bucketTake,
+  checkTenant,
+  checkTenantHeader,
   evaluate,
-  isHashedKey,
-  isUidKey,
   log,
   onComplete,
   slotgate_abi_version,
@@ -66,8 +66,8 @@ class Settings {
   /** `max_tokens` assumed for a request that sets none. */
   defaultMaxTokens: u64 = 1024;
   /**
-   * Budgets of particular tenants, by tenant key: `sha256:<hex>`, `uid:<n>`, `anonymous`, or
-   * `header:<value>` with `tenant_header`.
+   * Budgets of particular tenants, by tenant key: a tenant's name, `sha256:<hex>`, `uid:<n>`,
+   * `anonymous`, or `header:<value>` with `tenant_header`.
    */
   tenants: Map<string, Budget> = new Map<string, Budget>();
   /** Key the budget by this request header when present (`header:<value>`); see the Rust original. */
@@ -78,17 +78,9 @@ class Settings {
   }
 }
 
-/** The headers `tenant_header` may name: those slotgate shows policies that identify a caller. */
-const TENANT_HEADERS: string[] = ["x-tenant", "openai-organization", "openai-project"];
-
 /** The bucket a request is charged to. */
 function tenantOf(request: RequestSummary, s: Settings): string {
-  const header = s.tenantHeader;
-  if (header !== null && request.headers.has(header)) {
-    const value = request.headers.get(header);
-    if (value.length > 0) return "header:" + value;
-  }
-  return request.identity();
+  return request.tenantKey(s.tenantHeader);
 }
 
 function saturatingAdd(a: u64, b: u64): u64 {
@@ -148,21 +140,16 @@ class TokenBudget extends Policy<Settings> {
     const own = s.budget.check("the default budget");
     if (own !== null) return own;
     const header = s.tenantHeader;
-    if (header !== null && !TENANT_HEADERS.includes(header)) {
-      return "tenant_header `" + header + "` is not a header policies see; use one of " + TENANT_HEADERS.join(", ");
+    if (header !== null) {
+      const bad = checkTenantHeader(header);
+      if (bad !== null) return bad;
     }
     // In key order, as the Rust original (a BTreeMap) reports the first problem.
     const tenants = s.tenants.keys().sort();
     for (let i = 0; i < tenants.length; i++) {
       const tenant = tenants[i];
-      const byHeader = s.tenantHeader !== null && tenant.startsWith("header:") && tenant.length > 7;
-      if (!(isHashedKey(tenant) || byHeader || tenant == "anonymous" || isUidKey(tenant))) {
-        return (
-          "tenant `" +
-          tenant +
-          "` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`"
-        );
-      }
+      const unknown = checkTenant(tenant, header !== null);
+      if (unknown !== null) return unknown;
       const bad = s.tenants.get(tenant).check("tenant `" + tenant + "`");
       if (bad !== null) return bad;
     }

@@ -11,8 +11,9 @@ const MODULE = new URL("../build/token-budget.wasm", import.meta.url);
 const RUST = new URL("../../../policies/token-budget/", import.meta.url);
 
 const SETTINGS = { capacity: 1000, refill_per_second: 100 };
-const ALICE = { peer: { uid: 1000, gid: 1000 } };
-const BOB = { peer: { uid: 1001, gid: 1001 } };
+// Unix-socket peers, named as the host names them (`caller`).
+const ALICE = { peer: { uid: 1000, gid: 1000 }, caller: "uid:1000" };
+const BOB = { peer: { uid: 1001, gid: 1001 }, caller: "uid:1001" };
 
 const req = (tenant, prompt, maxTokens) => ({
   request: { ...tenant, prompt_tokens_estimate: prompt, max_tokens: maxTokens },
@@ -43,7 +44,7 @@ for (const snapshot of [true, false]) {
 
     it("the API key beats the uid and no identity shares one bucket", () => {
       p.reset();
-      const key = { api_key: "sha256:" + "ab".repeat(32), ...ALICE };
+      const key = { ...ALICE, api_key: "sha256:" + "ab".repeat(32), caller: "sha256:" + "ab".repeat(32) };
       assert.equal(p.run(req(key, 0, 1000)).verdict, "allow");
       assert.equal(p.run(req(ALICE, 0, 1000)).verdict, "allow", "same uid without the key: another bucket");
       assert.equal(p.run(req({}, 0, 1000)).verdict, "allow");
@@ -58,7 +59,7 @@ for (const snapshot of [true, false]) {
       };
       const key = "sha256:" + "cd".repeat(32);
       const from = (team, maxTokens) => ({
-        request: { api_key: key, headers: { "x-tenant": team }, max_tokens: maxTokens },
+        request: { api_key: key, caller: key, headers: { "x-tenant": team }, max_tokens: maxTokens },
         settings,
       });
       assert.equal(p.run(from("team-a", 1000)).verdict, "allow");
@@ -66,7 +67,7 @@ for (const snapshot of [true, false]) {
       assert.equal(p.run(from("team-b", 1000)).verdict, "allow");
       assert.equal(p.run(from("big", 1000)).verdict, "allow");
       assert.equal(p.run(from("big", 1000)).verdict, "allow");
-      const keyed = { request: { api_key: key, max_tokens: 1000 }, settings };
+      const keyed = { request: { api_key: key, caller: key, max_tokens: 1000 }, settings };
       assert.equal(p.run(keyed).verdict, "allow");
       assert.equal(p.run(keyed).verdict, "deny");
     });
@@ -143,7 +144,7 @@ for (const snapshot of [true, false]) {
         [{ capacity: 10.5, refill_per_second: 1 }, "invalid settings: `capacity`: expected a non-negative integer"],
         [
           { capacity: 10, refill_per_second: 1, tenants: { "sk-raw-key": { capacity: 1, refill_per_second: 1 } } },
-          "tenant `sk-raw-key` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
+          "tenant `sk-raw-key` is not a tenant's name (as `slotgate key create --tenant` gives it; never a raw key), `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
         ],
         [
           { capacity: 10, refill_per_second: 1, tenants: { "uid:7": { capacity: 0, refill_per_second: 1 } } },
@@ -151,7 +152,7 @@ for (const snapshot of [true, false]) {
         ],
         [
           { capacity: 10, refill_per_second: 1, tenants: { "uid:4294967296": { capacity: 1, refill_per_second: 1 } } },
-          "tenant `uid:4294967296` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
+          "tenant `uid:4294967296` is not a tenant's name (as `slotgate key create --tenant` gives it; never a raw key), `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
         ],
         [
           { capacity: 10, refill_per_second: 1, tenants: { anonymous: { capacity: 1, refill_per_second: 1, burst: 2 } } },
@@ -164,7 +165,7 @@ for (const snapshot of [true, false]) {
         ],
         [
           { capacity: 10, refill_per_second: 1, tenants: { "header:team-a": { capacity: 1, refill_per_second: 1 } } },
-          "tenant `header:team-a` is not `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
+          "tenant `header:team-a` is not a tenant's name (as `slotgate key create --tenant` gives it; never a raw key), `sha256:<64 hex>` (`slotgate hash-key KEY` prints it), `uid:<n>`, `anonymous` or, with tenant_header, `header:<value>`",
         ],
       ]) {
         assert.deepEqual(p.validate(bad), { valid: false, message: why }, JSON.stringify(bad));

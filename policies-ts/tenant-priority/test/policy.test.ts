@@ -4,7 +4,7 @@ import { test } from 'node:test';
 
 import type { Decision, DecisionAllow, Request } from 'slotgate:policy/types@2.0.0';
 
-import { evaluation, request, validate } from '../../../sdk-ts/src/testing/index.js';
+import { evaluation, validate, type RequestPatch } from '../../../sdk-ts/src/testing/index.js';
 import * as policy from '../src/policy.js';
 
 // The exports must be the world's: checked by the compiler against the generated declarations.
@@ -31,17 +31,18 @@ const settings = {
   subagent_step: 1,
 };
 
-function evaluate(r: Parameters<typeof request>[0], s: unknown = settings): Decision {
+function evaluate(r: RequestPatch, s: unknown = settings): Decision {
   return policy.evaluate(JSON.stringify(s), evaluation({ request: r }));
 }
 
-function allowed(r: Parameters<typeof request>[0], s: unknown = settings): DecisionAllow['val'] {
+function allowed(r: RequestPatch, s: unknown = settings): DecisionAllow['val'] {
   const d = evaluate(r, s);
   assert.equal(d.tag, 'allow', JSON.stringify(d, (_, v: unknown) => (typeof v === 'bigint' ? `${v}` : v)));
   return (d as DecisionAllow).val;
 }
 
-const uid = (n: number): Partial<Request> => ({ peer: { uid: n, gid: 1 } });
+/** A Unix-socket peer's request, as the host names its caller. */
+const uid = (n: number): RequestPatch => ({ peer: { uid: n, gid: 1 }, caller: `uid:${n}` });
 
 test('keys and uids map to tenants and classes', () => {
   let d = allowed({ apiKey: key(1) });
@@ -62,7 +63,7 @@ test('a listed key wins over the uid, and an unlisted one falls back to it', () 
 });
 
 test('hints are clamped to the ceiling, but may always lower urgency', () => {
-  const hint = (who: Partial<Request>, h: bigint) => allowed({ ...who, priorityHint: h }).priority;
+  const hint = (who: RequestPatch, h: bigint) => allowed({ ...who, priorityHint: h }).priority;
   assert.equal(hint(uid(1000), -100n), -10n);
   assert.equal(hint(uid(1000), -7n), -7n);
   assert.equal(hint(uid(1001), -100n), 10n, 'the ceiling defaults to the class');
@@ -89,7 +90,7 @@ test('unknown callers can be refused', () => {
     val: { status: 403, message: 'uid:4242 is not a known tenant', rateLimits: {} },
   });
   const message = (d: Decision) => (d.tag === 'deny' ? d.val.message : 'allowed');
-  assert.equal(message(evaluate({ apiKey: key(3) }, s)), `${key(3)} is not a known tenant`);
+  assert.equal(message(evaluate({ apiKey: key(3), caller: key(3) }, s)), `${key(3)} is not a known tenant`);
   assert.equal(message(evaluate({}, s)), 'anonymous is not a known tenant');
   assert.equal(evaluate(uid(1), s).tag, 'allow');
 });
@@ -169,6 +170,7 @@ interface Fixture {
 }
 
 interface V1Request {
+  caller?: string;
   peer?: { uid: number; gid: number; pid?: number };
   api_key?: string;
   priority_hint?: number;
@@ -186,8 +188,9 @@ interface V1Expect {
   mutations?: { response_headers?: Record<string, string> };
 }
 
-function requestOf(r: V1Request): Partial<Request> {
+function requestOf(r: V1Request): RequestPatch {
   return {
+    caller: r.caller,
     peer: r.peer,
     apiKey: r.api_key,
     priorityHint: r.priority_hint === undefined ? undefined : BigInt(r.priority_hint),

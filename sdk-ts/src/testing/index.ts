@@ -5,5 +5,5 @@
  */
 
 export { ComponentError, FakeHost, Trap, WALL_START_MS, fakeHost } from './fake-host.js';
-export { completion, evaluation, request, validate, type Validation } from './inputs.js';
+export { completion, evaluation, request, validate, type RequestPatch, type Validation } from './inputs.js';
 export { parsePeriod, periodWindow, type Period, type Span } from './calendar.js';

@@ -15,12 +15,20 @@ import type {
   SettingsVerdict,
 } from 'slotgate:policy/types@2.0.0';
 
+import { CALLER_HEADER } from '../identity.js';
 import { errorMessage } from '../settings.js';
 import { fakeHost } from './fake-host.js';
 
-/** A request: `patch` over the defaults (`queue` merged field by field). */
-export function request(patch: Partial<Omit<Request, 'queue'>> & { queue?: Partial<QueueState> } = {}): Request {
-  const { queue, ...rest } = patch;
+/** What a test states of a request (see {@link request}). */
+export type RequestPatch = Partial<Omit<Request, 'queue'>> & { queue?: Partial<QueueState>; caller?: string };
+
+/**
+ * A request: `patch` over the defaults (`queue` merged field by field). `caller` is the identity the
+ * host named (its header `x-slotgate-caller`, after `headers`; default `anonymous`): a test states
+ * it, as the host would have named the request's key, uid or tenant.
+ */
+export function request(patch: RequestPatch = {}): Request {
+  const { queue, caller, headers, ...rest } = patch;
   return {
     method: 'POST',
     path: '/v1/chat/completions',
@@ -29,7 +37,7 @@ export function request(patch: Partial<Omit<Request, 'queue'>> & { queue?: Parti
     promptChars: 0n,
     promptTokensEstimate: 0n,
     bodyBytes: 0n,
-    headers: [],
+    headers: [...(headers ?? []), [CALLER_HEADER, caller ?? 'anonymous']],
     ...rest,
     queue: { depth: 0, capacity: 8, inFlight: 0, estimatedWaitSeconds: 0, ...queue },
   };
@@ -38,7 +46,7 @@ export function request(patch: Partial<Omit<Request, 'queue'>> & { queue?: Parti
 /** An evaluation of `request(patch.request)`, now by the fake host's wall clock. */
 export function evaluation(
   patch: {
-    request?: Parameters<typeof request>[0];
+    request?: RequestPatch;
     earlier?: Partial<Earlier>;
     nowUnixMs?: bigint;
   } = {},
@@ -53,7 +61,7 @@ export function evaluation(
 /** A completion of `request(patch.request)`: allowed, answered 200 with no usage, evaluated now. */
 export function completion(
   patch: Partial<Omit<Completion, 'request' | 'decision'>> & {
-    request?: Parameters<typeof request>[0];
+    request?: RequestPatch;
     decision?: Partial<Allow>;
   } = {},
 ): Completion {

@@ -194,6 +194,7 @@ mod tests {
             }),
             ..RequestSummary::default()
         };
+        r.caller = Some(r.name_caller());
         let c = Claim::new(&r, None, 3, estimated_cost(&r));
         assert_eq!(
             (&*c.tenant, c.cost, c.weight, c.priority),
@@ -201,6 +202,7 @@ mod tests {
         );
         r.max_tokens = None;
         r.api_key = Some("sha256:ab".into());
+        r.caller = Some(r.name_caller());
         let c = Claim::new(&r, Some(&Decision::allow()), 0, estimated_cost(&r));
         assert_eq!((&*c.tenant, c.cost), ("sha256:ab", 40 + DEFAULT_MAX_TOKENS));
         let d = Decision {

@@ -108,6 +108,9 @@ impl Intake {
             None => Ask::default(),
         };
         let mut summary = summarize(&parts, json.as_ref(), &ask, peer);
+        // Who is asking, decided here for every later phase and policy (`named` decides again
+        // when slotgate names a tenant).
+        summary.caller = Some(summary.name_caller());
         summary.dialect = dialect.map(|d| d.name().to_owned());
         summary.body_bytes = body.len() as u64;
         // Only a request that takes a slot waits for one: elsewhere the header means nothing.
@@ -204,6 +207,8 @@ pub(crate) fn summarize(
         conversation_id: text(&lineage.conversation),
         // Set by `Intake::named`, when slotgate names the caller.
         tenant: None,
+        // Named by `Intake::new` and `Intake::named`.
+        caller: None,
         team: None,
         key_id: None,
         key_labels: Default::default(),
@@ -295,6 +300,7 @@ impl Intake {
         s.tenant = Some(named.tenant.to_string());
         s.team = named.team().map(str::to_owned);
         s.key_id = named.key_id().map(str::to_owned);
+        s.caller = Some(s.name_caller());
         if let Some(key) = named.key.as_ref().filter(|k| !k.record.labels.is_empty()) {
             s.key_labels = key.record.labels.clone();
             s.headers.insert(

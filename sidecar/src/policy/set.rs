@@ -454,6 +454,7 @@ pub fn canary_input(settings: &Value) -> slotgate_sdk::EvaluateInput {
             path: "/v1/chat/completions".into(),
             prompt_chars: 16,
             prompt_tokens_estimate: 4,
+            caller: Some("anonymous".into()),
             ..RequestSummary::default()
         },
         settings: settings.clone(),

@@ -7,7 +7,8 @@
 //!   contract) holding what earlier policies of the chain decided, as JSON, and
 //!   `x-probe-dialect-v1|v2` the request's dialect, `x-probe-calls-v1|v2` how many calls this
 //!   instance has served (itself included), `x-probe-pages-v1|v2` its linear memory in pages and
-//!   `x-probe-caller-v1|v2` whom the host named the caller (tenant, team, key id, key labels);
+//!   `x-probe-caller-v1|v2` whom the host named the caller (tenant, team, key id, key labels, and
+//!   the identity it reads);
 //! - `leak`: leaks 1 MiB, then echoes;
 //! - `spin`: loops for ever; `bomb`: allocates until it cannot; `trap`: panics;
 //! - `huge`: denies with a message of 1 MiB; `host_loop`: calls the host without end;
@@ -89,6 +90,7 @@ impl Policy for Probe {
                 let r = &input.request;
                 let caller = serde_json::json!({
                     "tenant": r.tenant, "team": r.team, "key_id": r.key_id, "key_labels": r.key_labels,
+                    "identity": r.identity().to_string(),
                 });
                 d.mutations
                     .response_headers

@@ -135,6 +135,7 @@ fn requests() -> Vec<RequestSummary> {
         if i % 7 == 0 {
             r.headers.insert("x-tenant".into(), "team-a".into());
         }
+        r.caller = Some(r.name_caller());
         out.push(r);
     }
     out
@@ -487,7 +488,7 @@ fn probe_set(action: &str, isolation: Option<PolicyIsolation>) -> PolicySet {
 }
 
 fn caller(key: Option<&str>, uid: Option<u32>) -> RequestSummary {
-    RequestSummary {
+    let r = RequestSummary {
         method: "POST".into(),
         path: "/v1/chat/completions".into(),
         dialect: Some("chat".into()),
@@ -498,6 +499,10 @@ fn caller(key: Option<&str>, uid: Option<u32>) -> RequestSummary {
             pid: None,
         }),
         ..RequestSummary::default()
+    };
+    RequestSummary {
+        caller: Some(r.name_caller()),
+        ..r
     }
 }
 

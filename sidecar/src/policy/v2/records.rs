@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 
 use slotgate_sdk::{
     Completion, Decision, Earlier, Mutations, RateLimit, RateLimits, RequestSummary, Verdict,
+    CALLER_HEADER,
 };
 
 use super::t;
 use crate::policy::error::EvalError;
 use crate::policy::sandbox::check_decision;
 
-/// The request as the contract carries it.
+/// The request as the contract carries it, the caller's identity among the host's headers.
 pub fn request_of(r: &RequestSummary) -> t::Request {
     t::Request {
         method: r.method.clone(),
@@ -36,7 +37,10 @@ pub fn request_of(r: &RequestSummary) -> t::Request {
         headers: r
             .headers
             .iter()
+            .filter(|(k, _)| *k != CALLER_HEADER)
             .map(|(k, v)| (k.clone(), v.clone()))
+            // Contract 2.0.0 has no field for it: the host's header gives it, always.
+            .chain([(CALLER_HEADER.to_owned(), r.identity().to_string())])
             .collect(),
         session_id: r.session_id.clone(),
         conversation_id: r.conversation_id.clone(),

@@ -426,7 +426,7 @@ async fn policies_of_both_contracts_read_the_keys_tenant_team_id_and_labels() {
     let resp = chat_with(&gate, &[("x-api-key", &secret)]).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     let want = json!({"tenant": "alice", "team": "research", "key_id": id,
-                      "key_labels": {"laptop": "alice-mbp"}});
+                      "key_labels": {"laptop": "alice-mbp"}, "identity": "alice"});
     for contract in ["v1", "v2"] {
         let seen = resp
             .header(&format!("x-probe-caller-{contract}"))
@@ -444,6 +444,7 @@ async fn policies_of_both_contracts_read_the_keys_tenant_team_id_and_labels() {
             ("x-api-key", &secret),
             ("x-slotgate-key-labels", "{\"laptop\":\"forged\"}"),
             ("x-slotgate-tenant", "mallory"),
+            ("x-slotgate-caller", "mallory"),
         ],
     )
     .await;
