@@ -19,6 +19,7 @@ const ROOMS: &[&str] = &[
     "router",
     "policy",
     "keys",
+    "budgets",
     "fleet",
     "store",
     "admission",
@@ -252,6 +253,45 @@ fn phases_run_one_way() {
         "phases calling back, or forward into a later phase:\n{}",
         wrong.join("\n")
     );
+}
+
+/// Rooms that hold plain Rust only: the budgets are called by the policy host and know nothing of
+/// the sandbox, so they can be tested, reasoned about and reused without a wasm engine.
+const WITHOUT_WASMTIME: &[&str] = &["budgets"];
+
+/// The lines of `text`'s code, comments left out, that name `wasmtime`.
+fn names_wasmtime(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.split("//").next().unwrap_or("").contains("wasmtime"))
+        .collect()
+}
+
+#[test]
+fn the_budgets_know_no_wasmtime() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut wrong = Vec::new();
+    for room in WITHOUT_WASMTIME {
+        let mut files = Vec::new();
+        sources(&src.join(room), &mut files);
+        assert!(!files.is_empty(), "no files under src/{room}");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for line in names_wasmtime(&text) {
+                let rel = file.strip_prefix(&src).unwrap().display().to_string();
+                wrong.push(format!("{rel}: {}", line.trim()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "rooms to be plain Rust name wasmtime:\n{}",
+        wrong.join("\n")
+    );
+    assert_eq!(
+        names_wasmtime("use wasmtime::StoreLimits; // no wasmtime here"),
+        ["use wasmtime::StoreLimits; // no wasmtime here"]
+    );
+    assert!(names_wasmtime("// wasmtime").is_empty());
 }
 
 #[test]

@@ -31,6 +31,8 @@
 //!           quarantine
 //!  router   llama-server's router mode: its model list, a pool per model with its loads and
 //!           evictions, the models' turns on the CPUs
+//!  budgets  the policies' budgets in plain Rust: buckets, windows, calendar quotas and the
+//!           operators' limits, their levels; on a fleet, or kept on disk, through the rooms below
 //!  fleet    budgets shared by every sidecar, on Redis/Valkey
 //!  store    one sidecar's budgets on disk (state.dir), in an embedded database
 //!  otel     OpenTelemetry traces: the exporter, the request's spans, traceparent in and out
@@ -41,7 +43,8 @@
 //! ```
 //!
 //! Dependencies run one way, down that list: `fuzzing → cmd → app → admin → pipeline → server →
-//! state → upstream → router → policy → fleet → store → admission → otel → live → log → config → leaves`
+//! state → upstream → router → policy → keys → budgets → fleet → store → admission → otel → live →
+//! log → config → leaves`
 //! (`fuzzing`: the fuzz targets, with the `fuzzing` feature). Inside `pipeline`, a phase uses only
 //! the phases above it. `arrows.rs` fails on an arrow back up; docs/architecture.md has the map and
 //! the invariants.
@@ -51,6 +54,7 @@ pub mod admission;
 pub mod app;
 #[cfg(test)]
 mod arrows;
+pub mod budgets;
 pub mod cmd;
 pub mod config;
 pub mod dialect;

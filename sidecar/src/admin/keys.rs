@@ -16,7 +16,7 @@ use crate::state::App;
 
 /// `GET /keys`: every key, never a secret.
 pub fn list(app: &App) -> Response<Body> {
-    let now = crate::policy::state::wall_ms();
+    let now = crate::budgets::wall_ms();
     let all: Vec<Value> = app.keys.list().iter().map(|r| r.shown(now)).collect();
     respond::json(200, &json!({"count": all.len(), "keys": all}))
 }
@@ -24,7 +24,7 @@ pub fn list(app: &App) -> Response<Body> {
 /// `GET /keys/{id}`.
 pub fn show(app: &App, id: &str) -> Response<Body> {
     match app.keys.get(id) {
-        Some(r) => respond::json(200, &r.shown(crate::policy::state::wall_ms())),
+        Some(r) => respond::json(200, &r.shown(crate::budgets::wall_ms())),
         None => not_found(id),
     }
 }
@@ -40,7 +40,7 @@ pub fn change(
     body: &[u8],
     request_id: &str,
 ) -> Response<Body> {
-    let now = crate::policy::state::wall_ms();
+    let now = crate::budgets::wall_ms();
     let keys = &app.keys;
     let action = match serve {
         Serve::KeyCreate => "key_create",

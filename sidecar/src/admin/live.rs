@@ -148,18 +148,18 @@ fn budgets(app: &App) -> Vec<Budget> {
     let mut all: Vec<Budget> = quotas
         .into_iter()
         .map(|q| Budget {
-            policy: q.policy,
-            key: q.key,
+            policy: q.quota.policy.to_string(),
+            key: q.quota.key,
             kind: "quota".into(),
-            period: Some(q.period),
+            period: Some(q.quota.period),
             left: q.left,
             limit: q.limit,
             resets_at: Some(super::status::rfc3339(q.window_end_ms)),
             refill_per_second: None,
         })
         .chain(buckets.into_iter().map(|b| Budget {
-            policy: b.policy,
-            key: b.key,
+            policy: b.name.policy.to_string(),
+            key: b.name.key,
             kind: "bucket".into(),
             period: None,
             left: b.level,

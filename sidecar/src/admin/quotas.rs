@@ -22,20 +22,21 @@ pub fn list(app: &App, query: Option<&str>) -> Response<Body> {
     let (levels, _) = app.policies.shared().quota_levels(usize::MAX);
     let quotas: Vec<Value> = levels
         .into_iter()
-        .filter(|q| policy.as_ref().is_none_or(|p| *p == q.policy))
-        .filter(|q| key.as_ref().is_none_or(|k| *k == q.key))
+        .filter(|q| policy.as_ref().is_none_or(|p| **p == *q.quota.policy))
+        .filter(|q| key.as_ref().is_none_or(|k| *k == q.quota.key))
         .map(|q| {
-            let currency = app.config.prices.quota_currency(&q.key);
+            let quota = &q.quota;
+            let currency = app.config.prices.quota_currency(&quota.key);
             let mut row = json!({
-                "policy": q.policy,
-                "key": q.key,
-                "period": q.period,
+                "policy": &*quota.policy,
+                "key": quota.key,
+                "period": quota.period,
                 "window_start": super::status::rfc3339(q.window_start_ms),
                 "window_end": super::status::rfc3339(q.window_end_ms),
                 "limit": q.limit,
                 "used": q.limit.map(|l| l - q.left),
                 "left": q.left,
-                "limit_set_by": if app.policies.shared().has_quota_limit(&q.policy, &q.key, &q.period) { "operator" } else { "policy" },
+                "limit_set_by": if app.policies.shared().has_quota_limit(&quota.policy, &quota.key, &quota.period) { "operator" } else { "policy" },
             });
             if let Some(c) = currency {
                 row["currency"] = json!(c);
@@ -77,9 +78,8 @@ pub async fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Resp
         }
     };
     // The zone too: an unknown one is the caller's mistake, not the state's.
-    let known = slotgate_sdk::calendar::Period::parse(&c.period).and_then(|p| {
-        slotgate_sdk::calendar::window(&p, crate::policy::state::wall_ms()).map(drop)
-    });
+    let known = slotgate_sdk::calendar::Period::parse(&c.period)
+        .and_then(|p| slotgate_sdk::calendar::window(&p, crate::budgets::wall_ms()).map(drop));
     if let Err(e) = known {
         return bad(400, "invalid_period", &e);
     }
@@ -108,15 +108,8 @@ pub async fn change(app: &App, method: &Method, path: &str, body: &[u8]) -> Resp
             }
             // On a fleet, on its store: every sidecar's takes read it there.
             limit => match shared.fleet() {
-                Some(fleet) => match shared.quota_bucket_now(&c.key, &c.period) {
-                    Ok(window) => {
-                        let period = slotgate_sdk::calendar::Period::parse(&c.period)
-                            .map(|p| p.to_string())
-                            .unwrap_or_else(|_| c.period.clone());
-                        fleet
-                            .set_limit(&c.policy, &c.key, &period, &window, limit)
-                            .await
-                    }
+                Some(fleet) => match shared.quota_window_now(&c.policy, &c.key, &c.period) {
+                    Ok(window) => fleet.set_limit(&window, limit).await,
                     Err(e) => Err(e),
                 },
                 None => shared

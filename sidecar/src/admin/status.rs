@@ -196,8 +196,8 @@ fn buckets(app: &App) -> serde_json::Value {
         .into_iter()
         .map(|b| {
             json!({
-                "policy": b.policy,
-                "key": b.key,
+                "policy": &*b.name.policy,
+                "key": b.name.key,
                 "level": b.level,
                 "capacity": b.capacity,
                 "refill_per_second": b.refill_per_second,
@@ -214,9 +214,9 @@ fn quotas(app: &App) -> serde_json::Value {
         .into_iter()
         .map(|q| {
             json!({
-                "policy": q.policy,
-                "key": q.key,
-                "period": q.period,
+                "policy": &*q.quota.policy,
+                "key": q.quota.key,
+                "period": q.quota.period,
                 "window_start": rfc3339(q.window_start_ms),
                 "window_end": rfc3339(q.window_end_ms),
                 "limit": q.limit,

@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 use http::{header, HeaderMap, HeaderValue, Response};
 use serde_json::{json, Map, Value};
 
+use crate::budgets::wall_ms;
 use crate::config::prices::from_nanos;
 use crate::log::shown::csv_cell;
-use crate::policy::state::wall_ms;
 use crate::respond::{self, Body};
 use crate::state::App;
 use crate::store::ledger::{date_of, day_number, Row, Usage};

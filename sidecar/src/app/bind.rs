@@ -227,7 +227,7 @@ fn keys(
     let keys = crate::keys::Keys::open(store).map_err(StartError::Keys)?;
     if let Some(path) = &config.keys_file {
         let n = keys
-            .load_file(path, crate::policy::state::wall_ms())
+            .load_file(path, crate::budgets::wall_ms())
             .map_err(StartError::Keys)?
             .unwrap_or(0);
         tracing::info!(file = %path.display(), keys = n, "keys file read; re-read when it changes");

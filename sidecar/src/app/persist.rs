@@ -7,8 +7,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::budgets::Budgets;
 use crate::metrics as m;
-use crate::policy::state::SharedState;
 use crate::store::ledger::Ledger;
 
 /// How often a failing disk is logged again.
@@ -22,7 +22,7 @@ pub struct Persister {
 
 impl Persister {
     pub fn start(
-        shared: Arc<SharedState>,
+        shared: Arc<Budgets>,
         ledger: Arc<Ledger>,
         every: Duration,
     ) -> std::io::Result<Persister> {
@@ -38,7 +38,7 @@ impl Persister {
                         Err(mpsc::RecvTimeoutError::Timeout)
                     );
                     let written = shared.persist().and_then(|n| {
-                        Ok(n + ledger.persist(crate::policy::state::wall_ms())?)
+                        Ok(n + ledger.persist(crate::budgets::wall_ms())?)
                     });
                     match written {
                         Ok(n) => {

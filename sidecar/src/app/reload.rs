@@ -141,7 +141,7 @@ async fn reload_keys_file(app: &Arc<App>, trigger: &str) {
         return;
     };
     let keys = app.keys.clone();
-    let now = crate::policy::state::wall_ms();
+    let now = crate::budgets::wall_ms();
     let read = tokio::task::spawn_blocking(move || keys.load_file(&path, now))
         .await
         .unwrap_or_else(|e| Err(e.to_string()));

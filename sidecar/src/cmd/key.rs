@@ -217,7 +217,7 @@ fn mint(fields: KeyFields, json: bool) -> ExitCode {
         .body()
         .and_then(|b| serde_json::from_value::<crate::keys::NewKey>(b).map_err(|e| e.to_string()))
         .and_then(|new| {
-            crate::keys::issue(new, crate::policy::state::wall_ms()).map_err(|e| e.to_string())
+            crate::keys::issue(new, crate::budgets::wall_ms()).map_err(|e| e.to_string())
         });
     let (record, secret) = match made {
         Ok(m) => m,

@@ -17,6 +17,7 @@ use super::lease::{Lease, LeasePolicy};
 use super::store::{self, FleetStore, LeaseCall};
 use crate::config::{OnUnavailable, StateConfig};
 use crate::metrics as m;
+use crate::store::name::{BucketName, BudgetKey, QuotaKey};
 
 /// How often leases are checked for a top-up, a hand-back or something to settle.
 pub const SYNC_INTERVAL: Duration = Duration::from_millis(100);
@@ -116,9 +117,9 @@ pub struct Fleet {
     client: redis::Client,
     /// This sidecar in the heartbeat set.
     id: String,
-    leases: DashMap<(Arc<str>, String), Entry>,
-    /// By policy, key and window length.
-    windows: DashMap<(Arc<str>, String, i64), WindowEntry>,
+    leases: DashMap<BucketName, Entry>,
+    /// By policy and key, and window length.
+    windows: DashMap<(BudgetKey, i64), WindowEntry>,
     /// For the background task.
     store: tokio::sync::Mutex<Option<FleetStore>>,
     /// For the one synchronous fetch of a take.
@@ -130,9 +131,9 @@ pub struct Fleet {
     live: AtomicU64,
     /// Milliseconds since the epoch of the last successful sync (0: never).
     last_sync_ms: AtomicU64,
-    /// The fleet's operator limits of calendar quotas, by (policy, key, period), as last read
-    /// (every heartbeat): what this sidecar reports. The store applies them itself (`lease.lua`).
-    limits: DashMap<(Arc<str>, String, String), f64>,
+    /// The fleet's operator limits of calendar quotas, as last read (every heartbeat): what this
+    /// sidecar reports. The store applies them itself (`lease.lua`).
+    limits: DashMap<QuotaKey, f64>,
     /// The keys slotgate issued, shared with the fleet under `--client-auth keys`.
     keys: std::sync::OnceLock<Arc<dyn SharedKeys>>,
     /// The fleet's keys version last read in (`u64::MAX`: never).
@@ -247,11 +248,11 @@ impl Fleet {
     /// what this sidecar added since (pushed in batches, every [`SYNC_INTERVAL`]). Never waits for
     /// the store; while it is away the answer is that total and this sidecar's own adds, which are
     /// pushed once it is back.
-    pub fn window_add(&self, policy: &Arc<str>, key: &str, window_ms: i64, amount: i64) -> i64 {
+    pub fn window_add(&self, name: &BudgetKey, window_ms: i64, amount: i64) -> i64 {
         let now = Instant::now();
         let mut w = self
             .windows
-            .entry((policy.clone(), key.to_owned(), window_ms))
+            .entry((name.clone(), window_ms))
             .or_insert_with(|| WindowEntry {
                 total: 0,
                 pending: 0,
@@ -272,7 +273,7 @@ impl Fleet {
         let now = Instant::now();
         let mut work = Vec::new();
         self.windows.retain(|id, w| {
-            let window = Duration::from_millis(id.2.max(0) as u64);
+            let window = Duration::from_millis(id.1.max(0) as u64);
             let idle = now.saturating_duration_since(w.last_add) > window + SYNC_INTERVAL;
             if idle && w.pending == 0 && w.inflight.is_none() {
                 return false;
@@ -286,12 +287,12 @@ impl Fleet {
             work.push((id.clone(), seq, n));
             true
         });
-        for ((policy, key, window_ms), seq, n) in work {
-            let window = store::window_key(&self.namespace, &policy, &key, window_ms);
+        for ((name, window_ms), seq, n) in work {
+            let window = store::window_key(&self.namespace, &name, window_ms);
             let total = store
                 .window_add(&window, window_ms, n, &self.id, seq)
                 .await?;
-            if let Some(mut w) = self.windows.get_mut(&(policy, key, window_ms)) {
+            if let Some(mut w) = self.windows.get_mut(&(name, window_ms)) {
                 if w.inflight.is_some_and(|(s, _)| s == seq) {
                     w.inflight = None;
                     w.total = total;
@@ -307,18 +308,10 @@ impl Fleet {
 
     /// `bucket_take` on the fleet bucket: 0 when `amount` was taken, else the seconds until it may
     /// be (infinity if never).
-    pub fn bucket_take(
-        &self,
-        policy: &Arc<str>,
-        key: &str,
-        capacity: f64,
-        refill: f64,
-        amount: f64,
-    ) -> f64 {
+    pub fn bucket_take(&self, name: &BucketName, capacity: f64, refill: f64, amount: f64) -> f64 {
         let now = Instant::now();
-        let id = (policy.clone(), key.to_owned());
         {
-            let mut e = self.entry(&id, capacity, refill);
+            let mut e = self.entry(name, capacity, refill);
             if e.lease.take(amount, now, &self.policy) {
                 return 0.0;
             }
@@ -332,7 +325,7 @@ impl Fleet {
                 break;
             }
             let (seq, ask, covers) = {
-                let mut e = self.entry(&id, capacity, refill);
+                let mut e = self.entry(name, capacity, refill);
                 if e.lease.spend(amount) {
                     return 0.0;
                 }
@@ -342,9 +335,9 @@ impl Fleet {
                 };
                 (seq, ask, held + ask.want >= amount)
             };
-            let limits = self.limits_of(policy, key);
+            let limits = self.limits_of(name);
             let call = LeaseCall {
-                bucket: &store::bucket_key(&self.namespace, policy, key),
+                bucket: &store::bucket_key(&self.namespace, name),
                 capacity,
                 refill,
                 want: ask.want,
@@ -352,10 +345,11 @@ impl Fleet {
                 sidecar: &self.id,
                 seq,
                 limits: limits.as_ref().map(|(h, f)| (h.as_str(), f.as_str())),
+                expires_ms: store::quota_expiry_ms(name),
             };
             match self.fetch(&call) {
                 Some(Ok((granted, level))) => {
-                    let mut e = self.entry(&id, capacity, refill);
+                    let mut e = self.entry(name, capacity, refill);
                     e.synced(seq, granted, level);
                     if e.lease.spend(amount) {
                         return 0.0;
@@ -391,20 +385,13 @@ impl Fleet {
                 }
             }
         }
-        self.unavailable(&id, capacity, refill, amount, now)
+        self.unavailable(name, capacity, refill, amount, now)
     }
 
     /// `bucket_refund`: settled against the fleet bucket at the next sync. Returns what the lease
     /// holds.
-    pub fn bucket_refund(
-        &self,
-        policy: &Arc<str>,
-        key: &str,
-        capacity: f64,
-        refill: f64,
-        amount: f64,
-    ) -> f64 {
-        let mut e = self.entry(&(policy.clone(), key.to_owned()), capacity, refill);
+    pub fn bucket_refund(&self, name: &BucketName, capacity: f64, refill: f64, amount: f64) -> f64 {
+        let mut e = self.entry(name, capacity, refill);
         e.lease.settle(amount);
         e.lease.held()
     }
@@ -414,9 +401,8 @@ impl Fleet {
     /// sidecars' leases are theirs). A bucket
     /// this sidecar has not synced is read from the store once (within `state.fetch-timeout`),
     /// without a lease; while the store is away it reads `capacity`, as a bucket never used.
-    pub fn bucket_level(&self, policy: &Arc<str>, key: &str, capacity: f64, refill: f64) -> f64 {
-        let id = (policy.clone(), key.to_owned());
-        if let Some(e) = self.leases.get(&id) {
+    pub fn bucket_level(&self, name: &BucketName, capacity: f64, refill: f64) -> f64 {
+        if let Some(e) = self.leases.get(name) {
             if let (Some(level), Some(at)) = (e.level, e.synced) {
                 let since = at.elapsed().as_secs_f64();
                 // Refunds not settled yet are the fleet's already; debts not charged are not.
@@ -432,9 +418,9 @@ impl Fleet {
         // be taken for a retry of this sidecar's lease syncs.
         static READS: AtomicU64 = AtomicU64::new(0);
         let reader = format!("{}:read", self.id);
-        let limits = self.limits_of(policy, key);
+        let limits = self.limits_of(name);
         let call = LeaseCall {
-            bucket: &store::bucket_key(&self.namespace, policy, key),
+            bucket: &store::bucket_key(&self.namespace, name),
             capacity,
             refill,
             want: 0.0,
@@ -442,6 +428,7 @@ impl Fleet {
             sidecar: &reader,
             seq: READS.fetch_add(1, Ordering::Relaxed),
             limits: limits.as_ref().map(|(h, f)| (h.as_str(), f.as_str())),
+            expires_ms: store::quota_expiry_ms(name),
         };
         match self.fetch(&call) {
             Some(Ok((_, level))) => level,
@@ -450,12 +437,9 @@ impl Fleet {
     }
 
     /// The limits hash and this quota's field in it, for a calendar quota's window bucket.
-    fn limits_of(&self, policy: &str, key: &str) -> Option<(String, String)> {
-        let (quota, period, _) = slotgate_sdk::calendar::parse_quota_bucket(key)?;
-        Some((
-            self.limits_key(),
-            limit_field(policy, quota, &period.to_string()),
-        ))
+    fn limits_of(&self, name: &BucketName) -> Option<(String, String)> {
+        let (quota, _) = name.quota()?;
+        Some((self.limits_key(), quota.field()))
     }
 
     fn limits_key(&self) -> String {
@@ -463,37 +447,32 @@ impl Fleet {
     }
 
     /// The fleet's operator limit of a quota, as last read.
-    pub fn limit(&self, policy: &str, key: &str, period: &str) -> Option<f64> {
-        self.limits
-            .get(&(Arc::from(policy), key.to_owned(), period.to_owned()))
-            .map(|l| *l)
+    pub fn limit(&self, quota: &QuotaKey) -> Option<f64> {
+        self.limits.get(quota).map(|l| *l)
     }
 
     /// Sets (or, `None`, removes) an operator's limit for a quota on the fleet's store, where every
-    /// sidecar's takes read it, and moves the current window (`window`, its bucket key) with it.
+    /// sidecar's takes read it, and moves its current window (`window`) with it.
     /// Returns what is left in the window, `None` when no sidecar has used it.
     pub async fn set_limit(
         &self,
-        policy: &str,
-        key: &str,
-        period: &str,
-        window: &str,
+        window: &BucketName,
         limit: Option<f64>,
     ) -> Result<Option<f64>, String> {
+        let (quota, _) = window.quota().ok_or("a limit is a calendar quota's")?;
         let store = self.store.lock().await.clone();
         let store = store.ok_or("the fleet's state store is not reachable")?;
         let left = timed(store.set_limit(
             &self.limits_key(),
-            &limit_field(policy, key, period),
-            &store::bucket_key(&self.namespace, policy, window),
+            &quota.field(),
+            &store::bucket_key(&self.namespace, window),
             limit,
         ))
         .await
         .map_err(|e| e.to_string())?;
-        let id = (Arc::from(policy), key.to_owned(), period.to_owned());
         match limit {
-            Some(l) => self.limits.insert(id, l),
-            None => self.limits.remove(&id).map(|e| e.1),
+            Some(l) => self.limits.insert(quota.clone(), l),
+            None => self.limits.remove(quota).map(|e| e.1),
         };
         Ok(left)
     }
@@ -501,15 +480,10 @@ impl Fleet {
     /// Reads every operator limit of the fleet into `limits`.
     async fn sync_limits(&self, store: &FleetStore) -> redis::RedisResult<()> {
         let all = timed(store.limits(&self.limits_key())).await?;
-        let fresh: std::collections::HashSet<(Arc<str>, String, String)> = all
+        let fresh: std::collections::HashSet<QuotaKey> = all
             .into_iter()
             .filter_map(|(field, limit)| {
-                let mut parts = field.splitn(3, '\u{1f}');
-                let id = (
-                    Arc::from(parts.next()?),
-                    parts.next()?.to_owned(),
-                    parts.next()?.to_owned(),
-                );
+                let id = QuotaKey::from_field(&field)?;
                 self.limits.insert(id.clone(), limit);
                 Some(id)
             })
@@ -518,32 +492,30 @@ impl Fleet {
         Ok(())
     }
 
-    /// Every bucket this sidecar holds a lease of: (policy, key, capacity, refill).
-    pub fn leased(&self) -> Vec<(Arc<str>, String, f64, f64)> {
+    /// Every bucket this sidecar holds a lease of: (name, capacity, refill).
+    pub fn leased(&self) -> Vec<(BucketName, f64, f64)> {
         self.leases
             .iter()
-            .map(|e| (e.key().0.clone(), e.key().1.clone(), e.capacity, e.refill))
+            .map(|e| (e.key().clone(), e.capacity, e.refill))
             .collect()
     }
 
     /// The capacity a bucket this sidecar holds a lease of was last used with (`None`: no lease).
-    pub fn bucket_shape(&self, policy: &Arc<str>, key: &str) -> Option<Option<f64>> {
-        self.leases
-            .get(&(policy.clone(), key.to_owned()))
-            .map(|e| Some(e.capacity))
+    pub fn bucket_shape(&self, name: &BucketName) -> Option<Option<f64>> {
+        self.leases.get(name).map(|e| Some(e.capacity))
     }
 
     /// The store is away: the failure mode decides. What is admitted is charged to the fleet
     /// bucket once the store is back, so the fleet's accounting stays whole.
     fn unavailable(
         &self,
-        id: &(Arc<str>, String),
+        name: &BucketName,
         capacity: f64,
         refill: f64,
         amount: f64,
         now: Instant,
     ) -> f64 {
-        let mut e = self.entry(id, capacity, refill);
+        let mut e = self.entry(name, capacity, refill);
         let wait = match self.config.on_unavailable {
             OnUnavailable::Allow => 0.0,
             OnUnavailable::Deny => 1.0,
@@ -569,15 +541,15 @@ impl Fleet {
 
     fn entry(
         &self,
-        id: &(Arc<str>, String),
+        name: &BucketName,
         capacity: f64,
         refill: f64,
-    ) -> dashmap::mapref::one::RefMut<'_, (Arc<str>, String), Entry> {
-        let mut e = self.leases.entry(id.clone()).or_insert_with(|| {
+    ) -> dashmap::mapref::one::RefMut<'_, BucketName, Entry> {
+        let mut e = self.leases.entry(name.clone()).or_insert_with(|| {
             let mut lease = Lease::default();
             // A quota's lease holds only what a take needs: the fleet answers exactly as one
             // sidecar would, at the cost of a fetch per take.
-            lease.set_scarce(is_quota(&id.1));
+            lease.set_scarce(name.quota().is_some());
             Entry {
                 lease,
                 capacity,
@@ -757,7 +729,7 @@ impl Fleet {
             // not in use goes back, so what remains can go where it is asked for.
             // A calendar quota is always scarce: it counts whole requests and tokens exactly,
             // and a reserve held here would be refused to the other sidecars (see `entry`).
-            let scarce = is_quota(&id.1)
+            let scarce = id.quota().is_some()
                 || e.level
                     .is_some_and(|l| l < e.capacity * self.policy.max_share * live);
             e.lease.set_scarce(scarce);
@@ -787,10 +759,10 @@ impl Fleet {
             true
         });
         metrics::gauge!(m::STATE_LEASE_TOKENS).set(held);
-        for ((policy, key), capacity, refill, seq, ask) in work {
+        for (name, capacity, refill, seq, ask) in work {
             let started = Instant::now();
-            let bucket = store::bucket_key(&self.namespace, &policy, &key);
-            let limits = self.limits_of(&policy, &key);
+            let bucket = store::bucket_key(&self.namespace, &name);
+            let limits = self.limits_of(&name);
             let (granted, level) = store
                 .lease(&LeaseCall {
                     bucket: &bucket,
@@ -801,11 +773,12 @@ impl Fleet {
                     sidecar: &self.id,
                     seq,
                     limits: limits.as_ref().map(|(h, f)| (h.as_str(), f.as_str())),
+                    expires_ms: store::quota_expiry_ms(&name),
                 })
                 .await?;
             metrics::histogram!(m::STATE_SYNC_SECONDS, "kind" => "background")
                 .record(started.elapsed().as_secs_f64());
-            if let Some(mut e) = self.leases.get_mut(&(policy, key)) {
+            if let Some(mut e) = self.leases.get_mut(&name) {
                 e.synced(seq, granted, level);
             }
         }
@@ -851,14 +824,4 @@ impl Fleet {
             "last_sync_unix_ms": (last > 0).then_some(last),
         })
     }
-}
-
-/// Whether a bucket key is a calendar quota's window (see `slotgate_sdk::calendar::quota_bucket`).
-fn is_quota(key: &str) -> bool {
-    slotgate_sdk::calendar::parse_quota_bucket(key).is_some()
-}
-
-/// A quota's field in the fleet's limits hash: policy, key and period, apart by U+001F.
-fn limit_field(policy: &str, key: &str, period: &str) -> String {
-    format!("{policy}\u{1f}{key}\u{1f}{period}")
 }

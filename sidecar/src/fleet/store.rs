@@ -4,6 +4,8 @@
 use redis::aio::ConnectionManager;
 use redis::Script;
 
+use crate::store::name::{BucketName, BudgetKey};
+
 /// One sync of a lease, as `lease.lua` takes it.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseCall<'a> {
@@ -22,6 +24,9 @@ pub struct LeaseCall<'a> {
     pub seq: u64,
     /// A calendar quota's window: the fleet's operator limits (hash key) and the quota's field.
     pub limits: Option<(&'a str, &'a str)>,
+    /// When the bucket may go, in Unix milliseconds (0: when it is idle, as the script decides);
+    /// see [`quota_expiry_ms`].
+    pub expires_ms: i64,
 }
 
 impl LeaseCall<'_> {
@@ -36,7 +41,7 @@ impl LeaseCall<'_> {
             .arg(self.settle)
             .arg(self.sidecar)
             .arg(self.seq)
-            .arg(quota_expiry_ms(self.bucket));
+            .arg(self.expires_ms);
         if let Some((_, field)) = self.limits {
             call.arg(field);
         }
@@ -112,9 +117,9 @@ impl FleetStore {
         Ok((number(&granted)?, number(&level)?))
     }
 
-    /// The key of one fleet bucket under this store's prefix (see [`bucket_key`]).
+    /// The key of a policy's fleet bucket under this store's prefix (see [`bucket_key`]).
     pub fn bucket_key(&self, policy: &str, key: &str) -> String {
-        bucket_key(&self.prefix, policy, key)
+        bucket_key(&self.prefix, &BucketName::bucket(&policy.into(), key))
     }
 
     /// One sync of a lease (see [`LeaseCall`]): refills the bucket by the store's clock, settles
@@ -248,25 +253,29 @@ pub struct KeysAt<'a> {
     pub counter: &'a str,
 }
 
-/// The key of one fleet bucket: `<namespace>:bucket:<policy>:<key>`.
-pub fn bucket_key(namespace: &str, policy: &str, key: &str) -> String {
-    format!("{namespace}:bucket:{policy}:{key}")
+/// The key of one fleet bucket: `<namespace>:bucket:<policy>:<key>`, the key in its one string
+/// form ([`BucketName::stored_key`]).
+pub fn bucket_key(namespace: &str, name: &BucketName) -> String {
+    format!("{namespace}:bucket:{}:{}", name.policy(), name.stored_key())
 }
 
 /// The key of one fleet window: `<namespace>:window:<policy>:<key>:<window_ms>`.
-pub fn window_key(namespace: &str, policy: &str, key: &str, window_ms: i64) -> String {
-    format!("{namespace}:window:{policy}:{key}:{window_ms}")
+pub fn window_key(namespace: &str, name: &BudgetKey, window_ms: i64) -> String {
+    format!(
+        "{namespace}:window:{}:{}:{window_ms}",
+        name.policy, name.key
+    )
 }
 
 /// When the fleet bucket of a calendar quota's window may go (a day after the window ends: a late
 /// sync of another sidecar must not find it gone and start it whole); 0 for any other bucket.
-fn quota_expiry_ms(bucket: &str) -> i64 {
+pub fn quota_expiry_ms(name: &BucketName) -> i64 {
     const GRACE_MS: i64 = 86_400_000;
-    let Some(at) = bucket.find("\u{1}quota\u{1}") else {
+    let Some((quota, start)) = name.quota() else {
         return 0;
     };
-    slotgate_sdk::calendar::parse_quota_bucket(&bucket[at..])
-        .and_then(|(_, period, start)| slotgate_sdk::calendar::window(&period, start).ok())
+    slotgate_sdk::calendar::Period::parse(&quota.period)
+        .and_then(|period| slotgate_sdk::calendar::window(&period, start))
         .map_or(0, |(_, end)| end + GRACE_MS)
 }
 
@@ -282,4 +291,36 @@ fn number(s: &str) -> redis::RedisResult<f64> {
             format!("{s:?}: {e}"),
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::name::QuotaKey;
+
+    #[test]
+    fn redis_keys_are_those_earlier_versions_used() {
+        let p: Arc<str> = Arc::from("quota");
+        let window = BucketName::Quota {
+            quota: QuotaKey::new(&p, "tokens:alice", "day@UTC"),
+            start_ms: 1_767_225_600_000,
+        };
+        assert_eq!(
+            bucket_key("slotgate:m", &window),
+            "slotgate:m:bucket:quota:\u{1}quota\u{1}day\u{1}1767225600000\u{1}tokens:alice"
+        );
+        assert_eq!(
+            bucket_key("slotgate:m", &BucketName::bucket(&p, "uid:1000")),
+            "slotgate:m:bucket:quota:uid:1000"
+        );
+        assert_eq!(
+            window_key("slotgate:m", &BudgetKey::new(&p, "k"), 60_000),
+            "slotgate:m:window:quota:k:60000"
+        );
+        // The day after the window's end (2026-01-02 00:00 UTC), as before.
+        assert_eq!(quota_expiry_ms(&window), 1_767_312_000_000 + 86_400_000);
+        assert_eq!(quota_expiry_ms(&BucketName::bucket(&p, "uid:1000")), 0);
+    }
 }

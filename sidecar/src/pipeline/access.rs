@@ -358,7 +358,7 @@ impl Exchange {
             None => (None, None),
         };
         self.ledger.record(
-            crate::policy::state::wall_ms(),
+            crate::budgets::wall_ms(),
             Who::new(
                 self.tenant.as_deref().unwrap_or("anonymous"),
                 team,

@@ -154,7 +154,7 @@ pub async fn let_in(
             credential,
             peer,
             addr,
-            crate::policy::state::wall_ms(),
+            crate::budgets::wall_ms(),
         ),
     }
 }

@@ -63,7 +63,7 @@ pub(super) async fn decide(
     if chain.is_empty() || ctx.preflight {
         return Ok(decided);
     }
-    let now = crate::policy::state::wall_ms().max(0) as u64;
+    let now = crate::budgets::wall_ms().max(0) as u64;
     let (outcome, own, summary) = evaluate(app, intake, chain.clone(), now).await;
     if let Some(entries) = monitored(&chain, &own) {
         ex.set_monitor(entries);

@@ -67,21 +67,22 @@ fn view(app: &App, name: &str, named: Option<&Named>) -> Value {
     let quotas: Vec<Value> = levels
         .into_iter()
         .filter(|q| {
-            charged_to(&q.key, name)
-                || team.as_deref().is_some_and(|t| charged_to(&q.key, t))
-                || key.as_deref().is_some_and(|k| charged_to(&q.key, k))
+            let charged = &q.quota.key;
+            charged_to(charged, name)
+                || team.as_deref().is_some_and(|t| charged_to(charged, t))
+                || key.as_deref().is_some_and(|k| charged_to(charged, k))
         })
         .map(|q| {
             let mut row = json!({
-                "policy": q.policy,
-                "key": q.key,
-                "period": q.period,
+                "policy": &*q.quota.policy,
+                "key": q.quota.key,
+                "period": q.quota.period,
                 "limit": q.limit,
                 "used": q.limit.map(|l| (l - q.left).max(0.0)),
                 "remaining": q.left.max(0.0),
                 "resets": crate::keys::rfc3339(q.window_end_ms),
             });
-            if let Some(c) = app.config.prices.quota_currency(&q.key) {
+            if let Some(c) = app.config.prices.quota_currency(&q.quota.key) {
                 row["currency"] = json!(c);
             }
             row

@@ -11,9 +11,9 @@ use super::engine::PolicyEngine;
 use super::error::LoadError;
 use super::guest::{Contract, Guest};
 use super::sandbox::{PolicyLimits, SettingsVerdict};
-use super::state::SharedState;
 use super::v1;
 use super::v2::{self, ComponentPolicy, Isolation};
+use crate::budgets::Budgets;
 
 /// A compiled policy, before it is linked.
 #[derive(Clone)]
@@ -71,7 +71,7 @@ impl Compiled {
     pub fn link(
         &self,
         engine: &PolicyEngine,
-        shared: Arc<SharedState>,
+        shared: Arc<Budgets>,
         name: &str,
         limits: PolicyLimits,
         how: Linking<'_>,

@@ -9,7 +9,9 @@
 //! - `engine.rs`: the wasmtime engine, its instance pool, epoch ticker and compile cache.
 //! - `set.rs`: loading, checking and reloading the chain; `chain.rs`: one version of it serving;
 //!   `fold.rs`: folding its decisions into one; `complete.rs`: `on_complete` once a request ends.
-//! - `state.rs`: the budgets policies keep in the host (buckets, windows, quotas).
+//!
+//! The budgets policies keep in the host (buckets, windows, quotas) are `crate::budgets`, plain
+//! Rust; the host functions call into it with the policy's state key.
 
 pub mod chain;
 pub mod compiled;
@@ -20,7 +22,6 @@ pub mod fold;
 pub mod guest;
 pub mod sandbox;
 pub mod set;
-pub mod state;
 pub mod v1;
 pub mod v2;
 

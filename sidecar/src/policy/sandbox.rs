@@ -16,7 +16,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::engine::{PolicyEngine, EPOCH_TICK};
 use super::error::EvalError;
-use super::state::SharedState;
+use crate::budgets::Budgets;
 
 /// Fuel one host call costs, on top of the instructions around it: a loop of host calls runs out.
 pub(super) const HOST_CALL_FUEL: u64 = 1_000;
@@ -74,7 +74,7 @@ pub enum Runs {
 /// What one store carries: its limits, the shared state and who it is evaluating for.
 pub struct HostState {
     pub limits: StoreLimits,
-    pub shared: Arc<SharedState>,
+    pub shared: Arc<Budgets>,
     pub policy: Arc<str>,
     /// Whose budgets the state functions use: the operator's name for the policy, else the name
     /// the module declares, else the file's (`Policy::keyed`).
@@ -94,7 +94,7 @@ pub struct HostState {
 impl HostState {
     pub fn new(
         limits: StoreLimits,
-        shared: Arc<SharedState>,
+        shared: Arc<Budgets>,
         policy: Arc<str>,
         state_key: Arc<str>,
     ) -> HostState {

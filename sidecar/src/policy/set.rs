@@ -19,8 +19,8 @@ use super::engine::{EngineLimits, PolicyEngine};
 use super::error::LoadError;
 use super::fold::{ChainOutcome, Mode, OnError};
 use super::sandbox::{PolicyLimits, LOAD_DEADLINE};
-use super::state::SharedState;
 use super::v2::Isolation;
+use crate::budgets::Budgets;
 use crate::config::{PolicyIsolation, PolicyMode, PolicyOnError, PolicySpec};
 use crate::metrics as m;
 
@@ -46,7 +46,7 @@ pub struct PolicySet {
 struct Inner {
     cache_dir: Option<PathBuf>,
     /// Buckets and windows outlive every chain version: a reload keeps each tenant's budget.
-    shared: Arc<SharedState>,
+    shared: Arc<Budgets>,
     /// Created with the first policy; every version of every policy shares it.
     engine: Mutex<Option<PolicyEngine>>,
     /// Compiled modules by the SHA-256 of their bytes (one engine, so the hash is the whole key):
@@ -93,7 +93,7 @@ impl PolicySet {
         let set = PolicySet {
             inner: Arc::new(Inner {
                 cache_dir,
-                shared: Arc::new(SharedState::default()),
+                shared: Arc::new(Budgets::default()),
                 engine: Mutex::new(None),
                 modules: Mutex::new(HashMap::new()),
                 current: RwLock::new(Arc::new(Chain::new(Vec::new(), 0))),
@@ -291,7 +291,7 @@ impl PolicySet {
         // Settings check and one canary evaluation, off the request path: a module that cannot answer
         // a plain request never serves. Both run against scratch state, so the canary charges no
         // tenant's real bucket.
-        let scratch = Arc::new(SharedState::default());
+        let scratch = Arc::new(Budgets::default());
         let lenient = PolicyLimits {
             deadline: limits.deadline.max(LOAD_DEADLINE),
             ..limits
@@ -408,7 +408,7 @@ impl PolicySet {
     }
 
     /// The state every serving policy shares (buckets, windows).
-    pub fn shared(&self) -> &Arc<SharedState> {
+    pub fn shared(&self) -> &Arc<Budgets> {
         &self.inner.shared
     }
 

@@ -1,12 +1,14 @@
 //! Policy budgets on disk: the memory backend's token buckets and sliding windows, kept in an
 //! embedded database (redb: copy-on-write pages, checksums, a crash-safe commit) in `state.dir`, so
 //! a restart or a crash does not hand every tenant a full budget again. This room only reads and
-//! writes rows; `policy::state` decides what to write and when (behind the request path, a batch
-//! every `state.flush-interval`).
+//! writes rows; `budgets` decides what to write and when (behind the request path, a batch every
+//! `state.flush-interval`). A budget's name is typed ([`name`]); a row's key column holds its one
+//! string form.
 
 use std::path::{Path, PathBuf};
 
 pub mod ledger;
+pub mod name;
 
 /// redb's page cache: its default (1 GiB) let a state of 100k rows hold 40 MiB resident; what
 /// slotgate reads back is read once, at start (scripts/bench/store-choice/RESULTS.md).
@@ -34,6 +36,7 @@ fn open_db(file: std::fs::File) -> Result<Database, redb::DatabaseError> {
 use redb::{Database, ReadableTable, TableDefinition};
 
 use crate::owner_only::{self, FileError};
+use name::{BucketName, BudgetKey, QuotaKey};
 
 /// The database file in `state.dir`.
 pub const FILE: &str = "state.redb";
@@ -41,12 +44,11 @@ pub const FILE: &str = "state.redb";
 const FORMAT: u64 = 1;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-/// (policy, key) → (level, last refill as Unix milliseconds).
+/// (policy, key) → (level, last refill as Unix milliseconds); the key is a bucket's
+/// [`BucketName::stored_key`].
 const BUCKETS: TableDefinition<(&str, &str), (f64, u64)> = TableDefinition::new("buckets");
 /// (policy, key) → events, each 16 bytes: Unix milliseconds (u64 LE), amount (i64 LE).
 const WINDOWS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("windows");
-/// A quota an operator set a limit of: (policy, key, period).
-pub type LimitId = (String, String, String);
 /// A grant above a quota's limit: (the start of its window, Unix ms; the amount).
 pub type Grant = (i64, f64);
 /// Quota limits an operator set: (policy, key, period) → limit.
@@ -79,8 +81,7 @@ pub enum StoreError {
 /// One token bucket as kept.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketRow {
-    pub policy: String,
-    pub key: String,
+    pub name: BucketName,
     pub level: f64,
     /// When it was last refilled, in Unix milliseconds.
     pub updated_ms: u64,
@@ -89,8 +90,7 @@ pub struct BucketRow {
 /// One sliding window as kept: its events, oldest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WindowRow {
-    pub policy: String,
-    pub key: String,
+    pub name: BudgetKey,
     /// (Unix milliseconds, amount).
     pub events: Vec<(u64, i64)>,
 }
@@ -209,15 +209,16 @@ impl Store {
         self.with_read(|tx| {
             let buckets = read_all(tx, BUCKETS, |(policy, key), (level, updated_ms)| {
                 BucketRow {
-                    policy: policy.to_owned(),
-                    key: key.to_owned(),
+                    name: BucketName::from_stored(policy, key),
                     level,
                     updated_ms,
                 }
             })?;
             let windows = read_all(tx, WINDOWS, |(policy, key), events| WindowRow {
-                policy: policy.to_owned(),
-                key: key.to_owned(),
+                name: BudgetKey {
+                    policy: policy.into(),
+                    key: key.to_owned(),
+                },
                 events: decode_events(events),
             })?;
             Ok((buckets, windows))
@@ -234,19 +235,20 @@ impl Store {
         &self,
         buckets: &[BucketRow],
         windows: &[WindowRow],
-        gone: &[(String, String)],
+        gone: &[BucketName],
     ) -> Result<(), StoreError> {
         self.with_write(|tx| {
             let mut t = tx.open_table(BUCKETS)?;
             for b in buckets {
-                t.insert((b.policy.as_str(), b.key.as_str()), (b.level, b.updated_ms))?;
+                let key = b.name.stored_key();
+                t.insert((&**b.name.policy(), key.as_str()), (b.level, b.updated_ms))?;
             }
-            for (policy, key) in gone {
-                t.remove((policy.as_str(), key.as_str()))?;
+            for name in gone {
+                t.remove((&**name.policy(), name.stored_key().as_str()))?;
             }
             let mut t = tx.open_table(WINDOWS)?;
             for w in windows {
-                let key = (w.policy.as_str(), w.key.as_str());
+                let key = (&*w.name.policy, w.name.key.as_str());
                 if w.events.is_empty() {
                     t.remove(key)?;
                 } else {
@@ -309,13 +311,10 @@ impl Store {
         clippy::result_large_err,
         reason = "redb's own error, in a closure run once per batch, off the request path"
     )]
-    pub fn load_limits(&self) -> Result<Vec<(LimitId, f64)>, StoreError> {
+    pub fn load_limits(&self) -> Result<Vec<(QuotaKey, f64)>, StoreError> {
         self.with_read(|tx| {
             read_all(tx, LIMITS, |(policy, key, period), limit| {
-                (
-                    (policy.to_owned(), key.to_owned(), period.to_owned()),
-                    limit,
-                )
+                (quota(policy, key, period), limit)
             })
         })
     }
@@ -325,18 +324,13 @@ impl Store {
         clippy::result_large_err,
         reason = "redb's own error, in a closure run once per batch, off the request path"
     )]
-    pub fn put_limit(
-        &self,
-        policy: &str,
-        key: &str,
-        period: &str,
-        limit: Option<f64>,
-    ) -> Result<(), StoreError> {
+    pub fn put_limit(&self, quota: &QuotaKey, limit: Option<f64>) -> Result<(), StoreError> {
+        let row = (&*quota.policy, quota.key.as_str(), quota.period.as_str());
         self.with_write(|tx| {
             let mut t = tx.open_table(LIMITS)?;
             match limit {
-                Some(l) => t.insert((policy, key, period), l).map(drop)?,
-                None => t.remove((policy, key, period)).map(drop)?,
+                Some(l) => t.insert(row, l).map(drop)?,
+                None => t.remove(row).map(drop)?,
             }
             Ok(())
         })
@@ -347,13 +341,10 @@ impl Store {
         clippy::result_large_err,
         reason = "redb's own error, read once, at start"
     )]
-    pub fn load_grants(&self) -> Result<Vec<(LimitId, Grant)>, StoreError> {
+    pub fn load_grants(&self) -> Result<Vec<(QuotaKey, Grant)>, StoreError> {
         self.with_read(|tx| {
             read_all(tx, GRANTS, |(policy, key, period), grant| {
-                (
-                    (policy.to_owned(), key.to_owned(), period.to_owned()),
-                    grant,
-                )
+                (quota(policy, key, period), grant)
             })
         })
     }
@@ -363,16 +354,12 @@ impl Store {
         clippy::result_large_err,
         reason = "redb's own error, at an operator's change, off the request path"
     )]
-    pub fn put_grant(
-        &self,
-        policy: &str,
-        key: &str,
-        period: &str,
-        grant: (i64, f64),
-    ) -> Result<(), StoreError> {
+    pub fn put_grant(&self, quota: &QuotaKey, grant: Grant) -> Result<(), StoreError> {
         self.with_write(|tx| {
-            tx.open_table(GRANTS)?
-                .insert((policy, key, period), grant)?;
+            tx.open_table(GRANTS)?.insert(
+                (&*quota.policy, quota.key.as_str(), quota.period.as_str()),
+                grant,
+            )?;
             Ok(())
         })
     }
@@ -401,6 +388,23 @@ impl Store {
         })
     }
 
+    /// Writes a bucket's row as it stands, its key column in any form (an earlier version's).
+    #[cfg(test)]
+    #[allow(clippy::result_large_err, reason = "redb's own error, in a test")]
+    pub(crate) fn write_raw_bucket(
+        &self,
+        policy: &str,
+        key: &str,
+        level: f64,
+        updated_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.with_write(|tx| {
+            tx.open_table(BUCKETS)?
+                .insert((policy, key), (level, updated_ms))?;
+            Ok(())
+        })
+    }
+
     fn db(&self) -> std::sync::MutexGuard<'_, Option<Database>> {
         self.db
             .lock()
@@ -424,6 +428,15 @@ fn read_all<K: redb::Key + 'static, V: redb::Value + 'static, T>(
         rows.push(row(k.value(), v.value()));
     }
     Ok(rows)
+}
+
+/// A quota as its limit's and its grant's rows name it (the period as it was written: canonical).
+fn quota(policy: &str, key: &str, period: &str) -> QuotaKey {
+    QuotaKey {
+        policy: policy.into(),
+        key: key.to_owned(),
+        period: period.to_owned(),
+    }
 }
 
 fn encode_events(events: &[(u64, i64)]) -> Vec<u8> {
@@ -464,15 +477,14 @@ mod tests {
     fn rows_written_are_read_back_after_reopening() {
         let d = dir();
         let s = Store::open(&d).unwrap();
+        let p: std::sync::Arc<str> = "budget".into();
         let b = BucketRow {
-            policy: "budget".into(),
-            key: "sha256:ab".into(),
+            name: BucketName::bucket(&p, "sha256:ab"),
             level: 12.5,
             updated_ms: 1_700_000_000_000,
         };
         let w = WindowRow {
-            policy: "budget".into(),
-            key: "t".into(),
+            name: BudgetKey::new(&p, "t"),
             events: vec![(1, 2), (3, -4)],
         };
         s.write(std::slice::from_ref(&b), std::slice::from_ref(&w), &[])

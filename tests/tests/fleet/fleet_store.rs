@@ -46,6 +46,7 @@ fn call<'a>(
         sidecar,
         seq,
         limits: None,
+        expires_ms: 0,
     }
 }
 

@@ -208,7 +208,7 @@ fn each_v2_port_decides_as_its_v1_module_on_the_same_requests() {
                 .bucket_levels(1000)
                 .0
                 .into_iter()
-                .map(|b| (b.key, b.level))
+                .map(|b| (b.name.key, b.level))
                 .collect();
             l.sort_by(|a, b| a.0.cmp(&b.0));
             l

@@ -40,7 +40,7 @@ fn host_str(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> wasmtime:
 
 /// Links `$name`, a host call on the policy's state: the guest passes the key (and for a quota
 /// the period) as a pointer and a length each, read as [`host_str`] reads them (fuel, limits),
-/// then the `$arg`s; the call answers what `SharedState::$method` does for the policy's state key,
+/// then the `$arg`s; the call answers what `Budgets::$method` does for the policy's state key,
 /// its own error a trap (see [`HostAnswer`]).
 macro_rules! link_state {
     ($l:expr, $name:literal => $method:ident(key, period $(, $arg:ident: $ty:ty)*)) => {
@@ -147,7 +147,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "wall_ms",
         |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
             host_str(&mut c, 0, 0)?;
-            Ok(crate::policy::state::wall_ms())
+            Ok(crate::budgets::wall_ms())
         },
     )?;
     link_state!(l, "quota_take" => quota_take(key, period, limit: f64, amount: f64))?;

@@ -23,8 +23,8 @@ use super::engine::PolicyEngine;
 use super::error::{EvalError, LoadError};
 use super::guest::{Ask, Contract, Guest, Pending, Tell};
 use super::sandbox::{Evaluation, PolicyLimits, Runs, SettingsVerdict};
-use super::state::SharedState;
 use super::v2::Isolation;
+use crate::budgets::Budgets;
 use module::Policy;
 
 pub use module::raw_v1_wat;
@@ -45,7 +45,7 @@ impl Adapter {
     /// Checks a compiled module against ABI v1 and links the host's functions.
     pub fn link(
         engine: &PolicyEngine,
-        shared: Arc<SharedState>,
+        shared: Arc<Budgets>,
         name: &str,
         module: &Module,
         limits: PolicyLimits,

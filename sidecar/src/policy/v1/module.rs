@@ -10,20 +10,20 @@ use wasmtime::{InstancePre, Module, ResourceLimiter, Store, StoreLimitsBuilder};
 use super::abi::{self, ABI_VERSION, IMPORT_MODULE};
 use super::host::linker;
 use super::json::settings_verdict;
+use crate::budgets::Budgets;
 use crate::policy::engine::PolicyEngine;
 use crate::policy::error::{EvalError, LoadError};
 use crate::policy::sandbox::{
     classify, new_store, CallClock, Evaluation, HostState, PolicyLimits, Runs, SettingsVerdict,
     LOAD_DEADLINE,
 };
-use crate::policy::state::SharedState;
 
 pub struct Policy {
     name: Arc<str>,
     /// Whose budgets its host state is (see [`Policy::keyed`]).
     state_key: Arc<str>,
     engine: PolicyEngine,
-    shared: Arc<SharedState>,
+    shared: Arc<Budgets>,
     pre: InstancePre<HostState>,
     limits: PolicyLimits,
     has_validate: bool,
@@ -35,7 +35,7 @@ impl Policy {
     #[cfg(test)]
     pub fn load(
         engine: &PolicyEngine,
-        shared: Arc<SharedState>,
+        shared: Arc<Budgets>,
         name: &str,
         bytes: &[u8],
         limits: PolicyLimits,
@@ -64,7 +64,7 @@ impl Policy {
     /// ready to evaluate.
     pub fn link(
         engine: &PolicyEngine,
-        shared: Arc<SharedState>,
+        shared: Arc<Budgets>,
         name: &str,
         module: &Module,
         limits: PolicyLimits,

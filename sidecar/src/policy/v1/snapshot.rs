@@ -17,10 +17,10 @@ use wasmtime::{Instance, Module, Store, Val};
 use wasmtime_wizer::{InstanceState, ModuleContext, SnapshotVal, ValType, Wizer};
 
 use super::module::Policy;
+use crate::budgets::Budgets;
 use crate::policy::engine::PolicyEngine;
 use crate::policy::error::LoadError;
 use crate::policy::sandbox::{HostState, PolicyLimits};
-use crate::policy::state::SharedState;
 
 /// The module `wasm` (binary) instrumented for a snapshot: every global and the memory exported.
 /// The context is what [`take`] needs to rewrite it afterwards.
@@ -41,7 +41,7 @@ pub fn take(
     settings: &serde_json::Value,
     limits: PolicyLimits,
 ) -> Result<Vec<u8>, LoadError> {
-    let scratch = Arc::new(SharedState::default());
+    let scratch = Arc::new(Budgets::default());
     let probe = Policy::link(engine, scratch, name, instrumented, limits)?;
     let (verdict, (snapshot, refused)) =
         probe.validate_settings_then(settings, |store, instance| {

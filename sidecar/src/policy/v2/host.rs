@@ -59,12 +59,12 @@ impl wit::slotgate::policy::clocks::Host for HostState {
 
     fn wall_ms(&mut self) -> wasmtime::Result<i64> {
         self.host_call()?;
-        Ok(crate::policy::state::wall_ms())
+        Ok(crate::budgets::wall_ms())
     }
 }
 
 /// `fn $name(key, [period,] $arg...)`: a host call on the policy's state, counted and its key
-/// checked as every host call is, answering what `SharedState::$method` does for the policy's
+/// checked as every host call is, answering what `Budgets::$method` does for the policy's
 /// state key.
 macro_rules! state_call {
     (fn $name:ident(key, period $(, $arg:ident: $ty:ty)*) -> $ret:ty = $method:ident) => {

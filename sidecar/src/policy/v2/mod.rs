@@ -23,7 +23,7 @@ use super::sandbox::{
     arm, block_on, classify, new_store, CallClock, Evaluation, HostState, PolicyLimits, Runs,
     SettingsVerdict, HOST_CALL_FUEL, LOAD_DEADLINE,
 };
-use super::state::SharedState;
+use crate::budgets::Budgets;
 
 mod host;
 pub mod records;
@@ -91,7 +91,7 @@ pub struct ComponentPolicy {
     name: Arc<str>,
     state_key: Arc<str>,
     engine: PolicyEngine,
-    shared: Arc<SharedState>,
+    shared: Arc<Budgets>,
     pre: wit::PolicyPre<HostState>,
     limits: PolicyLimits,
     imports_wasi: bool,
@@ -181,7 +181,7 @@ impl ComponentPolicy {
     /// component imports anything else or does not export the world.
     pub fn link(
         engine: &PolicyEngine,
-        shared: Arc<SharedState>,
+        shared: Arc<Budgets>,
         name: &str,
         component: &Component,
         limits: PolicyLimits,
