@@ -54,7 +54,7 @@ const PHASES: &[&str] = &[
 /// an adapter to the contract the chain speaks (`guest`), which speaks v2's records.
 const POLICY_PARTS: &[&str] = &[
     "complete", "set", "chain", "fold", "compiled", "v1", "guest", "v2", "sandbox", "engine",
-    "state", "error",
+    "error",
 ];
 
 /// Names only ABI v1 has. Outside `policy/v1/` only `policy/compiled.rs`, which tells a policy
