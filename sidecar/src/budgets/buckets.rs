@@ -79,7 +79,7 @@ impl Budgets {
             return fleet.bucket_level(name, capacity, refill);
         }
         self.buckets.map.get(name).map_or(capacity, |b| {
-            let since = Instant::now().saturating_duration_since(b.updated);
+            let since = self.clock.now().saturating_duration_since(b.updated);
             bucket::refilled(b.level, since.as_secs_f64(), capacity, refill)
         })
     }
@@ -91,7 +91,7 @@ impl Budgets {
         capacity: f64,
         refill: f64,
     ) -> dashmap::mapref::one::RefMut<'_, BucketName, Bucket> {
-        let now = Instant::now();
+        let now = self.clock.now();
         for gone in self.buckets.room_for(name, "buckets") {
             // Forgotten on disk too, at the next write (see `persist`).
             self.changed_bucket(&gone);

@@ -2,12 +2,10 @@
 //! of this sidecar (on a fleet, those it holds a lease of), the emptiest first, for `/status`,
 //! `/quotas`, `/me` and the live view.
 
-use std::time::Instant;
-
 use slotgate_sdk::bucket;
 use slotgate_sdk::calendar::{self, Period};
 
-use super::{wall_ms, BucketName, BudgetKey, Budgets, QuotaKey};
+use super::{BucketName, BudgetKey, Budgets, QuotaKey};
 
 /// One bucket as `/status` shows it: its level now.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +67,7 @@ impl Budgets {
     /// The calendar quotas of this sidecar in their current windows, with what is left, the
     /// emptiest first, at most `limit`; and how many there are.
     pub fn quota_levels(&self, limit: usize) -> (Vec<QuotaLevel>, usize) {
-        let now = wall_ms();
+        let now = self.clock.wall_ms();
         let (levels, _) = self.levels(usize::MAX, true);
         let mut all: Vec<QuotaLevel> = levels
             .into_iter()
@@ -108,7 +106,7 @@ impl Budgets {
                 })
                 .collect(),
             None => {
-                let now = Instant::now();
+                let now = self.clock.now();
                 self.buckets
                     .map
                     .iter()

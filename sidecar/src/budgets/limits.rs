@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::{wall_ms, BucketName, Budgets, QuotaKey, MAX_ENTRIES};
+use super::{BucketName, Budgets, QuotaKey, MAX_ENTRIES};
 
 #[derive(Default)]
 pub(super) struct Limits {
@@ -46,7 +46,7 @@ impl Budgets {
             return limit;
         }
         let base = l.operator.get(quota).map_or(limit, |l| *l);
-        base + self.grant_at(quota, wall_ms())
+        base + self.grant_at(quota, self.clock.wall_ms())
     }
 
     /// An operator's limit of a quota: the fleet's, or this sidecar's.
@@ -82,8 +82,9 @@ impl Budgets {
         if self.fleet.get().is_some() {
             return Err("a grant is kept by one sidecar; on a fleet, raise the limit with `quota set` and set it back after".into());
         }
-        let (quota, (start, _)) = self.quota_window(&Arc::from(policy), key, period, wall_ms())?;
-        let before = self.grant_at(&quota, wall_ms());
+        let (quota, (start, _)) =
+            self.quota_window(&Arc::from(policy), key, period, self.clock.wall_ms())?;
+        let before = self.grant_at(&quota, self.clock.wall_ms());
         if let Some(d) = self.durable.get() {
             d.store
                 .put_grant(&quota, (start, before + amount))
@@ -131,7 +132,7 @@ impl Budgets {
         let named = self.policy_limit(&quota).is_some()
             || self.limits.operator.contains_key(&quota)
             || self
-                .quota_window(&p, key, period, wall_ms())
+                .quota_window(&p, key, period, self.clock.wall_ms())
                 .is_ok_and(|(quota, (start_ms, _))| {
                     let window = BucketName::Quota { quota, start_ms };
                     self.buckets.map.contains_key(&window)
@@ -164,7 +165,8 @@ impl Budgets {
         period: &str,
         limit: Option<f64>,
     ) -> Result<f64, String> {
-        let (quota, (start, _)) = self.quota_window(&Arc::from(policy), key, period, wall_ms())?;
+        let (quota, (start, _)) =
+            self.quota_window(&Arc::from(policy), key, period, self.clock.wall_ms())?;
         let window = BucketName::Quota {
             quota: quota.clone(),
             start_ms: start,
@@ -267,7 +269,7 @@ mod tests {
                 .unwrap();
             s.grant_quota("quota", "tokens:alice", period, 250.0)
                 .unwrap();
-            let now = wall_ms();
+            let now = s.clock().wall_ms();
             let (_, (start, end)) = s.quota_window(&p, "tokens:alice", period, now).unwrap();
             assert_eq!(s.grant_at(&id, now), 750.0, "{period}");
             assert_eq!(s.grant_at(&id, start), 750.0, "{period}");

@@ -20,7 +20,7 @@ mod quotas;
 mod windows;
 
 pub use crate::store::name::{canonical, BucketName, BudgetKey, QuotaKey};
-pub use clock::wall_ms;
+pub use clock::{wall_ms, Clock};
 pub use levels::{BucketLevel, QuotaLevel};
 
 /// Buckets (quota windows among them) and sliding windows each kept in memory; past it the oldest
@@ -44,12 +44,19 @@ pub struct Budgets {
     fleet: OnceLock<Arc<Fleet>>,
     /// With `state.dir`: where `buckets` and `windows` are kept across restarts.
     durable: OnceLock<persist::Durable>,
+    /// The time budgets are kept by: the machine's, or a fixture's (`slotgate policy test`).
+    clock: Clock,
 }
 
 impl Budgets {
     /// Puts the buckets on the fleet's store from now on (once, at start-up).
     pub fn use_fleet(&self, fleet: Arc<Fleet>) {
         let _ = self.fleet.set(fleet);
+    }
+
+    /// The clock the buckets, windows and quotas read (and a policy's clocks).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// The fleet backend, when budgets are on it.

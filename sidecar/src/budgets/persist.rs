@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::store::{BucketRow, Store, StoreError, WindowRow};
 
 use super::buckets::Bucket;
-use super::clock::{clocks, instant_of, wall_ms_of};
+use super::clock::{instant_of, wall_ms_of};
 use super::windows::Window;
 use super::{lock, BucketName, BudgetKey, Budgets};
 
@@ -63,7 +63,7 @@ impl Budgets {
             return Ok((0, 0));
         }
         let (buckets, windows) = store.load()?;
-        let (now, wall) = clocks();
+        let (now, wall) = self.clock.both();
         let counts = (buckets.len(), windows.len());
         for b in buckets {
             let bucket = Bucket {
@@ -102,7 +102,7 @@ impl Budgets {
         if buckets_due.is_empty() && windows_due.is_empty() {
             return Ok(0);
         }
-        let (now, wall) = clocks();
+        let (now, wall) = self.clock.both();
         let mut gone = Vec::new();
         let buckets: Vec<BucketRow> = buckets_due
             .iter()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use slotgate_sdk::calendar::{self, Period};
 
-use super::{wall_ms, BucketName, Budgets, QuotaKey};
+use super::{BucketName, Budgets, QuotaKey};
 
 /// The current window of each quota period in use: period as the policy spells it → (canonical
 /// period, (start, end)).
@@ -30,7 +30,7 @@ impl Budgets {
         limit: f64,
         amount: f64,
     ) -> Result<f64, String> {
-        let now = wall_ms();
+        let now = self.clock.wall_ms();
         let (quota, (start, end)) = self.quota_window(policy, key, period, now)?;
         let limit = self.quota_limit(&quota, limit);
         let name = BucketName::Quota {
@@ -64,7 +64,7 @@ impl Budgets {
         amount: f64,
         at_ms: i64,
     ) -> Result<f64, String> {
-        let now = wall_ms();
+        let now = self.clock.wall_ms();
         let at = if at_ms == 0 { now } else { at_ms };
         let (quota, (start, end)) = self.quota_window(policy, key, period, at)?;
         let limit = self.quota_limit(&quota, limit);
@@ -86,7 +86,7 @@ impl Budgets {
         period: &str,
         limit: f64,
     ) -> Result<f64, String> {
-        let (quota, (start, _)) = self.quota_window(policy, key, period, wall_ms())?;
+        let (quota, (start, _)) = self.quota_window(policy, key, period, self.clock.wall_ms())?;
         let limit = self.quota_limit(&quota, limit);
         let name = BucketName::Quota {
             quota,
@@ -98,7 +98,7 @@ impl Budgets {
     /// `quota_reset_ms`: when the current window of `period` ends.
     pub fn quota_reset_ms(&self, period: &str) -> Result<i64, String> {
         Ok(self
-            .quota_window(&Arc::from(""), "", period, wall_ms())?
+            .quota_window(&Arc::from(""), "", period, self.clock.wall_ms())?
             .1
              .1)
     }
@@ -110,7 +110,8 @@ impl Budgets {
         key: &str,
         period: &str,
     ) -> Result<BucketName, String> {
-        let (quota, (start, _)) = self.quota_window(&Arc::from(policy), key, period, wall_ms())?;
+        let (quota, (start, _)) =
+            self.quota_window(&Arc::from(policy), key, period, self.clock.wall_ms())?;
         Ok(BucketName::Quota {
             quota,
             start_ms: start,
@@ -141,7 +142,7 @@ impl Budgets {
         let w = calendar::window(&p, at_ms)?;
         let canonical = p.to_string();
         // The current window is kept (a refund's older one is computed each time).
-        if at_ms + 1000 >= wall_ms() && self.calendar.current.len() < PERIODS_KEPT {
+        if at_ms + 1000 >= self.clock.wall_ms() && self.calendar.current.len() < PERIODS_KEPT {
             self.calendar
                 .current
                 .insert(period.to_owned(), (canonical.clone(), w));

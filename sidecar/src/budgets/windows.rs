@@ -20,7 +20,7 @@ impl Budgets {
         if let Some(fleet) = self.fleet.get() {
             return fleet.window_add(&name, window_ms, amount);
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         let span = Duration::from_millis(window_ms.max(0) as u64);
         for gone in self.windows.room_for(&name, "windows") {
             // Forgotten on disk too, at the next write (see `persist`).

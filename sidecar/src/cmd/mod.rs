@@ -8,6 +8,7 @@ pub mod key;
 pub mod policy;
 pub mod policy_cost;
 pub mod policy_new;
+pub mod policy_test;
 pub mod quota;
 pub mod run;
 pub mod top;

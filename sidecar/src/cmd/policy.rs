@@ -27,6 +27,9 @@ pub enum PolicyCommand {
     /// Create a policy project in Rust, Python or TypeScript that builds outside slotgate's
     /// repository and passes `slotgate policy check` as it is.
     New(super::policy_new::NewArgs),
+    /// Run a policy's test cases (JSON fixtures) under the real host: its budgets, a clock the
+    /// steps move, requests in and decisions out, in any language it is written in.
+    Test(super::policy_test::TestArgs),
     /// Print the v2 contract, the WIT package `slotgate:policy@2.0.0`, for any component
     /// toolchain to generate its bindings from (`slotgate policy wit > wit/policy.wit`).
     Wit,
@@ -105,7 +108,7 @@ impl LimitArgs {
     /// Where compiled policies are kept: `--cache-dir`, else the user's cache directory; none with
     /// `--no-cache`, without a home, or where the user's is not safe to load code from (said, and
     /// the check goes on without it: only a directory asked for by name must be usable).
-    fn cache_dir(&self) -> Option<PathBuf> {
+    pub(super) fn cache_dir(&self) -> Option<PathBuf> {
         if self.no_cache {
             return None;
         }
@@ -141,6 +144,7 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
         PolicyCommand::Check(a) => check(a),
         PolicyCommand::Eval(a) => eval(a),
         PolicyCommand::New(a) => super::policy_new::run(a),
+        PolicyCommand::Test(a) => super::policy_test::run(a),
         PolicyCommand::Wit => {
             print!("{}", component::WIT);
             Ok(())

@@ -46,6 +46,10 @@ const RUST: &[File] = &[
     ("README.md", include_str!("new/rust-README.md")),
     ("settings.json", include_str!("new/settings.json")),
     ("request.json", include_str!("new/request.json")),
+    (
+        "fixtures/example.json",
+        include_str!("new/rust-fixture.json"),
+    ),
     (".gitignore", "/target\n*.wasm\n"),
     (
         "slotgate-sdk/Cargo.toml",
@@ -183,6 +187,7 @@ const PYTHON: &[File] = &[
         include_str!("../../../sdk-py/template/README.md"),
     ),
     ("app.py", include_str!("../../../sdk-py/template/app.py")),
+    ("fixtures/example.json", include_str!("new/fixture.json")),
     (
         "build.sh",
         include_str!("../../../sdk-py/template/build.sh"),
@@ -236,6 +241,7 @@ const TYPESCRIPT: &[File] = &[
         "src/policy.ts",
         include_str!("../../../sdk-ts/template/src/policy.ts"),
     ),
+    ("fixtures/example.json", include_str!("new/fixture.json")),
     (
         "README.md",
         include_str!("../../../sdk-ts/template/README.md"),

@@ -387,11 +387,6 @@ impl ResourceLimiter for HostState {
     }
 }
 
-pub(super) fn monotonic_ms() -> i64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as i64
-}
-
 /// Runs `f` to its end on this thread: a call made with [`Runs::Blocking`] never yields at its
 /// deadline checks, and the host functions it calls do not wait, so this only parks when a WASI
 /// call truly waits (a guest sleeping, say).

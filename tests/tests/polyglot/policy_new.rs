@@ -57,12 +57,19 @@ fn new_project(lang: &str, name: &str) -> std::path::PathBuf {
     project
 }
 
-/// `policy check` of the built `<name>.wasm`, and `policy eval` of a request over the template's
-/// default cap: a v2 policy that refuses it.
+/// `policy check` of the built `<name>.wasm`, and `policy test` of the template's fixtures.
 fn check_and_eval(project: &Path, wasm: &Path, expect: &str) {
     let out = ok(&slotgate(&["policy", "check", &wasm.display().to_string()]));
     assert!(out.contains(expect), "{out}");
-    let _ = project;
+    // The template's own fixtures pass under the real host, as its README says to run them.
+    let fixtures = project.join("fixtures");
+    let out = ok(&slotgate(&[
+        "policy",
+        "test",
+        &wasm.display().to_string(),
+        &fixtures.display().to_string(),
+    ]));
+    assert!(out.contains("1 fixture: 1 passed, 0 failed"), "{out}");
 }
 
 /// `build.sh` in `project` with `env`, which must build `<name>.wasm`, then [`check_and_eval`] of it.

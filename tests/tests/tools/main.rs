@@ -10,5 +10,6 @@ mod example_config;
 mod fuzz_corpus;
 mod install;
 mod policy_cli;
+mod policy_test;
 mod security_doc;
 mod startup;

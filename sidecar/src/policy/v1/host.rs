@@ -6,7 +6,7 @@ use wasmtime::{Caller, Extern, Linker, Trap};
 use super::abi::{self, IMPORT_MODULE};
 use crate::policy::engine::PolicyEngine;
 use crate::policy::error::{EvalError, LoadError};
-use crate::policy::sandbox::{monotonic_ms, HostState, HOST_CALL_FUEL, MAX_HOST_STRING};
+use crate::policy::sandbox::{HostState, HOST_CALL_FUEL, MAX_HOST_STRING};
 
 /// Charges a host call's fuel and reads a guest string argument.
 fn host_str(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> wasmtime::Result<String> {
@@ -119,7 +119,7 @@ pub(super) fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadErr
         "now_ms",
         |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
             host_str(&mut c, 0, 0)?;
-            Ok(monotonic_ms())
+            Ok(c.data().shared.clock().monotonic_ms())
         },
     )
     .map_err(wrap)?;
@@ -147,7 +147,7 @@ fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "wall_ms",
         |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
             host_str(&mut c, 0, 0)?;
-            Ok(crate::budgets::wall_ms())
+            Ok(c.data().shared.clock().wall_ms())
         },
     )?;
     link_state!(l, "quota_take" => quota_take(key, period, limit: f64, amount: f64))?;

@@ -54,12 +54,12 @@ impl wit::slotgate::policy::log::Host for HostState {
 impl wit::slotgate::policy::clocks::Host for HostState {
     fn monotonic_ms(&mut self) -> wasmtime::Result<i64> {
         self.host_call()?;
-        Ok(crate::policy::sandbox::monotonic_ms())
+        Ok(self.shared.clock().monotonic_ms())
     }
 
     fn wall_ms(&mut self) -> wasmtime::Result<i64> {
         self.host_call()?;
-        Ok(crate::budgets::wall_ms())
+        Ok(self.shared.clock().wall_ms())
     }
 }
 
