@@ -134,3 +134,75 @@ fn a_fixture_that_does_not_hold_fails_naming_its_step_and_field() {
     assert!(said.contains("unknown field `sleep_ms`"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The folders directly under `dir` of the repository, but `hostile/` and `node_modules/`.
+fn folders(dir: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join(dir))
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !matches!(n.as_str(), "hostile" | "node_modules"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_example_and_port_is_held_to_fixtures_and_the_docs_name_every_sdk() {
+    // What CONTRIBUTING asks of a new example: listed above, so its fixtures run in CI.
+    let listed = std::fs::read_to_string(repo().join("tests/tests/tools/policy_test.rs")).unwrap();
+    for name in folders("policies") {
+        if repo()
+            .join("policies")
+            .join(&name)
+            .join("fixtures")
+            .is_dir()
+        {
+            assert!(
+                listed.contains(&format!("\"{name}\"")),
+                "policies/{name} has fixtures: list it in every_examples_fixtures_pass_…"
+            );
+        }
+    }
+    for (dir, form) in [
+        ("policies-py", "wat::built(\"{}-py\")"),
+        ("policies-ts", "wat::built(\"{}-ts\")"),
+        ("policies-as", "wat::built_as(\"{}\")"),
+    ] {
+        for name in folders(dir) {
+            let call = form.replace("{}", &name);
+            assert!(
+                listed.contains(&call),
+                "{dir}/{name}: hold it to its original's fixtures ({call})"
+            );
+        }
+    }
+    // The docs that describe the workspace name every SDK and every examples folder.
+    let contributing = std::fs::read_to_string(repo().join("CONTRIBUTING.md")).unwrap();
+    let architecture = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    for entry in std::fs::read_dir(repo()).unwrap().filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_dir() && (name.starts_with("sdk") || name.starts_with("policies")) {
+            for (doc, text) in [
+                ("CONTRIBUTING.md", &contributing),
+                ("docs/architecture.md", &architecture),
+            ] {
+                assert!(
+                    text.contains(&format!("`{name}/")),
+                    "{doc} does not name `{name}/`"
+                );
+            }
+        }
+    }
+    // And every script CONTRIBUTING names is there.
+    for script in contributing
+        .split('`')
+        .filter(|s| s.starts_with("scripts/") && s.ends_with(".sh"))
+    {
+        assert!(
+            repo().join(script).exists(),
+            "CONTRIBUTING.md names {script}, which is not there"
+        );
+    }
+}
