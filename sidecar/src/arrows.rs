@@ -66,7 +66,6 @@ const V1_NAMES: &[&str] = &[
     "raw_v1_wat",
     "evaluate_json",
     "InputJson",
-    "Adapter",
 ];
 
 /// What every phase may use and which uses no phase: the request's record, its caller, the usage

@@ -166,13 +166,7 @@ impl Chain {
         request: &RequestSummary,
         now_unix_ms: u64,
     ) -> (ChainOutcome, Vec<Option<Decision>>) {
-        let mut run = Run::new(self, request, now_unix_ms);
-        for p in &self.policies {
-            run.ask.settings = p.settings();
-            let result = block_on(p.policy.evaluate(&mut run.ask, Runs::Blocking));
-            run.record(p, result);
-        }
-        run.finish()
+        block_on(self.ask_each(request, now_unix_ms, Runs::Blocking))
     }
 
     /// [`Chain::evaluate_each`] on an async worker: each evaluation yields to the worker's other
@@ -192,10 +186,20 @@ impl Chain {
         request: &RequestSummary,
         now_unix_ms: u64,
     ) -> (ChainOutcome, Vec<Option<Decision>>) {
+        self.ask_each(request, now_unix_ms, Runs::Async).await
+    }
+
+    /// Asks every policy in turn about `request`, each call run as `runs` says.
+    async fn ask_each(
+        &self,
+        request: &RequestSummary,
+        now_unix_ms: u64,
+        runs: Runs,
+    ) -> (ChainOutcome, Vec<Option<Decision>>) {
         let mut run = Run::new(self, request, now_unix_ms);
         for p in &self.policies {
             run.ask.settings = p.settings();
-            let result = p.policy.evaluate(&mut run.ask, Runs::Async).await;
+            let result = p.policy.evaluate(&mut run.ask, runs).await;
             run.record(p, result);
         }
         run.finish()
@@ -207,26 +211,23 @@ impl Chain {
     /// chain's; each policy gets its own as `decision`. Synchronous: run it off the async workers, or
     /// use [`Chain::complete_async`].
     pub fn complete(&self, completion: &Completion, own: &[Option<Decision>]) {
-        let mut tell = Tell::new(completion);
-        for (p, decision) in self.policies.iter().zip(own) {
-            let Some(mine) = allowed(p, decision) else {
-                continue;
-            };
-            tell.about(mine, p.settings());
-            let result = block_on(p.policy.on_complete(&mut tell, Runs::Blocking));
-            report_completion(p, result);
-        }
+        block_on(self.tell_each(completion, own, Runs::Blocking));
     }
 
     /// [`Chain::complete`] on an async worker, as [`Chain::evaluate_each_async`].
     pub async fn complete_async(&self, completion: &Completion, own: &[Option<Decision>]) {
+        self.tell_each(completion, own, Runs::Async).await;
+    }
+
+    /// Tells every policy that allowed the request how it ended, each call run as `runs` says.
+    async fn tell_each(&self, completion: &Completion, own: &[Option<Decision>], runs: Runs) {
         let mut tell = Tell::new(completion);
         for (p, decision) in self.policies.iter().zip(own) {
             let Some(mine) = allowed(p, decision) else {
                 continue;
             };
             tell.about(mine, p.settings());
-            let result = p.policy.on_complete(&mut tell, Runs::Async).await;
+            let result = p.policy.on_complete(&mut tell, runs).await;
             report_completion(p, result);
         }
     }

@@ -54,12 +54,7 @@ impl Compiled {
                 ComponentPolicy::compile(engine, bytes, component_limits).map(Compiled::V2)
             }
             Contract::V2Embedded => {
-                if bytes.len() > limits.max_module_bytes {
-                    return Err(LoadError::TooLarge {
-                        size: bytes.len(),
-                        limit: limits.max_module_bytes,
-                    });
-                }
+                limits.check_size(bytes)?;
                 let wrapped = v2::componentize(bytes)?;
                 ComponentPolicy::compile(engine, &wrapped, limits).map(Compiled::V2)
             }
@@ -84,7 +79,7 @@ impl Compiled {
                         "isolation = \"caller\" is for v2 components: an ABI v1 module runs every call in a fresh instance (docs/policies.md, \"Isolation\")".into(),
                     ));
                 }
-                Box::new(v1::Adapter::link(engine, shared, name, m, limits)?.keyed(key))
+                v1::link(engine, shared, name, m, limits, key)?
             }
             Compiled::V2(c) => Box::new(
                 ComponentPolicy::link(engine, shared, name, c, limits)?

@@ -15,7 +15,7 @@ use wasmtime::{ResourceLimiter, Store, StoreLimits, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::engine::{PolicyEngine, EPOCH_TICK};
-use super::error::EvalError;
+use super::error::{EvalError, LoadError};
 use crate::budgets::Budgets;
 
 /// Fuel one host call costs, on top of the instructions around it: a loop of host calls runs out.
@@ -46,6 +46,19 @@ impl Default for PolicyLimits {
             memory_bytes: 16 << 20,
             max_module_bytes: 8 << 20,
             max_output_bytes: 64 << 10,
+        }
+    }
+}
+
+impl PolicyLimits {
+    /// Refuses a policy file over `max_module_bytes`, before anything compiles it.
+    pub fn check_size(&self, bytes: &[u8]) -> Result<(), LoadError> {
+        match bytes.len() > self.max_module_bytes {
+            true => Err(LoadError::TooLarge {
+                size: bytes.len(),
+                limit: self.max_module_bytes,
+            }),
+            false => Ok(()),
         }
     }
 }

@@ -4,6 +4,7 @@
 use wasmtime::{Caller, Extern, Linker, Trap};
 
 use super::abi::{self, IMPORT_MODULE};
+use crate::budgets::Clock;
 use crate::policy::engine::PolicyEngine;
 use crate::policy::error::{EvalError, LoadError};
 use crate::policy::sandbox::{HostState, HOST_CALL_FUEL, MAX_HOST_STRING};
@@ -114,15 +115,7 @@ pub(super) fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadErr
         },
     )
     .map_err(wrap)?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "now_ms",
-        |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
-            host_str(&mut c, 0, 0)?;
-            Ok(c.data().shared.clock().monotonic_ms())
-        },
-    )
-    .map_err(wrap)?;
+    link_clock(&mut l, "now_ms", Clock::monotonic_ms).map_err(wrap)?;
     link_state!(l, "bucket_take" => bucket_take(key, capacity: f64, refill: f64, amount: f64))
         .map_err(wrap)?;
     link_state!(l, "bucket_refund" => bucket_refund(key, capacity: f64, refill: f64, amount: f64))
@@ -130,6 +123,24 @@ pub(super) fn linker(engine: &PolicyEngine) -> Result<Linker<HostState>, LoadErr
     link_state!(l, "window_add" => window_add(key, window_ms: i64, amount: i64)).map_err(wrap)?;
     link_v1_additions(&mut l).map_err(wrap)?;
     Ok(l)
+}
+
+/// Links `name`, a host call that answers `read` of the budgets' clock (and costs fuel as every host
+/// call does).
+fn link_clock(
+    l: &mut Linker<HostState>,
+    name: &str,
+    read: fn(&Clock) -> i64,
+) -> wasmtime::Result<()> {
+    l.func_wrap(
+        IMPORT_MODULE,
+        name,
+        move |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
+            host_str(&mut c, 0, 0)?;
+            Ok(read(c.data().shared.clock()))
+        },
+    )?;
+    Ok(())
 }
 
 /// A host function's own error (a bad period, say) as the trap it becomes: the call fails as a
@@ -142,14 +153,7 @@ fn host_error(e: String) -> wasmtime::Error {
 /// before them load unchanged. Each is a host call (fuel) like the others.
 fn link_v1_additions(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
     link_state!(l, "bucket_level" => bucket_level(key, capacity: f64, refill: f64))?;
-    l.func_wrap(
-        IMPORT_MODULE,
-        "wall_ms",
-        |mut c: Caller<'_, HostState>| -> wasmtime::Result<i64> {
-            host_str(&mut c, 0, 0)?;
-            Ok(c.data().shared.clock().wall_ms())
-        },
-    )?;
+    link_clock(l, "wall_ms", Clock::wall_ms)?;
     link_state!(l, "quota_take" => quota_take(key, period, limit: f64, amount: f64))?;
     link_state!(l, "quota_refund" => quota_refund(key, period, limit: f64, amount: f64, at: i64))?;
     link_state!(l, "quota_level" => quota_level(key, period, limit: f64))?;

@@ -1,5 +1,5 @@
 //! ABI v1 (`docs/policy-abi.md`) as an adapter to the one contract the chain speaks: an ABI v1
-//! core module behind [`Guest`]. This room owns everything v1: its JSON both ways (`json.rs`), the
+//! core module behind [`Guest`] (the `impl` below). This room owns everything v1: its JSON both ways (`json.rs`), the
 //! byte plumbing into guest memory (`abi.rs`), the host functions a module imports (`host.rs`), the
 //! module itself (`module.rs`) and its pre-initialisation with its settings (`snapshot.rs`). No
 //! name of it is used outside this room but by `compiled.rs`, which tells the contract of a policy
@@ -38,35 +38,37 @@ pub fn compile(
     Policy::compile(engine, bytes, limits)
 }
 
-/// A v1 module serving through the contract the chain speaks.
-pub struct Adapter(Policy);
+/// The module `module` linked as the policy `name`, its budgets in `shared` under `key`: serving
+/// through the contract the chain speaks.
+pub fn link(
+    engine: &PolicyEngine,
+    shared: Arc<Budgets>,
+    name: &str,
+    module: &Module,
+    limits: PolicyLimits,
+    key: &str,
+) -> Result<Box<dyn Guest>, LoadError> {
+    Ok(Box::new(
+        Policy::link(engine, shared, name, module, limits)?.keyed(key),
+    ))
+}
 
-impl Adapter {
-    /// Checks a compiled module against ABI v1 and links the host's functions.
-    pub fn link(
-        engine: &PolicyEngine,
-        shared: Arc<Budgets>,
-        name: &str,
-        module: &Module,
-        limits: PolicyLimits,
-    ) -> Result<Adapter, LoadError> {
-        Policy::link(engine, shared, name, module, limits).map(Adapter)
-    }
-
-    /// The same policy keeping its budgets under `key` instead of its name.
-    pub fn keyed(self, key: &str) -> Adapter {
-        Adapter(self.0.keyed(key))
-    }
-
-    async fn call(&self, export: &str, input: &[u8], runs: Runs) -> Result<Evaluation, EvalError> {
+impl Policy {
+    /// Calls `export` with `input`, on this thread or on an async worker as `runs` says.
+    async fn call_as(
+        &self,
+        export: &str,
+        input: &[u8],
+        runs: Runs,
+    ) -> Result<Evaluation, EvalError> {
         match runs {
-            Runs::Blocking => self.0.call(export, input),
-            Runs::Async => self.0.call_async(export, input).await,
+            Runs::Blocking => self.call(export, input),
+            Runs::Async => self.call_async(export, input).await,
         }
     }
 }
 
-impl Guest for Adapter {
+impl Guest for Policy {
     fn contract(&self) -> Contract {
         Contract::V1
     }
@@ -80,11 +82,11 @@ impl Guest for Adapter {
     }
 
     fn has_validate(&self) -> bool {
-        self.0.has_validate()
+        Policy::has_validate(self)
     }
 
     fn has_on_complete(&self) -> bool {
-        self.0.has_on_complete()
+        Policy::has_on_complete(self)
     }
 
     fn imports_wasi(&self) -> bool {
@@ -92,7 +94,7 @@ impl Guest for Adapter {
     }
 
     fn validate_settings(&self, settings: &Value) -> Result<SettingsVerdict, LoadError> {
-        self.0.validate_settings(settings)
+        Policy::validate_settings(self, settings)
     }
 
     fn evaluate<'a>(
@@ -102,7 +104,7 @@ impl Guest for Adapter {
     ) -> Pending<'a, (Decision, Evaluation)> {
         Box::pin(async move {
             let input = json::input(ask)?;
-            let mut ev = self.call(abi::EXPORT_EVALUATE, input, runs).await?;
+            let mut ev = self.call_as(abi::EXPORT_EVALUATE, input, runs).await?;
             let out = ev
                 .output
                 .take()
@@ -117,11 +119,11 @@ impl Guest for Adapter {
         runs: Runs,
     ) -> Pending<'a, Option<Evaluation>> {
         Box::pin(async move {
-            if !self.0.has_on_complete() {
+            if !Policy::has_on_complete(self) {
                 return Ok(None);
             }
             let input = json::completion(tell)?;
-            self.call(abi::EXPORT_ON_COMPLETE, &input, runs)
+            self.call_as(abi::EXPORT_ON_COMPLETE, &input, runs)
                 .await
                 .map(Some)
         })

@@ -51,12 +51,7 @@ impl Policy {
         bytes: &[u8],
         limits: PolicyLimits,
     ) -> Result<Module, LoadError> {
-        if bytes.len() > limits.max_module_bytes {
-            return Err(LoadError::TooLarge {
-                size: bytes.len(),
-                limit: limits.max_module_bytes,
-            });
-        }
+        limits.check_size(bytes)?;
         Module::new(engine.engine(), bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))
     }
 

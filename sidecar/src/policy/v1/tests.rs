@@ -11,7 +11,6 @@ mod hostile {
     use crate::policy::v1::abi;
     use crate::policy::v1::json::parse_decision;
     use crate::policy::v1::module::{raw_v1_wat, Policy};
-    use crate::policy::v1::Adapter;
     use crate::policy::EngineLimits;
 
     /// A bump allocator, the ABI version, and `evaluate` returning a fixed decision; `$body` is spliced
@@ -66,8 +65,7 @@ mod hostile {
                     &decision.replace('"', "\\\""),
                 )
                 .replace("(i64.const 28)", &format!("(i64.const {})", decision.len()));
-            let adapter: Box<dyn Guest> =
-                Box::new(Adapter(load(&src, PolicyLimits::default()).unwrap()));
+            let adapter: Box<dyn Guest> = Box::new(load(&src, PolicyLimits::default()).unwrap());
             let got = adapter.evaluate_input(&slotgate_sdk::EvaluateInput::default());
             match got {
                 Ok((d, _)) => assert!(valid && d.weight == Some(2.5), "{decision}: {d:?}"),

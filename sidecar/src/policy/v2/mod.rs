@@ -160,12 +160,7 @@ impl ComponentPolicy {
         bytes: &[u8],
         limits: PolicyLimits,
     ) -> Result<Component, LoadError> {
-        if bytes.len() > limits.max_module_bytes {
-            return Err(LoadError::TooLarge {
-                size: bytes.len(),
-                limit: limits.max_module_bytes,
-            });
-        }
+        limits.check_size(bytes)?;
         // wasmtime 48 panics on some components instead of refusing them (one whose adapter needs
         // several memories, which this engine does not enable): refused like any other.
         let compile = std::panic::AssertUnwindSafe(|| Component::new(engine.engine(), bytes));
