@@ -79,7 +79,7 @@ impl Compiled {
                         "isolation = \"caller\" is for v2 components: an ABI v1 module runs every call in a fresh instance (docs/policies.md, \"Isolation\")".into(),
                     ));
                 }
-                v1::link(engine, shared, name, m, limits, key)?
+                Box::new(v1::Policy::link(engine, shared, name, m, limits)?.keyed(key))
             }
             Compiled::V2(c) => Box::new(
                 ComponentPolicy::link(engine, shared, name, c, limits)?
@@ -91,7 +91,8 @@ impl Compiled {
     }
 
     /// The module of an ABI v1 policy pre-initialised with `settings` (see `v1/snapshot.rs`), and
-    /// the keys of the two modules it compiled on the way through `compile` (a cache).
+    /// the keys of the instrumented module and of the snapshot: both compiled through `compile` (a
+    /// cache), so a change of settings compiles only the new snapshot.
     pub fn preinitialise(
         engine: &PolicyEngine,
         name: &str,
@@ -100,9 +101,22 @@ impl Compiled {
         limits: PolicyLimits,
         mut compile: impl FnMut([u8; 32], &[u8]) -> Result<Compiled, LoadError>,
     ) -> Result<([[u8; 32]; 2], Compiled), LoadError> {
-        let core = |key: [u8; 32], bytes: &[u8]| compile(key, bytes)?.core();
-        let (keys, module) = v1::preinitialise(engine, name, bytes, settings, limits, core)?;
-        Ok((keys, Compiled::V1(module)))
+        use sha2::{Digest, Sha256};
+        let started = std::time::Instant::now();
+        let wasm = wat::parse_bytes(bytes).map_err(|e| LoadError::Compile(format!("{e}")))?;
+        let (cx, instrumented) = v1::snapshot::instrument(&wasm)?;
+        let instrumented_key: [u8; 32] = Sha256::digest(&instrumented).into();
+        let instrumented = compile(instrumented_key, &instrumented)?.core()?;
+        let wasm = v1::snapshot::take(engine, name, &cx, &instrumented, settings, limits)?;
+        let key: [u8; 32] = Sha256::digest(&wasm).into();
+        let module = compile(key, &wasm)?;
+        tracing::info!(
+            policy = name,
+            ms = started.elapsed().as_millis() as u64,
+            snapshot_bytes = wasm.len(),
+            "policy pre-initialised with its settings"
+        );
+        Ok(([instrumented_key, key], module))
     }
 
     /// The core module, for an ABI v1 policy.

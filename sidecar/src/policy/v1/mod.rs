@@ -9,11 +9,10 @@ pub mod abi;
 mod host;
 pub mod json;
 mod module;
-mod snapshot;
+pub mod snapshot;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
 
 use serde_json::Value;
 use slotgate_sdk::Decision;
@@ -24,8 +23,7 @@ use super::error::{EvalError, LoadError};
 use super::guest::{Ask, Contract, Guest, Pending, Tell};
 use super::sandbox::{Evaluation, PolicyLimits, Runs, SettingsVerdict};
 use super::v2::Isolation;
-use crate::budgets::Budgets;
-use module::Policy;
+pub use module::Policy;
 
 pub use module::raw_v1_wat;
 
@@ -36,21 +34,6 @@ pub fn compile(
     limits: PolicyLimits,
 ) -> Result<Module, LoadError> {
     Policy::compile(engine, bytes, limits)
-}
-
-/// The module `module` linked as the policy `name`, its budgets in `shared` under `key`: serving
-/// through the contract the chain speaks.
-pub fn link(
-    engine: &PolicyEngine,
-    shared: Arc<Budgets>,
-    name: &str,
-    module: &Module,
-    limits: PolicyLimits,
-    key: &str,
-) -> Result<Box<dyn Guest>, LoadError> {
-    Ok(Box::new(
-        Policy::link(engine, shared, name, module, limits)?.keyed(key),
-    ))
 }
 
 impl Policy {
@@ -128,33 +111,4 @@ impl Guest for Policy {
                 .map(Some)
         })
     }
-}
-
-/// The module `bytes` pre-initialised with `settings` (see `snapshot.rs`), and the keys of the
-/// instrumented module and of the snapshot: both compiled through `compile` (a cache), so a change
-/// of settings compiles only the new snapshot.
-pub fn preinitialise(
-    engine: &PolicyEngine,
-    name: &str,
-    bytes: &[u8],
-    settings: &Value,
-    limits: PolicyLimits,
-    mut compile: impl FnMut([u8; 32], &[u8]) -> Result<Module, LoadError>,
-) -> Result<([[u8; 32]; 2], Module), LoadError> {
-    use sha2::{Digest, Sha256};
-    let started = std::time::Instant::now();
-    let wasm = wat::parse_bytes(bytes).map_err(|e| LoadError::Compile(format!("{e}")))?;
-    let (cx, instrumented) = snapshot::instrument(&wasm)?;
-    let instrumented_key: [u8; 32] = Sha256::digest(&instrumented).into();
-    let instrumented = compile(instrumented_key, &instrumented)?;
-    let wasm = snapshot::take(engine, name, &cx, &instrumented, settings, limits)?;
-    let key: [u8; 32] = Sha256::digest(&wasm).into();
-    let module = compile(key, &wasm)?;
-    tracing::info!(
-        policy = name,
-        ms = started.elapsed().as_millis() as u64,
-        snapshot_bytes = wasm.len(),
-        "policy pre-initialised with its settings"
-    );
-    Ok(([instrumented_key, key], module))
 }
