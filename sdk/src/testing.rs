@@ -107,14 +107,23 @@ pub fn take_logs() -> Vec<(Level, String)> {
     emulated::take_logs()
 }
 
-/// One fixture file, either a single case or a scenario of steps.
+/// One fixture file: the settings it loads the policy with and its steps. The format is shared
+/// with `slotgate policy test`, which runs the same files under the real host.
+#[derive(Debug)]
+pub struct Fixture {
+    /// Settings for every input that gives none.
+    pub settings: Option<Value>,
+    /// What to do, in order.
+    pub steps: Vec<Step>,
+}
+
+/// A fixture as written: one case (`input`, `expect`) or `steps`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Fixture {
+struct Written {
     #[serde(default)]
     #[allow(dead_code, reason = "a note for readers of the fixture")]
     description: Option<String>,
-    /// Settings for every step that gives none.
     #[serde(default)]
     settings: Option<Value>,
     #[serde(default)]
@@ -125,17 +134,70 @@ struct Fixture {
     steps: Vec<Step>,
 }
 
-#[derive(Deserialize, Default)]
+/// One step of a fixture: exactly one of its fields (`expect` goes with `input`).
+#[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct Step {
+pub struct Step {
+    /// Evaluate this request (partial, merged onto [`DEFAULT_INPUT`]).
     #[serde(default)]
-    input: Option<Value>,
+    pub input: Option<Value>,
+    /// What the decision must hold ([`matches`]); under the real host, `{"error": KIND}` for an
+    /// evaluation that must fail so.
     #[serde(default)]
-    expect: Option<Value>,
+    pub expect: Option<Value>,
+    /// Tell the policy how a request ended (partial, merged onto [`DEFAULT_COMPLETION`]).
     #[serde(default)]
-    complete: Option<Value>,
+    pub complete: Option<Value>,
+    /// Move the clocks on.
     #[serde(default)]
-    advance_ms: Option<i64>,
+    pub advance_ms: Option<i64>,
+    /// Set the wall clock to these Unix milliseconds.
+    #[serde(default)]
+    pub set_wall_ms: Option<i64>,
+    /// An operator's limit for a quota (`limit: null` takes it away).
+    #[serde(default)]
+    pub set_quota_limit: Option<QuotaLimit>,
+    /// What the policy's budgets hold now, as the real host's `/status` shows them: checked by
+    /// `slotgate policy test` only (this emulation keeps no such view).
+    #[serde(default)]
+    pub budgets: Option<Value>,
+}
+
+/// An operator's limit for a quota, as `slotgate quota set` gives it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaLimit {
+    /// The quota's key, as the policy names it (`requests:uid:1000`).
+    pub key: String,
+    /// Its period (`day`, `month@Europe/Berlin`).
+    pub period: String,
+    /// The limit, or `None` to go back to the policy's own.
+    pub limit: Option<f64>,
+}
+
+/// What a step of each kind is called, for a step that is none of them.
+pub const STEP_KINDS: &str = "`input` (with `expect`), `complete`, `advance_ms`, `set_wall_ms`, \
+                              `set_quota_limit` or `budgets`";
+
+impl Fixture {
+    /// Reads a fixture file: one case becomes a scenario of one step.
+    pub fn read(path: &Path) -> Result<Fixture, String> {
+        let text = fs::read_to_string(path).map_err(|e| format!("reading it: {e}"))?;
+        let w: Written = serde_json::from_str(&text).map_err(|e| format!("not a fixture: {e}"))?;
+        let steps = match (w.input, w.steps.is_empty()) {
+            (Some(input), true) => vec![Step {
+                input: Some(input),
+                expect: w.expect,
+                ..Step::default()
+            }],
+            (None, false) if w.expect.is_none() => w.steps,
+            _ => return Err("a fixture has either `input` (and `expect`) or `steps`".into()),
+        };
+        Ok(Fixture {
+            settings: w.settings,
+            steps,
+        })
+    }
 }
 
 /// Runs one JSON fixture file from a clean emulated host, and panics on the first mismatch.
@@ -153,23 +215,8 @@ struct Step {
 /// and fields it leaves out are not checked.
 pub fn run_fixture<P: Policy>(path: impl AsRef<Path>) {
     let path = path.as_ref();
-    let text = fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading fixture {}: {e}", path.display()));
-    let fixture: Fixture = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("fixture {} is malformed: {e}", path.display()));
-    let has_single = fixture.input.is_some() || fixture.expect.is_some();
-    let steps = match (has_single, fixture.steps.is_empty()) {
-        (true, true) => vec![Step {
-            input: fixture.input,
-            expect: fixture.expect,
-            ..Step::default()
-        }],
-        (false, false) => fixture.steps,
-        _ => panic!(
-            "fixture {} needs either `input` (+ `expect`) or `steps`",
-            path.display()
-        ),
-    };
+    let fixture = Fixture::read(path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
+    let steps = fixture.steps;
     reset();
     for (i, step) in steps.into_iter().enumerate() {
         let at = format!("{} step {}", path.display(), i + 1);
@@ -205,8 +252,7 @@ fn run_step<P: Policy>(step: Step, settings: Option<&Value>, at: &str) {
         Step {
             input: Some(input),
             expect,
-            complete: None,
-            advance_ms: None,
+            ..
         } => {
             let output =
                 evaluate_raw::<P>(with_settings(input)).unwrap_or_else(|e| panic!("{at}: {e}"));
@@ -220,18 +266,25 @@ fn run_step<P: Policy>(step: Step, settings: Option<&Value>, at: &str) {
             }
         }
         Step {
-            input: None,
-            expect: None,
             complete: Some(completion),
-            advance_ms: None,
+            ..
         } => complete_raw::<P>(with_settings(completion)),
         Step {
-            input: None,
-            expect: None,
-            complete: None,
             advance_ms: Some(ms),
+            ..
         } => advance_ms(ms),
-        _ => panic!("{at}: a step is one of `input` (+ `expect`), `complete` or `advance_ms`"),
+        Step {
+            set_wall_ms: Some(ms),
+            ..
+        } => set_wall_ms(ms),
+        Step {
+            set_quota_limit: Some(q),
+            ..
+        } => set_quota_limit(&q.key, &q.period, q.limit),
+        Step {
+            budgets: Some(_), ..
+        } => panic!("{at}: `budgets` is checked under the real host only: `slotgate policy test`"),
+        _ => panic!("{at}: a step is one of {STEP_KINDS}"),
     }
 }
 
@@ -278,8 +331,13 @@ pub fn full_input(partial: Value) -> Value {
     merged(DEFAULT_INPUT, partial)
 }
 
+/// A partial completion (as [`complete`] takes it) merged onto [`DEFAULT_COMPLETION`].
+pub fn full_completion(partial: Value) -> Value {
+    merged(DEFAULT_COMPLETION, partial)
+}
+
 /// Object keys merge recursively; anything else replaces.
-fn merge(base: &mut Value, patch: Value) {
+pub fn merge(base: &mut Value, patch: Value) {
     match (base, patch) {
         (Value::Object(base), Value::Object(patch)) => {
             for (k, v) in patch {
@@ -290,9 +348,9 @@ fn merge(base: &mut Value, patch: Value) {
     }
 }
 
-/// Whether `actual` has every field of `expected` (objects recursively; `null` = absent), noting
-/// each difference in `why`.
-fn matches(expected: &Value, actual: &Value, at: &str, why: &mut String) -> bool {
+/// Whether `actual` has every field of `expected` (objects recursively; `null` = absent; numbers
+/// to 0.001), noting each difference in `why`.
+pub fn matches(expected: &Value, actual: &Value, at: &str, why: &mut String) -> bool {
     match expected {
         Value::Object(fields) => {
             let mut ok = true;
@@ -301,6 +359,14 @@ fn matches(expected: &Value, actual: &Value, at: &str, why: &mut String) -> bool
                 ok &= matches(want, got, &format!("{at}.{k}"), why);
             }
             ok
+        }
+        Value::Number(want) if actual.is_number() => {
+            let close = matches!((want.as_f64(), actual.as_f64()),
+                (Some(w), Some(g)) if (w - g).abs() <= 1e-3);
+            if !close {
+                let _ = writeln!(why, "  {at}: expected {want}, got {actual}");
+            }
+            close
         }
         want if want == actual => true,
         want => {

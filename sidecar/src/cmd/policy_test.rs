@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use serde::Deserialize;
 use serde_json::{json, Value};
+use slotgate_sdk::testing::{self, matches, Fixture, Step, STEP_KINDS};
 use slotgate_sdk::{Completion, EvaluateInput};
 
 use crate::config::PolicySpec;
@@ -27,63 +27,6 @@ pub struct TestArgs {
     pub fixtures: Vec<PathBuf>,
     #[command(flatten)]
     pub limits: super::policy::LimitArgs,
-}
-
-/// One fixture file: a single case, or a scenario of steps.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Fixture {
-    /// Free text for its readers.
-    #[serde(default)]
-    #[allow(dead_code, reason = "a note for readers of the fixture")]
-    description: Option<String>,
-    /// The policy's settings, as a `[[policy]]` entry gives them.
-    #[serde(default)]
-    settings: Option<Value>,
-    #[serde(default)]
-    input: Option<Value>,
-    #[serde(default)]
-    expect: Option<Value>,
-    #[serde(default)]
-    steps: Vec<Step>,
-}
-
-/// One step of a scenario: exactly one of its fields, `expect` going with `input`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct Step {
-    /// Evaluate this request (partial: merged onto a POST to /v1/chat/completions).
-    #[serde(default)]
-    input: Option<Value>,
-    /// What the decision must hold: every field given must be equal, `null` means absent; or
-    /// `{"error": KIND}` for an evaluation that must fail so.
-    #[serde(default)]
-    expect: Option<Value>,
-    /// Tell the policy how the request of its last evaluation ended (partial, as `input`).
-    #[serde(default)]
-    complete: Option<Value>,
-    /// Move the clock on, refilling buckets, ageing windows and reaching the next quota windows.
-    #[serde(default)]
-    advance_ms: Option<i64>,
-    /// Set the wall clock to these Unix milliseconds.
-    #[serde(default)]
-    set_wall_ms: Option<i64>,
-    /// An operator's limit for a quota, as `slotgate quota set` gives it (`limit: null` removes it).
-    #[serde(default)]
-    set_quota_limit: Option<QuotaLimit>,
-    /// What the policy's budgets must hold now: `{"buckets": {KEY: LEVEL}, "quotas": {"KEY
-    /// PERIOD": LEFT}}` (what is left in the current window), each one listed compared (to
-    /// 0.001).
-    #[serde(default)]
-    budgets: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct QuotaLimit {
-    key: String,
-    period: String,
-    limit: Option<f64>,
 }
 
 pub fn run(a: TestArgs) -> anyhow::Result<()> {
@@ -138,17 +81,8 @@ fn run_fixture(
     cache_dir: Option<PathBuf>,
     scratch: &Path,
 ) -> anyhow::Result<usize> {
-    let text = std::fs::read_to_string(file).context("reading it")?;
-    let fixture: Fixture = serde_json::from_str(&text).context("not a fixture")?;
-    let steps = match (fixture.input, fixture.steps.is_empty()) {
-        (Some(input), true) => vec![Step {
-            input: Some(input),
-            expect: fixture.expect,
-            ..Step::default()
-        }],
-        (None, false) if fixture.expect.is_none() => fixture.steps,
-        _ => bail!("a fixture has either `input` (and `expect`) or `steps`"),
-    };
+    let fixture = Fixture::read(file).map_err(|e| anyhow::anyhow!(e))?;
+    let steps = fixture.steps;
     let settings_value = settings_of(fixture.settings, &steps)?;
     let settings = scratch.join("settings.json");
     std::fs::write(&settings, settings_value.to_string())?;
@@ -212,11 +146,7 @@ fn run_fixture(
                 budgets: Some(want),
                 ..
             } => check_budgets(shared, &state_key, &want).with_context(at)?,
-            Step { .. } => bail!(
-                "{}: a step is one of `input` (with `expect`), `complete`, `advance_ms`, \
-                 `set_wall_ms`, `set_quota_limit` or `budgets`",
-                at()
-            ),
+            Step { .. } => bail!("{}: a step is one of {STEP_KINDS}", at()),
         }
     }
     Ok(count)
@@ -251,7 +181,7 @@ fn evaluate_input(partial: Value, now_ms: i64) -> anyhow::Result<EvaluateInput> 
     if partial.get("now_unix_ms").is_none() {
         partial["now_unix_ms"] = json!(now_ms.max(0));
     }
-    let full = slotgate_sdk::testing::full_input(partial);
+    let full = testing::full_input(partial);
     serde_path_to_error::deserialize(full)
         .map_err(|e| anyhow::anyhow!("the input's `{}`: {}", e.path(), e.inner()))
 }
@@ -259,26 +189,8 @@ fn evaluate_input(partial: Value, now_ms: i64) -> anyhow::Result<EvaluateInput> 
 /// A partial completion merged onto the SDKs' defaults (the request allowed, answered 200 with no
 /// usage), its caller named as the host names it unless it says.
 fn completion_of(partial: Value) -> anyhow::Result<Completion> {
-    let mut full: Value = serde_json::from_str(slotgate_sdk::testing::DEFAULT_COMPLETION)?;
-    merge(&mut full, partial);
-    let mut completion: Completion = serde_path_to_error::deserialize(full)
-        .map_err(|e| anyhow::anyhow!("the completion's `{}`: {}", e.path(), e.inner()))?;
-    if completion.request.caller.is_none() {
-        completion.request.caller = Some(completion.request.name_caller());
-    }
-    Ok(completion)
-}
-
-/// Object keys merge recursively; anything else replaces.
-fn merge(base: &mut Value, patch: Value) {
-    match (base, patch) {
-        (Value::Object(base), Value::Object(patch)) => {
-            for (k, v) in patch {
-                merge(base.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (base, patch) => *base = patch,
-    }
+    serde_path_to_error::deserialize(testing::full_completion(partial))
+        .map_err(|e| anyhow::anyhow!("the completion's `{}`: {}", e.path(), e.inner()))
 }
 
 /// Checks the chain's outcome against `expect`.
@@ -302,31 +214,6 @@ fn check(outcome: &ChainOutcome, expect: Option<&Value>) -> anyhow::Result<()> {
         bail!("the decision does not match `expect`:\n{why}  decision: {got}");
     }
     Ok(())
-}
-
-/// Whether `actual` has every field of `expected` (objects recursively; `null` = absent), noting
-/// each difference in `why`.
-fn matches(expected: &Value, actual: &Value, at: &str, why: &mut String) -> bool {
-    use std::fmt::Write as _;
-    match expected {
-        Value::Object(fields) => fields.iter().fold(true, |ok, (k, want)| {
-            let got = actual.get(k).unwrap_or(&Value::Null);
-            matches(want, got, &format!("{at}.{k}"), why) && ok
-        }),
-        Value::Number(want) if actual.is_number() => {
-            let (w, g) = (want.as_f64(), actual.as_f64());
-            let close = matches!((w, g), (Some(w), Some(g)) if (w - g).abs() <= 1e-3);
-            if !close {
-                let _ = writeln!(why, "  {at}: expected {want}, got {actual}");
-            }
-            close
-        }
-        want if want == actual => true,
-        want => {
-            let _ = writeln!(why, "  {at}: expected {want}, got {actual}");
-            false
-        }
-    }
 }
 
 /// Checks the policy's buckets and quotas as `/status` and `/quotas` show them now.

@@ -13,7 +13,6 @@ pub mod snapshot;
 #[cfg(test)]
 mod tests;
 
-
 use serde_json::Value;
 use slotgate_sdk::Decision;
 use wasmtime::Module;
