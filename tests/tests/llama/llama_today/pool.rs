@@ -184,7 +184,11 @@ async fn a_context_per_slot_is_learned_and_a_setting_that_differs_is_warned_abou
     let unbounded = spawn_post(
         &gate.client(),
         CHAT,
-        &Req::from_json(json!({"messages": [{"role": "user", "content": "hi"}]})),
+        // No max_tokens: llama-server's -n bounds it. Random weights may sample end-of-text at
+        // any step; `ignore_eos` keeps it to -n.
+        &Req::from_json(
+            json!({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true}),
+        ),
     );
     gate.wait_busy(1).await;
     let reserved = gate.status().await["kv_pool"]["reserved_tokens"]
