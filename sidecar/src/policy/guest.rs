@@ -23,6 +23,7 @@ pub type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, EvalError>> + Se
 
 /// A loaded policy, whatever contract it speaks.
 pub trait Guest: Send + Sync {
+    /// The contract it speaks, for `/status` and `slotgate policy check`.
     fn contract(&self) -> Contract;
 
     /// How long its instances live.
