@@ -60,11 +60,6 @@ pub trait Guest: Send + Sync {
 }
 
 impl dyn Guest {
-    /// [`Guest::evaluate`] on this thread (the canary, the CLI, benchmarks).
-    pub fn evaluate_now(&self, ask: &mut Ask<'_>) -> Result<(Decision, Evaluation), EvalError> {
-        block_on(self.evaluate(ask, Runs::Blocking))
-    }
-
     /// Evaluates an [`EvaluateInput`] (the shape `slotgate policy eval` reads) on this thread; its
     /// `settings`, unless null, go with it.
     pub fn evaluate_input(
@@ -81,7 +76,7 @@ impl dyn Guest {
                 value: &input.settings,
             });
         }
-        self.evaluate_now(&mut ask)
+        block_on(self.evaluate(&mut ask, Runs::Blocking))
     }
 }
 
